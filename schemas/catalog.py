@@ -1,0 +1,309 @@
+"""The lake catalog: every table of the product, declared once.
+
+Each table has a name, a path relative to the lake root, its partition columns, and its columns
+with Arrow types and a one-line meaning (with unit). The Spark schema is derived from the Arrow
+schema, so the broker (Arrow, delta-rs) and the jobs (Spark) can never disagree on a type.
+
+Importing this module never imports pyspark; :func:`spark_schema` does, lazily.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from broker_model.errors import ValidationError
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: name, Arrow type, nullability and its meaning (with unit)."""
+
+    name: str
+    type: pa.DataType
+    meaning: str
+    nullable: bool = True
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One lake table: where it lives, how it is partitioned, and its columns."""
+
+    name: str
+    path: str
+    partition_by: tuple[str, ...]
+    columns: tuple[Column, ...]
+    meaning: str
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        """The table's Arrow schema, columns in declaration order."""
+        return pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in self.columns])
+
+    @property
+    def column_names(self) -> list[str]:
+        """Column names in declaration order."""
+        return [c.name for c in self.columns]
+
+    @property
+    def data_columns(self) -> list[str]:
+        """Columns stored inside data files (all but the partition columns)."""
+        return [c.name for c in self.columns if c.name not in self.partition_by]
+
+    def location(self, lake_root: str | Path) -> Path:
+        """The table's directory under ``lake_root``."""
+        return Path(lake_root) / self.path
+
+
+def _cols(*specs: tuple[str, pa.DataType, str] | tuple[str, pa.DataType, str, bool]) -> tuple[Column, ...]:
+    return tuple(Column(*spec) for spec in specs)
+
+
+_STRING_MAP = pa.map_(pa.string(), pa.string())
+_VERSION_MAP = pa.map_(pa.string(), pa.int64())
+
+COMMITLOG = TableSpec(
+    name="commitlog",
+    path="commitlog",
+    partition_by=("broker_name", "segment"),
+    meaning="one row per stored commit log record, exactly as RocketMQ lays it out",
+    columns=_cols(
+        ("broker_name", pa.string(), "name of the broker whose commit log holds the record", False),
+        ("segment", pa.int64(), "base physical offset (bytes) of the segment file holding the record", False),
+        ("commit_log_offset", pa.int64(), "physical byte offset of the record's first byte", False),
+        ("store_size", pa.int32(), "exact record length in bytes (RocketMQ TOTALSIZE)", False),
+        ("magic_code", pa.int32(), "record format magic: v1 -626843481 or v2 -626843477", False),
+        ("body_crc", pa.int32(), "CRC-32 of the stored body masked to 31 bits", False),
+        ("queue_id", pa.int32(), "queue id within the topic on this broker", False),
+        ("flag", pa.int32(), "user flag of the message", False),
+        ("queue_offset", pa.int64(), "index of the record in its consume queue (0 for prepared/rollback)", False),
+        ("sys_flag", pa.int32(), "MessageSysFlag bits (compression, transaction type, IPv6 hosts)", False),
+        ("born_timestamp", pa.int64(), "producer's send time, epoch milliseconds", False),
+        ("born_host", pa.string(), "producer address as ip:port ([ip]:port for IPv6)", False),
+        ("store_timestamp", pa.int64(), "broker's append time, epoch milliseconds", False),
+        ("store_host", pa.string(), "broker address as ip:port ([ip]:port for IPv6)", False),
+        ("reconsume_times", pa.int32(), "deliveries that failed before this record was stored", False),
+        ("prepared_transaction_offset", pa.int64(), "commit log offset of the half message (commit records)", False),
+        ("body", pa.binary(), "stored body bytes, compressed when sys_flag has the compressed bit", False),
+        ("topic", pa.string(), "topic the record is stored under", False),
+        ("properties", _STRING_MAP, "decoded message properties", False),
+        ("raw_properties", pa.binary(), "the record's exact PROPERTIES bytes (UTF-8 property string)", False),
+        ("tags", pa.string(), "TAGS property, null when absent"),
+        ("keys", pa.string(), "KEYS property (space separated), null when absent"),
+        ("uniq_key", pa.string(), "UNIQ_KEY property (client message id), null when absent"),
+        ("msg_id", pa.string(), "offset message id: store host and commit log offset in hex", False),
+    ),
+)
+
+CONSUME_QUEUE = TableSpec(
+    name="consume_queue",
+    path="consume_queue",
+    partition_by=("topic",),
+    meaning="one row per consume queue unit (broker_name, topic, queue_id, queue_offset)",
+    columns=_cols(
+        ("broker_name", pa.string(), "broker holding the queue", False),
+        ("topic", pa.string(), "topic of the queue", False),
+        ("queue_id", pa.int32(), "queue id within the topic on that broker", False),
+        ("queue_offset", pa.int64(), "index of the unit in the queue", False),
+        ("commit_log_offset", pa.int64(), "physical byte offset of the record", False),
+        ("store_size", pa.int32(), "record length in bytes", False),
+        ("tags_code", pa.int64(), "Java String.hashCode of TAGS, or delivery time (ms) on the schedule topic", False),
+        ("store_timestamp", pa.int64(), "broker's append time, epoch milliseconds", False),
+    ),
+)
+
+CONSUMER_OFFSET_COMMITS = TableSpec(
+    name="consumer_offset_commits",
+    path="consumer_offset_commits",
+    partition_by=(),
+    meaning="append-only history of consumer offset commits",
+    columns=_cols(
+        ("group", pa.string(), "consumer group", False),
+        ("broker_name", pa.string(), "broker holding the queue", False),
+        ("topic", pa.string(), "topic of the queue", False),
+        ("queue_id", pa.int32(), "queue id", False),
+        ("offset", pa.int64(), "next queue offset to consume", False),
+        ("commit_timestamp", pa.int64(), "time of the commit, epoch milliseconds", False),
+        ("source", pa.string(), "who committed: consumer, reset, replay, ...", False),
+        ("client_id", pa.string(), "client id of the committer (ip@instance)"),
+    ),
+)
+
+CONSUMER_OFFSETS = TableSpec(
+    name="consumer_offsets",
+    path="consumer_offsets",
+    partition_by=(),
+    meaning="current committed offset and lag per (group, broker_name, topic, queue_id)",
+    columns=_cols(
+        ("group", pa.string(), "consumer group", False),
+        ("broker_name", pa.string(), "broker holding the queue", False),
+        ("topic", pa.string(), "topic of the queue", False),
+        ("queue_id", pa.int32(), "queue id", False),
+        ("consumer_offset", pa.int64(), "next queue offset the group will consume"),
+        ("broker_min_offset", pa.int64(), "smallest queue offset still in the queue"),
+        ("broker_offset", pa.int64(), "the queue's next offset to be written"),
+        ("diff", pa.int64(), "broker_offset - consumer_offset, in messages"),
+        ("last_timestamp", pa.int64(), "store time (ms) of the last consumed message"),
+        ("oldest_unconsumed_timestamp", pa.int64(), "store time (ms) of the first unconsumed message"),
+        ("as_of", pa.int64(), "time the figures are computed for, epoch milliseconds", False),
+    ),
+)
+
+TRANSACTION_STATE = TableSpec(
+    name="transaction_state",
+    path="transaction_state",
+    partition_by=(),
+    meaning="one row per transaction (half message) and its resolved state",
+    columns=_cols(
+        ("broker_name", pa.string(), "broker holding the half message", False),
+        ("producer_group", pa.string(), "producer group of the transaction"),
+        ("uniq_key", pa.string(), "client message id of the transaction"),
+        ("half_queue_offset", pa.int64(), "queue offset of the original half message", False),
+        ("half_commit_log_offset", pa.int64(), "commit log offset of the original half message", False),
+        ("real_topic", pa.string(), "topic the message is meant for"),
+        ("real_queue_id", pa.int32(), "queue the message is meant for"),
+        ("state", pa.string(), "COMMITTED, ROLLED_BACK, PENDING, CHECK_DUE, DISCARDED or EXPIRED", False),
+        ("check_times", pa.int32(), "check-backs made so far"),
+        ("op_queue_offset", pa.int64(), "queue offset of the op message that ended it"),
+        ("final_commit_log_offset", pa.int64(), "commit log offset of the committed message"),
+        ("born_timestamp", pa.int64(), "producer's send time, epoch milliseconds"),
+        ("as_of", pa.int64(), "time the state is computed for, epoch milliseconds", False),
+        ("anomaly", pa.string(), "what is inconsistent about this transaction, null when nothing"),
+    ),
+)
+
+_ATTEMPT = pa.struct(
+    [
+        pa.field("broker_name", pa.string()),
+        pa.field("topic", pa.string()),
+        pa.field("commit_log_offset", pa.int64()),
+        pa.field("reconsume_times", pa.int32()),
+        pa.field("store_timestamp", pa.int64()),
+    ]
+)
+
+DLQ = TableSpec(
+    name="dlq",
+    path="dlq",
+    partition_by=(),
+    meaning="one row per dead message with its retry history",
+    columns=_cols(
+        ("group", pa.string(), "consumer group that gave up on the message", False),
+        ("broker_name", pa.string(), "broker holding the dead letter", False),
+        ("msg_id", pa.string(), "offset message id of the dead letter record", False),
+        ("uniq_key", pa.string(), "client message id"),
+        ("origin_msg_id", pa.string(), "message id of the first stored copy"),
+        ("origin_topic", pa.string(), "topic the message was first sent to"),
+        ("reconsume_times", pa.int32(), "failed deliveries before dead-lettering"),
+        ("first_failure_timestamp", pa.int64(), "store time (ms) of the first retry record"),
+        ("dlq_timestamp", pa.int64(), "store time (ms) of the dead letter record"),
+        ("body", pa.binary(), "stored body bytes"),
+        ("properties", _STRING_MAP, "properties of the dead letter record"),
+        ("attempts", pa.list_(_ATTEMPT), "every stored delivery attempt, oldest first"),
+        ("reason", pa.string(), "why it is dead: max reconsume times, negative delay level, policy"),
+        ("redrive_state", pa.string(), "null, or the latest redrive of this dead letter"),
+    ),
+)
+
+REPLAY_PROGRESS = TableSpec(
+    name="replay_progress",
+    path="replay_progress",
+    partition_by=(),
+    meaning="last replayed queue offset per (replay_id, broker_name, topic, queue_id)",
+    columns=_cols(
+        ("replay_id", pa.string(), "name of the replay", False),
+        ("broker_name", pa.string(), "broker holding the source queue", False),
+        ("topic", pa.string(), "source topic", False),
+        ("queue_id", pa.int32(), "source queue id", False),
+        ("last_offset", pa.int64(), "last source queue offset replayed", False),
+        ("updated_timestamp", pa.int64(), "time of the update, epoch milliseconds", False),
+    ),
+)
+
+JOB_RUNS = TableSpec(
+    name="job_runs",
+    path="job_runs",
+    partition_by=(),
+    meaning="one row per job run",
+    columns=_cols(
+        ("run_id", pa.string(), "unique id of the run", False),
+        ("job", pa.string(), "job name", False),
+        ("started_timestamp", pa.int64(), "start time, epoch milliseconds", False),
+        ("duration_ms", pa.int64(), "wall time of the run, milliseconds", False),
+        ("status", pa.string(), "SUCCEEDED, NOOP or FAILED", False),
+        ("input_versions", _VERSION_MAP, "Delta version of every table read"),
+        ("output_versions", _VERSION_MAP, "Delta version of every table written"),
+        ("row_counts", _VERSION_MAP, "rows read or written, by name"),
+        ("message", pa.string(), "error or summary text"),
+    ),
+)
+
+TOPIC_CONFIG = TableSpec(
+    name="topic_config",
+    path="topic_config",
+    partition_by=(),
+    meaning="append-only history of topic configurations per broker; the latest row wins",
+    columns=_cols(
+        ("broker_name", pa.string(), "broker owning the topic's queues", False),
+        ("topic", pa.string(), "topic name", False),
+        ("queue_nums", pa.int32(), "read and write queue count", False),
+        ("perm", pa.int32(), "permission bits: 4 read, 2 write, 1 inherit", False),
+        ("updated_timestamp", pa.int64(), "time of the change, epoch milliseconds", False),
+    ),
+)
+
+BROKERS = TableSpec(
+    name="brokers",
+    path="brokers",
+    partition_by=(),
+    meaning="one row per broker start: the broker's fixed store settings",
+    columns=_cols(
+        ("broker_name", pa.string(), "broker name, unique in the lake", False),
+        ("store_host", pa.string(), "broker address as ip:port", False),
+        ("segment_size", pa.int64(), "commit log segment size in bytes", False),
+        ("flush_mode", pa.string(), "SYNC_FLUSH or ASYNC_FLUSH", False),
+        ("started_timestamp", pa.int64(), "start time, epoch milliseconds", False),
+        ("process", pa.string(), "pid@hostname of the broker process", False),
+    ),
+)
+
+TABLES: dict[str, TableSpec] = {
+    spec.name: spec
+    for spec in (
+        COMMITLOG,
+        CONSUME_QUEUE,
+        CONSUMER_OFFSET_COMMITS,
+        CONSUMER_OFFSETS,
+        TRANSACTION_STATE,
+        DLQ,
+        REPLAY_PROGRESS,
+        JOB_RUNS,
+        TOPIC_CONFIG,
+        BROKERS,
+    )
+}
+
+
+def table(name: str) -> TableSpec:
+    """The spec of table ``name``.
+
+    Raises:
+        ValidationError: ``name`` is not a table of the catalog.
+    """
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise ValidationError("table", name, "no such table", f"use one of {sorted(TABLES)}") from None
+
+
+def spark_schema(spec: TableSpec) -> StructType:
+    """The Spark schema of ``spec``, derived from its Arrow schema (imports pyspark)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(spec.arrow_schema)
