@@ -1,0 +1,525 @@
+"""The broker's write path: a RocketMQ commit log appended to the lake's ``commitlog`` table.
+
+One :class:`Broker` per ``broker_name`` per lake (enforced with an OS file lock, released when the
+process dies). Appends get exact physical offsets (RocketMQ's record length, segments that never
+split a record, blank fill at a segment's end) and per-queue offsets, then a committer thread turns
+everything pending into one Delta commit (group commit). ``SYNC_FLUSH`` sends return after their
+commit is durable; ``ASYNC_FLUSH`` sends return once buffered and :meth:`Broker.flush` waits.
+
+On start the broker recovers its next physical offset and every queue's next offset from the log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from broker_model import constants as c
+from broker_model.codec import body_crc, create_msg_id, encode_properties, parse_host
+from broker_model.deltalog import AppendLog, append_rows, ensure_table, read_table
+from broker_model.errors import BrokerError, BrokerLockedError, CommitFailedError, ValidationError
+from broker_model.message import validate_name
+from broker_model.record import magic_for_topic, record_length
+from schemas.catalog import BROKERS, COMMITLOG, TOPIC_CONFIG
+
+FlushMode = Literal["SYNC_FLUSH", "ASYNC_FLUSH"]
+
+
+def now_ms() -> int:
+    """The real clock in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Settings of one broker. ``segment_size=None`` keeps the size the broker used before
+    (1 GiB for a new broker); an explicit size that differs from the stored one is refused."""
+
+    lake: Path
+    broker_name: str = "broker-a"
+    store_host: str = "127.0.0.1:10911"
+    segment_size: int | None = None
+    flush_mode: FlushMode = "SYNC_FLUSH"
+    cluster_name: str = "DefaultCluster"
+    max_message_size: int = c.MAX_MESSAGE_SIZE
+    commit_retries: int = 3
+    checkpoint_interval: int = 100
+    fsync: bool = True
+    clock: Callable[[], int] = field(default=now_ms, compare=False)
+
+
+@dataclass
+class InnerMessage:
+    """A message as the broker receives it: the producer already compressed the body and set
+    ``sys_flag``, UNIQ_KEY and the born fields."""
+
+    topic: str
+    queue_id: int
+    body: bytes
+    properties: dict[str, str]
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: str = "127.0.0.1:0"
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """Where each message of one put was stored (same order as given)."""
+
+    broker_name: str
+    topic: str
+    queue_id: int
+    queue_offsets: tuple[int, ...]
+    commit_log_offsets: tuple[int, ...]
+    msg_ids: tuple[str, ...]
+    store_timestamp: int
+
+
+class BrokerNameLock:
+    """An OS file lock that makes ``broker_name`` exclusive on a lake across processes.
+
+    The kernel releases it when the holder dies (even by SIGKILL), so a crashed broker never
+    blocks its own restart. Local file systems only.
+    """
+
+    def __init__(self, lake: str | Path, broker_name: str) -> None:
+        self.path = Path(lake) / "_locks" / f"broker-{broker_name}.lock"
+        self.broker_name = broker_name
+        self.lake = lake
+        self._handle: Any = None
+
+    def acquire(self) -> BrokerNameLock:
+        """Take the lock or fail at once.
+
+        Raises:
+            BrokerLockedError: another live process holds it (its pid@host is in the message).
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise BrokerLockedError(
+                f"broker_name={self.broker_name!r} is already running on lake {self.lake} "
+                f"(held by {holder}); stop that broker or choose another broker_name"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}@{socket.gethostname()}\n")
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        """Give the lock up (idempotent)."""
+        if self._handle is not None:
+            fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> BrokerNameLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class _Group:
+    """Rows appended together and committed together; completion is shared."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class Broker:
+    """One broker of the lake: owns its partition of ``commitlog`` (see module docstring)."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        validate_name(config.broker_name, "broker_name", c.GROUP_MAX_LENGTH)
+        self.config = config
+        self.broker_name = config.broker_name
+        self.store_host = str(parse_host(config.store_host, "store_host"))
+        self._store_address = parse_host(config.store_host, "store_host")
+        self._clock = config.clock
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._pending: _Group | None = None  # accumulating puts
+        self._committing: _Group | None = None  # being committed
+        self._running = False
+        self._failed: BaseException | None = None
+        self._lock_file: BrokerNameLock | None = None
+        self._committer: threading.Thread | None = None
+        self.segment_size = config.segment_size or c.DEFAULT_SEGMENT_SIZE
+        self.next_offset = 0
+        self.segment_base = 0
+        self.queue_next: dict[tuple[str, int], int] = {}
+        self.topics: dict[str, int] = {}
+        self.commits = 0
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> Broker:
+        """Lock the broker name, create missing tables, recover state, start the committer.
+
+        Raises:
+            BrokerLockedError: another live process runs a broker with this name on this lake.
+            ValidationError: ``segment_size`` differs from the size this broker used before.
+        """
+        self._acquire_name_lock()
+        try:
+            for spec in (COMMITLOG, TOPIC_CONFIG, BROKERS):
+                ensure_table(self.config.lake, spec)
+            self.segment_size = self._settle_segment_size()
+            self._log = AppendLog(
+                COMMITLOG.location(self.config.lake), COMMITLOG, self.config.fsync, self.config.checkpoint_interval
+            )
+            self._recover()
+            self._record_start()
+        except BaseException:
+            self._release_name_lock()
+            raise
+        self._running = True
+        self._committer = threading.Thread(target=self._commit_loop, name=f"commit-{self.broker_name}", daemon=True)
+        self._committer.start()
+        return self
+
+    def shutdown(self) -> None:
+        """Commit everything pending, stop the committer and release the broker name."""
+        with self._lock:
+            if not self._running:
+                return
+            self._running = False
+            self._wake.notify_all()
+        if self._committer is not None:
+            self._committer.join()
+        self._log.wait_for_checkpoint()
+        self._release_name_lock()
+
+    def __enter__(self) -> Broker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`shutdown`."""
+        return self._running
+
+    def _acquire_name_lock(self) -> None:
+        self._lock_file = BrokerNameLock(self.config.lake, self.broker_name).acquire()
+
+    def _release_name_lock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.release()
+            self._lock_file = None
+
+    def _settle_segment_size(self) -> int:
+        rows = read_table(self.config.lake, BROKERS, ["broker_name", "segment_size", "started_timestamp"])
+        mine = rows.filter(pc.equal(rows["broker_name"], self.broker_name))
+        if mine.num_rows == 0:
+            size = self.config.segment_size or c.DEFAULT_SEGMENT_SIZE
+        else:
+            size = int(mine.sort_by([("started_timestamp", "descending")])["segment_size"][0].as_py())
+            if self.config.segment_size not in (None, size):
+                raise ValidationError(
+                    "segment_size", self.config.segment_size,
+                    f"broker {self.broker_name!r} already writes segments of {size} bytes",
+                    "omit segment_size or pass the stored size",
+                )
+        if size < 4096:
+            raise ValidationError("segment_size", size, "is below 4096 bytes", "use a larger segment size")
+        return size
+
+    def _record_start(self) -> None:
+        row = {
+            "broker_name": [self.broker_name],
+            "store_host": [self.store_host],
+            "segment_size": [self.segment_size],
+            "flush_mode": [self.config.flush_mode],
+            "started_timestamp": [self._clock()],
+            "process": [f"{os.getpid()}@{socket.gethostname()}"],
+        }
+        append_rows(self.config.lake, BROKERS, pa.table(row))
+
+    # -- recovery ---------------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Rebuild the next physical offset, queue offsets and topics from the lake."""
+        columns = ["segment", "commit_log_offset", "store_size", "topic", "queue_id", "queue_offset", "sys_flag"]
+        log = read_table(self.config.lake, COMMITLOG, columns, [("broker_name", "=", self.broker_name)])
+        self.next_offset, self.segment_base, self.queue_next = recover_offsets(log)
+        self.topics = self._load_topics(log)
+
+    def _load_topics(self, log: pa.Table) -> dict[str, int]:
+        config = read_table(self.config.lake, TOPIC_CONFIG)
+        config = config.filter(pc.equal(config["broker_name"], self.broker_name))
+        topics: dict[str, int] = {}
+        for row in config.sort_by("updated_timestamp").to_pylist():
+            topics[row["topic"]] = row["queue_nums"]
+        if log.num_rows:
+            seen = log.group_by("topic").aggregate([("queue_id", "max")]).to_pylist()
+            for row in seen:
+                topics[row["topic"]] = max(topics.get(row["topic"], 0), row["queue_id_max"] + 1)
+        return topics
+
+    # -- topics -----------------------------------------------------------------------------------
+
+    def create_topic(self, topic: str, queue_nums: int = c.DEFAULT_TOPIC_QUEUE_NUMS) -> None:
+        """Create or resize ``topic`` on this broker with ``queue_nums`` read/write queues."""
+        validate_name(topic, "topic", 255)
+        if not 1 <= queue_nums <= 1024:
+            raise ValidationError("queue_nums", queue_nums, "must be in [1, 1024]")
+        row = {
+            "broker_name": [self.broker_name], "topic": [topic], "queue_nums": [queue_nums],
+            "perm": [c.PERM_READ | c.PERM_WRITE], "updated_timestamp": [self._clock()],
+        }  # fmt: skip
+        append_rows(self.config.lake, TOPIC_CONFIG, pa.table(row))
+        with self._lock:
+            self.topics[topic] = queue_nums
+
+    def queue_nums(self, topic: str) -> int | None:
+        """Queue count of ``topic`` on this broker, None when the topic does not exist here."""
+        return self.topics.get(topic)
+
+    def ensure_topic(self, topic: str, queue_nums: int | None = None) -> int:
+        """Create ``topic`` if it does not exist (with its system default queue count)."""
+        existing = self.topics.get(topic)
+        if existing is not None:
+            return existing
+        nums = queue_nums or default_queue_nums(topic)
+        self.create_topic(topic, nums)
+        return nums
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's next offset to be written (its message count so far)."""
+        return self.queue_next.get((topic, queue_id), 0)
+
+    # -- the append path --------------------------------------------------------------------------
+
+    def put_message(self, message: InnerMessage) -> PutResult:
+        """Store one message; see :meth:`put_messages`."""
+        return self.put_messages([message])
+
+    def put_messages(self, messages: Sequence[InnerMessage]) -> PutResult:
+        """Store messages of one queue as consecutive records, in one commit.
+
+        A message with ``DELAY > 0`` (and a non-transactional or commit type) is redirected to
+        ``SCHEDULE_TOPIC_XXXX``, queue ``level - 1``, its real topic and queue kept in
+        properties. Under SYNC_FLUSH this returns once the commit is durable.
+
+        Raises:
+            ValidationError: a record too large for the store or a segment; nothing is stored.
+            CommitFailedError: the commit failed after its retries; nothing is stored.
+            BrokerError: the broker is not running.
+        """
+        if not messages:
+            raise ValidationError("messages", [], "nothing to put")
+        prepared = [self._prepare(m) for m in messages]
+        with self._lock:
+            if not self._running:
+                raise BrokerError(f"broker {self.broker_name!r} is not running; start it first")
+            store_timestamp = self._clock()
+            rows = [self._assign(m, store_timestamp) for m in prepared]
+            if self._pending is None:
+                self._pending = _Group()
+            group = self._pending
+            group.rows.extend(rows)
+            self._wake.notify()
+        if self.config.flush_mode == "SYNC_FLUSH":
+            group.done.wait()
+            if group.error is not None:
+                raise CommitFailedError(
+                    f"broker {self.broker_name!r}: commit failed, message not stored: {group.error}"
+                ) from group.error
+        first = rows[0]
+        return PutResult(
+            self.broker_name, first["topic"], first["queue_id"],
+            tuple(r["queue_offset"] for r in rows), tuple(r["commit_log_offset"] for r in rows),
+            tuple(r["msg_id"] for r in rows), store_timestamp,
+        )  # fmt: skip
+
+    def flush(self) -> None:
+        """Wait until everything put so far is committed.
+
+        Raises:
+            CommitFailedError: a pending commit failed (ASYNC_FLUSH sends that were lost).
+        """
+        with self._lock:
+            groups = [g for g in (self._committing, self._pending) if g is not None]
+        for group in groups:
+            group.done.wait()
+        failed = [g.error for g in groups if g.error is not None]
+        if failed:
+            raise CommitFailedError(f"broker {self.broker_name!r}: {len(failed)} commit(s) failed: {failed[0]}")
+
+    def _prepare(self, message: InnerMessage) -> dict[str, Any]:
+        """Everything about a record that does not depend on its position."""
+        topic, queue_id, properties = message.topic, message.queue_id, dict(message.properties)
+        transaction = message.sys_flag & c.TRANSACTION_ROLLBACK_TYPE
+        delay = int(properties.get(c.PROPERTY_DELAY_TIME_LEVEL, "0") or 0)
+        if delay > 0 and transaction in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
+            delay = min(delay, c.MAX_DELAY_LEVEL)
+            properties[c.PROPERTY_REAL_TOPIC] = topic
+            properties[c.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+            topic, queue_id = c.SCHEDULE_TOPIC, delay - 1
+        properties.setdefault(c.PROPERTY_CLUSTER, self.config.cluster_name)
+        raw_properties = encode_properties(properties).encode("utf-8")
+        born = parse_host(message.born_host, "born_host")
+        sys_flag = message.sys_flag | (c.BORNHOST_V6_FLAG if born.is_v6 else 0)
+        sys_flag |= c.STOREHOSTADDRESS_V6_FLAG if self._store_address.is_v6 else 0
+        magic = magic_for_topic(topic)
+        size = record_length(
+            len(message.body), len(topic.encode("utf-8")), len(raw_properties), born.is_v6,
+            self._store_address.is_v6, magic == c.MAGIC_CODE_V2,
+        )  # fmt: skip
+        self._check_size(size, raw_properties, message)
+        return {
+            "store_size": size, "magic_code": magic, "body_crc": body_crc(message.body),
+            "queue_id": queue_id, "flag": message.flag, "sys_flag": sys_flag,
+            "born_timestamp": message.born_timestamp, "born_host": str(born),
+            "store_host": self.store_host, "reconsume_times": message.reconsume_times,
+            "prepared_transaction_offset": message.prepared_transaction_offset,
+            "body": message.body, "topic": topic, "properties": properties,
+            "raw_properties": raw_properties, "tags": properties.get(c.PROPERTY_TAGS),
+            "keys": properties.get(c.PROPERTY_KEYS),
+            "uniq_key": properties.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
+        }  # fmt: skip
+
+    def _check_size(self, size: int, raw_properties: bytes, message: InnerMessage) -> None:
+        if len(raw_properties) > c.MAX_PROPERTIES_LENGTH:
+            raise ValidationError(
+                "properties", f"<{len(raw_properties)} bytes>", f"over {c.MAX_PROPERTIES_LENGTH} bytes"
+            )
+        if len(message.body) > self.config.max_message_size or size > self.config.max_message_size + c.MAX_RECORD_SLACK:
+            raise ValidationError("body", f"<{len(message.body)} bytes>", "over the broker's max message size")
+        if size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_size:
+            raise ValidationError(
+                "store_size", size, f"does not fit a segment of {self.segment_size} bytes", "use larger segments"
+            )
+        if not 0 <= message.queue_id:
+            raise ValidationError("queue_id", message.queue_id, "must not be negative")
+
+    def _assign(self, row: dict[str, Any], store_timestamp: int) -> dict[str, Any]:
+        """Give ``row`` its physical offset, segment and queue offset (caller holds the lock)."""
+        size = row["store_size"]
+        if self.next_offset + size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_base + self.segment_size:
+            # the rest of the segment becomes the blank; the record starts the next segment
+            self.segment_base += self.segment_size
+            self.next_offset = self.segment_base
+        offset = self.next_offset
+        self.next_offset += size
+        transaction = row["sys_flag"] & c.TRANSACTION_ROLLBACK_TYPE
+        queue_offset = 0
+        if transaction in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
+            key = (row["topic"], row["queue_id"])
+            queue_offset = self.queue_next.get(key, 0)
+            self.queue_next[key] = queue_offset + 1
+        return {
+            **row, "broker_name": self.broker_name, "segment": self.segment_base,
+            "commit_log_offset": offset, "queue_offset": queue_offset,
+            "store_timestamp": store_timestamp, "msg_id": create_msg_id(self._store_address, offset),
+        }  # fmt: skip
+
+    # -- the committer ----------------------------------------------------------------------------
+
+    def _commit_loop(self) -> None:
+        while True:
+            with self._lock:
+                while self._pending is None and self._running:
+                    self._wake.wait()
+                if self._pending is None:
+                    return
+                group, self._pending = self._pending, None
+                self._committing = group
+            self._commit_group(group)
+
+    def _commit_group(self, group: _Group) -> None:
+        error: BaseException | None = None
+        for attempt in range(self.config.commit_retries + 1):
+            try:
+                self._log.commit(self._log.write_files(rows_to_table(group.rows)))
+                self.commits += 1
+                break
+            except Exception as exc:  # retried, then reported to every waiting sender
+                error = exc
+                time.sleep(0.01 * (attempt + 1))
+        else:
+            self._fail(group, error)
+            return
+        with self._lock:
+            self._committing = None
+        group.done.set()
+
+    def _fail(self, group: _Group, error: BaseException | None) -> None:
+        """A commit failed for good: fail it and everything put after it, then re-read the log so
+        that offsets continue from what is really stored."""
+        with self._lock:
+            failed = [group] if self._pending is None else [group, self._pending]
+            self._pending = None
+            self._committing = None
+            for each in failed:
+                each.error = error
+                each.done.set()
+            self._recover()
+
+
+def default_queue_nums(topic: str) -> int:
+    """Queue count a topic gets when auto-created, by kind of topic."""
+    if topic == c.SCHEDULE_TOPIC:
+        return c.SCHEDULE_TOPIC_QUEUE_NUMS
+    if topic.startswith((c.RETRY_GROUP_TOPIC_PREFIX, c.DLQ_GROUP_TOPIC_PREFIX)) or topic in (
+        c.RMQ_SYS_TRANS_HALF_TOPIC, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, c.TRANS_CHECK_MAX_TIME_TOPIC,
+    ):  # fmt: skip
+        return 1
+    return c.DEFAULT_TOPIC_QUEUE_NUMS
+
+
+def recover_offsets(log: pa.Table) -> tuple[int, int, dict[tuple[str, int], int]]:
+    """(next physical offset, current segment base, next offset per (topic, queue_id)) from the
+    rows of one broker's commit log (columns segment, commit_log_offset, store_size, topic,
+    queue_id, queue_offset, sys_flag)."""
+    if log.num_rows == 0:
+        return 0, 0, {}
+    ends = pc.add(log["commit_log_offset"], pc.cast(log["store_size"], pa.int64()))
+    last = pc.index(ends, pc.max(ends)).as_py()
+    next_offset = ends[last].as_py()
+    segment = log["segment"][last].as_py()
+    transaction = pc.bit_wise_and(log["sys_flag"], c.TRANSACTION_ROLLBACK_TYPE)
+    dispatched = log.filter(pc.is_in(transaction, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE])))
+    queues = dispatched.group_by(["topic", "queue_id"]).aggregate([("queue_offset", "max")])
+    queue_next = {
+        (r["topic"], r["queue_id"]): r["queue_offset_max"] + 1 for r in queues.to_pylist()
+    }
+    return next_offset, segment, queue_next
+
+
+def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
+    """Commit log rows (dicts) as an Arrow table with the ``commitlog`` schema."""
+    rows = list(rows)
+    schema = COMMITLOG.arrow_schema
+    columns = {}
+    for name in schema.names:
+        values = [r[name] for r in rows]
+        if name == "properties":
+            values = [list(v.items()) for v in values]
+        columns[name] = pa.array(values, type=schema.field(name).type)
+    return pa.table(columns, schema=schema)

@@ -1,0 +1,133 @@
+"""RocketMQ constants the product follows (ROCKETMQ_FACTS.md gives the source of each)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- record layout (MessageDecoder / CommitLog) ------------------------------------------------
+MAGIC_CODE_V1: Final = -626843481  # 0xDAA320A7: one-byte topic length
+MAGIC_CODE_V2: Final = -626843477  # 0xDAA320AB: two-byte topic length (topics over 127 chars)
+BLANK_MAGIC_CODE: Final = -875286124  # 0xCBD43194: end-of-segment blank marker
+END_FILE_MIN_BLANK_LENGTH: Final = 8  # a blank marker is TOTALSIZE + MAGIC
+V1_MAX_TOPIC_LENGTH: Final = 127  # Byte.MAX_VALUE: longer topics need magic v2
+MAX_PROPERTIES_LENGTH: Final = 32767  # PROPERTIESLENGTH is a signed short
+
+DEFAULT_SEGMENT_SIZE: Final = 1024 * 1024 * 1024  # mappedFileSizeCommitLog, 1 GiB
+MAX_MESSAGE_SIZE: Final = 4 * 1024 * 1024  # maxMessageSize, 4 MiB (body, before compression)
+MAX_RECORD_SLACK: Final = 64 * 1024  # the store refuses a record over maxMessageSize + 64 KiB
+
+# -- MessageSysFlag ----------------------------------------------------------------------------
+COMPRESSED_FLAG: Final = 0x1
+MULTI_TAGS_FLAG: Final = 0x2
+TRANSACTION_NOT_TYPE: Final = 0
+TRANSACTION_PREPARED_TYPE: Final = 0x1 << 2
+TRANSACTION_COMMIT_TYPE: Final = 0x2 << 2
+TRANSACTION_ROLLBACK_TYPE: Final = 0x3 << 2  # also the transaction-type mask
+BORNHOST_V6_FLAG: Final = 0x1 << 4
+STOREHOSTADDRESS_V6_FLAG: Final = 0x1 << 5
+NEED_UNWRAP_FLAG: Final = 0x1 << 6
+INNER_BATCH_FLAG: Final = 0x1 << 7
+COMPRESSION_LZ4_TYPE: Final = 0x1 << 8
+COMPRESSION_ZSTD_TYPE: Final = 0x2 << 8
+COMPRESSION_ZLIB_TYPE: Final = 0x3 << 8
+COMPRESSION_TYPE_MASK: Final = 0x7 << 8
+
+# -- property codec ----------------------------------------------------------------------------
+NAME_VALUE_SEPARATOR: Final = "\u0001"
+PROPERTY_SEPARATOR: Final = "\u0002"
+KEY_SEPARATOR: Final = " "
+
+PROPERTY_KEYS: Final = "KEYS"
+PROPERTY_TAGS: Final = "TAGS"
+PROPERTY_WAIT_STORE_MSG_OK: Final = "WAIT"
+PROPERTY_DELAY_TIME_LEVEL: Final = "DELAY"
+PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
+PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
+PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
+PROPERTY_MIN_OFFSET: Final = "MIN_OFFSET"
+PROPERTY_MAX_OFFSET: Final = "MAX_OFFSET"
+PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
+PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
+PROPERTY_MAX_RECONSUME_TIMES: Final = "MAX_RECONSUME_TIMES"
+PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: Final = "UNIQ_KEY"
+PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET: Final = "TRAN_PREPARED_QUEUE_OFFSET"
+PROPERTY_TRANSACTION_CHECK_TIMES: Final = "TRANSACTION_CHECK_TIMES"
+PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+PROPERTY_CLUSTER: Final = "CLUSTER"
+PROPERTY_TRANSACTION_ID: Final = "__transactionId__"
+
+# MessageConst.STRING_HASH_SET: names a user property may not take (Message.putUserProperty).
+RESERVED_PROPERTY_NAMES: Final = frozenset(
+    {
+        "TRACE_ON", "MSG_REGION", "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC",
+        "REAL_QID", "TRAN_MSG", "PGROUP", "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID",
+        "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG", "RECONSUME_TIME",
+        "UNIQ_KEY", "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "TRAN_PREPARED_QUEUE_OFFSET",
+        "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS", "INSTANCE_ID",
+        "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER",
+        "MSG_TYPE", "INNER_MULTI_DISPATCH", "INNER_MULTI_QUEUE_OFFSET", "__transactionId__",
+    }
+)  # fmt: skip
+
+# -- topics --------------------------------------------------------------------------------------
+TOPIC_MAX_LENGTH: Final = 127
+GROUP_MAX_LENGTH: Final = 255
+AUTO_CREATE_TOPIC_KEY_TOPIC: Final = "TBW102"
+SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
+RMQ_SYS_TRANS_HALF_TOPIC: Final = "RMQ_SYS_TRANS_HALF_TOPIC"
+RMQ_SYS_TRANS_OP_HALF_TOPIC: Final = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+TRANS_CHECK_MAX_TIME_TOPIC: Final = "TRANS_CHECK_MAX_TIME_TOPIC"
+SYSTEM_TOPIC_PREFIX: Final = "rmq_sys_"
+RETRY_GROUP_TOPIC_PREFIX: Final = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX: Final = "%DLQ%"
+
+SYSTEM_TOPICS: Final = frozenset(
+    {
+        AUTO_CREATE_TOPIC_KEY_TOPIC,
+        SCHEDULE_TOPIC,
+        "BenchmarkTest",
+        RMQ_SYS_TRANS_HALF_TOPIC,
+        "RMQ_SYS_TRACE_TOPIC",
+        RMQ_SYS_TRANS_OP_HALF_TOPIC,
+        TRANS_CHECK_MAX_TIME_TOPIC,
+        "SELF_TEST_TOPIC",
+        "OFFSET_MOVED_EVENT",
+        "CHECKPOINT_TOPIC",
+    }
+)
+# TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET: "Sending message to topic[%s] is forbidden."
+NOT_ALLOWED_SEND_TOPICS: Final = frozenset(
+    {
+        SCHEDULE_TOPIC,
+        RMQ_SYS_TRANS_HALF_TOPIC,
+        RMQ_SYS_TRANS_OP_HALF_TOPIC,
+        TRANS_CHECK_MAX_TIME_TOPIC,
+        "SELF_TEST_TOPIC",
+        "OFFSET_MOVED_EVENT",
+    }
+)
+
+SCHEDULE_TOPIC_QUEUE_NUMS: Final = 18  # one queue per delay level
+DEFAULT_TOPIC_QUEUE_NUMS: Final = 4  # min(client defaultTopicQueueNums 4, TBW102's 8)
+PERM_READ: Final = 4
+PERM_WRITE: Final = 2
+PERM_INHERIT: Final = 1
+
+# messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", level i at [i-1]
+DELAY_LEVEL_MILLIS: Final = (
+    1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000, 300000,
+    360000, 420000, 480000, 540000, 600000, 1200000, 1800000, 3600000, 7200000,
+)  # fmt: skip
+MAX_DELAY_LEVEL: Final = len(DELAY_LEVEL_MILLIS)
+
+# -- producer ------------------------------------------------------------------------------------
+COMPRESS_MSG_BODY_OVER: Final = 4096  # compressMsgBodyOverHowmuch: compress at >= 4 KiB
+COMPRESS_LEVEL: Final = 5  # rocketmq.message.compressLevel default
+RETRY_TIMES_WHEN_SEND_FAILED: Final = 2  # a sync send tries 1 + 2 times
+
+# MQFaultStrategy (5.x values): latency thresholds (ms) and how long a broker is then avoided (ms)
+LATENCY_MAX: Final = (50, 100, 550, 1800, 3000, 5000, 15000)
+NOT_AVAILABLE_DURATION: Final = (0, 0, 2000, 5000, 6000, 10000, 30000)
+ISOLATION_LATENCY: Final = 10000  # a failed send counts as this latency (5.x)

@@ -1,0 +1,306 @@
+"""Delta tables on the broker side: creation through delta-rs, and a fast append-only committer.
+
+The broker's send path commits many small appends. delta-rs re-derives its snapshot on every
+write, which costs 10-30 ms and grows with the log; :class:`AppendLog` instead writes the Parquet
+files itself and commits them with one JSON log entry, created atomically with put-if-absent
+(``os.link``), exactly as the Delta protocol requires of a writer. Reading, checkpoints, overwrites
+and idempotent job commits stay with delta-rs and Spark.
+
+Only blind appends are committed here: they never conflict with other writers, so a lost race for a
+version number is retried at the next version after checking the winner changed no schema or
+protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from broker_model.errors import LakeError, UnsupportedTableError
+from schemas.catalog import TableSpec
+
+_LOG_DIR = "_delta_log"
+# Writer features an append honours trivially (no invariants or constraints are ever declared).
+_SUPPORTED_WRITER_FEATURES = frozenset({"appendOnly", "invariants"})
+_STATS_TYPES = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+_MAX_STATS_STRING = 32  # Delta truncates string stats at 32 chars; longer values get no stats
+
+
+def ensure_table(lake_root: str | Path, spec: TableSpec) -> Path:
+    """Create ``spec``'s table under ``lake_root`` unless it exists; return its path.
+
+    Safe against a concurrent creator: losing the race is not an error.
+    """
+    path = spec.location(lake_root)
+    if (path / _LOG_DIR).is_dir() and any((path / _LOG_DIR).glob("*.json")):
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        DeltaTable.create(
+            str(path), schema=spec.arrow_schema, partition_by=list(spec.partition_by) or None,
+            mode="ignore", name=spec.name,
+        )
+    except Exception as exc:  # a concurrent creator won: fine if the table is there now
+        if not DeltaTable.is_deltatable(str(path)):
+            raise LakeError(f"cannot create table {spec.name} at {path}: {exc}") from exc
+    return path
+
+
+def read_table(
+    lake_root: str | Path,
+    spec: TableSpec,
+    columns: list[str] | None = None,
+    partitions: list[tuple[str, str, Any]] | None = None,
+) -> pa.Table:
+    """Read ``spec``'s table (latest version) with delta-rs; an absent table reads as empty."""
+    path = spec.location(lake_root)
+    try:
+        table = DeltaTable(str(path))
+    except TableNotFoundError:
+        schema = spec.arrow_schema
+        return schema.empty_table().select(columns) if columns else schema.empty_table()
+    return table.to_pyarrow_table(partitions=partitions, columns=columns)
+
+
+def append_rows(lake_root: str | Path, spec: TableSpec, rows: pa.Table) -> None:
+    """Append a small table of rows with delta-rs (for rare writes such as configuration)."""
+    path = ensure_table(lake_root, spec)
+    write_deltalake(
+        str(path), rows.select(spec.column_names).cast(spec.arrow_schema),
+        mode="append", partition_by=list(spec.partition_by) or None,
+    )
+
+
+@dataclass(frozen=True)
+class AddFile:
+    """A data file written into the table directory, ready to be committed."""
+
+    path: str
+    partition_values: dict[str, str | None]
+    size: int
+    num_records: int
+    stats: dict[str, Any]
+
+    def action(self, modification_time: int) -> dict[str, Any]:
+        """The Delta ``add`` action for this file."""
+        return {
+            "add": {
+                "path": self.path,
+                "partitionValues": self.partition_values,
+                "size": self.size,
+                "modificationTime": modification_time,
+                "dataChange": True,
+                "stats": json.dumps(self.stats, separators=(",", ":")),
+            }
+        }
+
+
+class AppendLog:
+    """Append-only writer of one Delta table: Parquet files plus one atomic JSON commit.
+
+    Thread-compatible, not thread-safe: one committer thread per instance. ``fsync=True`` makes a
+    returned commit durable (data files, log entry and log directory are synced).
+    """
+
+    def __init__(self, path: str | Path, spec: TableSpec, fsync: bool = True, checkpoint_interval: int = 100):
+        self.path = Path(path)
+        self.spec = spec
+        self.fsync = fsync
+        self.checkpoint_interval = checkpoint_interval
+        self._log = self.path / _LOG_DIR
+        self._check_protocol()
+        self._next_version = self._latest_version() + 1
+        self._checkpointer: threading.Thread | None = None
+
+    # -- files ------------------------------------------------------------------------------------
+
+    def write_files(self, rows: pa.Table) -> list[AddFile]:
+        """Write ``rows`` as one Parquet file per partition inside the table; nothing is committed.
+
+        Files that are never committed are invisible to readers.
+        """
+        keys = list(self.spec.partition_by)
+        if not keys:
+            return [self._write_file(rows, {})]
+        adds = []
+        for values, part in _split_by(rows, keys):
+            adds.append(self._write_file(part.drop_columns(keys), values))
+        return adds
+
+    def _write_file(self, data: pa.Table, partition_values: dict[str, str | None]) -> AddFile:
+        directory = "/".join(f"{k}={_escape_path_value(v)}" for k, v in partition_values.items())
+        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        relative = f"{directory}/{name}" if directory else name
+        target = self.path / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = data.select(self.spec.data_columns)
+        with open(target, "wb") as handle:
+            pq.write_table(data, handle, compression="snappy")
+            if self.fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        stats = file_stats(data)
+        return AddFile(quote(relative, safe="/="), partition_values, target.stat().st_size, data.num_rows, stats)
+
+    # -- commits ----------------------------------------------------------------------------------
+
+    def commit(self, adds: list[AddFile], operation: str = "WRITE", info: dict[str, Any] | None = None) -> int:
+        """Commit ``adds`` as one blind append; return the new table version.
+
+        Raises:
+            UnsupportedTableError: a concurrent writer changed the protocol to one this writer
+                cannot honour.
+        """
+        now = int(time.time() * 1000)
+        commit_info = {
+            "commitInfo": {
+                "timestamp": now,
+                "operation": operation,
+                "operationParameters": {"mode": "Append"},
+                "isBlindAppend": True,
+                **(info or {}),
+            }
+        }
+        lines = [json.dumps(commit_info)] + [json.dumps(a.action(now)) for a in adds]
+        payload = ("\n".join(lines) + "\n").encode("utf-8")
+        version = self._put_if_absent(payload)
+        if self.checkpoint_interval and version % self.checkpoint_interval == 0:
+            self._checkpoint_async()
+        return version
+
+    def append(self, rows: pa.Table, operation: str = "WRITE") -> int:
+        """Write ``rows`` and commit them; return the new version."""
+        return self.commit(self.write_files(rows), operation)
+
+    def _put_if_absent(self, payload: bytes) -> int:
+        temp = self._log / f"_commit_{uuid.uuid4()}.json.tmp"
+        with open(temp, "wb") as handle:
+            handle.write(payload)
+            if self.fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        try:
+            while True:
+                target = self._log / f"{self._next_version:020d}.json"
+                try:
+                    os.link(temp, target)
+                except FileExistsError:
+                    self._catch_up()
+                    continue
+                version = self._next_version
+                self._next_version += 1
+                if self.fsync:
+                    _fsync_dir(self._log)
+                return version
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def _catch_up(self) -> None:
+        """Skip versions other writers took, refusing any that changed protocol or schema."""
+        latest = self._latest_version()
+        for version in range(self._next_version, latest + 1):
+            text = (self._log / f"{version:020d}.json").read_text(encoding="utf-8")
+            for line in text.splitlines():
+                action = json.loads(line) if line.strip() else {}
+                if "protocol" in action or "metaData" in action:
+                    self._check_protocol()
+        self._next_version = latest + 1
+
+    def _latest_version(self) -> int:
+        versions = [int(p.name[:20]) for p in self._log.glob("*.json") if p.name[:20].isdigit()]
+        if not versions:
+            raise LakeError(f"{self.path} is not a Delta table: no commits in {self._log}")
+        return max(versions)
+
+    def _check_protocol(self) -> None:
+        protocol = DeltaTable(str(self.path)).protocol()
+        features = set(protocol.writer_features or [])
+        if protocol.min_writer_version > 2 and not (
+            protocol.min_writer_version == 7 and features <= _SUPPORTED_WRITER_FEATURES
+        ):
+            raise UnsupportedTableError(
+                f"{self.path}: writer protocol {protocol.min_writer_version} with features "
+                f"{sorted(features)} is beyond what the broker's append path honours; "
+                "recreate the table or write it with delta-rs"
+            )
+
+    def _checkpoint_async(self) -> None:
+        if self._checkpointer is not None and self._checkpointer.is_alive():
+            return
+        self._checkpointer = threading.Thread(target=self._checkpoint, name="delta-checkpoint", daemon=True)
+        self._checkpointer.start()
+
+    def _checkpoint(self) -> None:
+        # a checkpoint only speeds up readers; a failure leaves the log as valid as before
+        try:
+            DeltaTable(str(self.path)).create_checkpoint()
+        except Exception:
+            pass
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until a running background checkpoint finishes (for clean shutdown)."""
+        if self._checkpointer is not None:
+            self._checkpointer.join()
+
+
+def file_stats(data: pa.Table) -> dict[str, Any]:
+    """Delta file statistics: numRecords, and min/max/nullCount of primitive columns."""
+    minimum: dict[str, Any] = {}
+    maximum: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name, column in zip(data.column_names, data.columns, strict=True):
+        kind = column.type
+        if not (any(test(kind) for test in _STATS_TYPES) or pa.types.is_string(kind)):
+            continue
+        nulls[name] = column.null_count
+        if column.null_count == len(column):
+            continue
+        low, high = pc.min_max(column).values()
+        low_value, high_value = low.as_py(), high.as_py()
+        if isinstance(high_value, str) and len(high_value) > _MAX_STATS_STRING:
+            continue
+        minimum[name], maximum[name] = low_value, high_value
+    return {"numRecords": data.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls}
+
+
+def _split_by(rows: pa.Table, keys: list[str]) -> list[tuple[dict[str, str | None], pa.Table]]:
+    if rows.num_rows == 0:
+        return []
+    groups = rows.select(keys).group_by(keys, use_threads=False).aggregate([])
+    parts = []
+    for values in groups.to_pylist():
+        mask = None
+        for key in keys:
+            value = values[key]
+            term = pc.is_null(rows[key]) if value is None else pc.equal(rows[key], value)
+            mask = term if mask is None else pc.and_(mask, term)
+        partition = {k: (None if v is None else str(v)) for k, v in values.items()}
+        parts.append((partition, rows.filter(mask)))
+    return parts
+
+
+def _escape_path_value(value: str | None) -> str:
+    if value is None:
+        return "__HIVE_DEFAULT_PARTITION__"
+    return "".join(ch if ch.isalnum() or ch in "_.-" else "".join(f"%{b:02X}" for b in ch.encode()) for ch in value)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
