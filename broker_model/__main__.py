@@ -1,0 +1,58 @@
+"""Command line of the broker: ``python -m broker_model <command> --help``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from broker_model.errors import RmqLakeError
+from broker_model.lake_root import default_lake
+
+
+def _workload(args: argparse.Namespace) -> int:
+    from broker_model.workload import run_workload
+
+    report = run_workload(
+        Path(args.lake), args.messages, args.seed, brokers=args.brokers, threads=args.threads,
+        segment_size=args.segment_size, flush_mode=args.flush_mode,
+    )  # fmt: skip
+    print(f"workload seed {args.seed} into {args.lake}: {report.summary()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every broker command."""
+    parser = argparse.ArgumentParser(prog="python -m broker_model", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    workload = commands.add_parser("workload", help="write a seeded, realistic workload through real brokers")
+    workload.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    workload.add_argument("--messages", type=int, required=True, help="number of messages to write")
+    workload.add_argument("--seed", type=int, default=1, help="seed of the plan: same seed, same messages")
+    workload.add_argument("--brokers", type=int, default=2, help="number of brokers (broker-a, broker-b, ...)")
+    workload.add_argument("--threads", type=int, default=4, help="producer threads")
+    workload.add_argument("--segment-size", type=int, default=None, help="commit log segment size in bytes")
+    workload.add_argument("--flush-mode", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], default="ASYNC_FLUSH")
+    workload.set_defaults(run=_workload)
+    try:
+        from broker_model.storefiles import add_import_export_commands
+    except ImportError:  # pragma: no cover - present in every release
+        pass
+    else:
+        add_import_export_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one broker command; bad input prints a clear error and exits 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except RmqLakeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Seeded, realistic workloads written through real brokers.
+
+:func:`plan_sends` is pure: the same seed gives the same sends (topics, bodies, tags, keys, order
+ids, batch boundaries, delay levels). :func:`run_workload` writes a plan through real brokers from
+several threads; thread interleaving decides offsets, the plan decides content.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker_model.broker import Broker, BrokerConfig, FlushMode
+from broker_model.message import Message
+from broker_model.producer import Producer, select_by_hash
+
+# (topic, queue count per broker, tags, share of sends) of the demo business
+TOPICS: tuple[tuple[str, int, tuple[str, ...], float], ...] = (
+    ("Orders", 8, ("created", "paid", "shipped", "cancelled"), 0.35),
+    ("Payments", 4, ("authorized", "captured", "refunded"), 0.25),
+    ("Inventory", 4, ("reserved", "released"), 0.2),
+    ("Notifications", 2, ("email", "sms", "push"), 0.15),
+    ("Audit", 1, ("", "security"), 0.05),
+)
+
+
+@dataclass(frozen=True)
+class PlannedSend:
+    """One send of the plan: a single message, an ordered message, or a batch."""
+
+    kind: str  # "single", "ordered", "batch", "delayed"
+    messages: tuple[Message, ...]
+    order_id: str | None = None
+
+
+@dataclass
+class WorkloadReport:
+    """What a workload run wrote."""
+
+    sends: int = 0
+    messages: int = 0
+    by_kind: Counter[str] = field(default_factory=Counter)
+    by_topic: Counter[str] = field(default_factory=Counter)
+    by_broker: Counter[str] = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        """A one-paragraph human summary."""
+        return (
+            f"{self.messages} messages in {self.sends} sends; kinds {dict(sorted(self.by_kind.items()))}; "
+            f"brokers {dict(sorted(self.by_broker.items()))}; topics {dict(sorted(self.by_topic.items()))}"
+        )
+
+
+def plan_sends(messages: int, seed: int) -> list[PlannedSend]:
+    """A deterministic plan of sends holding exactly ``messages`` messages.
+
+    Mix of sends: 5 % batches of 2-16 messages (about a third of all messages), 25 % ordered sends
+    keyed by an order id, 5 % delayed (levels 1-18), the rest single unordered sends; one body in
+    50 is over 4 KiB so that compression happens.
+    """
+    rng = random.Random(seed)
+    plan: list[PlannedSend] = []
+    left = messages
+    while left > 0:
+        topic, _, tags, _ = rng.choices(TOPICS, weights=[t[3] for t in TOPICS])[0]
+        roll = rng.random()
+        if roll < 0.05 and left >= 2:
+            size = min(left, rng.randint(2, 16))
+            batch = tuple(_message(rng, topic, tags) for _ in range(size))
+            plan.append(PlannedSend("batch", batch))
+        elif roll < 0.30:
+            order_id = f"order-{rng.randrange(10_000)}"
+            plan.append(PlannedSend("ordered", (_message(rng, topic, tags, order_id),), order_id))
+        elif roll < 0.35:
+            plan.append(PlannedSend("delayed", (_message(rng, topic, tags, delay=rng.randint(1, 18)),)))
+        else:
+            plan.append(PlannedSend("single", (_message(rng, topic, tags),)))
+        left -= len(plan[-1].messages)
+    return plan
+
+
+def _message(rng: random.Random, topic: str, tags: Sequence[str], order_id: str | None = None, delay: int = 0) -> Message:
+    tag = rng.choice(tags)
+    key = order_id or f"key-{rng.randrange(1_000_000)}"
+    payload = {"id": rng.randrange(10**9), "key": key, "amount": round(rng.uniform(1, 5000), 2)}
+    body = json.dumps(payload).encode()
+    if rng.random() < 0.02:
+        body += b" " + bytes(rng.choice(b"abcdefgh") for _ in range(rng.randint(4096, 9000)))
+    elif rng.random() < 0.5:
+        body += b" " + b"x" * rng.randint(0, 400)
+    return Message.create(topic, body, tags=tag or None, keys=[key], delay_level=delay)
+
+
+def start_brokers(
+    lake: Path, count: int, segment_size: int | None = None, flush_mode: FlushMode = "ASYNC_FLUSH"
+) -> list[Broker]:
+    """Start ``count`` brokers named broker-a, broker-b, ... with the demo topics created."""
+    brokers = []
+    for index in range(count):
+        name = f"broker-{chr(ord('a') + index)}"
+        config = BrokerConfig(
+            lake=lake, broker_name=name, store_host=f"127.0.0.{index + 1}:10911",
+            segment_size=segment_size, flush_mode=flush_mode,
+        )  # fmt: skip
+        broker = Broker(config).start()
+        for topic, queues, _, _ in TOPICS:
+            broker.ensure_topic(topic, queues)
+        brokers.append(broker)
+    return brokers
+
+
+def run_workload(
+    lake: Path,
+    messages: int,
+    seed: int,
+    brokers: int = 2,
+    threads: int = 4,
+    segment_size: int | None = None,
+    flush_mode: FlushMode = "ASYNC_FLUSH",
+) -> WorkloadReport:
+    """Write ``plan_sends(messages, seed)`` through ``brokers`` real brokers from ``threads``
+    producer threads (send ``i`` goes to thread ``i % threads``), then flush and stop them."""
+    plan = plan_sends(messages, seed)
+    started = start_brokers(lake, brokers, segment_size, flush_mode)
+    report = WorkloadReport()
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        producer = Producer(started, f"workload-{index}", client_port=40000 + index, seed=seed * 1000 + index)
+        local = WorkloadReport()
+        try:
+            for send in plan[index::threads]:
+                result = _execute(producer, send)
+                local.sends += 1
+                local.messages += len(send.messages)
+                local.by_kind[send.kind] += len(send.messages)
+                local.by_topic[send.messages[0].topic] += len(send.messages)
+                local.by_broker[result] += len(send.messages)
+        except BaseException as exc:  # reported after the other threads finish
+            errors.append(exc)
+        with lock:
+            _merge(report, local)
+
+    workers = [threading.Thread(target=work, args=(i,), name=f"workload-{i}") for i in range(threads)]
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        for broker in started:
+            broker.flush()
+    finally:
+        for broker in started:
+            broker.shutdown()
+    if errors:
+        raise errors[0]
+    return report
+
+
+def _execute(producer: Producer, send: PlannedSend) -> str:
+    if send.kind == "batch":
+        return producer.send_batch(send.messages).message_queue.broker_name
+    if send.kind == "ordered":
+        return producer.send(send.messages[0], select_by_hash, send.order_id).message_queue.broker_name
+    return producer.send(send.messages[0]).message_queue.broker_name
+
+
+def _merge(total: WorkloadReport, part: WorkloadReport) -> None:
+    total.sends += part.sends
+    total.messages += part.messages
+    total.by_kind.update(part.by_kind)
+    total.by_topic.update(part.by_topic)
+    total.by_broker.update(part.by_broker)
