@@ -214,7 +214,7 @@ class Broker:
         self._release_name_lock()
 
     def __enter__(self) -> Broker:
-        return self.start()
+        return self if self._running else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()

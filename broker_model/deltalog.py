@@ -72,7 +72,7 @@ def read_table(
     except TableNotFoundError:
         schema = spec.arrow_schema
         return schema.empty_table().select(columns) if columns else schema.empty_table()
-    return table.to_pyarrow_table(partitions=partitions, columns=columns)
+    return table.to_pyarrow_table(filters=partitions, columns=columns)
 
 
 def append_rows(lake_root: str | Path, spec: TableSpec, rows: pa.Table) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from broker_model import constants as c
 from broker_model.broker import Broker, InnerMessage, PutResult, now_ms
-from broker_model.codec import UniqKeyFactory, java_string_hash
+from broker_model.codec import UniqKeyFactory, java_string_hash, process_uniq_key_factory
 from broker_model.errors import BrokerError, ValidationError
 from broker_model.message import Message, validate_batch, validate_group, validate_message
 
@@ -135,7 +135,7 @@ class Producer:
         self._seeds = random.Random(seed)
         self._seed_lock = threading.Lock()
         self._index = threading.local()
-        self._uniq = uniq_keys or UniqKeyFactory(ip=client_ip if ":" not in client_ip else "127.0.0.1", clock=clock)
+        self._uniq = uniq_keys or process_uniq_key_factory(client_ip)
 
     # -- routes -----------------------------------------------------------------------------------
 

@@ -1,0 +1,258 @@
+"""The broker's write path on real Delta tables, real threads and real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from broker_model import constants as c
+from broker_model.broker import Broker, BrokerConfig, InnerMessage
+from broker_model.errors import BrokerLockedError, CommitFailedError, ValidationError
+from broker_model.message import Message
+from broker_model.producer import Producer, decompress_body
+from broker_model.workload import plan_sends, run_workload
+from tests.log_invariants import check_log, read_log
+
+REPO = Path(__file__).resolve().parents[1]
+SEGMENT = 16 * 1024
+
+
+def _broker(lake: Path, name: str = "broker-a", **kwargs: object) -> Broker:
+    return Broker(BrokerConfig(lake=lake, broker_name=name, segment_size=SEGMENT, **kwargs)).start()  # type: ignore[arg-type]
+
+
+def _inner(topic: str = "T", queue_id: int = 0, body: bytes = b"hello", **props: str) -> InnerMessage:
+    return InnerMessage(topic, queue_id, body, {"WAIT": "true", **props}, born_timestamp=1, born_host="10.0.0.9:4000")
+
+
+@pytest.mark.slow
+def test_differential_workload_matches_independent_recomputation(tmp_path: Path) -> None:
+    seed, messages = 20261122, 10_000
+    report = run_workload(tmp_path, messages, seed, brokers=2, threads=4, segment_size=SEGMENT)
+    rows = {name: read_log(tmp_path, name) for name in ("broker-a", "broker-b")}
+
+    assert report.messages == messages
+    for name, log in rows.items():
+        assert check_log(log, SEGMENT) == [], name
+        assert len({r["segment"] for r in log}) > 20, "rollover must happen often with 16 KiB segments"
+    stored = [r for log in rows.values() for r in log]
+    assert len(stored) == messages
+    assert len({r["uniq_key"] for r in stored}) == messages
+    assert Counter(_content(r) for r in stored) == Counter(
+        _planned(m) for send in plan_sends(messages, seed) for m in send.messages
+    )
+
+
+def _content(row: dict[str, object]) -> tuple[object, ...]:
+    props = row["properties"]
+    assert isinstance(props, dict)
+    topic = props.get(c.PROPERTY_REAL_TOPIC, row["topic"])
+    body = decompress_body(row["body"], row["sys_flag"])  # type: ignore[arg-type]
+    return topic, body, row["tags"], row["keys"], props.get(c.PROPERTY_DELAY_TIME_LEVEL)
+
+
+def _planned(message: Message) -> tuple[object, ...]:
+    return message.topic, message.body, message.tags, message.keys, message.properties.get("DELAY")
+
+
+def test_delayed_message_goes_to_schedule_topic_with_real_topic_kept(tmp_path: Path) -> None:
+    with _broker(tmp_path) as broker:
+        result = broker.put_message(_inner("Orders", 3, DELAY="4"))
+    row = read_log(tmp_path, "broker-a")[0]
+    assert (row["topic"], row["queue_id"], result.topic) == (c.SCHEDULE_TOPIC, 3, c.SCHEDULE_TOPIC)
+    assert row["properties"][c.PROPERTY_REAL_TOPIC] == "Orders"
+    assert row["properties"][c.PROPERTY_REAL_QUEUE_ID] == "3"
+
+
+def test_segment_rollover_blank_fills_and_record_starts_next_segment(tmp_path: Path) -> None:
+    with Broker(BrokerConfig(lake=tmp_path, segment_size=4096)).start() as broker:
+        offsets = [broker.put_message(_inner(body=b"x" * 1000)).commit_log_offsets[0] for _ in range(5)]
+    rows = read_log(tmp_path, "broker-a")
+    size = rows[0]["store_size"]
+    assert 3 * size + size + 8 > 4096 >= 3 * size + 8  # the fourth record cannot fit the first segment
+    assert offsets == [0, size, 2 * size, 4096, 4096 + size]
+    assert [r["segment"] for r in rows] == [0, 0, 0, 4096, 4096]
+    assert check_log(rows, 4096) == []
+
+
+def test_prepared_and_rollback_records_take_no_queue_offset(tmp_path: Path) -> None:
+    with _broker(tmp_path) as broker:
+        broker.put_message(_inner())
+        prepared = InnerMessage("T", 0, b"p", {}, sys_flag=c.TRANSACTION_PREPARED_TYPE, born_host="1.1.1.1:1")
+        broker.put_message(prepared)
+        broker.put_message(_inner())
+    assert [r["queue_offset"] for r in read_log(tmp_path, "broker-a")] == [0, 0, 1]
+
+
+def test_record_too_large_for_a_segment_is_refused_and_nothing_written(tmp_path: Path) -> None:
+    with Broker(BrokerConfig(lake=tmp_path, segment_size=4096)).start() as broker:
+        version = DeltaTable(str(tmp_path / "commitlog")).version()
+        with pytest.raises(ValidationError, match="store_size"):
+            broker.put_message(_inner(body=b"x" * 5000))
+        assert broker.next_offset == 0
+    assert DeltaTable(str(tmp_path / "commitlog")).version() == version
+
+
+def test_group_commit_turns_many_sync_sends_into_few_commits(tmp_path: Path) -> None:
+    broker = Broker(BrokerConfig(lake=tmp_path)).start()
+    threads = [
+        threading.Thread(target=lambda: [broker.put_message(_inner(queue_id=q % 4)) for q in range(40)])
+        for _ in range(32)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    broker.shutdown()
+    rows = read_log(tmp_path, "broker-a")
+    assert len(rows) == 32 * 40
+    assert broker.commits < len(rows) / 4
+    assert check_log(rows, c.DEFAULT_SEGMENT_SIZE) == []
+
+
+def test_sync_flush_send_is_in_the_log_when_it_returns(tmp_path: Path) -> None:
+    with _broker(tmp_path) as broker:
+        result = broker.put_message(_inner())
+        visible = DeltaTable(str(tmp_path / "commitlog")).to_pyarrow_table(columns=["msg_id"])["msg_id"].to_pylist()
+        assert result.msg_ids[0] in visible
+
+
+def test_async_flush_returns_before_commit_and_flush_makes_it_durable(tmp_path: Path) -> None:
+    with _broker(tmp_path, flush_mode="ASYNC_FLUSH") as broker:
+        results = [broker.put_message(_inner(queue_id=i % 2)) for i in range(200)]
+        broker.flush()
+        visible = set(DeltaTable(str(tmp_path / "commitlog")).to_pyarrow_table(columns=["msg_id"])["msg_id"].to_pylist())
+        assert {r.msg_ids[0] for r in results} <= visible
+        assert broker.commits < 200
+
+
+def test_failed_commit_is_reported_and_offsets_continue_without_gap(tmp_path: Path) -> None:
+    with _broker(tmp_path, commit_retries=1) as broker:
+        broker.put_message(_inner())
+        log_dir = tmp_path / "commitlog" / "_delta_log"
+        hidden = tmp_path / "hidden_log"
+        log_dir.rename(hidden)
+        log_dir.write_text("not a directory")  # every commit attempt now fails for real
+        with pytest.raises(CommitFailedError):
+            broker.put_message(_inner())
+        log_dir.unlink()
+        hidden.rename(log_dir)
+        retried = broker.put_message(_inner())
+    rows = read_log(tmp_path, "broker-a")
+    assert len(rows) == 2
+    assert retried.queue_offsets == (1,)
+    assert check_log(rows, SEGMENT) == []
+
+
+def test_restart_recovers_physical_and_queue_offsets(tmp_path: Path) -> None:
+    with _broker(tmp_path) as broker:
+        for i in range(300):
+            broker.put_message(_inner(queue_id=i % 3, body=b"y" * (i % 50 + 1)))
+        before = (broker.next_offset, dict(broker.queue_next))
+    with _broker(tmp_path) as again:
+        assert (again.next_offset, again.queue_next) == before
+        result = again.put_message(_inner(queue_id=1))
+    assert result.queue_offsets == (100,)
+    assert check_log(read_log(tmp_path, "broker-a"), SEGMENT) == []
+
+
+def test_changing_segment_size_of_existing_broker_is_refused(tmp_path: Path) -> None:
+    with _broker(tmp_path) as broker:
+        broker.put_message(_inner())
+    with pytest.raises(ValidationError, match="segment_size"):
+        Broker(BrokerConfig(lake=tmp_path, segment_size=SEGMENT * 2)).start()
+    Broker(BrokerConfig(lake=tmp_path)).start().shutdown()  # no size given: the stored one is kept
+
+
+@pytest.mark.subprocess
+def test_second_process_with_same_broker_name_fails_fast(tmp_path: Path) -> None:
+    child = _start_child(tmp_path, "broker-a", threads=1)
+    try:
+        with pytest.raises(BrokerLockedError, match="broker-a"):
+            Broker(BrokerConfig(lake=tmp_path, broker_name="broker-a")).start()
+        other = _broker(tmp_path, "broker-b")  # another name on the same lake is fine
+        other.put_message(_inner())
+        other.shutdown()
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.subprocess
+def test_two_broker_processes_write_one_lake_side_by_side(tmp_path: Path) -> None:
+    children = [_start_child(tmp_path, name, threads=4) for name in ("broker-a", "broker-b")]
+    acks = [_read_acks(child, 400) for child in children]
+    for child in children:
+        child.kill()
+        child.wait()
+    for name, acked in zip(("broker-a", "broker-b"), acks, strict=True):
+        rows = read_log(tmp_path, name)
+        assert check_log(rows, SEGMENT) == []
+        assert {a[0] for a in acked} <= {r["uniq_key"] for r in rows}
+
+
+@pytest.mark.subprocess
+def test_sigkill_while_sending_loses_no_acknowledged_send_and_restart_continues(tmp_path: Path) -> None:
+    child = _start_child(tmp_path, "broker-a", threads=8)
+    acked = _read_acks(child, 1500)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    rows = read_log(tmp_path, "broker-a")
+    by_key = {r["uniq_key"]: r for r in rows}
+    for uniq_key, offset, topic, queue_id, queue_offset in acked:
+        row = by_key[uniq_key]
+        assert (row["commit_log_offset"], row["topic"], row["queue_id"], row["queue_offset"]) == (
+            offset, topic, queue_id, queue_offset,
+        )  # fmt: skip
+    assert check_log(rows, SEGMENT) == []
+
+    with _broker(tmp_path) as broker:
+        result = broker.put_message(_inner("Crash", 2))
+    after = read_log(tmp_path, "broker-a")
+    assert check_log(after, SEGMENT) == []
+    assert len(after) == len(rows) + 1
+    assert result.queue_offsets[0] == 1 + max(r["queue_offset"] for r in rows if r["queue_id"] == 2)
+
+
+def _start_child(lake: Path, name: str, threads: int) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "broker_process.py"), str(lake), name, str(threads), str(SEGMENT)],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert child.stdout is not None
+    deadline = time.monotonic() + 60
+    line = child.stdout.readline()
+    assert line.strip() == "ready" and time.monotonic() < deadline, line
+    return child
+
+
+def _read_acks(child: subprocess.Popen[str], count: int) -> list[tuple[str, int, str, int, int]]:
+    assert child.stdout is not None
+    acks = []
+    while len(acks) < count:
+        line = child.stdout.readline()
+        assert line, "broker process ended early"
+        _, uniq, offset, topic, queue_id, queue_offset = line.split()
+        acks.append((uniq, int(offset), topic, int(queue_id), int(queue_offset)))
+    return acks
+
+
+def test_compressed_body_is_stored_compressed_and_decompresses(tmp_path: Path) -> None:
+    with _broker(tmp_path) as broker:
+        body = b"abc" * 2000
+        Producer([broker], seed=1).send(Message.create("T", body))
+    row = read_log(tmp_path, "broker-a")[0]
+    assert row["sys_flag"] & c.COMPRESSED_FLAG
+    assert row["body"] == zlib.compress(body, c.COMPRESS_LEVEL)
+    assert decompress_body(row["body"], row["sys_flag"]) == body
