@@ -84,7 +84,9 @@ def plan_sends(messages: int, seed: int) -> list[PlannedSend]:
     return plan
 
 
-def _message(rng: random.Random, topic: str, tags: Sequence[str], order_id: str | None = None, delay: int = 0) -> Message:
+def _message(
+    rng: random.Random, topic: str, tags: Sequence[str], order_id: str | None = None, delay: int = 0
+) -> Message:
     tag = rng.choice(tags)
     key = order_id or f"key-{rng.randrange(1_000_000)}"
     payload = {"id": rng.randrange(10**9), "key": key, "amount": round(rng.uniform(1, 5000), 2)}

@@ -52,7 +52,7 @@ def check_log(rows: list[dict[str, Any]], segment_size: int) -> list[str]:
         if row["sys_flag"] & c.TRANSACTION_ROLLBACK_TYPE in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
             key = (row["topic"], row["queue_id"])
             if row["queue_offset"] != queue_next[key]:
-                problems.append(f"offset {offset}: queue {key} offset {row['queue_offset']}, expected {queue_next[key]}")
+                problems.append(f"offset {offset}: queue {key} at {row['queue_offset']}, expected {queue_next[key]}")
             queue_next[key] = row["queue_offset"] + 1
         expected = offset + size
     return problems

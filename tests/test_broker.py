@@ -131,7 +131,8 @@ def test_async_flush_returns_before_commit_and_flush_makes_it_durable(tmp_path: 
     with _broker(tmp_path, flush_mode="ASYNC_FLUSH") as broker:
         results = [broker.put_message(_inner(queue_id=i % 2)) for i in range(200)]
         broker.flush()
-        visible = set(DeltaTable(str(tmp_path / "commitlog")).to_pyarrow_table(columns=["msg_id"])["msg_id"].to_pylist())
+        table = DeltaTable(str(tmp_path / "commitlog")).to_pyarrow_table(columns=["msg_id"])
+        visible = set(table["msg_id"].to_pylist())
         assert {r.msg_ids[0] for r in results} <= visible
         assert broker.commits < 200
 
