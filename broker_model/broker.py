@@ -12,8 +12,10 @@ On start the broker recovers its next physical offset and every queue's next off
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -25,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker_model import constants as c
-from broker_model.codec import body_crc, create_msg_id, encode_properties, parse_host
+from broker_model.codec import body_crc, encode_properties, parse_host
 from broker_model.deltalog import AppendLog, append_rows, ensure_table, read_table
 from broker_model.errors import BrokerError, BrokerLockedError, CommitFailedError, ValidationError
 from broker_model.message import validate_name
@@ -43,13 +45,15 @@ def now_ms() -> int:
 @dataclass(frozen=True)
 class BrokerConfig:
     """Settings of one broker. ``segment_size=None`` keeps the size the broker used before
-    (1 GiB for a new broker); an explicit size that differs from the stored one is refused."""
+    (1 GiB for a new broker); an explicit size that differs from the stored one is refused.
+    ``flush_mode`` defaults to ASYNC_FLUSH as in RocketMQ; SYNC_FLUSH makes every send durable
+    before it returns."""
 
     lake: Path
     broker_name: str = "broker-a"
     store_host: str = "127.0.0.1:10911"
     segment_size: int | None = None
-    flush_mode: FlushMode = "SYNC_FLUSH"
+    flush_mode: FlushMode = "ASYNC_FLUSH"  # RocketMQ's default flushDiskType
     cluster_name: str = "DefaultCluster"
     max_message_size: int = c.MAX_MESSAGE_SIZE
     commit_retries: int = 3
@@ -158,6 +162,7 @@ class Broker:
         self.broker_name = config.broker_name
         self.store_host = str(parse_host(config.store_host, "store_host"))
         self._store_address = parse_host(config.store_host, "store_host")
+        self._msg_id_prefix = self._store_address.to_bytes()  # msg_id = prefix + offset, as hex
         self._clock = config.clock
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -383,19 +388,19 @@ class Broker:
             topic, queue_id = c.SCHEDULE_TOPIC, delay - 1
         properties.setdefault(c.PROPERTY_CLUSTER, self.config.cluster_name)
         raw_properties = encode_properties(properties).encode("utf-8")
-        born = parse_host(message.born_host, "born_host")
-        sys_flag = message.sys_flag | (c.BORNHOST_V6_FLAG if born.is_v6 else 0)
+        born_host, born_v6 = _host_text(message.born_host, "born_host")
+        sys_flag = message.sys_flag | (c.BORNHOST_V6_FLAG if born_v6 else 0)
         sys_flag |= c.STOREHOSTADDRESS_V6_FLAG if self._store_address.is_v6 else 0
         magic = magic_for_topic(topic)
         size = record_length(
-            len(message.body), len(topic.encode("utf-8")), len(raw_properties), born.is_v6,
+            len(message.body), len(topic.encode("utf-8")), len(raw_properties), born_v6,
             self._store_address.is_v6, magic == c.MAGIC_CODE_V2,
         )  # fmt: skip
         self._check_size(size, raw_properties, message)
         return {
             "store_size": size, "magic_code": magic, "body_crc": body_crc(message.body),
             "queue_id": queue_id, "flag": message.flag, "sys_flag": sys_flag,
-            "born_timestamp": message.born_timestamp, "born_host": str(born),
+            "born_timestamp": message.born_timestamp, "born_host": born_host,
             "store_host": self.store_host, "reconsume_times": message.reconsume_times,
             "prepared_transaction_offset": message.prepared_transaction_offset,
             "body": message.body, "topic": topic, "properties": properties,
@@ -436,7 +441,7 @@ class Broker:
         return {
             **row, "broker_name": self.broker_name, "segment": self.segment_base,
             "commit_log_offset": offset, "queue_offset": queue_offset,
-            "store_timestamp": store_timestamp, "msg_id": create_msg_id(self._store_address, offset),
+            "store_timestamp": store_timestamp, "msg_id": (self._msg_id_prefix + _LONG.pack(offset)).hex().upper(),
         }  # fmt: skip
 
     # -- the committer ----------------------------------------------------------------------------
@@ -480,6 +485,16 @@ class Broker:
                 each.error = error
                 each.done.set()
             self._recover()
+
+
+_LONG = struct.Struct(">q")
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_text(text: str, field: str) -> tuple[str, bool]:
+    """(canonical ip:port text, is IPv6) of a host string; cached, hosts repeat."""
+    host = parse_host(text, field)
+    return str(host), host.is_v6
 
 
 def default_queue_nums(topic: str) -> int:

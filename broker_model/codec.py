@@ -104,6 +104,7 @@ class HostAddress:
         return f"[{self.ip}]:{self.port}" if self.is_v6 else f"{self.ip}:{self.port}"
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_host(text: str, field: str = "host") -> HostAddress:
     """Parse ``ip:port`` or ``[ipv6]:port``.
 
@@ -202,16 +203,22 @@ class UniqKeyFactory:
         self._clock = clock or _now_ms
         self._counter = itertools.count(counter_start)
         self._lock = threading.Lock()
+        self._month = (0, 0)  # [start, next start) of the month the last id fell in
+        self._fixed_hex = self._fixed.hex().upper()
 
     def create(self) -> str:
         """A new unique id for now."""
         now = self._clock()
-        span = now - month_start_ms(now)
         with self._lock:
+            start, end = self._month
+            if not start <= now < end:
+                start = month_start_ms(now)
+                self._month = (start, month_start_ms(start + 32 * 86_400_000))
             counter = next(self._counter) & 0xFFFF
-        return (self._fixed + struct.pack(">IH", span & 0xFFFFFFFF, counter)).hex().upper()
+        return self._fixed_hex + _SPAN_COUNTER.pack((now - start) & 0xFFFFFFFF, counter).hex().upper()
 
 
+_SPAN_COUNTER = struct.Struct(">IH")
 _PROCESS_FACTORIES: dict[str, UniqKeyFactory] = {}
 _PROCESS_FACTORIES_LOCK = threading.Lock()
 

@@ -162,6 +162,9 @@ def _check_properties_length(properties: Mapping[str, str]) -> None:
     from broker_model.codec import encode_properties
 
     # room for the UNIQ_KEY and CLUSTER entries the client and broker add later
+    chars = sum(len(k) + len(v) + 2 for k, v in properties.items()) + 128
+    if chars * 4 <= c.MAX_PROPERTIES_LENGTH:  # a code point is at most 4 UTF-8 bytes
+        return
     length = len(encode_properties(properties).encode("utf-8")) + 128
     if length > c.MAX_PROPERTIES_LENGTH:
         raise ValidationError(

@@ -193,16 +193,16 @@ class Producer:
             BrokerError: every try failed.
         """
         validate_message(message, self.max_message_size)
-        message = self._with_uniq_key(message)
+        uniq_key = self._uniq_key_of(message)
         if selector is not None:
             queue = selector(self.queues(message.topic), message, arg)
-            return self._send_to(queue, [self._inner(message, queue)])
-        return self._send_with_retries(message.topic, lambda queue: [self._inner(message, queue)])
+            return self._send_to(queue, [self._inner(message, queue, uniq_key)])
+        return self._send_with_retries(message.topic, lambda queue: [self._inner(message, queue, uniq_key)])
 
     def send_to_queue(self, message: Message, queue: MessageQueue) -> SendResult:
         """Send one message to an explicit queue (no retry)."""
         validate_message(message, self.max_message_size)
-        return self._send_to(queue, [self._inner(message, queue)])
+        return self._send_to(queue, [self._inner(message, queue, self._uniq_key_of(message))])
 
     def send_batch(
         self, messages: Sequence[Message], selector: MessageQueueSelector | None = None, arg: Any = None
@@ -211,10 +211,11 @@ class Producer:
 
         Bodies of a batch are never compressed. Retries as :meth:`send`.
         """
-        batch = [self._with_uniq_key(m) for m in validate_batch(messages, self.max_message_size)]
+        batch = validate_batch(messages, self.max_message_size)
+        uniq_keys = [self._uniq_key_of(m) for m in batch]
 
         def build(queue: MessageQueue) -> list[InnerMessage]:
-            return [self._inner(m, queue, compress=False) for m in batch]
+            return [self._inner(m, queue, k, compress=False) for m, k in zip(batch, uniq_keys, strict=True)]
 
         if selector is not None:
             queue = selector(self.queues(batch[0].topic), batch[0], arg)
@@ -248,15 +249,12 @@ class Producer:
             self.fault.update(queue.broker_name, int((time.monotonic() - started) * 1000), isolation=False)
         return _send_result(queue, inner, put)
 
-    def _with_uniq_key(self, message: Message) -> Message:
-        """A copy of ``message`` with a UNIQ_KEY, set once so that retries keep the same id."""
-        if c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX in message.properties:
-            return message
-        properties = {**message.properties, c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: self._uniq.create()}
-        return Message(message.topic, message.body, message.flag, properties, message.transaction_id)
+    def _uniq_key_of(self, message: Message) -> str:
+        """The message's UNIQ_KEY, created once per send so that retries keep the same id."""
+        return message.properties.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or self._uniq.create()
 
-    def _inner(self, message: Message, queue: MessageQueue, compress: bool = True) -> InnerMessage:
-        properties = dict(message.properties)
+    def _inner(self, message: Message, queue: MessageQueue, uniq_key: str, compress: bool = True) -> InnerMessage:
+        properties = {**message.properties, c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: uniq_key}
         body, sys_flag = message.body, 0
         if compress and len(body) >= self.compress_over:
             body = zlib.compress(body, c.COMPRESS_LEVEL)

@@ -28,6 +28,7 @@ SEGMENT = 16 * 1024
 
 
 def _broker(lake: Path, name: str = "broker-a", **kwargs: object) -> Broker:
+    kwargs.setdefault("flush_mode", "SYNC_FLUSH")
     return Broker(BrokerConfig(lake=lake, broker_name=name, segment_size=SEGMENT, **kwargs)).start()  # type: ignore[arg-type]
 
 
@@ -75,7 +76,7 @@ def test_delayed_message_goes_to_schedule_topic_with_real_topic_kept(tmp_path: P
 
 
 def test_segment_rollover_blank_fills_and_record_starts_next_segment(tmp_path: Path) -> None:
-    with Broker(BrokerConfig(lake=tmp_path, segment_size=4096)).start() as broker:
+    with Broker(BrokerConfig(lake=tmp_path, segment_size=4096, flush_mode="SYNC_FLUSH")).start() as broker:
         offsets = [broker.put_message(_inner(body=b"x" * 1000)).commit_log_offsets[0] for _ in range(5)]
     rows = read_log(tmp_path, "broker-a")
     size = rows[0]["store_size"]
@@ -95,7 +96,7 @@ def test_prepared_and_rollback_records_take_no_queue_offset(tmp_path: Path) -> N
 
 
 def test_record_too_large_for_a_segment_is_refused_and_nothing_written(tmp_path: Path) -> None:
-    with Broker(BrokerConfig(lake=tmp_path, segment_size=4096)).start() as broker:
+    with Broker(BrokerConfig(lake=tmp_path, segment_size=4096, flush_mode="SYNC_FLUSH")).start() as broker:
         version = DeltaTable(str(tmp_path / "commitlog")).version()
         with pytest.raises(ValidationError, match="store_size"):
             broker.put_message(_inner(body=b"x" * 5000))
@@ -104,7 +105,7 @@ def test_record_too_large_for_a_segment_is_refused_and_nothing_written(tmp_path:
 
 
 def test_group_commit_turns_many_sync_sends_into_few_commits(tmp_path: Path) -> None:
-    broker = Broker(BrokerConfig(lake=tmp_path)).start()
+    broker = Broker(BrokerConfig(lake=tmp_path, flush_mode="SYNC_FLUSH")).start()
     threads = [
         threading.Thread(target=lambda: [broker.put_message(_inner(queue_id=q % 4)) for q in range(40)])
         for _ in range(32)

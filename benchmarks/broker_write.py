@@ -1,0 +1,108 @@
+"""Broker write throughput against raw Arrow-to-Parquet appends of the same rows, in one run.
+
+    python benchmarks/broker_write.py [--batches 100] [--threads 64] [--per-thread 200]
+
+(a) ``send_batch`` of 1,000 x 256-byte messages, SYNC_FLUSH, one producer thread;
+(b) 64 threads of single SYNC_FLUSH sends.
+The floor writes the very rows the broker stored, as Parquet files of the same sizes as the
+broker's commits (one file per commit), with the same fsync, and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from broker_model.broker import Broker, BrokerConfig
+from broker_model.message import Message
+from broker_model.producer import Producer
+from schemas.catalog import COMMITLOG
+
+
+def _floor(rows: pa.Table, chunk: int, directory: Path) -> float:
+    """Seconds to append ``rows`` as Parquet files of ``chunk`` rows each, fsynced."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = rows.select(COMMITLOG.data_columns)
+    started = time.perf_counter()
+    for index, start in enumerate(range(0, data.num_rows, chunk)):
+        with open(directory / f"part-{index}.parquet", "wb") as handle:
+            pq.write_table(data.slice(start, chunk), handle, compression="snappy")
+            handle.flush()
+            os.fsync(handle.fileno())
+    return time.perf_counter() - started
+
+
+def _stored(lake: Path) -> pa.Table:
+    return DeltaTable(str(lake / "commitlog")).to_pyarrow_table().sort_by("commit_log_offset")
+
+
+def bench_batches(root: Path, batches: int) -> tuple[float, float, int]:
+    lake = root / "a"
+    broker = Broker(BrokerConfig(lake=lake, flush_mode="SYNC_FLUSH")).start()
+    broker.ensure_topic("Bench", 8)
+    producer = Producer([broker], seed=1)
+    payloads = [[Message.create("Bench", os.urandom(256), tags="t") for _ in range(1000)] for _ in range(batches)]
+    started = time.perf_counter()
+    for batch in payloads:
+        producer.send_batch(batch)
+    elapsed = time.perf_counter() - started
+    broker.shutdown()
+    floor = _floor(_stored(lake), 1000, root / "floor-a")
+    return batches * 1000 / elapsed, batches * 1000 / floor, broker.commits
+
+
+def bench_threads(root: Path, threads: int, per_thread: int) -> tuple[float, float, int]:
+    lake = root / "b"
+    broker = Broker(BrokerConfig(lake=lake, flush_mode="SYNC_FLUSH")).start()
+    broker.ensure_topic("Bench", 8)
+    producers = [Producer([broker], f"p{i}", seed=i) for i in range(threads)]
+    messages = [[Message.create("Bench", os.urandom(256), tags="t") for _ in range(per_thread)] for _ in range(threads)]
+    gate = threading.Barrier(threads + 1)
+
+    def work(index: int) -> None:
+        gate.wait()
+        for message in messages[index]:
+            producers[index].send(message)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    gate.wait()
+    started = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    broker.shutdown()
+    total = threads * per_thread
+    chunk = max(1, round(total / broker.commits))
+    floor = _floor(_stored(lake), chunk, root / "floor-b")
+    return total / elapsed, total / floor, broker.commits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=64)
+    parser.add_argument("--per-thread", type=int, default=200)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="broker-bench-") as tmp:
+        root = Path(tmp)
+        rate_a, floor_a, commits_a = bench_batches(root, args.batches)
+        rate_b, floor_b, commits_b = bench_threads(root, args.threads, args.per_thread)
+    print(f"{'case':<44}{'msg/s':>12}{'floor msg/s':>14}{'ratio':>8}{'commits':>9}{'target':>10}")
+    print(f"{'(a) send_batch 1000 x 256 B, SYNC_FLUSH':<44}{rate_a:>12,.0f}{floor_a:>14,.0f}"
+          f"{rate_a / floor_a:>8.2f}{commits_a:>9}{'100,000':>10}")
+    print(f"{f'(b) {args.threads} threads single sends, SYNC_FLUSH':<44}{rate_b:>12,.0f}{floor_b:>14,.0f}"
+          f"{rate_b / floor_b:>8.2f}{commits_b:>9}{'10,000':>10}")
+
+
+if __name__ == "__main__":
+    main()
