@@ -17,7 +17,8 @@ from broker_model.producer import Producer
 
 
 def main(lake: str, name: str, threads: int, segment_size: int) -> None:
-    broker = Broker(BrokerConfig(lake=Path(lake), broker_name=name, segment_size=segment_size, flush_mode="SYNC_FLUSH")).start()
+    config = BrokerConfig(lake=Path(lake), broker_name=name, segment_size=segment_size, flush_mode="SYNC_FLUSH")
+    broker = Broker(config).start()
     broker.ensure_topic("Crash", 4)
     out = threading.Lock()
     print("ready", flush=True)
