@@ -18,16 +18,17 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker_model import constants as c
-from broker_model.codec import body_crc, encode_properties, parse_host
+from broker_model.codec import encode_properties, parse_host
 from broker_model.deltalog import AppendLog, append_rows, ensure_table, read_table
 from broker_model.errors import BrokerError, BrokerLockedError, CommitFailedError, ValidationError
 from broker_model.message import validate_name
@@ -62,7 +63,7 @@ class BrokerConfig:
     clock: Callable[[], int] = field(default=now_ms, compare=False)
 
 
-@dataclass
+@dataclass(slots=True)
 class InnerMessage:
     """A message as the broker receives it: the producer already compressed the body and set
     ``sys_flag``, UNIQ_KEY and the born fields."""
@@ -144,11 +145,83 @@ class BrokerNameLock:
         self.release()
 
 
-class _Group:
-    """Rows appended together and committed together; completion is shared."""
+class _Prepared(NamedTuple):
+    """A record before it has a position: everything :meth:`Broker._prepare` computes."""
+
+    topic: str
+    queue_id: int
+    message: InnerMessage
+    properties: dict[str, str]
+    raw_properties: bytes
+    born_host: str
+    sys_flag: int
+    magic_code: int
+    size: int
+    body_crc: int
+
+
+class _Columns:
+    """Commit log rows as column lists, the cheapest form to append to and to turn into Arrow."""
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
+        self.data: dict[str, list[Any]] = {name: [] for name in COMMITLOG.column_names}
+        self.property_offsets = [0]
+        self.property_keys: list[str] = []
+        self.property_values: list[str] = []
+
+    def add(
+        self, broker_name: str, segment: int, offset: int, queue_offset: int, store_timestamp: int,
+        store_host: str, msg_id: str, record: _Prepared,
+    ) -> None:  # fmt: skip
+        """Append one positioned record."""
+        d, m, props = self.data, record.message, record.properties
+        d["broker_name"].append(broker_name)
+        d["segment"].append(segment)
+        d["commit_log_offset"].append(offset)
+        d["store_size"].append(record.size)
+        d["magic_code"].append(record.magic_code)
+        d["body_crc"].append(record.body_crc)
+        d["queue_id"].append(record.queue_id)
+        d["flag"].append(m.flag)
+        d["queue_offset"].append(queue_offset)
+        d["sys_flag"].append(record.sys_flag)
+        d["born_timestamp"].append(m.born_timestamp)
+        d["born_host"].append(record.born_host)
+        d["store_timestamp"].append(store_timestamp)
+        d["store_host"].append(store_host)
+        d["reconsume_times"].append(m.reconsume_times)
+        d["prepared_transaction_offset"].append(m.prepared_transaction_offset)
+        d["body"].append(m.body)
+        d["topic"].append(record.topic)
+        d["raw_properties"].append(record.raw_properties)
+        d["tags"].append(props.get(c.PROPERTY_TAGS))
+        d["keys"].append(props.get(c.PROPERTY_KEYS))
+        d["uniq_key"].append(props.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
+        d["msg_id"].append(msg_id)
+        self.property_keys.extend(props.keys())
+        self.property_values.extend(props.values())
+        self.property_offsets.append(len(self.property_keys))
+
+    def to_table(self) -> pa.Table:
+        """The rows as an Arrow table with the ``commitlog`` schema."""
+        schema = COMMITLOG.arrow_schema
+        arrays = []
+        for field_ in schema:
+            if field_.name == "properties":
+                arrays.append(pa.MapArray.from_arrays(
+                    pa.array(self.property_offsets, pa.int32()), pa.array(self.property_keys, pa.string()),
+                    pa.array(self.property_values, pa.string()), type=field_.type,
+                ))  # fmt: skip
+            else:
+                arrays.append(pa.array(self.data[field_.name], type=field_.type))
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+
+class _Group:
+    """Records put together and committed together; completion is shared."""
+
+    def __init__(self) -> None:
+        self.columns = _Columns()
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -325,7 +398,7 @@ class Broker:
         return self.put_messages([message])
 
     def put_messages(self, messages: Sequence[InnerMessage]) -> PutResult:
-        """Store messages of one queue as consecutive records, in one commit.
+        """Store messages as consecutive records, in one commit.
 
         A message with ``DELAY > 0`` (and a non-transactional or commit type) is redirected to
         ``SCHEDULE_TOPIC_XXXX``, queue ``level - 1``, its real topic and queue kept in
@@ -343,11 +416,10 @@ class Broker:
             if not self._running:
                 raise BrokerError(f"broker {self.broker_name!r} is not running; start it first")
             store_timestamp = self._clock()
-            rows = [self._assign(m, store_timestamp) for m in prepared]
             if self._pending is None:
                 self._pending = _Group()
             group = self._pending
-            group.rows.extend(rows)
+            placed = [self._place(m, store_timestamp, group.columns) for m in prepared]
             self._wake.notify()
         if self.config.flush_mode == "SYNC_FLUSH":
             group.done.wait()
@@ -355,11 +427,10 @@ class Broker:
                 raise CommitFailedError(
                     f"broker {self.broker_name!r}: commit failed, message not stored: {group.error}"
                 ) from group.error
-        first = rows[0]
+        first = prepared[0]
         return PutResult(
-            self.broker_name, first["topic"], first["queue_id"],
-            tuple(r["queue_offset"] for r in rows), tuple(r["commit_log_offset"] for r in rows),
-            tuple(r["msg_id"] for r in rows), store_timestamp,
+            self.broker_name, first.topic, first.queue_id, tuple(p[0] for p in placed),
+            tuple(p[1] for p in placed), tuple(p[2] for p in placed), store_timestamp,
         )  # fmt: skip
 
     def flush(self) -> None:
@@ -376,73 +447,65 @@ class Broker:
         if failed:
             raise CommitFailedError(f"broker {self.broker_name!r}: {len(failed)} commit(s) failed: {failed[0]}")
 
-    def _prepare(self, message: InnerMessage) -> dict[str, Any]:
+    def _prepare(self, message: InnerMessage) -> _Prepared:
         """Everything about a record that does not depend on its position."""
         topic, queue_id, properties = message.topic, message.queue_id, dict(message.properties)
         transaction = message.sys_flag & c.TRANSACTION_ROLLBACK_TYPE
-        delay = int(properties.get(c.PROPERTY_DELAY_TIME_LEVEL, "0") or 0)
-        if delay > 0 and transaction in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
-            delay = min(delay, c.MAX_DELAY_LEVEL)
+        delay = properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
+        if delay and int(delay) > 0 and transaction in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
             properties[c.PROPERTY_REAL_TOPIC] = topic
             properties[c.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
-            topic, queue_id = c.SCHEDULE_TOPIC, delay - 1
-        properties.setdefault(c.PROPERTY_CLUSTER, self.config.cluster_name)
+            topic, queue_id = c.SCHEDULE_TOPIC, min(int(delay), c.MAX_DELAY_LEVEL) - 1
+        if c.PROPERTY_CLUSTER not in properties:
+            properties[c.PROPERTY_CLUSTER] = self.config.cluster_name
         raw_properties = encode_properties(properties).encode("utf-8")
         born_host, born_v6 = _host_text(message.born_host, "born_host")
+        store_v6 = self._store_address.is_v6
         sys_flag = message.sys_flag | (c.BORNHOST_V6_FLAG if born_v6 else 0)
-        sys_flag |= c.STOREHOSTADDRESS_V6_FLAG if self._store_address.is_v6 else 0
+        sys_flag |= c.STOREHOSTADDRESS_V6_FLAG if store_v6 else 0
         magic = magic_for_topic(topic)
-        size = record_length(
-            len(message.body), len(topic.encode("utf-8")), len(raw_properties), born_v6,
-            self._store_address.is_v6, magic == c.MAGIC_CODE_V2,
-        )  # fmt: skip
+        size = _fixed_length(born_v6, store_v6, magic == c.MAGIC_CODE_V2) + len(message.body)
+        size += _utf8_length(topic) + len(raw_properties)
         self._check_size(size, raw_properties, message)
-        return {
-            "store_size": size, "magic_code": magic, "body_crc": body_crc(message.body),
-            "queue_id": queue_id, "flag": message.flag, "sys_flag": sys_flag,
-            "born_timestamp": message.born_timestamp, "born_host": born_host,
-            "store_host": self.store_host, "reconsume_times": message.reconsume_times,
-            "prepared_transaction_offset": message.prepared_transaction_offset,
-            "body": message.body, "topic": topic, "properties": properties,
-            "raw_properties": raw_properties, "tags": properties.get(c.PROPERTY_TAGS),
-            "keys": properties.get(c.PROPERTY_KEYS),
-            "uniq_key": properties.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
-        }  # fmt: skip
+        return _Prepared(
+            topic, queue_id, message, properties, raw_properties, born_host, sys_flag, magic, size,
+            zlib.crc32(message.body) & 0x7FFFFFFF,
+        )  # fmt: skip
 
     def _check_size(self, size: int, raw_properties: bytes, message: InnerMessage) -> None:
         if len(raw_properties) > c.MAX_PROPERTIES_LENGTH:
             raise ValidationError(
                 "properties", f"<{len(raw_properties)} bytes>", f"over {c.MAX_PROPERTIES_LENGTH} bytes"
             )
-        if len(message.body) > self.config.max_message_size or size > self.config.max_message_size + c.MAX_RECORD_SLACK:
+        limit = self.config.max_message_size
+        if len(message.body) > limit or size > limit + c.MAX_RECORD_SLACK:
             raise ValidationError("body", f"<{len(message.body)} bytes>", "over the broker's max message size")
         if size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_size:
             raise ValidationError(
                 "store_size", size, f"does not fit a segment of {self.segment_size} bytes", "use larger segments"
             )
-        if not 0 <= message.queue_id:
+        if message.queue_id < 0:
             raise ValidationError("queue_id", message.queue_id, "must not be negative")
 
-    def _assign(self, row: dict[str, Any], store_timestamp: int) -> dict[str, Any]:
-        """Give ``row`` its physical offset, segment and queue offset (caller holds the lock)."""
-        size = row["store_size"]
+    def _place(self, record: _Prepared, store_timestamp: int, columns: _Columns) -> tuple[int, int, str]:
+        """Give ``record`` its physical offset, segment and queue offset and append it to
+        ``columns`` (caller holds the lock); returns (queue offset, commit log offset, msg id)."""
+        size = record.size
         if self.next_offset + size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_base + self.segment_size:
             # the rest of the segment becomes the blank; the record starts the next segment
             self.segment_base += self.segment_size
             self.next_offset = self.segment_base
         offset = self.next_offset
         self.next_offset += size
-        transaction = row["sys_flag"] & c.TRANSACTION_ROLLBACK_TYPE
         queue_offset = 0
-        if transaction in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
-            key = (row["topic"], row["queue_id"])
+        if record.sys_flag & c.TRANSACTION_ROLLBACK_TYPE in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
+            key = (record.topic, record.queue_id)
             queue_offset = self.queue_next.get(key, 0)
             self.queue_next[key] = queue_offset + 1
-        return {
-            **row, "broker_name": self.broker_name, "segment": self.segment_base,
-            "commit_log_offset": offset, "queue_offset": queue_offset,
-            "store_timestamp": store_timestamp, "msg_id": (self._msg_id_prefix + _LONG.pack(offset)).hex().upper(),
-        }  # fmt: skip
+        msg_id = (self._msg_id_prefix + _LONG.pack(offset)).hex().upper()
+        columns.add(self.broker_name, self.segment_base, offset, queue_offset, store_timestamp,
+                    self.store_host, msg_id, record)  # fmt: skip
+        return queue_offset, offset, msg_id
 
     # -- the committer ----------------------------------------------------------------------------
 
@@ -461,7 +524,7 @@ class Broker:
         error: BaseException | None = None
         for attempt in range(self.config.commit_retries + 1):
             try:
-                self._log.commit(self._log.write_files(rows_to_table(group.rows)))
+                self._log.commit(self._log.write_files(group.columns.to_table()))
                 self.commits += 1
                 break
             except Exception as exc:  # retried, then reported to every waiting sender
@@ -488,6 +551,17 @@ class Broker:
 
 
 _LONG = struct.Struct(">q")
+
+
+@functools.lru_cache(maxsize=16)
+def _fixed_length(born_v6: bool, store_v6: bool, magic_v2: bool) -> int:
+    """Record length without body, topic and property bytes."""
+    return record_length(0, 0, 0, born_v6, store_v6, magic_v2)
+
+
+@functools.lru_cache(maxsize=4096)
+def _utf8_length(text: str) -> int:
+    return len(text.encode("utf-8"))
 
 
 @functools.lru_cache(maxsize=1024)

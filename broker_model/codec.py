@@ -208,14 +208,19 @@ class UniqKeyFactory:
 
     def create(self) -> str:
         """A new unique id for now."""
+        return self.create_many(1)[0]
+
+    def create_many(self, count: int) -> list[str]:
+        """``count`` new unique ids for now (one clock read, consecutive counters)."""
         now = self._clock()
         with self._lock:
             start, end = self._month
             if not start <= now < end:
                 start = month_start_ms(now)
                 self._month = (start, month_start_ms(start + 32 * 86_400_000))
-            counter = next(self._counter) & 0xFFFF
-        return self._fixed_hex + _SPAN_COUNTER.pack((now - start) & 0xFFFFFFFF, counter).hex().upper()
+            counters = [next(self._counter) & 0xFFFF for _ in range(count)]
+        span = (now - start) & 0xFFFFFFFF
+        return [self._fixed_hex + _SPAN_COUNTER.pack(span, counter).hex().upper() for counter in counters]
 
 
 _SPAN_COUNTER = struct.Struct(">IH")

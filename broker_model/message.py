@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -119,6 +120,7 @@ def validate_group(group: str) -> None:
     validate_name(group, "group", c.GROUP_MAX_LENGTH)
 
 
+@functools.lru_cache(maxsize=4096)
 def validate_send_topic(topic: str) -> None:
     """Check a topic a user sends to: a valid name and not a topic reserved for the broker.
 

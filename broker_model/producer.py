@@ -212,7 +212,8 @@ class Producer:
         Bodies of a batch are never compressed. Retries as :meth:`send`.
         """
         batch = validate_batch(messages, self.max_message_size)
-        uniq_keys = [self._uniq_key_of(m) for m in batch]
+        fresh = iter(self._uniq.create_many(len(batch)))
+        uniq_keys = [m.properties.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or next(fresh) for m in batch]
 
         def build(queue: MessageQueue) -> list[InnerMessage]:
             return [self._inner(m, queue, k, compress=False) for m, k in zip(batch, uniq_keys, strict=True)]
