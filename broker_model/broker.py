@@ -452,6 +452,8 @@ class Broker:
         topic, queue_id, properties = message.topic, message.queue_id, dict(message.properties)
         transaction = message.sys_flag & c.TRANSACTION_ROLLBACK_TYPE
         delay = properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
+        if delay and not delay.lstrip("-").isdigit():
+            raise ValidationError("DELAY", delay, "is not an integer delay level", "use 0..18")
         if delay and int(delay) > 0 and transaction in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
             properties[c.PROPERTY_REAL_TOPIC] = topic
             properties[c.PROPERTY_REAL_QUEUE_ID] = str(queue_id)

@@ -62,7 +62,7 @@ def decode_properties(text: str) -> dict[str, str]:
 def java_string_hash(text: str) -> int:
     """Java ``String.hashCode`` of ``text`` (over UTF-16 code units), a signed 32-bit int."""
     h = 0
-    data = text.encode("utf-16-be")
+    data = text.encode("utf-16-be", "surrogatepass")  # Java hashes lone surrogates too
     for (unit,) in struct.iter_unpack(">H", data):
         h = (31 * h + unit) & 0xFFFFFFFF
     return h - 0x100000000 if h & 0x80000000 else h
@@ -125,6 +125,7 @@ def parse_host(text: str, field: str = "host") -> HostAddress:
     return HostAddress(ip, port)
 
 
+@functools.lru_cache(maxsize=1024)
 def host_from_bytes(data: bytes) -> HostAddress:
     """Inverse of :meth:`HostAddress.to_bytes` (8 bytes for IPv4, 20 for IPv6)."""
     ip_len = len(data) - 4

@@ -69,7 +69,7 @@ def encode_record(row: dict[str, Any]) -> bytes:
         _TAIL.pack(row["reconsume_times"], row["prepared_transaction_offset"]),
         _INT.pack(len(body)),
         body,
-        _SHORT.pack(len(topic)) if v2 else struct.pack(">b", len(topic)),
+        _SHORT.pack(len(topic)) if v2 else struct.pack(">B", len(topic)),  # Java writes (byte) len
         topic,
         _SHORT.pack(len(props)),
         props,

@@ -258,3 +258,11 @@ def test_compressed_body_is_stored_compressed_and_decompresses(tmp_path: Path) -
     assert row["sys_flag"] & c.COMPRESSED_FLAG
     assert row["body"] == zlib.compress(body, c.COMPRESS_LEVEL)
     assert decompress_body(row["body"], row["sys_flag"]) == body
+
+
+def test_non_numeric_delay_level_is_refused_and_nothing_written(tmp_path: Path) -> None:
+    with _broker(tmp_path) as broker:
+        with pytest.raises(ValidationError, match="DELAY='soon'"):
+            broker.put_message(_inner(DELAY="soon"))
+        assert broker.next_offset == 0
+    assert read_log(tmp_path, "broker-a") == []
