@@ -9,6 +9,7 @@ from pathlib import Path
 
 from broker_model.errors import RmqLakeError
 from broker_model.lake_root import default_lake
+from broker_model.storefiles import add_import_export_commands
 
 
 def _workload(args: argparse.Namespace) -> int:
@@ -34,13 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     workload.add_argument("--threads", type=int, default=4, help="producer threads")
     workload.add_argument("--segment-size", type=int, default=None, help="commit log segment size in bytes")
     workload.add_argument("--flush-mode", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], default="ASYNC_FLUSH")
-    workload.set_defaults(run=_workload)
-    try:
-        from broker_model.storefiles import add_import_export_commands
-    except ImportError:  # pragma: no cover - present in every release
-        pass
-    else:
-        add_import_export_commands(commands)
+    workload.set_defaults(func=_workload)
+    add_import_export_commands(commands)
     return parser
 
 
@@ -48,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one broker command; bad input prints a clear error and exits 2."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.run(args))
+        return int(args.func(args))
     except RmqLakeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
