@@ -1,0 +1,35 @@
+"""Run a job: ``python -m jobs <job> [options]`` (also the ``spark-submit`` entry point)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+JOBS = {
+    "nightly": "jobs.nightly",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch to ``<job>``'s ``main``; bad input prints a clear error and returns 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: python -m jobs <job> [options]\njobs: " + ", ".join(sorted(JOBS)))
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in JOBS:
+        print(f"error: job={name!r} is unknown; choose one of {sorted(JOBS)}", file=sys.stderr)
+        return 2
+    from broker_model.errors import RmqLakeError
+
+    module = importlib.import_module(JOBS[name])
+    try:
+        return int(module.main(rest))
+    except RmqLakeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The ``job_runs`` table: one row per job run, written by every job."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from jobs.lake_io import Lake
+from schemas.catalog import JOB_RUNS, spark_schema
+
+
+@dataclass
+class JobRun:
+    """A run being timed; :meth:`finish` fills in status and duration."""
+
+    job: str
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started_timestamp: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    input_versions: dict[str, int] = field(default_factory=dict)
+    output_versions: dict[str, int] = field(default_factory=dict)
+    row_counts: dict[str, int] = field(default_factory=dict)
+    status: str = "RUNNING"
+    duration_ms: int = 0
+    message: str | None = None
+
+    def finish(self, status: str, message: str | None = None) -> JobRun:
+        """Mark the run ended with ``status`` (SUCCEEDED, NOOP or FAILED)."""
+        self.status = status
+        self.message = message
+        self.duration_ms = time.time_ns() // 1_000_000 - self.started_timestamp
+        return self
+
+
+def table_versions(lake: Lake, names: Mapping[str, object] | list[str]) -> dict[str, int]:
+    """The current Delta version of each named table that exists."""
+    versions = {name: lake.version(name) for name in names}
+    return {name: version for name, version in versions.items() if version is not None}
+
+
+def record_run(lake: Lake, run: JobRun) -> int | None:
+    """Append ``run`` to ``job_runs``; returns the committed version."""
+    row = {
+        "run_id": run.run_id,
+        "job": run.job,
+        "started_timestamp": run.started_timestamp,
+        "duration_ms": run.duration_ms,
+        "status": run.status,
+        "input_versions": run.input_versions,
+        "output_versions": run.output_versions,
+        "row_counts": run.row_counts,
+        "message": run.message,
+    }
+    df = lake.spark.createDataFrame([row], schema=spark_schema(JOB_RUNS))
+    return lake.append(JOB_RUNS, df)

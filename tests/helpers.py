@@ -1,0 +1,59 @@
+"""Test helpers shared by the Spark tests: one frame equality with fixed flags, Arrow row sets."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyarrow as pa
+from chispa import assert_df_equality
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import MapType
+
+
+def assert_frames_equal(actual_df: DataFrame, expected_df: DataFrame) -> None:
+    """Assert same columns (in order), same types and same rows, any row order, nullability aside.
+
+    The project's one set of chispa flags: row order and nullability never matter, column order
+    always does. Top-level map columns are compared as their entries sorted by key (maps are
+    unordered, and Spark can neither sort nor hash a map).
+    """
+    assert_df_equality(
+        actual_df,
+        expected_df,
+        transforms=[_maps_as_sorted_entries],
+        ignore_row_order=True,
+        ignore_column_order=False,
+        ignore_nullable=True,
+    )
+
+
+def _maps_as_sorted_entries(df: DataFrame) -> DataFrame:
+    def sortable(name: str, is_map: bool) -> Column:
+        column = F.col(name)
+        return F.array_sort(F.map_entries(column)).alias(name) if is_map else column
+
+    return df.select(*[sortable(f.name, isinstance(f.dataType, MapType)) for f in df.schema.fields])
+
+
+def canonical_rows(table: pa.Table) -> list[Any]:
+    """The rows of an Arrow table as a sorted list of comparable values.
+
+    Structs become tuples of (field, value) in field order, maps become their entries sorted,
+    NaN becomes the string "NaN" (so that equal tables compare equal), rows are sorted by repr.
+    """
+    return sorted((_canonical(row) for row in table.to_pylist()), key=repr)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple((k, _canonical(v)) for k, v in value.items())
+    if isinstance(value, list) and value and all(isinstance(v, tuple) for v in value):
+        # pyarrow gives a map as a list of (key, value) tuples and a struct as a dict
+        return ("map", sorted(((_canonical(k), _canonical(v)) for k, v in value), key=repr))
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    return value

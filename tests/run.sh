@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install what the tests need into .venv and run the whole suite: lint, types, tests.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${RMQ_VENV:-$here/.venv}"
+cd "$here"
+if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
+  echo "error: Java is not installed; the Spark tests need a Java 17 runtime." >&2
+  exit 1
+fi
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet -e ".[test]"
+"$venv/bin/ruff" check .
+"$venv/bin/mypy" broker_model schemas
+"$venv/bin/python" -m pytest "$@"

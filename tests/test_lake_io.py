@@ -1,0 +1,392 @@
+"""The lake I/O through the bridge engine, on real Delta tables under tmp_path.
+
+The bridge is the engine of this machine (no Delta jars); delta-rs is the independent reader and
+writer the bridge is checked against.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from broker_model.errors import LakeError, ValidationError
+from jobs.lake_io import Lake, commit_data_files, write_data_files
+from jobs.session import ENGINE_CONF, detect_engine, resolve_engine
+from schemas.catalog import COMMITLOG, CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, TableSpec, spark_schema
+from tests.helpers import assert_frames_equal, canonical_rows
+
+pytestmark = pytest.mark.spark
+
+# topic names as RocketMQ makes them ('%' in retry/DLQ topics) plus characters that need escaping
+# in Hive-style directories and URL-encoding in the Delta log
+TOPICS = ("TopicA", "%RETRY%group-a", "odd topic+=#é")
+
+
+@pytest.fixture
+def lake(spark: SparkSession, tmp_path: Path) -> Lake:
+    return Lake(spark, tmp_path / "lake", engine="bridge")
+
+
+def _frame(spark: SparkSession, spec: TableSpec, rows: list[tuple[object, ...]]) -> DataFrame:
+    return spark.createDataFrame(rows, spark_schema(spec))
+
+
+def _offset_commits(spark: SparkSession) -> DataFrame:
+    rows = [
+        ("cg", "broker-a", "TopicA", 0, 10, 1_700_000_000_000, "consumer", "10.0.0.1@1"),
+        ("cg", "broker-a", "TopicA", 1, 0, 1_700_000_000_001, "reset", None),
+        ("cg-2", "broker-b", "%RETRY%cg-2", 3, 2**40, 1_700_000_000_002, "replay", "10.0.0.2@7"),
+    ]
+    return _frame(spark, CONSUMER_OFFSET_COMMITS, rows)
+
+
+def _queue_units(spark: SparkSession, topics: tuple[str, ...] = TOPICS, base: int = 0) -> DataFrame:
+    rows = [
+        ("broker-a", topic, queue_id, offset, base + 1000 * t + offset, 120, -7, 1_700_000_000_000 + offset)
+        for t, topic in enumerate(topics)
+        for queue_id in (0, 1)
+        for offset in (0, 1)
+    ]
+    return _frame(spark, CONSUME_QUEUE, rows)
+
+
+def _record(broker: str, segment: int, offset: int, body: bytes, properties: dict[str, str]) -> tuple[object, ...]:
+    tags = properties.get("TAGS")
+    return (
+        broker, segment, offset, 100 + len(body), -626843477, 12345, 0, 0, offset // 100, 0,
+        1_700_000_000_000, "10.0.0.9:5000", 1_700_000_000_005, "10.0.0.1:10911", 0, 0,
+        body, "TopicA", properties, b"\x00".join(f"{k}\x01{v}".encode() for k, v in properties.items()),
+        tags, None, properties.get("UNIQ_KEY"), f"0A00000100002A9F{offset:016X}",
+    )  # fmt: skip
+
+
+def _commitlog(spark: SparkSession) -> DataFrame:
+    rows = [
+        _record("broker-a", 0, 0, b"\x00\x01binary\xff", {"TAGS": "t1", "UNIQ_KEY": "u1"}),
+        _record("broker-a", 0, 200, b"", {}),
+        _record("broker-a", 4096, 4096, b"x" * 300, {"KEYS": "k1 k2", "DELAY": "3"}),
+        _record("broker b/%é", 0, 0, b"\xde\xad", {"TAGS": "t2"}),
+    ]
+    return _frame(spark, COMMITLOG, rows)
+
+
+def _delta_rs_rows(path: Path, version: int | None = None) -> list[object]:
+    return canonical_rows(DeltaTable(str(path), version=version).to_pyarrow_table())
+
+
+def _bridge_dirs(path: Path) -> set[str]:
+    return {p.name for p in path.iterdir() if p.name.startswith("bridge-")}
+
+
+# 1. round trips -----------------------------------------------------------------------------
+
+
+def test_round_trip_of_an_unpartitioned_table(lake: Lake, spark: SparkSession) -> None:
+    written_df = _offset_commits(spark)
+    assert lake.append("consumer_offset_commits", written_df) == 1
+
+    read_df = lake.read("consumer_offset_commits")
+
+    assert [f.dataType for f in read_df.schema] == [f.dataType for f in spark_schema(CONSUMER_OFFSET_COMMITS)]
+    assert_frames_equal(read_df, written_df)
+
+
+def test_round_trip_of_partitioned_tables_with_map_and_binary_columns(lake: Lake, spark: SparkSession) -> None:
+    commitlog_df, queue_df = _commitlog(spark), _queue_units(spark)
+    lake.append("commitlog", commitlog_df)
+    lake.append("consume_queue", queue_df)
+
+    read_df = lake.read("commitlog")
+
+    assert read_df.columns == COMMITLOG.column_names
+    assert [f.dataType for f in read_df.schema] == [f.dataType for f in spark_schema(COMMITLOG)]
+    assert_frames_equal(read_df, commitlog_df)
+    assert_frames_equal(lake.read("consume_queue"), queue_df)
+
+
+def test_columns_come_back_in_catalog_order_whatever_order_was_written(lake: Lake, spark: SparkSession) -> None:
+    queue_df = _queue_units(spark)
+    lake.append("consume_queue", queue_df.select(*reversed(queue_df.columns)))
+
+    assert_frames_equal(lake.read("consume_queue"), queue_df)
+
+
+def test_an_empty_table_reads_as_an_empty_frame_with_the_catalog_schema(lake: Lake, spark: SparkSession) -> None:
+    lake.append("consume_queue", _queue_units(spark))
+    lake.overwrite("consume_queue", _queue_units(spark).limit(0))
+
+    read_df = lake.read("consume_queue")
+
+    assert read_df.count() == 0
+    assert [f.dataType for f in read_df.schema] == [f.dataType for f in spark_schema(CONSUME_QUEUE)]
+
+
+# 2. delta-rs reads what the bridge writes, the bridge reads what delta-rs writes --------------
+
+
+@pytest.mark.parametrize("spec", [COMMITLOG, CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS], ids=lambda s: s.name)
+def test_delta_rs_reads_a_bridge_written_table_identically(lake: Lake, spark: SparkSession, spec: TableSpec) -> None:
+    frames = {"commitlog": _commitlog, "consume_queue": _queue_units, "consumer_offset_commits": _offset_commits}
+    written_df = frames[spec.name](spark)
+    lake.append(spec, written_df)
+
+    delta_rs = DeltaTable(str(lake.location(spec))).to_pyarrow_table()
+
+    assert delta_rs.schema.names == spec.column_names
+    assert canonical_rows(delta_rs.select(spec.column_names)) == canonical_rows(written_df.toArrow())
+
+
+def test_the_bridge_reads_a_delta_rs_written_table_identically(lake: Lake, spark: SparkSession) -> None:
+    expected = _queue_units(spark).toArrow().cast(CONSUME_QUEUE.arrow_schema)
+    path = lake.location("consume_queue")
+    write_deltalake(str(path), expected, partition_by=list(CONSUME_QUEUE.partition_by))
+    write_deltalake(str(path), expected.slice(0, 3), mode="append", partition_by=list(CONSUME_QUEUE.partition_by))
+
+    read_df = lake.read("consume_queue")
+
+    assert canonical_rows(read_df.toArrow()) == canonical_rows(pa.concat_tables([expected, expected.slice(0, 3)]))
+
+
+def test_bridge_stats_are_the_exact_bounds_of_each_file(lake: Lake, spark: SparkSession) -> None:
+    lake.append("consume_queue", _queue_units(spark, topics=("TopicA",)).coalesce(1))
+
+    actions = pa.table(DeltaTable(str(lake.location("consume_queue"))).get_add_actions(flatten=True)).to_pylist()
+
+    assert [(a["num_records"], a["min.commit_log_offset"], a["max.commit_log_offset"]) for a in actions] == [(4, 0, 1)]
+    assert actions[0]["null_count.queue_id"] == 0
+    assert actions[0]["partition.topic"] == "TopicA"
+
+
+# 3. an interrupted write changes nothing ------------------------------------------------------
+
+
+def test_files_written_without_a_commit_leave_the_table_unchanged(lake: Lake, spark: SparkSession) -> None:
+    lake.append("consume_queue", _queue_units(spark))
+    path = lake.location("consume_queue")
+    before = _delta_rs_rows(path)
+
+    written = write_data_files(_queue_units(spark, base=50_000), str(path), CONSUME_QUEUE.partition_by)
+
+    assert written.files and all((path / f.path).is_file() for f in written.files)
+    assert lake.version("consume_queue") == 1
+    assert _delta_rs_rows(path) == before
+    assert canonical_rows(lake.read("consume_queue").toArrow()) == before
+
+
+def test_committing_the_written_files_is_what_makes_them_visible(lake: Lake, spark: SparkSession) -> None:
+    lake.append("consume_queue", _queue_units(spark))
+    path = lake.location("consume_queue")
+    written = write_data_files(_queue_units(spark, base=50_000), str(path), CONSUME_QUEUE.partition_by)
+
+    commit_data_files(str(path), written, "append", None, None)
+
+    assert lake.read("consume_queue").count() == 24
+
+
+def test_a_failed_commit_removes_its_files_and_leaves_the_table_unchanged(lake: Lake, spark: SparkSession) -> None:
+    path = lake.location("consume_queue")
+    DeltaTable.create(
+        str(path), CONSUME_QUEUE.arrow_schema, partition_by=["topic"], configuration={"delta.appendOnly": "true"}
+    )
+    lake.append("consume_queue", _queue_units(spark))
+    before, dirs = _delta_rs_rows(path), _bridge_dirs(path)
+
+    with pytest.raises(LakeError, match="refused the commit"):
+        lake.overwrite("consume_queue", _queue_units(spark, base=50_000))
+
+    assert _bridge_dirs(path) == dirs
+    assert _delta_rs_rows(path) == before
+
+
+def test_rows_outside_the_replaced_partitions_are_refused_before_the_commit(lake: Lake, spark: SparkSession) -> None:
+    lake.append("consume_queue", _queue_units(spark))
+    path = lake.location("consume_queue")
+    before, dirs = _delta_rs_rows(path), _bridge_dirs(path)
+
+    with pytest.raises(ValidationError, match="outside the partitions"):
+        lake.overwrite_partitions("consume_queue", _queue_units(spark), [{"topic": "TopicA"}])
+
+    assert _bridge_dirs(path) == dirs
+    assert _delta_rs_rows(path) == before
+
+
+# 4. partition pruning -------------------------------------------------------------------------
+
+
+def test_a_partition_filter_reads_only_the_matching_files(lake: Lake, spark: SparkSession) -> None:
+    lake.append("consume_queue", _queue_units(spark).repartition(2))
+    actions = pa.table(DeltaTable(str(lake.location("consume_queue"))).get_add_actions(flatten=True)).to_pylist()
+    retry_files = [a for a in actions if a["partition.topic"] == "%RETRY%group-a"]
+
+    read_df = lake.read("consume_queue", partition_filter={"topic": ["%RETRY%group-a"]})
+
+    assert len(read_df.inputFiles()) == len(retry_files) < len(actions)
+    assert {r.topic for r in read_df.select("topic").distinct().collect()} == {"%RETRY%group-a"}
+    assert read_df.count() == 4
+
+
+def test_a_filter_on_a_column_that_is_not_a_partition_column_is_refused(lake: Lake, spark: SparkSession) -> None:
+    lake.append("consume_queue", _queue_units(spark))
+
+    with pytest.raises(ValidationError, match="queue_id"):
+        lake.read("consume_queue", partition_filter={"queue_id": [0]})
+
+
+# 5. append, overwrite, partition overwrite, time travel ----------------------------------------
+
+
+def test_append_overwrite_partition_overwrite_and_time_travel(lake: Lake, spark: SparkSession) -> None:
+    first_df, second_df = _queue_units(spark), _queue_units(spark, base=10_000)
+    retry_df = _queue_units(spark, topics=("%RETRY%group-a", "odd topic+=#é"), base=20_000)
+
+    assert lake.append("consume_queue", first_df) == 1
+    assert lake.append("consume_queue", second_df) == 2
+    assert (
+        lake.overwrite_partitions("consume_queue", retry_df, [{"topic": "%RETRY%group-a"}, {"topic": "odd topic+=#é"}])
+        == 3
+    )
+    assert lake.overwrite("consume_queue", second_df) == 4
+
+    assert_frames_equal(lake.read("consume_queue", version=1), first_df)
+    assert_frames_equal(lake.read("consume_queue", version=2), first_df.unionByName(second_df))
+    kept_df = first_df.unionByName(second_df).where("topic = 'TopicA'")
+    assert_frames_equal(lake.read("consume_queue", version=3), kept_df.unionByName(retry_df))
+    assert_frames_equal(lake.read("consume_queue"), second_df)
+    assert lake.version("consume_queue") == 4
+    assert canonical_rows(lake.read("consume_queue", version=3).toArrow()) == _delta_rs_rows(
+        lake.location("consume_queue"), version=3
+    )
+
+
+def test_a_partition_overwrite_by_a_subset_of_the_partition_columns(lake: Lake, spark: SparkSession) -> None:
+    lake.append("commitlog", _commitlog(spark))
+    replacement_df = _commitlog(spark).where("broker_name = 'broker-a' AND segment = 0")
+
+    lake.overwrite_partitions("commitlog", replacement_df.limit(1), [{"broker_name": "broker-a"}])
+
+    rows = lake.read("commitlog").select("broker_name", "segment").collect()
+    assert sorted((r.broker_name, r.segment) for r in rows) == [("broker b/%é", 0), ("broker-a", 0)]
+
+
+def test_reading_a_version_the_table_does_not_have_is_a_lake_error(lake: Lake, spark: SparkSession) -> None:
+    lake.append("consume_queue", _queue_units(spark))
+
+    with pytest.raises(LakeError, match="version 7"):
+        lake.read("consume_queue", version=7)
+
+
+def test_a_missing_table_has_no_version_and_cannot_be_read(lake: Lake) -> None:
+    assert lake.version("consume_queue") is None
+    assert not lake.exists("consume_queue")
+    with pytest.raises(LakeError, match="no Delta table"):
+        lake.read("consume_queue")
+
+
+# 6. idempotent commits -------------------------------------------------------------------------
+
+
+def test_the_same_application_transaction_writes_once(lake: Lake, spark: SparkSession) -> None:
+    queue_df = _queue_units(spark)
+
+    first = lake.append("consume_queue", queue_df, app_id="replay-1", app_version=5)
+    again = lake.append("consume_queue", queue_df, app_id="replay-1", app_version=5)
+    older = lake.overwrite("consume_queue", queue_df.limit(1), app_id="replay-1", app_version=4)
+
+    assert (first, again, older) == (1, None, None)
+    assert lake.version("consume_queue") == 1
+    assert lake.read("consume_queue").count() == 12
+    assert lake.transaction_version("consume_queue", "replay-1") == 5
+
+
+def test_a_higher_transaction_version_writes_again(lake: Lake, spark: SparkSession) -> None:
+    queue_df = _queue_units(spark)
+    lake.append("consume_queue", queue_df, app_id="replay-1", app_version=5)
+
+    assert lake.overwrite_partitions("consume_queue", queue_df.where("topic = 'TopicA'"), [{"topic": "TopicA"}],
+                                     app_id="replay-1", app_version=6) == 2  # fmt: skip
+    assert lake.transaction_version("consume_queue", "replay-1") == 6
+    assert lake.transaction_version("consume_queue", "other") is None
+    assert lake.read("consume_queue").count() == 12
+
+
+def test_half_an_application_transaction_is_refused(lake: Lake, spark: SparkSession) -> None:
+    with pytest.raises(ValidationError, match="app_version"):
+        lake.append("consume_queue", _queue_units(spark), app_id="replay-1")
+
+
+# validation of written frames ------------------------------------------------------------------
+
+
+def test_a_missing_column_is_named(lake: Lake, spark: SparkSession) -> None:
+    with pytest.raises(ValidationError, match="tags_code"):
+        lake.append("consume_queue", _queue_units(spark).drop("tags_code"))
+    assert not lake.exists("consume_queue")
+
+
+def test_an_extra_column_is_named(lake: Lake, spark: SparkSession) -> None:
+    with pytest.raises(ValidationError, match="surprise"):
+        lake.append("consume_queue", _queue_units(spark).withColumn("surprise", F.col("queue_id")))
+
+
+def test_a_column_of_the_wrong_type_is_named(lake: Lake, spark: SparkSession) -> None:
+    wrong_df = _queue_units(spark).withColumn("queue_id", F.col("queue_id").cast("long"))
+
+    with pytest.raises(ValidationError, match=r"consume_queue\.queue_id"):
+        lake.append("consume_queue", wrong_df)
+
+
+def test_a_null_in_a_not_null_column_commits_nothing(lake: Lake, spark: SparkSession) -> None:
+    lake.append("consume_queue", _queue_units(spark))
+    path = lake.location("consume_queue")
+    dirs = _bridge_dirs(path)
+    rows = [("broker-a", "TopicA", 0, 9, 9, 1, None, 9)]
+    nullable_schema = StructType([StructField(f.name, f.dataType) for f in spark_schema(CONSUME_QUEUE)])
+
+    with pytest.raises(ValidationError, match=r"consume_queue\.tags_code"):
+        lake.append("consume_queue", spark.createDataFrame(rows, nullable_schema))
+
+    assert lake.version("consume_queue") == 1
+    assert _bridge_dirs(path) == dirs
+
+
+def test_an_empty_string_in_a_not_null_partition_column_commits_nothing(lake: Lake, spark: SparkSession) -> None:
+    with pytest.raises(ValidationError, match=r"consume_queue\.topic"):
+        lake.append("consume_queue", _queue_units(spark, topics=("",)))
+    assert lake.version("consume_queue") == 0
+
+
+def test_a_table_that_differs_from_the_catalog_is_refused(lake: Lake, spark: SparkSession) -> None:
+    other = pa.table({"broker_name": ["b"], "topic": ["t"]})
+    write_deltalake(str(lake.location("consume_queue")), other, partition_by=["topic"])
+
+    with pytest.raises(LakeError, match="does not match catalog table 'consume_queue'"):
+        lake.append("consume_queue", _queue_units(spark))
+    with pytest.raises(LakeError, match="queue_id"):
+        lake.read("consume_queue")
+
+
+# engine selection ------------------------------------------------------------------------------
+
+
+def test_without_delta_jars_the_engine_is_the_bridge(spark: SparkSession) -> None:
+    assert detect_engine(spark) == "bridge"
+    assert resolve_engine(spark, "auto") == "bridge"
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert spark.conf.get(ENGINE_CONF) == "bridge"
+
+
+def test_asking_for_delta_spark_without_the_jars_is_a_lake_error(spark: SparkSession, tmp_path: Path) -> None:
+    with pytest.raises(LakeError, match=r"io\.delta\.tables\.DeltaTable"):
+        Lake(spark, tmp_path, engine="delta-spark")
+
+
+def test_an_unknown_engine_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="duckdb"):
+        Lake(spark, tmp_path, engine="duckdb")
