@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -145,19 +145,20 @@ class BrokerNameLock:
         self.release()
 
 
-class _Prepared(NamedTuple):
-    """A record before it has a position: everything :meth:`Broker._prepare` computes."""
+@dataclass(slots=True)
+class _Prepared:
+    """Records before they have a position, as column lists (what :meth:`Broker._prepare` computes)."""
 
-    topic: str
-    queue_id: int
-    message: InnerMessage
-    properties: dict[str, str]
-    raw_properties: bytes
-    born_host: str
-    sys_flag: int
-    magic_code: int
-    size: int
-    body_crc: int
+    messages: Sequence[InnerMessage]
+    topics: list[str]
+    queue_ids: list[int]
+    properties: list[dict[str, str]]
+    raw_properties: list[bytes]
+    born_hosts: list[str]
+    sys_flags: list[int]
+    magic_codes: list[int]
+    sizes: list[int]
+    body_crcs: list[int]
 
 
 class _Columns:
@@ -169,38 +170,34 @@ class _Columns:
         self.property_keys: list[str] = []
         self.property_values: list[str] = []
 
-    def add(
-        self, broker_name: str, segment: int, offset: int, queue_offset: int, store_timestamp: int,
-        store_host: str, msg_id: str, record: _Prepared,
-    ) -> None:  # fmt: skip
-        """Append one positioned record."""
-        d, m, props = self.data, record.message, record.properties
-        d["broker_name"].append(broker_name)
-        d["segment"].append(segment)
-        d["commit_log_offset"].append(offset)
-        d["store_size"].append(record.size)
-        d["magic_code"].append(record.magic_code)
-        d["body_crc"].append(record.body_crc)
-        d["queue_id"].append(record.queue_id)
-        d["flag"].append(m.flag)
-        d["queue_offset"].append(queue_offset)
-        d["sys_flag"].append(record.sys_flag)
-        d["born_timestamp"].append(m.born_timestamp)
-        d["born_host"].append(record.born_host)
-        d["store_timestamp"].append(store_timestamp)
-        d["store_host"].append(store_host)
-        d["reconsume_times"].append(m.reconsume_times)
-        d["prepared_transaction_offset"].append(m.prepared_transaction_offset)
-        d["body"].append(m.body)
-        d["topic"].append(record.topic)
-        d["raw_properties"].append(record.raw_properties)
-        d["tags"].append(props.get(c.PROPERTY_TAGS))
-        d["keys"].append(props.get(c.PROPERTY_KEYS))
-        d["uniq_key"].append(props.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
-        d["msg_id"].append(msg_id)
-        self.property_keys.extend(props.keys())
-        self.property_values.extend(props.values())
-        self.property_offsets.append(len(self.property_keys))
+    def extend(self, fixed: dict[str, Any], placed: dict[str, list[Any]], records: _Prepared) -> None:
+        """Append positioned records: ``fixed`` values repeat on every row, ``placed`` columns come
+        from placement, the rest from ``records``."""
+        d, count, messages, props = self.data, len(records.sizes), records.messages, records.properties
+        for name, value in fixed.items():
+            d[name].extend([value] * count)
+        for name, values in placed.items():
+            d[name].extend(values)
+        d["store_size"].extend(records.sizes)
+        d["magic_code"].extend(records.magic_codes)
+        d["body_crc"].extend(records.body_crcs)
+        d["queue_id"].extend(records.queue_ids)
+        d["sys_flag"].extend(records.sys_flags)
+        d["born_host"].extend(records.born_hosts)
+        d["topic"].extend(records.topics)
+        d["raw_properties"].extend(records.raw_properties)
+        d["flag"].extend([m.flag for m in messages])
+        d["born_timestamp"].extend([m.born_timestamp for m in messages])
+        d["reconsume_times"].extend([m.reconsume_times for m in messages])
+        d["prepared_transaction_offset"].extend([m.prepared_transaction_offset for m in messages])
+        d["body"].extend([m.body for m in messages])
+        d["tags"].extend([p.get(c.PROPERTY_TAGS) for p in props])
+        d["keys"].extend([p.get(c.PROPERTY_KEYS) for p in props])
+        d["uniq_key"].extend([p.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) for p in props])
+        for p in props:
+            self.property_keys.extend(p)
+            self.property_values.extend(p.values())
+            self.property_offsets.append(len(self.property_keys))
 
     def to_table(self) -> pa.Table:
         """The rows as an Arrow table with the ``commitlog`` schema."""
@@ -402,7 +399,8 @@ class Broker:
 
         A message with ``DELAY > 0`` (and a non-transactional or commit type) is redirected to
         ``SCHEDULE_TOPIC_XXXX``, queue ``level - 1``, its real topic and queue kept in
-        properties. Under SYNC_FLUSH this returns once the commit is durable.
+        properties. Under SYNC_FLUSH this returns once the commit is durable. The broker may add
+        properties to the given messages' property dicts (CLUSTER, REAL_TOPIC, REAL_QID).
 
         Raises:
             ValidationError: a record too large for the store or a segment; nothing is stored.
@@ -411,7 +409,7 @@ class Broker:
         """
         if not messages:
             raise ValidationError("messages", [], "nothing to put")
-        prepared = [self._prepare(m) for m in messages]
+        records = self._prepare(messages)
         with self._lock:
             if not self._running:
                 raise BrokerError(f"broker {self.broker_name!r} is not running; start it first")
@@ -419,7 +417,9 @@ class Broker:
             if self._pending is None:
                 self._pending = _Group()
             group = self._pending
-            placed = [self._place(m, store_timestamp, group.columns) for m in prepared]
+            placed = self._place(records)
+            fixed = {"broker_name": self.broker_name, "store_host": self.store_host, "store_timestamp": store_timestamp}
+            group.columns.extend(fixed, placed, records)
             self._wake.notify()
         if self.config.flush_mode == "SYNC_FLUSH":
             group.done.wait()
@@ -427,10 +427,9 @@ class Broker:
                 raise CommitFailedError(
                     f"broker {self.broker_name!r}: commit failed, message not stored: {group.error}"
                 ) from group.error
-        first = prepared[0]
         return PutResult(
-            self.broker_name, first.topic, first.queue_id, tuple(p[0] for p in placed),
-            tuple(p[1] for p in placed), tuple(p[2] for p in placed), store_timestamp,
+            self.broker_name, records.topics[0], records.queue_ids[0], tuple(placed["queue_offset"]),
+            tuple(placed["commit_log_offset"]), tuple(placed["msg_id"]), store_timestamp,
         )  # fmt: skip
 
     def flush(self) -> None:
@@ -447,67 +446,96 @@ class Broker:
         if failed:
             raise CommitFailedError(f"broker {self.broker_name!r}: {len(failed)} commit(s) failed: {failed[0]}")
 
-    def _prepare(self, message: InnerMessage) -> _Prepared:
-        """Everything about a record that does not depend on its position."""
-        topic, queue_id, properties = message.topic, message.queue_id, dict(message.properties)
-        transaction = message.sys_flag & c.TRANSACTION_ROLLBACK_TYPE
+    def _prepare(self, messages: Sequence[InnerMessage]) -> _Prepared:
+        """Everything about the records that does not depend on their position.
+
+        Raises:
+            ValidationError: a bad DELAY, properties over 32767 bytes, a body over the max
+                message size, a record that does not fit a segment, a negative queue id.
+        """
+        routed = [self._route(m) for m in messages]
+        topics = [r[0] for r in routed]
+        properties = [r[2] for r in routed]
+        raw = [encode_properties(p).encode("utf-8") for p in properties]
+        hosts = [_host_text(m.born_host, "born_host") for m in messages]
+        store_v6 = self._store_address.is_v6
+        store_bit = c.STOREHOSTADDRESS_V6_FLAG if store_v6 else 0
+        born_bits = [c.BORNHOST_V6_FLAG if h[1] else 0 for h in hosts]
+        sys_flags = [m.sys_flag | store_bit | bit for m, bit in zip(messages, born_bits, strict=True)]
+        magics = [magic_for_topic(t) for t in topics]
+        sizes = [
+            _fixed_length(h[1], store_v6, mg == c.MAGIC_CODE_V2) + len(m.body) + _utf8_length(t) + len(r)
+            for m, h, mg, t, r in zip(messages, hosts, magics, topics, raw, strict=True)
+        ]
+        records = _Prepared(
+            messages, topics, [r[1] for r in routed], properties, raw, [h[0] for h in hosts], sys_flags, magics,
+            sizes, [zlib.crc32(m.body) & 0x7FFFFFFF for m in messages],
+        )  # fmt: skip
+        self._check_sizes(records)
+        return records
+
+    def _route(self, message: InnerMessage) -> tuple[str, int, dict[str, str]]:
+        """(topic, queue id, properties) a message is stored under: delayed messages go to the
+        schedule topic, and every stored message carries the CLUSTER property."""
+        properties = message.properties
         delay = properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
-        if delay and not delay.lstrip("-").isdigit():
-            raise ValidationError("DELAY", delay, "is not an integer delay level", "use 0..18")
-        if delay and int(delay) > 0 and transaction in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
-            properties[c.PROPERTY_REAL_TOPIC] = topic
-            properties[c.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
-            topic, queue_id = c.SCHEDULE_TOPIC, min(int(delay), c.MAX_DELAY_LEVEL) - 1
         if c.PROPERTY_CLUSTER not in properties:
             properties[c.PROPERTY_CLUSTER] = self.config.cluster_name
-        raw_properties = encode_properties(properties).encode("utf-8")
-        born_host, born_v6 = _host_text(message.born_host, "born_host")
-        store_v6 = self._store_address.is_v6
-        sys_flag = message.sys_flag | (c.BORNHOST_V6_FLAG if born_v6 else 0)
-        sys_flag |= c.STOREHOSTADDRESS_V6_FLAG if store_v6 else 0
-        magic = magic_for_topic(topic)
-        size = _fixed_length(born_v6, store_v6, magic == c.MAGIC_CODE_V2) + len(message.body)
-        size += _utf8_length(topic) + len(raw_properties)
-        self._check_size(size, raw_properties, message)
-        return _Prepared(
-            topic, queue_id, message, properties, raw_properties, born_host, sys_flag, magic, size,
-            zlib.crc32(message.body) & 0x7FFFFFFF,
-        )  # fmt: skip
+        if not delay:
+            return message.topic, message.queue_id, properties
+        if not delay.lstrip("-").isdigit():
+            raise ValidationError("DELAY", delay, "is not an integer delay level", "use 0..18")
+        transaction = message.sys_flag & c.TRANSACTION_ROLLBACK_TYPE
+        if int(delay) > 0 and transaction in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
+            properties[c.PROPERTY_REAL_TOPIC] = message.topic
+            properties[c.PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
+            return c.SCHEDULE_TOPIC, min(int(delay), c.MAX_DELAY_LEVEL) - 1, properties
+        return message.topic, message.queue_id, properties
 
-    def _check_size(self, size: int, raw_properties: bytes, message: InnerMessage) -> None:
-        if len(raw_properties) > c.MAX_PROPERTIES_LENGTH:
-            raise ValidationError(
-                "properties", f"<{len(raw_properties)} bytes>", f"over {c.MAX_PROPERTIES_LENGTH} bytes"
-            )
+    def _check_sizes(self, records: _Prepared) -> None:
         limit = self.config.max_message_size
-        if len(message.body) > limit or size > limit + c.MAX_RECORD_SLACK:
-            raise ValidationError("body", f"<{len(message.body)} bytes>", "over the broker's max message size")
-        if size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_size:
-            raise ValidationError(
-                "store_size", size, f"does not fit a segment of {self.segment_size} bytes", "use larger segments"
-            )
-        if message.queue_id < 0:
-            raise ValidationError("queue_id", message.queue_id, "must not be negative")
+        rows = zip(records.messages, records.raw_properties, records.sizes, strict=True)
+        for index, (message, raw, size) in enumerate(rows):
+            if len(raw) > c.MAX_PROPERTIES_LENGTH:
+                raise ValidationError(
+                    f"messages[{index}].properties", f"<{len(raw)} bytes>", f"over {c.MAX_PROPERTIES_LENGTH} bytes"
+                )
+            if len(message.body) > limit or size > limit + c.MAX_RECORD_SLACK:
+                raise ValidationError(
+                    f"messages[{index}].body", f"<{len(message.body)} bytes>", "over the broker's max message size"
+                )
+            if size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_size:
+                raise ValidationError(
+                    "store_size", size, f"does not fit a segment of {self.segment_size} bytes", "use larger segments"
+                )
+            if message.queue_id < 0:
+                raise ValidationError(f"messages[{index}].queue_id", message.queue_id, "must not be negative")
 
-    def _place(self, record: _Prepared, store_timestamp: int, columns: _Columns) -> tuple[int, int, str]:
-        """Give ``record`` its physical offset, segment and queue offset and append it to
-        ``columns`` (caller holds the lock); returns (queue offset, commit log offset, msg id)."""
-        size = record.size
-        if self.next_offset + size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_base + self.segment_size:
-            # the rest of the segment becomes the blank; the record starts the next segment
-            self.segment_base += self.segment_size
-            self.next_offset = self.segment_base
-        offset = self.next_offset
-        self.next_offset += size
-        queue_offset = 0
-        if record.sys_flag & c.TRANSACTION_ROLLBACK_TYPE in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
-            key = (record.topic, record.queue_id)
-            queue_offset = self.queue_next.get(key, 0)
-            self.queue_next[key] = queue_offset + 1
-        msg_id = (self._msg_id_prefix + _LONG.pack(offset)).hex().upper()
-        columns.add(self.broker_name, self.segment_base, offset, queue_offset, store_timestamp,
-                    self.store_host, msg_id, record)  # fmt: skip
-        return queue_offset, offset, msg_id
+    def _place(self, records: _Prepared) -> dict[str, list[Any]]:
+        """Give every record its physical offset, segment and queue offset (caller holds the
+        lock); returns those columns plus msg_id."""
+        offsets, segments, queue_offsets = [], [], []
+        dispatched = (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE)
+        rows = zip(records.sizes, records.topics, records.queue_ids, records.sys_flags, strict=True)
+        for size, topic, queue_id, sys_flag in rows:
+            if self.next_offset + size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_base + self.segment_size:
+                # the rest of the segment becomes the blank; the record starts the next segment
+                self.segment_base += self.segment_size
+                self.next_offset = self.segment_base
+            offsets.append(self.next_offset)
+            segments.append(self.segment_base)
+            self.next_offset += size
+            queue_offset = 0
+            if sys_flag & c.TRANSACTION_ROLLBACK_TYPE in dispatched:
+                key = (topic, queue_id)
+                queue_offset = self.queue_next.get(key, 0)
+                self.queue_next[key] = queue_offset + 1
+            queue_offsets.append(queue_offset)
+        prefix, pack = self._msg_id_prefix, _LONG.pack
+        return {
+            "segment": segments, "commit_log_offset": offsets, "queue_offset": queue_offsets,
+            "msg_id": [(prefix + pack(o)).hex().upper() for o in offsets],
+        }  # fmt: skip
 
     # -- the committer ----------------------------------------------------------------------------
 
