@@ -162,42 +162,27 @@ class _Prepared:
 
 
 class _Columns:
-    """Commit log rows as column lists, the cheapest form to append to and to turn into Arrow."""
+    """Positioned batches waiting for their commit; turned into one Arrow table by the committer."""
 
     def __init__(self) -> None:
-        self.data: dict[str, list[Any]] = {name: [] for name in COMMITLOG.column_names}
-        self.property_offsets = [0]
-        self.property_keys: list[str] = []
-        self.property_values: list[str] = []
+        self.batches: list[tuple[dict[str, Any], dict[str, list[Any]], _Prepared]] = []
 
     def extend(self, fixed: dict[str, Any], placed: dict[str, list[Any]], records: _Prepared) -> None:
-        """Append positioned records: ``fixed`` values repeat on every row, ``placed`` columns come
+        """Add positioned records: ``fixed`` values repeat on every row, ``placed`` columns come
         from placement, the rest from ``records``."""
-        d, count, messages, props = self.data, len(records.sizes), records.messages, records.properties
-        for name, value in fixed.items():
-            d[name].extend([value] * count)
-        for name, values in placed.items():
-            d[name].extend(values)
-        d["store_size"].extend(records.sizes)
-        d["magic_code"].extend(records.magic_codes)
-        d["body_crc"].extend(records.body_crcs)
-        d["queue_id"].extend(records.queue_ids)
-        d["sys_flag"].extend(records.sys_flags)
-        d["born_host"].extend(records.born_hosts)
-        d["topic"].extend(records.topics)
-        d["raw_properties"].extend(records.raw_properties)
-        d["flag"].extend([m.flag for m in messages])
-        d["born_timestamp"].extend([m.born_timestamp for m in messages])
-        d["reconsume_times"].extend([m.reconsume_times for m in messages])
-        d["prepared_transaction_offset"].extend([m.prepared_transaction_offset for m in messages])
-        d["body"].extend([m.body for m in messages])
-        d["tags"].extend([p.get(c.PROPERTY_TAGS) for p in props])
-        d["keys"].extend([p.get(c.PROPERTY_KEYS) for p in props])
-        d["uniq_key"].extend([p.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) for p in props])
-        for p in props:
-            self.property_keys.extend(p)
-            self.property_values.extend(p.values())
-            self.property_offsets.append(len(self.property_keys))
+        self.batches.append((fixed, placed, records))
+
+    def column(self, name: str) -> list[Any]:
+        """One column's values over every batch, in put order."""
+        values: list[Any] = []
+        for fixed, placed, records in self.batches:
+            if name in fixed:
+                values.extend([fixed[name]] * len(records.sizes))
+            elif name in placed:
+                values.extend(placed[name])
+            else:
+                values.extend(_record_column(records, name))
+        return values
 
     def to_table(self) -> pa.Table:
         """The rows as an Arrow table with the ``commitlog`` schema."""
@@ -205,13 +190,43 @@ class _Columns:
         arrays = []
         for field_ in schema:
             if field_.name == "properties":
-                arrays.append(pa.MapArray.from_arrays(
-                    pa.array(self.property_offsets, pa.int32()), pa.array(self.property_keys, pa.string()),
-                    pa.array(self.property_values, pa.string()), type=field_.type,
-                ))  # fmt: skip
+                arrays.append(self._properties(field_.type))
             else:
-                arrays.append(pa.array(self.data[field_.name], type=field_.type))
+                arrays.append(pa.array(self.column(field_.name), type=field_.type))
         return pa.Table.from_arrays(arrays, schema=schema)
+
+    def _properties(self, map_type: pa.DataType) -> pa.Array:
+        offsets: list[int] = [0]
+        keys: list[str] = []
+        values: list[str] = []
+        for _, _, records in self.batches:
+            for props in records.properties:
+                keys.extend(props)
+                values.extend(props.values())
+                offsets.append(len(keys))
+        return pa.MapArray.from_arrays(
+            pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string()), type=map_type
+        )
+
+
+_RECORD_FIELDS = {
+    "store_size": "sizes", "magic_code": "magic_codes", "body_crc": "body_crcs", "queue_id": "queue_ids",
+    "sys_flag": "sys_flags", "born_host": "born_hosts", "topic": "topics", "raw_properties": "raw_properties",
+}  # fmt: skip
+_MESSAGE_FIELDS = ("flag", "born_timestamp", "reconsume_times", "prepared_transaction_offset", "body")
+_PROPERTY_FIELDS = {
+    "tags": c.PROPERTY_TAGS, "keys": c.PROPERTY_KEYS, "uniq_key": c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+}  # fmt: skip
+
+
+def _record_column(records: _Prepared, name: str) -> list[Any]:
+    if name in _RECORD_FIELDS:
+        values: list[Any] = getattr(records, _RECORD_FIELDS[name])
+        return values
+    if name in _MESSAGE_FIELDS:
+        return [getattr(m, name) for m in records.messages]
+    key = _PROPERTY_FIELDS[name]
+    return [p.get(key) for p in records.properties]
 
 
 class _Group:

@@ -279,6 +279,10 @@ def file_stats(data: pa.Table) -> dict[str, Any]:
 def _split_by(rows: pa.Table, keys: list[str]) -> list[tuple[dict[str, str | None], pa.Table]]:
     if rows.num_rows == 0:
         return []
+    uniques = [pc.unique(rows[key]) for key in keys]
+    if all(len(u) == 1 for u in uniques):  # the usual case: one partition, no filtering
+        values = {key: u[0].as_py() for key, u in zip(keys, uniques, strict=True)}
+        return [({k: (None if v is None else str(v)) for k, v in values.items()}, rows)]
     groups = rows.select(keys).group_by(keys, use_threads=False).aggregate([])
     parts = []
     for values in groups.to_pylist():

@@ -135,44 +135,33 @@ def validate_send_topic(topic: str) -> None:
 
 
 def validate_message(message: Message, max_message_size: int = c.MAX_MESSAGE_SIZE) -> None:
-    """Check one message before it is sent (``Validators.checkMessage`` plus store limits).
+    """Check one message before it is sent (``Validators.checkMessage``).
 
     Rules: a sendable topic; a non-empty body of at most ``max_message_size`` bytes (checked on
-    the uncompressed body); a delay level of at most 18; a flag that fits a Java int; the encoded
-    property string at most 32767 bytes.
+    the uncompressed body); an integer delay level; a flag that fits a Java int. The 32767-byte
+    limit of the stored property string is the broker's check, made before anything is written.
 
     Raises:
         ValidationError: naming the field and the value.
     """
     validate_send_topic(message.topic)
-    if message.body is None or len(message.body) == 0:
-        raise ValidationError("body", message.body, "is empty", "send at least one byte")
-    if len(message.body) > max_message_size:
+    _check_content(message, max_message_size, "")
+
+
+def _check_content(message: Message, max_message_size: int, where: str) -> None:
+    body = message.body
+    if body is None or len(body) == 0:
+        raise ValidationError(f"{where}body", body, "is empty", "send at least one byte")
+    if len(body) > max_message_size:
         raise ValidationError(
-            "body", f"<{len(message.body)} bytes>", f"is over the max message size {max_message_size}",
+            f"{where}body", f"<{len(body)} bytes>", f"is over the max message size {max_message_size}",
             "split the message or raise max_message_size",
-        )
+        )  # fmt: skip
     if not -(2**31) <= message.flag < 2**31:
-        raise ValidationError("flag", message.flag, "does not fit a 32-bit int")
+        raise ValidationError(f"{where}flag", message.flag, "does not fit a 32-bit int")
     level = message.properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
-    if level is not None and (not level.lstrip("-").isdigit()):
-        raise ValidationError("DELAY", level, "is not an integer delay level", "use 0..18")
-    _check_properties_length(message.properties)
-
-
-def _check_properties_length(properties: Mapping[str, str]) -> None:
-    from broker_model.codec import encode_properties
-
-    # room for the UNIQ_KEY and CLUSTER entries the client and broker add later
-    chars = sum(len(k) + len(v) + 2 for k, v in properties.items()) + 128
-    if chars * 4 <= c.MAX_PROPERTIES_LENGTH:  # a code point is at most 4 UTF-8 bytes
-        return
-    length = len(encode_properties(properties).encode("utf-8")) + 128
-    if length > c.MAX_PROPERTIES_LENGTH:
-        raise ValidationError(
-            "properties", f"<{length} bytes>", f"are over {c.MAX_PROPERTIES_LENGTH} bytes once encoded",
-            "drop or shorten properties",
-        )
+    if level is not None and not level.lstrip("-").isdigit():
+        raise ValidationError(f"{where}DELAY", level, "is not an integer delay level", "use 0..18")
 
 
 def validate_batch(messages: Iterable[Message], max_message_size: int = c.MAX_MESSAGE_SIZE) -> list[Message]:
@@ -190,8 +179,9 @@ def validate_batch(messages: Iterable[Message], max_message_size: int = c.MAX_ME
     if not batch:
         raise ValidationError("messages", batch, "batch is empty", "send at least one message")
     first = batch[0]
+    validate_send_topic(first.topic)
     for index, message in enumerate(batch):
-        validate_message(message, max_message_size)
+        _check_content(message, max_message_size, f"messages[{index}].")
         if message.delay_level > 0:
             raise ValidationError(
                 f"messages[{index}].DELAY", message.delay_level, "TimeDelayLevel is not supported for batching"

@@ -124,6 +124,8 @@ class Producer:
             raise ValidationError("brokers", [], "a producer needs at least one broker")
         validate_group(group)
         self.brokers = {b.broker_name: b for b in brokers}
+        self._ordered_brokers = [self.brokers[name] for name in sorted(self.brokers)]
+        self._routes: dict[str, tuple[tuple[int | None, ...], list[MessageQueue]]] = {}
         self.group = group
         self.born_host = f"{client_ip}:{client_port}" if ":" not in client_ip else f"[{client_ip}]:{client_port}"
         self.retry_times = retry_times_when_send_failed
@@ -142,12 +144,17 @@ class Producer:
     def queues(self, topic: str) -> list[MessageQueue]:
         """All write queues of ``topic`` on all brokers, ordered by broker then queue id; a topic
         unknown everywhere is created on every broker (as through TBW102)."""
+        sizes = tuple(broker.queue_nums(topic) for broker in self._ordered_brokers)
+        cached = self._routes.get(topic)
+        if cached is not None and cached[0] == sizes:
+            return cached[1]
         routes = [
-            MessageQueue(name, topic, q)
-            for name, broker in sorted(self.brokers.items())
-            for q in range(broker.queue_nums(topic) or 0)
+            MessageQueue(broker.broker_name, topic, q)
+            for broker, size in zip(self._ordered_brokers, sizes, strict=True)
+            for q in range(size or 0)
         ]
         if routes:
+            self._routes[topic] = (sizes, routes)
             return routes
         for broker in self.brokers.values():
             broker.ensure_topic(topic, self.default_topic_queue_nums)

@@ -266,3 +266,17 @@ def test_non_numeric_delay_level_is_refused_and_nothing_written(tmp_path: Path) 
             broker.put_message(_inner(DELAY="soon"))
         assert broker.next_offset == 0
     assert read_log(tmp_path, "broker-a") == []
+
+
+@pytest.mark.parametrize(("value_length", "stored"), [(32731, True), (32732, False)])
+def test_stored_property_string_over_32767_bytes_is_refused(tmp_path: Path, value_length: int, stored: bool) -> None:
+    # stored: "WAIT\x01true\x02" (10) + "k\x01" value "\x02" (3 + n) + "CLUSTER\x01DefaultCluster\x02" (23)
+    with Broker(BrokerConfig(lake=tmp_path, segment_size=65536, flush_mode="SYNC_FLUSH")).start() as broker:
+        message = _inner(k="v" * value_length)
+        if stored:
+            broker.put_message(message)
+        else:
+            with pytest.raises(ValidationError, match=r"properties='<32768 bytes>'"):
+                broker.put_message(message)
+    rows = read_log(tmp_path, "broker-a")
+    assert [len(r["raw_properties"]) for r in rows] == ([32767] if stored else [])

@@ -557,18 +557,6 @@ def test_non_integer_delay_level_is_refused() -> None:
     _assert_names(_raises(validate_message, msg(DELAY="soon")), "DELAY", "soon")
 
 
-@pytest.mark.parametrize(("value_length", "valid"), [(32636, True), (32637, False)])
-def test_properties_over_32767_bytes_are_refused(value_length: int, valid: bool) -> None:
-    # "k\x01" + value + "\x02" plus the 128 bytes kept for UNIQ_KEY and CLUSTER
-    message = msg(k="v" * value_length)
-    encoded = value_length + 3 + 128
-    if valid:
-        validate_message(message)
-        assert encoded == c.MAX_PROPERTIES_LENGTH  # exactly at the limit
-    else:
-        _assert_names(_raises(validate_message, message), "properties", f"<{encoded} bytes>")
-
-
 @pytest.mark.parametrize("name", ["KEYS", "TAGS", "UNIQ_KEY", "DELAY", "__transactionId__"])
 def test_reserved_user_property_name_is_refused(name: str) -> None:
     error = _raises(lambda: Message.create("TopicA", b"x", user_properties={name: "v"}))
