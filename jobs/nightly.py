@@ -74,7 +74,7 @@ def run(spark: SparkSession, config: NightlyConfig) -> JobRun:
         report = run_workload(config.lake, config.demo_messages, config.seed)
         print(f"empty lake: wrote a demo workload, {report.summary()}")
     job_run.input_versions = table_versions(lake, list(TABLES))
-    print(f"lake {config.lake.resolve()} (engine {lake.engine})")
+    print(f"lake {config.lake} (engine {lake.engine})")
     for name in TABLES:
         if lake.exists(name):
             rows = lake.read(name).count()
