@@ -148,12 +148,7 @@ def decode_msg_id(msg_id: str) -> tuple[HostAddress, int]:
     Raises:
         ValidationError: the id is not 32 (IPv4) or 56 (IPv6) hex characters.
     """
-    if len(msg_id) not in (32, 56):
-        raise ValidationError("msg_id", msg_id, "must be 32 (IPv4) or 56 (IPv6) hex characters")
-    try:
-        raw = bytes.fromhex(msg_id)
-    except ValueError:
-        raise ValidationError("msg_id", msg_id, "not hexadecimal") from None
+    raw = _id_bytes("msg_id", msg_id)
     (offset,) = struct.unpack(">q", raw[-8:])
     return host_from_bytes(raw[:-8]), offset
 
@@ -248,18 +243,23 @@ def decode_uniq_key(uniq_key: str, now_ms: int) -> UniqKey:
     Raises:
         ValidationError: the id is not 32 or 56 hex characters.
     """
-    if len(uniq_key) not in (32, 56):
-        raise ValidationError("uniq_key", uniq_key, "must be 32 (IPv4) or 56 (IPv6) hex characters")
-    try:
-        raw = bytes.fromhex(uniq_key)
-    except ValueError:
-        raise ValidationError("uniq_key", uniq_key, "not hexadecimal") from None
+    raw = _id_bytes("uniq_key", uniq_key)
     ip_len = len(raw) - 12
     pid, loader, span, counter = struct.unpack(">HiIH", raw[ip_len:])
     start = month_start_ms(now_ms)
     if start + span >= now_ms:
         start = _previous_month_start_ms(start)
     return UniqKey(ipaddress.ip_address(raw[:ip_len]), pid, loader, start + span, counter)
+
+
+def _id_bytes(field: str, text: str) -> bytes:
+    """The bytes of a 32 (IPv4) or 56 (IPv6) hex character id."""
+    if len(text) not in (32, 56):
+        raise ValidationError(field, text, "must be 32 (IPv4) or 56 (IPv6) hex characters")
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise ValidationError(field, text, "not hexadecimal") from None
 
 
 def _to_short(value: int) -> int:
