@@ -132,6 +132,28 @@ CONSUMER_OFFSET_COMMITS = TableSpec(
         ("commit_timestamp", pa.int64(), "time of the commit, epoch milliseconds", False),
         ("source", pa.string(), "who committed: consumer, reset, replay, ...", False),
         ("client_id", pa.string(), "client id of the committer (ip@instance)"),
+        ("reset_id", pa.string(), "id of the offset reset that wrote this row, null for other sources"),
+        ("previous_offset", pa.int64(), "offset the reset replaced (-1 when there was none), null otherwise"),
+        ("reason", pa.string(), "why the reset was made (--reason), null otherwise"),
+        ("operator", pa.string(), "who ran the reset (user@host), null otherwise"),
+    ),
+)
+
+CONSUME_QUEUE_INTEGRITY = TableSpec(
+    name="consume_queue_integrity",
+    path="consume_queue_integrity",
+    partition_by=(),
+    meaning="one row per integrity finding of a consume queue rebuild",
+    columns=_cols(
+        ("broker_name", pa.string(), "broker whose log has the finding", False),
+        ("topic", pa.string(), "topic of the queue, null for findings about a record alone"),
+        ("queue_id", pa.int32(), "queue id, null for findings about a record alone"),
+        ("queue_offset", pa.int64(), "queue offset concerned, null when none"),
+        ("commit_log_offset", pa.int64(), "commit log offset of the record concerned, null when none"),
+        ("problem", pa.string(), "GAP, DUPLICATE_QUEUE_OFFSET, NON_MONOTONIC_OFFSET, CRC_MISMATCH, "
+         "SIZE_MISMATCH or BEYOND_SEGMENT", False),
+        ("detail", pa.string(), "the values that disagree, in words", False),
+        ("commitlog_version", pa.int64(), "commitlog version the check covered up to", False),
     ),
 )
 
@@ -152,6 +174,7 @@ CONSUMER_OFFSETS = TableSpec(
         ("last_timestamp", pa.int64(), "store time (ms) of the last consumed message"),
         ("oldest_unconsumed_timestamp", pa.int64(), "store time (ms) of the first unconsumed message"),
         ("as_of", pa.int64(), "time the figures are computed for, epoch milliseconds", False),
+        ("anomaly", pa.string(), "QUEUE_NOT_FOUND when the group commits on a queue the log does not have"),
     ),
 )
 
@@ -278,6 +301,7 @@ TABLES: dict[str, TableSpec] = {
     for spec in (
         COMMITLOG,
         CONSUME_QUEUE,
+        CONSUME_QUEUE_INTEGRITY,
         CONSUMER_OFFSET_COMMITS,
         CONSUMER_OFFSETS,
         TRANSACTION_STATE,
