@@ -39,9 +39,10 @@ def _frame(spark: SparkSession, spec: TableSpec, rows: list[tuple[object, ...]])
 
 def _offset_commits(spark: SparkSession) -> DataFrame:
     rows = [
-        ("cg", "broker-a", "TopicA", 0, 10, 1_700_000_000_000, "consumer", "10.0.0.1@1"),
-        ("cg", "broker-a", "TopicA", 1, 0, 1_700_000_000_001, "reset", None),
-        ("cg-2", "broker-b", "%RETRY%cg-2", 3, 2**40, 1_700_000_000_002, "replay", "10.0.0.2@7"),
+        ("cg", "broker-a", "TopicA", 0, 10, 1_700_000_000_000, "consumer", "10.0.0.1@1", None, None, None, None),
+        ("cg", "broker-a", "TopicA", 1, 0, 1_700_000_000_001, "reset", None, "r-1", 7, "re-read", "ops@host"),
+        ("cg-2", "broker-b", "%RETRY%cg-2", 3, 2**40, 1_700_000_000_002, "replay", "10.0.0.2@7", None, None, None,
+         None),
     ]
     return _frame(spark, CONSUMER_OFFSET_COMMITS, rows)
 
