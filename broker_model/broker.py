@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,7 +33,9 @@ from broker_model.codec import encode_properties, parse_host
 from broker_model.deltalog import AppendLog, append_rows, ensure_table, read_table
 from broker_model.errors import BrokerError, BrokerLockedError, CommitFailedError, ValidationError
 from broker_model.message import validate_name
+from broker_model.offsets import ConsumerOffsetManager
 from broker_model.record import magic_for_topic, record_length
+from broker_model.store import MessageStore, PullResult
 from schemas.catalog import BROKERS, COMMITLOG, TOPIC_CONFIG
 
 FlushMode = Literal["SYNC_FLUSH", "ASYNC_FLUSH"]
@@ -60,6 +63,7 @@ class BrokerConfig:
     commit_retries: int = 3
     group_commit_step_ms: float = 0.5
     group_commit_linger_ms: float = 5.0
+    offset_persist_interval_ms: int = 5000  # persistConsumerOffsetInterval
     checkpoint_interval: int = 100
     fsync: bool = True
     clock: Callable[[], int] = field(default=now_ms, compare=False)
@@ -266,6 +270,10 @@ class Broker:
         self.queue_next: dict[tuple[str, int], int] = {}
         self.topics: dict[str, int] = {}
         self.commits = 0
+        self.store = MessageStore(config.lake, config.broker_name, clock=config.clock)
+        self.offsets = ConsumerOffsetManager(config.lake, config.broker_name, config.clock)
+        self._stopped = threading.Event()
+        self._persister: threading.Thread | None = None
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -285,6 +293,9 @@ class Broker:
                 COMMITLOG.location(self.config.lake), COMMITLOG, self.config.fsync, self.config.checkpoint_interval
             )
             self._recover()
+            self.store.load()
+            self.store.fed_locally = True
+            self.offsets.load()
             self._record_start()
         except BaseException:
             self._release_name_lock()
@@ -292,6 +303,9 @@ class Broker:
         self._running = True
         self._committer = threading.Thread(target=self._commit_loop, name=f"commit-{self.broker_name}", daemon=True)
         self._committer.start()
+        self._stopped.clear()
+        self._persister = threading.Thread(target=self._persist_loop, name=f"offsets-{self.broker_name}", daemon=True)
+        self._persister.start()
         return self
 
     def shutdown(self) -> None:
@@ -303,6 +317,10 @@ class Broker:
             self._wake.notify_all()
         if self._committer is not None:
             self._committer.join()
+        self._stopped.set()
+        if self._persister is not None:
+            self._persister.join()
+        self.offsets.persist()
         self._log.wait_for_checkpoint()
         self._release_name_lock()
 
@@ -316,6 +334,25 @@ class Broker:
     def running(self) -> bool:
         """True between :meth:`start` and :meth:`shutdown`."""
         return self._running
+
+    def _persist_loop(self) -> None:
+        """``persistAll`` of consumer offsets every ``offset_persist_interval_ms``."""
+        while not self._stopped.wait(self.config.offset_persist_interval_ms / 1000):
+            try:
+                self.offsets.persist()
+            except Exception:  # kept pending and retried at the next round or at shutdown
+                continue
+
+    def commit_offset(
+        self, group: str, topic: str, queue_id: int, offset: int, client_id: str | None = None, source: str = "consumer"
+    ) -> None:
+        """Commit a clustering group's next offset of one of this broker's queues (persisted to
+        the lake within ``offset_persist_interval_ms``)."""
+        self.offsets.commit_offset(group, topic, queue_id, offset, client_id, source)
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The group's committed offset of the queue, -1 when none (``queryOffset``)."""
+        return self.offsets.query_offset(group, topic, queue_id)
 
     def _acquire_name_lock(self) -> None:
         self._lock_file = BrokerNameLock(self.config.lake, self.broker_name).acquire()
@@ -405,6 +442,14 @@ class Broker:
     def max_offset(self, topic: str, queue_id: int) -> int:
         """The queue's next offset to be written (its message count so far)."""
         return self.queue_next.get((topic, queue_id), 0)
+
+    def pull(
+        self, topic: str, queue_id: int, offset: int, max_msgs: int = 32, tag_expression: str | None = "*",
+        suspend_timeout_ms: int = 0, long_polling: bool = True,
+    ) -> PullResult:  # fmt: skip
+        """Pull from one of this broker's queues (see :meth:`MessageStore.pull`); the queue must
+        be committed to be visible, as RocketMQ only serves dispatched messages."""
+        return self.store.pull(topic, queue_id, offset, max_msgs, tag_expression, suspend_timeout_ms, long_polling)
 
     # -- the append path --------------------------------------------------------------------------
 
@@ -591,7 +636,8 @@ class Broker:
         error: BaseException | None = None
         for attempt in range(self.config.commit_retries + 1):
             try:
-                self._log.commit(self._log.write_files(group.columns.to_table()))
+                adds = self._log.write_files(group.columns.to_table())
+                version = self._log.commit(adds)
                 self.commits += 1
                 break
             except Exception as exc:  # retried, then reported to every waiting sender
@@ -600,6 +646,7 @@ class Broker:
         else:
             self._fail(group, error)
             return
+        self.store.dispatch_commit(version, [(unquote(a.path), a.rows) for a in adds if a.rows is not None])
         with self._lock:
             self._committing = None
         group.done.set()

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from broker_model import constants as c
 from broker_model.constants import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
 from broker_model.errors import ValidationError
 
@@ -276,3 +277,17 @@ def _now_ms() -> int:
     import time
 
     return time.time_ns() // 1_000_000
+
+
+def decompress_body(body: bytes, sys_flag: int) -> bytes:
+    """The user's body of a stored record: decompressed when the compressed flag is set.
+
+    Raises:
+        ValidationError: the compression type (LZ4, ZSTD) is not one this product reads.
+    """
+    if not sys_flag & c.COMPRESSED_FLAG:
+        return body
+    kind = sys_flag & c.COMPRESSION_TYPE_MASK
+    if kind in (0, c.COMPRESSION_ZLIB_TYPE):
+        return zlib.decompress(body)
+    raise ValidationError("sys_flag", sys_flag, "uses a compression type other than zlib", "decompress it yourself")

@@ -18,10 +18,10 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -86,13 +86,15 @@ def append_rows(lake_root: str | Path, spec: TableSpec, rows: pa.Table) -> None:
 
 @dataclass(frozen=True)
 class AddFile:
-    """A data file written into the table directory, ready to be committed."""
+    """A data file written into the table directory, ready to be committed; ``rows`` keeps the
+    file's rows (without partition columns) for readers in the writing process."""
 
     path: str
     partition_values: dict[str, str | None]
     size: int
     num_records: int
     stats: dict[str, Any]
+    rows: pa.Table | None = field(default=None, compare=False, repr=False)
 
     def action(self, modification_time: int) -> dict[str, Any]:
         """The Delta ``add`` action for this file."""
@@ -153,7 +155,8 @@ class AppendLog:
                 handle.flush()
                 os.fsync(handle.fileno())
         stats = file_stats(data)
-        return AddFile(quote(relative, safe="/="), partition_values, target.stat().st_size, data.num_rows, stats)
+        size = target.stat().st_size
+        return AddFile(quote(relative, safe="/="), partition_values, size, data.num_rows, stats, data)
 
     # -- commits ----------------------------------------------------------------------------------
 
@@ -254,6 +257,72 @@ class AppendLog:
         """Block until a running background checkpoint finishes (for clean shutdown)."""
         if self._checkpointer is not None:
             self._checkpointer.join()
+
+
+@dataclass(frozen=True)
+class LogChange:
+    """What one commit did to data: files added and files removed (table-relative, decoded)."""
+
+    version: int
+    added: list[tuple[str, dict[str, str | None]]]
+    removed: list[str]
+
+
+class LogTail:
+    """Follows a Delta table's log from a version on, reading each new commit's JSON entry.
+
+    Cheap when nothing is new (one ``stat`` of the next entry's name). Only appended data
+    (``dataChange`` adds) counts as added; rewrites (compaction) show up as removed files.
+    """
+
+    def __init__(self, path: str | Path, after_version: int) -> None:
+        self.path = Path(path)
+        self.version = after_version
+
+    def poll(self) -> list[LogChange] | None:
+        """The changes of the commits after :attr:`version`, oldest first, advancing it.
+
+        Returns None when an entry needed is gone (log cleanup): the caller must reload.
+        """
+        changes: list[LogChange] = []
+        while True:
+            entry = self.path / _LOG_DIR / f"{self.version + 1:020d}.json"
+            try:
+                text = entry.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                if changes or not self._has_later_versions():
+                    return changes
+                return None
+            self.version += 1
+            changes.append(_parse_change(self.version, text))
+
+    def _has_later_versions(self) -> bool:
+        names = (p.name for p in (self.path / _LOG_DIR).glob("*.json"))
+        return any(n[:20].isdigit() and int(n[:20]) > self.version + 1 for n in names)
+
+
+def latest_version(path: str | Path) -> int:
+    """The newest version of the Delta table at ``path`` (-1 when it has no log yet)."""
+    log = Path(path) / _LOG_DIR
+    versions = [int(p.name[:20]) for p in log.glob("*.json")] if log.is_dir() else []
+    checkpoints = [int(p.name[:20]) for p in log.glob("*.checkpoint*.parquet")] if log.is_dir() else []
+    return max(versions + checkpoints, default=-1)
+
+
+def _parse_change(version: int, text: str) -> LogChange:
+    added: list[tuple[str, dict[str, str | None]]] = []
+    removed: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "add" in action and action["add"].get("dataChange", True):
+            added.append((unquote(action["add"]["path"]), action["add"].get("partitionValues") or {}))
+        elif "add" in action:
+            removed.append("")  # a rewrite: readers that index files must reload
+        elif "remove" in action:
+            removed.append(unquote(action["remove"]["path"]))
+    return LogChange(version, added, removed)
 
 
 def file_stats(data: pa.Table) -> dict[str, Any]:

@@ -13,6 +13,15 @@ from broker_model.errors import ValidationError
 _VALID_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 
 
+@dataclass(frozen=True, order=True)
+class MessageQueue:
+    """A message queue: (broker_name, topic, queue_id)."""
+
+    broker_name: str
+    topic: str
+    queue_id: int
+
+
 @dataclass
 class Message:
     """A message as a producer hands it to the broker.

@@ -18,18 +18,9 @@ from typing import Any
 
 from broker_model import constants as c
 from broker_model.broker import Broker, InnerMessage, PutResult, now_ms
-from broker_model.codec import UniqKeyFactory, java_string_hash, process_uniq_key_factory
+from broker_model.codec import UniqKeyFactory, decompress_body, java_string_hash, process_uniq_key_factory
 from broker_model.errors import BrokerError, ValidationError
-from broker_model.message import Message, validate_batch, validate_group, validate_message
-
-
-@dataclass(frozen=True, order=True)
-class MessageQueue:
-    """A message queue: (broker_name, topic, queue_id)."""
-
-    broker_name: str
-    topic: str
-    queue_id: int
+from broker_model.message import Message, MessageQueue, validate_batch, validate_group, validate_message
 
 
 @dataclass(frozen=True)
@@ -47,6 +38,8 @@ class SendResult:
     queue_offset: int
     commit_log_offset: int
 
+
+__all__ = ["MessageQueue", "Producer", "SendResult", "decompress_body", "select_by_hash"]
 
 MessageQueueSelector = Callable[[Sequence[MessageQueue], Message, Any], MessageQueue]
 
@@ -277,17 +270,3 @@ def _send_result(queue: MessageQueue, inner: list[InnerMessage], put: PutResult)
     uniq = ",".join(m.properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] for m in inner)
     # the queue the producer chose, even when the broker stored a delayed message elsewhere
     return SendResult("SEND_OK", uniq, ",".join(put.msg_ids), queue, put.queue_offsets[0], put.commit_log_offsets[0])
-
-
-def decompress_body(body: bytes, sys_flag: int) -> bytes:
-    """The user's body of a stored record: decompressed when the compressed flag is set.
-
-    Raises:
-        ValidationError: the compression type (LZ4, ZSTD) is not one this product reads.
-    """
-    if not sys_flag & c.COMPRESSED_FLAG:
-        return body
-    kind = sys_flag & c.COMPRESSION_TYPE_MASK
-    if kind in (0, c.COMPRESSION_ZLIB_TYPE):
-        return zlib.decompress(body)
-    raise ValidationError("sys_flag", sys_flag, "uses a compression type other than zlib", "decompress it yourself")

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker_model.broker import Broker, BrokerConfig, FlushMode
-from broker_model.message import Message
+from broker_model.consumer import PullConsumer
+from broker_model.message import Message, MessageQueue
 from broker_model.producer import Producer, select_by_hash
+from broker_model.store import PullStatus
 
 # (topic, queue count per broker, tags, share of sends) of the demo business
 TOPICS: tuple[tuple[str, int, tuple[str, ...], float], ...] = (
@@ -47,12 +49,14 @@ class WorkloadReport:
     by_kind: Counter[str] = field(default_factory=Counter)
     by_topic: Counter[str] = field(default_factory=Counter)
     by_broker: Counter[str] = field(default_factory=Counter)
+    consumed: Counter[str] = field(default_factory=Counter)
 
     def summary(self) -> str:
         """A one-paragraph human summary."""
         return (
             f"{self.messages} messages in {self.sends} sends; kinds {dict(sorted(self.by_kind.items()))}; "
-            f"brokers {dict(sorted(self.by_broker.items()))}; topics {dict(sorted(self.by_topic.items()))}"
+            f"brokers {dict(sorted(self.by_broker.items()))}; topics {dict(sorted(self.by_topic.items()))}; "
+            f"consumed {dict(sorted(self.consumed.items()))}"
         )
 
 
@@ -124,9 +128,11 @@ def run_workload(
     threads: int = 4,
     segment_size: int | None = None,
     flush_mode: FlushMode = "ASYNC_FLUSH",
+    consumers: bool = True,
 ) -> WorkloadReport:
     """Write ``plan_sends(messages, seed)`` through ``brokers`` real brokers from ``threads``
-    producer threads (send ``i`` goes to thread ``i % threads``), then flush and stop them."""
+    producer threads (send ``i`` goes to thread ``i % threads``), then (with ``consumers``) let
+    the consumer groups read and commit, then flush and stop the brokers."""
     plan = plan_sends(messages, seed)
     started = start_brokers(lake, brokers, segment_size, flush_mode)
     report = WorkloadReport()
@@ -157,12 +163,73 @@ def run_workload(
             worker.join()
         for broker in started:
             broker.flush()
+        if consumers and not errors:
+            report.consumed = run_consumers(started, seed, lake / "_clients")
     finally:
         for broker in started:
             broker.shutdown()
     if errors:
         raise errors[0]
     return report
+
+
+@dataclass(frozen=True)
+class ConsumerGroupPlan:
+    """A consumer group of the workload: what it reads and how far."""
+
+    group: str
+    topic: str
+    tag_expression: str
+    message_model: str  # CLUSTERING or BROADCASTING
+    clients: int
+
+
+# Inventory and Audit have no consumer at all; Orders' group reads only some of its queues
+CONSUMER_GROUPS = (
+    ConsumerGroupPlan("cg-orders", "Orders", "*", "CLUSTERING", 1),
+    ConsumerGroupPlan("cg-payments", "Payments", "captured || refunded", "CLUSTERING", 1),
+    ConsumerGroupPlan("bc-notifications", "Notifications", "*", "BROADCASTING", 2),
+)
+
+
+def run_consumers(brokers: Sequence[Broker], seed: int, offset_dir: Path) -> Counter[str]:
+    """Let every group of :data:`CONSUMER_GROUPS` pull and commit at random points.
+
+    Per queue a group reads up to a random stopping point (some queues not at all), committing
+    its offset every few pulls; clustering offsets go to the brokers, broadcasting ones to local
+    files under ``offset_dir``. Returns messages consumed per group.
+    """
+    rng = random.Random(seed + 1)
+    consumed: Counter[str] = Counter()
+    for plan in CONSUMER_GROUPS:
+        for client in range(plan.clients):
+            consumer = PullConsumer(
+                brokers, plan.group, message_model=plan.message_model,  # type: ignore[arg-type]
+                client_id=f"127.0.0.{10 + client}@workload", offset_dir=offset_dir,
+            )  # fmt: skip
+            for queue in consumer.queues(plan.topic):
+                if plan.group == "cg-orders" and rng.random() < 0.3:
+                    continue  # a queue this group never consumes
+                consumed[plan.group] += _consume_queue(consumer, queue, plan.tag_expression, rng)
+            consumer.persist()
+    return consumed
+
+
+def _consume_queue(consumer: PullConsumer, queue: MessageQueue, tag_expression: str, rng: random.Random) -> int:
+    broker = consumer.brokers[queue.broker_name]
+    stop = int(broker.max_offset(queue.topic, queue.queue_id) * rng.choice((0.0, 0.3, 0.6, 0.9, 1.0)))
+    offset, consumed = 0, 0
+    while offset < stop:
+        result = consumer.pull(queue, offset, max_nums=rng.randint(1, 32), tag_expression=tag_expression)
+        if result.status is not PullStatus.FOUND and result.status is not PullStatus.NO_MATCHED_MSG:
+            break
+        consumed += len(result.messages)
+        offset = min(result.next_begin_offset, stop)
+        consumer.update_offset(queue, offset)
+        if rng.random() < 0.3:  # the client's and the broker's periodic persists, at random points
+            consumer.persist()
+            broker.offsets.persist()
+    return consumed
 
 
 def _execute(producer: Producer, send: PlannedSend) -> str:

@@ -1,0 +1,518 @@
+"""The consume side of a broker: consume queues, ``getMessage`` and long-polling pulls.
+
+A :class:`MessageStore` indexes one broker's commit log into consume queues (RocketMQ's dispatch
+rule: non-transactional and commit records only; ``tags_code`` as the broker computes it) and
+serves pulls with RocketMQ's statuses and offset corrections. It is fed two ways:
+
+- in the broker's own process, the broker hands it every commit as soon as it is durable, and a
+  held pull wakes at once (``ReputMessageService`` plus ``notifyMessageArriving``);
+- in any other process, it follows the Delta log of ``commitlog``; a held pull polls the log's
+  version every ``log_poll_ms``.
+
+Queue offsets start at 0 and no segment is ever deleted, so every queue's min offset is 0.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from broker_model import constants as c
+from broker_model.codec import decompress_body, tags_code
+from broker_model.deltalog import LogTail
+from broker_model.errors import ValidationError
+from schemas.catalog import COMMITLOG
+
+MAX_TRANSFER_COUNT = 32  # maxTransferCountOnMessageInMemory
+MAX_TRANSFER_BYTES = 256 * 1024  # maxTransferBytesOnMessageInMemory: the first message always goes
+MAX_FILTER_SCAN = 16000 // 20  # maxFilterMessageSize / CQ unit size: units scanned per pull at least
+BROKER_SUSPEND_MAX_TIME_MS = 15000  # the client's suspend timeout
+SHORT_POLLING_TIME_MS = 1000  # shortPollingTimeMills: the hold when long polling is off
+LONG_POLLING_CHECK_MS = 5000  # the hold service re-checks held pulls this often
+_INDEX_COLUMNS = ["commit_log_offset", "store_size", "topic", "queue_id", "queue_offset", "sys_flag", "tags",
+                  "store_timestamp", "properties"]  # fmt: skip
+
+
+class GetMessageStatus(Enum):
+    """``GetMessageStatus`` of the store."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+
+
+class PullStatus(Enum):
+    """The client's ``PullStatus``."""
+
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A tag expression: ``*`` (or empty) matches all; else tags joined by ``||``."""
+
+    expression: str
+    tags: frozenset[str]
+    codes: frozenset[int]
+
+    @classmethod
+    def parse(cls, expression: str | None) -> Subscription:
+        """``FilterAPI.buildSubscriptionData``: split on ``||``, trim, hash each tag."""
+        text = (expression or "*").strip()
+        if text in ("", "*"):
+            return cls("*", frozenset(), frozenset())
+        tags = frozenset(t.strip() for t in text.split("||") if t.strip())
+        if not tags:
+            raise ValidationError("tag_expression", expression, "names no tag", "use '*' or 'TagA || TagB'")
+        return cls(text, tags, frozenset(tags_code(t) for t in tags))
+
+    @property
+    def matches_all(self) -> bool:
+        """True for ``*``."""
+        return not self.tags
+
+    def matches_code(self, code: int) -> bool:
+        """The broker's consume-queue check: the tags code (as a Java int) is in the code set."""
+        return self.matches_all or _to_int(code) in self.codes
+
+    def matches_tags(self, tags: str | None) -> bool:
+        """The client's exact check against hash collisions."""
+        return self.matches_all or (tags is not None and tags in self.tags)
+
+
+@dataclass
+class MessageExt:
+    """A stored message as a consumer sees it; ``body`` is decompressed."""
+
+    broker_name: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    store_size: int
+    body: bytes
+    flag: int
+    sys_flag: int
+    properties: dict[str, str]
+    born_timestamp: int
+    born_host: str
+    store_timestamp: int
+    store_host: str
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body_crc: int
+    msg_id: str
+
+    @property
+    def tags(self) -> str | None:
+        """The TAGS property."""
+        return self.properties.get(c.PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> str | None:
+        """The KEYS property."""
+        return self.properties.get(c.PROPERTY_KEYS)
+
+    @property
+    def uniq_key(self) -> str | None:
+        """The client message id (UNIQ_KEY)."""
+        return self.properties.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+
+
+@dataclass(frozen=True)
+class GetMessageResult:
+    """The store's answer to one read of a queue."""
+
+    status: GetMessageStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[MessageExt] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """The client's view of a pull (``PullResult``)."""
+
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[MessageExt] = field(default_factory=list)
+
+
+class _Queue:
+    """One consume queue: parallel arrays indexed by queue offset."""
+
+    __slots__ = ("files", "offsets", "rows", "sizes", "tags_codes", "timestamps")
+
+    def __init__(self) -> None:
+        self.offsets = array("q")
+        self.sizes = array("i")
+        self.tags_codes = array("q")
+        self.timestamps = array("q")
+        self.files = array("i")
+        self.rows = array("i")
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+class MessageStore:
+    """Consume queues and pulls of one broker (see the module docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        lake: str | Path,
+        broker_name: str,
+        *,
+        cache_bytes: int = 256 * 1024 * 1024,
+        log_poll_ms: int = 100,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.lake = Path(lake)
+        self.broker_name = broker_name
+        self.log_poll_ms = log_poll_ms
+        self.fed_locally = False  # True when a broker in this process dispatches its commits here
+        self._clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self._lock = threading.RLock()
+        self._arrival = threading.Condition(self._lock)
+        self._queues: dict[tuple[str, int], _Queue] = {}
+        self._files: list[str] = []  # table-relative paths; a row locator is (file id, row)
+        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        self._cache_bytes = cache_bytes
+        self._cached = 0
+        self._tail: LogTail | None = None
+        self._undispatched: list[tuple[str, pa.Table | None]] = []  # committed here, not yet indexed
+        self.skipped: list[tuple[str, int, int]] = []  # (topic, queue id, queue offset) not contiguous
+
+    # -- loading and dispatch ---------------------------------------------------------------------
+
+    def load(self) -> MessageStore:
+        """Index the broker's whole log as of now and follow the log from there."""
+        path = COMMITLOG.location(self.lake)
+        with self._lock:
+            self._undispatched.clear()
+            self._queues.clear()
+            self._files.clear()
+            self._cache.clear()
+            self._cached = 0
+            try:
+                table = DeltaTable(str(path))
+            except TableNotFoundError:
+                self._tail = LogTail(path, -1)
+                return self
+            version = table.version()
+            actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+            paths = [p for p, b in zip(actions["path"], actions["partition.broker_name"], strict=True)
+                     if b == self.broker_name]  # fmt: skip
+            self._dispatch_files([(p, None) for p in paths])
+            self._tail = LogTail(path, version)
+        return self
+
+    def refresh(self) -> bool:
+        """Index commits made since the last look (by any process); True when anything new came.
+
+        A rewrite of indexed files (compaction) or a cleaned-up log makes it reload everything.
+        """
+        with self._lock:
+            if self._tail is None:
+                self.load()
+                return True
+            changes = self._tail.poll()
+            if changes is None or any(change.removed for change in changes):
+                self.load()
+                return True
+            files = [(path, None) for change in changes for path, values in change.added
+                     if values.get("broker_name") == self.broker_name]  # fmt: skip
+            if files:
+                self._dispatch_files(files)
+                self._arrival.notify_all()
+            return bool(files)
+
+    def dispatch_commit(self, version: int, files: Sequence[tuple[str, pa.Table]]) -> None:
+        """Take a commit this process just made (its files with their rows) and wake held pulls.
+
+        Indexing waits for the next query, so that the write path only pays for a list append;
+        the log tail skips that version. A version out of sequence (another writer committed in
+        between) makes the store read the log instead.
+        """
+        with self._lock:
+            if self._tail is not None and version == self._tail.version + 1:
+                self._tail.version = version
+                self._undispatched.extend(files)
+            else:
+                self._drain()
+                self.refresh()
+            self._arrival.notify_all()
+
+    def _drain(self) -> None:
+        """Index what :meth:`dispatch_commit` queued (caller holds the lock)."""
+        if self._undispatched:
+            files, self._undispatched = self._undispatched, []
+            self._dispatch_files(files)
+
+    def _dispatch_files(self, files: Sequence[tuple[str, pa.Table | None]]) -> None:
+        parts = []
+        for path, rows in files:
+            file_id = len(self._files)
+            self._files.append(path)
+            table = rows if rows is not None else self._read_file(file_id)
+            if rows is not None:
+                self._remember(file_id, rows)
+            index = table.select(_INDEX_COLUMNS)
+            index = index.append_column("file_id", pa.array([file_id] * table.num_rows, pa.int32()))
+            parts.append(index.append_column("row", pa.array(range(table.num_rows), pa.int32())))
+        if parts:
+            merged = pa.concat_tables(parts).sort_by("commit_log_offset")
+            self._index(merged)
+
+    def _index(self, rows: pa.Table) -> None:
+        transaction = pc.bit_wise_and(rows["sys_flag"], c.TRANSACTION_ROLLBACK_TYPE)
+        dispatched = rows.filter(pc.is_in(transaction, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE])))
+        columns = dispatched.to_pydict()
+        for i in range(dispatched.num_rows):
+            key = (columns["topic"][i], columns["queue_id"][i])
+            queue = self._queues.get(key)
+            if queue is None:
+                queue = self._queues[key] = _Queue()
+            if columns["queue_offset"][i] != len(queue):
+                self.skipped.append((key[0], key[1], columns["queue_offset"][i]))
+                continue
+            queue.offsets.append(columns["commit_log_offset"][i])
+            queue.sizes.append(columns["store_size"][i])
+            queue.tags_codes.append(_dispatch_tags_code(columns, i))
+            queue.timestamps.append(columns["store_timestamp"][i])
+            queue.files.append(columns["file_id"][i])
+            queue.rows.append(columns["row"][i])
+
+    # -- rows of files ----------------------------------------------------------------------------
+
+    def _read_file(self, file_id: int) -> pa.Table:
+        cached = self._cache.get(file_id)
+        if cached is not None:
+            self._cache.move_to_end(file_id)
+            return cached
+        table = pq.read_table(COMMITLOG.location(self.lake) / self._files[file_id])
+        self._remember(file_id, table)
+        return table
+
+    def _remember(self, file_id: int, table: pa.Table) -> None:
+        self._cache[file_id] = table
+        self._cached += table.nbytes
+        while self._cached > self._cache_bytes and len(self._cache) > 1:
+            _, evicted = self._cache.popitem(last=False)
+            self._cached -= evicted.nbytes
+
+    def _message(self, queue: _Queue, queue_offset: int, topic: str) -> MessageExt:
+        row = self._read_file(queue.files[queue_offset]).slice(queue.rows[queue_offset], 1).to_pylist()[0]
+        return MessageExt(
+            broker_name=self.broker_name, topic=topic, queue_id=row["queue_id"], queue_offset=queue_offset,
+            commit_log_offset=row["commit_log_offset"], store_size=row["store_size"],
+            body=decompress_body(row["body"], row["sys_flag"]), flag=row["flag"], sys_flag=row["sys_flag"],
+            properties=dict(row["properties"]), born_timestamp=row["born_timestamp"], born_host=row["born_host"],
+            store_timestamp=row["store_timestamp"], store_host=row["store_host"],
+            reconsume_times=row["reconsume_times"], prepared_transaction_offset=row["prepared_transaction_offset"],
+            body_crc=row["body_crc"], msg_id=row["msg_id"],
+        )  # fmt: skip
+
+    # -- queries ----------------------------------------------------------------------------------
+
+    def queues(self) -> list[tuple[str, int]]:
+        """Every (topic, queue id) with at least one entry, sorted."""
+        with self._lock:
+            self._drain()
+            return sorted(self._queues)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The smallest queue offset still stored (always 0: segments are never deleted)."""
+        return 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's next offset to be written."""
+        with self._lock:
+            self._drain()
+            queue = self._queues.get((topic, queue_id))
+            return len(queue) if queue is not None else 0
+
+    def store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
+        """Store time (ms) of the entry at ``queue_offset``, None when there is none."""
+        with self._lock:
+            self._drain()
+            queue = self._queues.get((topic, queue_id))
+            if queue is None or not 0 <= queue_offset < len(queue):
+                return None
+            return queue.timestamps[queue_offset]
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """RocketMQ 5.1.1+ lookup with the LOWER boundary: the first offset whose store time is at
+        or after ``timestamp`` (max offset when none is), clamped to [min offset, max offset]."""
+        with self._lock:
+            self._drain()
+            queue = self._queues.get((topic, queue_id))
+            if queue is None:
+                return 0
+            low, high = 0, len(queue)
+            while low < high:  # store times rise with queue offsets within a queue
+                middle = (low + high) // 2
+                if queue.timestamps[middle] < timestamp:
+                    low = middle + 1
+                else:
+                    high = middle
+            return low
+
+    def get_message(
+        self, topic: str, queue_id: int, offset: int, max_msgs: int = MAX_TRANSFER_COUNT,
+        subscription: Subscription | None = None,
+    ) -> GetMessageResult:  # fmt: skip
+        """``DefaultMessageStore.getMessage``: read up to ``max_msgs`` matching messages.
+
+        Scans at most ``max(800, max_msgs)`` units; a batch ends at ``max_msgs`` messages or
+        256 KiB (the first message always goes). ``next_begin_offset`` follows RocketMQ's
+        corrections: min offset when too small, max offset when far too large.
+        """
+        if max_msgs <= 0:
+            raise ValidationError("max_msgs", max_msgs, "must be positive")
+        sub = subscription or Subscription.parse("*")
+        with self._lock:
+            self._drain()
+            queue = self._queues.get((topic, queue_id))
+            high = len(queue) if queue is not None else 0
+            if queue is None or high == 0:
+                return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+            if offset < 0:
+                return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, 0, 0, high)
+            if offset == high:
+                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, 0, high)
+            if offset > high:
+                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, high, 0, high)
+            return self._scan(queue, topic, offset, max_msgs, sub)
+
+    def _scan(self, queue: _Queue, topic: str, offset: int, max_msgs: int, sub: Subscription) -> GetMessageResult:
+        end = min(len(queue), offset + max(MAX_FILTER_SCAN, max_msgs))
+        found: list[int] = []
+        size = 0
+        position = offset
+        while position < end:
+            if found and (len(found) >= max_msgs or size + queue.sizes[position] > MAX_TRANSFER_BYTES):
+                break
+            if sub.matches_code(queue.tags_codes[position]):
+                found.append(position)
+                size += queue.sizes[position]
+            position += 1
+        status = GetMessageStatus.FOUND if found else GetMessageStatus.NO_MATCHED_MESSAGE
+        messages = [self._message(queue, q, topic) for q in found]
+        return GetMessageResult(status, position, 0, len(queue), messages)
+
+    # -- pulls ------------------------------------------------------------------------------------
+
+    def pull(
+        self, topic: str, queue_id: int, offset: int, max_msgs: int = MAX_TRANSFER_COUNT,
+        tag_expression: str | None = "*", suspend_timeout_ms: int = 0, long_polling: bool = True,
+    ) -> PullResult:  # fmt: skip
+        """A pull as a consumer sees it: the broker read, long polling, then the client's tag check.
+
+        With ``suspend_timeout_ms > 0`` a pull that finds no new message (offset at the queue's
+        end) is held: with long polling on until a message matching the subscription arrives in
+        that queue or the timeout passes; with it off for the short-polling time (1 s), woken by
+        nothing. It is then read once more.
+        """
+        sub = Subscription.parse(tag_expression)
+        if not self.fed_locally:
+            self.refresh()
+        result = self.get_message(topic, queue_id, offset, max_msgs, sub)
+        if suspend_timeout_ms > 0 and _response_code(result, offset) == "PULL_NOT_FOUND":
+            hold = suspend_timeout_ms if long_polling else min(suspend_timeout_ms, SHORT_POLLING_TIME_MS)
+            self._hold(topic, queue_id, offset, sub, hold, long_polling)
+            result = self.get_message(topic, queue_id, offset, max_msgs, sub)
+        return _client_result(result, offset, sub)
+
+    def _hold(self, topic: str, queue_id: int, offset: int, sub: Subscription, hold_ms: int, wake: bool) -> None:
+        deadline = time.monotonic() + hold_ms / 1000
+        with self._arrival:
+            while True:
+                if wake and self._arrived(topic, queue_id, offset, sub):
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                step = LONG_POLLING_CHECK_MS if self.fed_locally else self.log_poll_ms
+                self._arrival.wait(min(remaining, step / 1000))
+                if not self.fed_locally:
+                    self.refresh()
+
+    def _arrived(self, topic: str, queue_id: int, offset: int, sub: Subscription) -> bool:
+        self._drain()
+        queue = self._queues.get((topic, queue_id))
+        if queue is None or len(queue) <= offset:
+            return False
+        return any(sub.matches_code(queue.tags_codes[q]) for q in range(max(offset, 0), len(queue)))
+
+
+def _dispatch_tags_code(columns: dict[str, list[Any]], i: int) -> int:
+    """``tags_code`` of a dispatched record; on the schedule topic the delivery time."""
+    tags = columns["tags"][i]
+    if columns["topic"][i] == c.SCHEDULE_TOPIC:
+        delay = dict(columns["properties"][i]).get(c.PROPERTY_DELAY_TIME_LEVEL)
+        if delay is not None and delay.lstrip("-").isdigit():
+            level = min(int(delay), c.MAX_DELAY_LEVEL)
+            if level > 0:
+                return int(columns["store_timestamp"][i]) + c.DELAY_LEVEL_MILLIS[level - 1]
+    return tags_code(tags)
+
+
+def _response_code(result: GetMessageResult, offset: int) -> str:
+    """``PullMessageProcessor``'s response code for a store result."""
+    status = result.status
+    if status is GetMessageStatus.FOUND:
+        return "SUCCESS"
+    if status is GetMessageStatus.NO_MATCHED_MESSAGE:
+        return "PULL_RETRY_IMMEDIATELY"
+    if status is GetMessageStatus.NO_MESSAGE_IN_QUEUE:
+        return "PULL_OFFSET_MOVED" if offset != 0 else "PULL_NOT_FOUND"
+    if status is GetMessageStatus.OFFSET_OVERFLOW_ONE:
+        return "PULL_NOT_FOUND"
+    return "PULL_OFFSET_MOVED"
+
+
+_CLIENT_STATUS = {
+    "SUCCESS": PullStatus.FOUND,
+    "PULL_NOT_FOUND": PullStatus.NO_NEW_MSG,
+    "PULL_RETRY_IMMEDIATELY": PullStatus.NO_MATCHED_MSG,
+    "PULL_OFFSET_MOVED": PullStatus.OFFSET_ILLEGAL,
+}
+
+
+def _client_result(result: GetMessageResult, offset: int, sub: Subscription) -> PullResult:
+    """``PullAPIWrapper.processPullResult``: keep messages whose tags match exactly, and mark
+    each with the queue's min and max offsets."""
+    status = _CLIENT_STATUS[_response_code(result, offset)]
+    messages = [m for m in result.messages if sub.matches_tags(m.tags)]
+    for message in messages:
+        message.properties[c.PROPERTY_MIN_OFFSET] = str(result.min_offset)
+        message.properties[c.PROPERTY_MAX_OFFSET] = str(result.max_offset)
+    return PullResult(status, result.next_begin_offset, result.min_offset, result.max_offset, messages)
+
+
+def _to_int(value: int) -> int:
+    value &= 0xFFFFFFFF
+    return value - 0x100000000 if value & 0x80000000 else value

@@ -1,0 +1,313 @@
+"""The consume side of the broker: pull statuses, tag filtering, long polling, offsets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker_model import constants as c
+from broker_model.broker import Broker, BrokerConfig, InnerMessage
+from broker_model.consumer import PullConsumer
+from broker_model.errors import ValidationError
+from broker_model.message import MessageQueue
+from broker_model.offsets import (
+    OFFSET_BAD_REQUEST,
+    OFFSET_NOT_FOUND,
+    OFFSET_READ_ERROR,
+    LocalFileOffsetStore,
+    OffsetCommit,
+    OffsetLedger,
+    ReadOffsetType,
+    RemoteBrokerOffsetStore,
+)
+from broker_model.store import MessageStore, PullStatus, Subscription
+
+REPO = Path(__file__).resolve().parents[1]
+Q0 = MessageQueue("broker-a", "T", 0)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    started = Broker(BrokerConfig(tmp_path, flush_mode="SYNC_FLUSH")).start()
+    started.ensure_topic("T", 2)
+    yield started
+    started.shutdown()
+
+
+def _put(broker: Broker, tags: str | None = None, body: bytes = b"m", queue_id: int = 0, **props: str) -> None:
+    properties = {"TAGS": tags, **props} if tags else dict(props)
+    broker.put_message(InnerMessage("T", queue_id, body, properties, born_host="10.0.0.1:1"))
+
+
+@pytest.mark.parametrize(
+    ("stored", "offset", "status", "next_begin"),
+    [
+        (0, 0, PullStatus.NO_NEW_MSG, 0),  # empty queue, offset 0: can be held
+        (0, 3, PullStatus.OFFSET_ILLEGAL, 0),  # empty queue, offset moved to 0
+        (4, 4, PullStatus.NO_NEW_MSG, 4),  # at the end
+        (4, 9, PullStatus.OFFSET_ILLEGAL, 4),  # far beyond the end: corrected to max
+        (4, -1, PullStatus.OFFSET_ILLEGAL, 0),  # below min: corrected to min
+        (4, 1, PullStatus.FOUND, 4),
+    ],
+)
+def test_pull_statuses_and_offset_corrections_follow_rocketmq(
+    broker: Broker, stored: int, offset: int, status: PullStatus, next_begin: int
+) -> None:
+    for _ in range(stored):
+        _put(broker)
+    result = broker.pull("T", 0, offset)
+    assert (result.status, result.next_begin_offset, result.min_offset, result.max_offset) == (
+        status, next_begin, 0, stored,
+    )  # fmt: skip
+
+
+def test_pull_returns_at_most_max_msgs_and_marks_min_and_max_offsets(broker: Broker) -> None:
+    for i in range(10):
+        _put(broker, body=bytes([i]))
+    result = broker.pull("T", 0, 2, max_msgs=3)
+    assert [m.queue_offset for m in result.messages] == [2, 3, 4]
+    assert result.next_begin_offset == 5
+    assert {(m.properties[c.PROPERTY_MIN_OFFSET], m.properties[c.PROPERTY_MAX_OFFSET]) for m in result.messages} == {
+        ("0", "10")
+    }
+
+
+def test_pull_stops_at_256_kib_but_always_returns_the_first_message(tmp_path: Path) -> None:
+    with Broker(BrokerConfig(tmp_path, flush_mode="SYNC_FLUSH")).start() as broker:
+        for _ in range(3):
+            _put(broker, body=b"x" * 200_000)
+        first = broker.pull("T", 0, 0)
+        assert [m.queue_offset for m in first.messages] == [0]
+        assert first.next_begin_offset == 1
+
+
+def test_tag_filter_uses_the_hash_then_the_exact_tag(broker: Broker) -> None:
+    assert Subscription.parse("Aa").codes == Subscription.parse("BB").codes  # Java hash collision
+    _put(broker, tags="BB")
+    _put(broker, tags="Aa")
+    _put(broker, tags="Other")
+    result = broker.pull("T", 0, 0, tag_expression="Aa")
+    assert result.status is PullStatus.FOUND
+    assert [m.tags for m in result.messages] == ["Aa"]  # BB passed the broker's code check only
+    assert result.next_begin_offset == 3
+
+
+def test_no_matched_message_moves_past_what_was_scanned(broker: Broker) -> None:
+    for _ in range(5):
+        _put(broker, tags="B")
+    result = broker.pull("T", 0, 1, tag_expression="A || C")
+    assert (result.status, result.next_begin_offset, result.messages) == (PullStatus.NO_MATCHED_MSG, 5, [])
+
+
+def test_or_expression_matches_each_tag(broker: Broker) -> None:
+    for tags in ("A", "B", "C"):
+        _put(broker, tags=tags)
+    assert [m.tags for m in broker.pull("T", 0, 0, tag_expression=" A || C ").messages] == ["A", "C"]
+
+
+def test_bad_tag_expression_and_max_msgs_are_refused(broker: Broker) -> None:
+    with pytest.raises(ValidationError, match="tag_expression"):
+        broker.pull("T", 0, 0, tag_expression="||")
+    _put(broker)
+    with pytest.raises(ValidationError, match="max_msgs"):
+        broker.pull("T", 0, 0, max_msgs=0)
+
+
+def test_schedule_topic_entries_carry_their_delivery_time_as_tags_code(broker: Broker) -> None:
+    broker.put_message(InnerMessage("T", 1, b"later", {"TAGS": "x", "DELAY": "3"}, born_host="10.0.0.1:1"))
+    stored = broker.pull(c.SCHEDULE_TOPIC, 2, 0).messages[0]
+    queue = broker.store._queues[(c.SCHEDULE_TOPIC, 2)]
+    assert queue.tags_codes[0] == stored.store_timestamp + 10_000
+
+
+def test_committed_body_is_handed_back_decompressed(tmp_path: Path) -> None:
+    from broker_model.message import Message
+    from broker_model.producer import Producer
+
+    with Broker(BrokerConfig(tmp_path, flush_mode="SYNC_FLUSH")).start() as broker:
+        body = b"compress me " * 1000
+        sent = Producer([broker], seed=1).send(Message.create("Big", body))
+        pulled = broker.pull("Big", sent.message_queue.queue_id, sent.queue_offset).messages[0]
+    assert pulled.body == body and pulled.sys_flag & c.COMPRESSED_FLAG
+    assert pulled.uniq_key == sent.msg_id and pulled.msg_id == sent.offset_msg_id
+
+
+# -- long polling ---------------------------------------------------------------------------------
+
+
+def _send_later(broker: Broker, delay: float, tags: str = "A") -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(delay), _put(broker, tags=tags)))
+    thread.start()
+    return thread
+
+
+def test_held_pull_returns_soon_after_a_send_from_another_thread(broker: Broker) -> None:
+    sender = _send_later(broker, 0.3)
+    started = time.monotonic()
+    result = broker.pull("T", 0, 0, suspend_timeout_ms=10_000)
+    waited = time.monotonic() - started
+    sender.join()
+    assert result.status is PullStatus.FOUND
+    assert 0.25 < waited < 1.0
+
+
+def test_held_pull_without_a_send_returns_no_new_message_at_its_timeout(broker: Broker) -> None:
+    started = time.monotonic()
+    result = broker.pull("T", 0, 0, suspend_timeout_ms=600)
+    assert result.status is PullStatus.NO_NEW_MSG
+    assert 0.55 < time.monotonic() - started < 1.5
+
+
+def test_a_message_that_does_not_match_the_tags_does_not_wake_a_held_pull(broker: Broker) -> None:
+    sender = _send_later(broker, 0.1, tags="Other")
+    started = time.monotonic()
+    result = broker.pull("T", 0, 0, tag_expression="A", suspend_timeout_ms=800)
+    sender.join()
+    assert time.monotonic() - started > 0.75
+    assert result.status is PullStatus.NO_MATCHED_MSG  # re-read after the hold: scanned, none matched
+
+
+def test_with_long_polling_off_a_pull_is_held_for_the_short_polling_time_only(broker: Broker) -> None:
+    sender = _send_later(broker, 0.1)
+    started = time.monotonic()
+    result = broker.pull("T", 0, 0, suspend_timeout_ms=10_000, long_polling=False)
+    sender.join()
+    waited = time.monotonic() - started
+    assert 0.95 < waited < 1.6  # not woken by the arrival, not held the full 10 s
+    assert result.status is PullStatus.FOUND
+
+
+def test_a_store_of_another_process_notices_new_commits_by_polling_the_log(broker: Broker, tmp_path: Path) -> None:
+    reader = MessageStore(tmp_path, "broker-a", log_poll_ms=50).load()  # not fed by the broker
+    sender = _send_later(broker, 0.3)
+    started = time.monotonic()
+    result = reader.pull("T", 0, 0, suspend_timeout_ms=10_000)
+    sender.join()
+    assert result.status is PullStatus.FOUND
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.subprocess
+def test_held_pull_sees_commits_of_a_broker_process(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "broker_process.py"), str(tmp_path), "broker-a", "1", "65536"],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        reader = MessageStore(tmp_path, "broker-a").load()
+        queue_id = int(child.stdout.readline().split()[4])
+        end = reader.max_offset("Crash", queue_id)
+        started = time.monotonic()
+        result = reader.pull("Crash", queue_id, end + 1 if end else 0, suspend_timeout_ms=10_000)
+        assert time.monotonic() - started < 5
+        assert result.status in (PullStatus.FOUND, PullStatus.OFFSET_ILLEGAL)
+        deadline = time.monotonic() + 10
+        while reader.max_offset("Crash", queue_id) <= end and time.monotonic() < deadline:
+            reader.pull("Crash", queue_id, reader.max_offset("Crash", queue_id), suspend_timeout_ms=500)
+        assert reader.max_offset("Crash", queue_id) > end
+    finally:
+        child.kill()
+        child.wait()
+
+
+# -- offsets --------------------------------------------------------------------------------------
+
+
+def test_clustering_offsets_are_queried_before_and_after_persist_and_survive_restart(tmp_path: Path) -> None:
+    with Broker(BrokerConfig(tmp_path, offset_persist_interval_ms=60_000)).start() as broker:
+        assert broker.query_offset("g", "T", 0) == OFFSET_NOT_FOUND
+        broker.commit_offset("g", "T", 0, 5)
+        broker.commit_offset("g", "T", 0, 7)
+        assert broker.query_offset("g", "T", 0) == 7
+        broker.offsets.persist()
+        broker.commit_offset("g", "T", 0, 3)  # a plain overwrite, as RocketMQ's
+    with Broker(BrokerConfig(tmp_path)).start() as again:
+        assert again.query_offset("g", "T", 0) == 3
+        assert again.query_offset("g", "T", 1) == OFFSET_NOT_FOUND
+    rows = OffsetLedger(tmp_path).load()
+    assert rows.current(("g", "broker-a", "T", 0))[0] == 3  # type: ignore[index]
+
+
+def test_a_running_broker_sees_offsets_another_process_appended(tmp_path: Path) -> None:
+    with Broker(BrokerConfig(tmp_path)).start() as broker:
+        broker.commit_offset("g", "T", 0, 10)
+        broker.offsets.persist()
+        other = OffsetLedger(tmp_path).load()
+        key = ("g", "broker-a", "T", 0)
+        other.append([OffsetCommit("g", "broker-a", "T", 0, 2, other.next_timestamp(key), "reset", reset_id="r1")])
+        assert broker.query_offset("g", "T", 0) == 2
+
+
+def test_commit_timestamps_strictly_increase_per_queue_even_within_one_millisecond(tmp_path: Path) -> None:
+    frozen = 1_800_000_000_000
+    with Broker(BrokerConfig(tmp_path, clock=lambda: frozen)).start() as broker:
+        for offset in range(5):
+            broker.commit_offset("g", "T", 0, offset)
+            broker.offsets.persist()
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(tmp_path / "consumer_offset_commits")).to_pyarrow_table().sort_by("offset").to_pylist()
+    assert [r["commit_timestamp"] - frozen for r in rows] == [0, 1, 2, 3, 4]
+
+
+def test_offsets_of_several_commits_reach_the_lake_in_one_atomic_commit(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    with Broker(BrokerConfig(tmp_path, offset_persist_interval_ms=60_000)).start() as broker:
+        for queue_id in range(4):
+            broker.commit_offset("g", "T", queue_id, queue_id + 1)
+        version = broker.offsets.persist()
+    table = DeltaTable(str(tmp_path / "consumer_offset_commits"))
+    assert table.version() == version
+    assert table.to_pyarrow_table().num_rows == 4
+
+
+def test_local_file_offset_store_behaves_as_rocketmq_test_expects(tmp_path: Path) -> None:
+    store = LocalFileOffsetStore(tmp_path, "127.0.0.1@1", "bc")
+    queue = MessageQueue("broker-a", "T", 1)
+    store.update_offset(queue, 1024)
+    assert store.read_offset(queue, ReadOffsetType.READ_FROM_STORE) == OFFSET_NOT_FOUND
+    assert store.read_offset(queue, ReadOffsetType.READ_FROM_MEMORY) == 1024
+    store.persist_all()
+    store.update_offset(queue, 1023, increase_only=False)
+    assert store.read_offset(queue, ReadOffsetType.READ_FROM_MEMORY) == 1023
+    store.update_offset(queue, 1022, increase_only=True)
+    assert store.read_offset(queue, ReadOffsetType.READ_FROM_MEMORY) == 1023
+    assert LocalFileOffsetStore(tmp_path, "127.0.0.1@1", "bc").read_offset(queue, ReadOffsetType.READ_FROM_STORE) == 1024
+    store.persist_all()
+    assert (tmp_path / "127.0.0.1@1" / "bc" / "offsets.json.bak").exists()
+    assert LocalFileOffsetStore(tmp_path, "127.0.0.1@1", "bc").read_offset(queue, ReadOffsetType.READ_FROM_STORE) == 1023
+
+
+def test_read_offset_return_codes(broker: Broker) -> None:
+    store = RemoteBrokerOffsetStore({"broker-a": broker.offsets}, "g", "c1")
+    assert store.read_offset(None, ReadOffsetType.READ_FROM_STORE) == OFFSET_BAD_REQUEST
+    assert store.read_offset(Q0, ReadOffsetType.READ_FROM_STORE) == OFFSET_NOT_FOUND
+    assert store.read_offset(MessageQueue("broker-x", "T", 0), ReadOffsetType.READ_FROM_STORE) == OFFSET_READ_ERROR
+    broker.commit_offset("g", "T", 0, 4)
+    assert store.read_offset(Q0, ReadOffsetType.READ_FROM_MEMORY) == OFFSET_NOT_FOUND
+    assert store.read_offset(Q0, ReadOffsetType.MEMORY_FIRST_THEN_STORE) == 4
+
+
+def test_pull_consumer_commits_through_the_queue_broker(broker: Broker) -> None:
+    for _ in range(3):
+        _put(broker)
+    consumer = PullConsumer([broker], "cg")
+    result = consumer.pull(Q0, 0)
+    consumer.update_offset(Q0, result.next_begin_offset)
+    consumer.persist()
+    assert broker.query_offset("cg", "T", 0) == 3
+
+
+def test_broadcasting_consumer_needs_a_local_offset_directory(broker: Broker) -> None:
+    with pytest.raises(ValidationError, match="offset_dir"):
+        PullConsumer([broker], "bc", message_model="BROADCASTING")
