@@ -282,10 +282,12 @@ def test_local_file_offset_store_behaves_as_rocketmq_test_expects(tmp_path: Path
     assert store.read_offset(queue, ReadOffsetType.READ_FROM_MEMORY) == 1023
     store.update_offset(queue, 1022, increase_only=True)
     assert store.read_offset(queue, ReadOffsetType.READ_FROM_MEMORY) == 1023
-    assert LocalFileOffsetStore(tmp_path, "127.0.0.1@1", "bc").read_offset(queue, ReadOffsetType.READ_FROM_STORE) == 1024
+    fresh = LocalFileOffsetStore(tmp_path, "127.0.0.1@1", "bc")
+    assert fresh.read_offset(queue, ReadOffsetType.READ_FROM_STORE) == 1024
     store.persist_all()
     assert (tmp_path / "127.0.0.1@1" / "bc" / "offsets.json.bak").exists()
-    assert LocalFileOffsetStore(tmp_path, "127.0.0.1@1", "bc").read_offset(queue, ReadOffsetType.READ_FROM_STORE) == 1023
+    again = LocalFileOffsetStore(tmp_path, "127.0.0.1@1", "bc")
+    assert again.read_offset(queue, ReadOffsetType.READ_FROM_STORE) == 1023
 
 
 def test_read_offset_return_codes(broker: Broker) -> None:
