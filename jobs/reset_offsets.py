@@ -1,0 +1,152 @@
+"""``reset_offsets``: move consumer groups' offsets (dry run unless ``--execute``).
+
+Examples:
+  python -m jobs reset_offsets --group cg-orders --topic Orders --to-datetime 2026-11-22T00:00:00Z
+  python -m jobs reset_offsets --group cg-orders --topic Orders:0,1 --shift-by -100 --execute --reason "replay"
+  python -m jobs reset_offsets --group cg-orders --all-topics --to-latest --export plan.csv
+  python -m jobs reset_offsets --undo reset-1a2b3c4d5e6f --execute
+
+Time lookups follow RocketMQ: the first message stored at or after the time. Targets outside a
+queue's [min, max] are clamped and the clamp is reported. Unlike the other jobs this tool needs no
+Spark session: it reads the live commit log so that a reset acts on what is there now.
+
+Consumers of the group should be stopped first: a running consumer commits its own offsets and
+overwrites the reset (as with RocketMQ's client-side resets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker_model.errors import ValidationError
+from broker_model.lake_root import default_lake
+from broker_model.reset import (
+    PLAN_COLUMNS,
+    PlanRow,
+    ResetTool,
+    Strategy,
+    TopicSelection,
+    export_plan,
+    plan_records,
+    read_targets_file,
+)
+from broker_model.timeutil import parse_duration, parse_instant
+
+
+@dataclass(frozen=True)
+class ResetConfig:
+    """Options of ``reset_offsets``."""
+
+    lake: Path
+    groups: tuple[str, ...]
+    topics: tuple[TopicSelection, ...]
+    all_topics: bool
+    strategy: Strategy | None
+    undo: str | None
+    execute: bool
+    export: Path | None
+    reason: str | None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Options of ``reset_offsets``."""
+    parser = argparse.ArgumentParser(prog="reset_offsets", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser.add_argument("--group", action="append", default=[], help="consumer group (repeatable)")
+    parser.add_argument("--topic", action="append", default=[], help="TOPIC or TOPIC:0,1 (repeatable)")
+    parser.add_argument("--all-topics", action="store_true", help="every topic the group has offsets on")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--to-earliest", action="store_true", help="the queue's min offset")
+    target.add_argument("--to-latest", action="store_true", help="the queue's max offset (skip the backlog)")
+    target.add_argument("--to-offset", type=int, help="this queue offset")
+    target.add_argument("--shift-by", type=int, help="the current offset plus N (negative: re-read)")
+    target.add_argument("--to-timestamp", help="first message stored at or after this epoch ms")
+    target.add_argument("--to-datetime", help="first message stored at or after this ISO-8601 time (zone required)")
+    target.add_argument("--by-duration", help="first message stored at or after now minus this ISO-8601 duration")
+    target.add_argument("--from-file", help="CSV of broker_name,topic,queue_id,target_offset[,group]")
+    target.add_argument("--undo", metavar="RESET_ID", help="put back the offsets an executed reset replaced")
+    parser.add_argument("--execute", action="store_true", help="write the reset (default: dry run, nothing written)")
+    parser.add_argument("--export", help="write the plan as CSV to this file")
+    parser.add_argument("--reason", help="why the reset is made (kept in the audit rows)")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, now: int) -> ResetConfig:
+    """Validate the options into a config (raises ValidationError naming the option)."""
+    strategy = None
+    if args.to_earliest:
+        strategy = Strategy("to_earliest")
+    elif args.to_latest:
+        strategy = Strategy("to_latest")
+    elif args.to_offset is not None:
+        strategy = Strategy("to_offset", args.to_offset)
+    elif args.shift_by is not None:
+        strategy = Strategy("shift_by", args.shift_by)
+    elif args.to_timestamp is not None:
+        strategy = Strategy("to_timestamp", parse_instant(args.to_timestamp, "to_timestamp"))
+    elif args.to_datetime is not None:
+        strategy = Strategy("to_datetime", parse_instant(args.to_datetime, "to_datetime"))
+    elif args.by_duration is not None:
+        strategy = Strategy("by_duration", now - parse_duration(args.by_duration, "by_duration"))
+    elif args.from_file is not None:
+        strategy = Strategy("from_file", file_targets=read_targets_file(args.from_file))
+    return ResetConfig(
+        Path(args.lake), tuple(args.group), tuple(TopicSelection.parse(t) for t in args.topic), args.all_topics,
+        strategy, args.undo, args.execute, Path(args.export) if args.export else None, args.reason,
+    )  # fmt: skip
+
+
+def run(config: ResetConfig) -> list[PlanRow]:
+    """Plan (and with ``execute``, write) the reset; print the plan; return it."""
+    tool = ResetTool(config.lake)
+    if config.undo is not None:
+        plan = tool.undo_plan(config.undo)
+        reason = config.reason or f"undo of {config.undo}"
+    else:
+        if not config.groups:
+            raise ValidationError("group", None, "no group chosen", "give --group GROUP")
+        if config.strategy is None:
+            raise ValidationError("strategy", None, "no target chosen", "give one of --to-earliest, --to-latest, ...")
+        plan = tool.plan(config.groups, config.topics, config.all_topics, config.strategy)
+        reason = config.reason
+    _print_plan(plan)
+    if config.export is not None:
+        export_plan(plan, config.export)
+        print(f"plan written to {config.export}")
+    if not any(row.moves for row in plan):
+        print("nothing to move: every offset is already at its target")
+    elif config.execute:
+        reset_id = tool.execute(plan, reason)
+        print(f"executed reset {reset_id}: {sum(r.moves for r in plan)} queue(s) moved"
+              f" (undo with --undo {reset_id} --execute)")  # fmt: skip
+    else:
+        print("dry run: nothing written (add --execute to apply)")
+    return plan
+
+
+def _print_plan(plan: Sequence[PlanRow]) -> None:
+    records = [tuple(str(v) for v in record) for record in plan_records(plan)]
+    widths = [max(len(name), *(len(r[i]) for r in records)) if records else len(name)
+              for i, name in enumerate(PLAN_COLUMNS)]  # fmt: skip
+    print("  ".join(name.ljust(w) for name, w in zip(PLAN_COLUMNS, widths, strict=True)).rstrip())
+    for record in records:
+        print("  ".join(value.ljust(w) for value, w in zip(record, widths, strict=True)).rstrip())
+    print(f"total: {sum(r.redelivered for r in plan)} message(s) delivered again, "
+          f"{sum(r.skipped for r in plan)} skipped")  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse ``argv`` and run."""
+    args = build_parser().parse_args(argv)
+    run(config_from_args(args, time.time_ns() // 1_000_000))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
