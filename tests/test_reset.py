@@ -56,7 +56,7 @@ def _offset(lake: Path, queue_id: int, group: str = "cg") -> int:
     ("timestamp", "expected"),
     [(BASE - 5, 0), (BASE, 0), (BASE + 30, 3), (BASE + 31, 4), (BASE + 90, 9), (BASE + 91, 10)],
 )
-def test_time_lookup_is_the_first_message_at_or_after_the_time_clamped(lake: Path, timestamp: int, expected: int) -> None:
+def test_time_lookup_is_the_first_message_at_or_after_the_time(lake: Path, timestamp: int, expected: int) -> None:
     assert MessageStore(lake, "broker-a").load().offset_by_time("Orders", 0, timestamp) == expected
 
 
