@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 JOBS = {
     "nightly": "jobs.nightly",
+    "consumer_offsets": "jobs.consumer_offsets",
+    "reset_offsets": "jobs.reset_offsets",
 }
 
 
