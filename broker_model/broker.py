@@ -272,6 +272,7 @@ class Broker:
         self.commits = 0
         self.store = MessageStore(config.lake, config.broker_name, clock=config.clock)
         self.offsets = ConsumerOffsetManager(config.lake, config.broker_name, config.clock)
+        self.transaction_producers: dict[str, list[Any]] = {}  # producer group -> live transactional producers
         self._stopped = threading.Event()
         self._persister: threading.Thread | None = None
 
@@ -520,12 +521,13 @@ class Broker:
         routed = [self._route(m) for m in messages]
         topics = [r[0] for r in routed]
         properties = [r[2] for r in routed]
+        flags = [r[3] for r in routed]
         raw = [encode_properties(p).encode("utf-8") for p in properties]
         hosts = [_host_text(m.born_host, "born_host") for m in messages]
         store_v6 = self._store_address.is_v6
         store_bit = c.STOREHOSTADDRESS_V6_FLAG if store_v6 else 0
         born_bits = [c.BORNHOST_V6_FLAG if h[1] else 0 for h in hosts]
-        sys_flags = [m.sys_flag | store_bit | bit for m, bit in zip(messages, born_bits, strict=True)]
+        sys_flags = [flag | store_bit | bit for flag, bit in zip(flags, born_bits, strict=True)]
         magics = [magic_for_topic(t) for t in topics]
         sizes = [
             _fixed_length(h[1], store_v6, mg == c.MAGIC_CODE_V2) + len(m.body) + _utf8_length(t) + len(r)
@@ -538,23 +540,32 @@ class Broker:
         self._check_sizes(records)
         return records
 
-    def _route(self, message: InnerMessage) -> tuple[str, int, dict[str, str]]:
-        """(topic, queue id, properties) a message is stored under: delayed messages go to the
-        schedule topic, and every stored message carries the CLUSTER property."""
+    def _route(self, message: InnerMessage) -> tuple[str, int, dict[str, str], int]:
+        """(topic, queue id, properties, sys flag) a message is stored with: a prepared
+        transactional message becomes a half message (``parseHalfMessageInner``), a delayed one goes
+        to the schedule topic, and every stored message carries the CLUSTER property."""
         properties = message.properties
-        delay = properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
         if c.PROPERTY_CLUSTER not in properties:
             properties[c.PROPERTY_CLUSTER] = self.config.cluster_name
+        transaction = message.sys_flag & c.TRANSACTION_ROLLBACK_TYPE
+        if transaction == c.TRANSACTION_PREPARED_TYPE and properties.get(c.PROPERTY_TRANSACTION_PREPARED) == "true":
+            properties[c.PROPERTY_REAL_TOPIC] = message.topic
+            properties[c.PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
+            uniq_key = properties.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+            if uniq_key:
+                properties[c.PROPERTY_TRANSACTION_ID] = uniq_key
+            sys_flag = message.sys_flag & ~c.TRANSACTION_ROLLBACK_TYPE  # resetTransactionValue(NOT)
+            return c.RMQ_SYS_TRANS_HALF_TOPIC, 0, properties, sys_flag
+        delay = properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
         if not delay:
-            return message.topic, message.queue_id, properties
+            return message.topic, message.queue_id, properties, message.sys_flag
         if not delay.lstrip("-").isdigit():
             raise ValidationError("DELAY", delay, "is not an integer delay level", "use 0..18")
-        transaction = message.sys_flag & c.TRANSACTION_ROLLBACK_TYPE
         if int(delay) > 0 and transaction in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
             properties[c.PROPERTY_REAL_TOPIC] = message.topic
             properties[c.PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
-            return c.SCHEDULE_TOPIC, min(int(delay), c.MAX_DELAY_LEVEL) - 1, properties
-        return message.topic, message.queue_id, properties
+            return c.SCHEDULE_TOPIC, min(int(delay), c.MAX_DELAY_LEVEL) - 1, properties, message.sys_flag
+        return message.topic, message.queue_id, properties, message.sys_flag
 
     def _check_sizes(self, records: _Prepared) -> None:
         limit = self.config.max_message_size

@@ -43,7 +43,7 @@ BROKER_SUSPEND_MAX_TIME_MS = 15000  # the client's suspend timeout
 SHORT_POLLING_TIME_MS = 1000  # shortPollingTimeMills: the hold when long polling is off
 LONG_POLLING_CHECK_MS = 5000  # the hold service re-checks held pulls this often
 _INDEX_COLUMNS = ["commit_log_offset", "store_size", "topic", "queue_id", "queue_offset", "sys_flag", "tags",
-                  "store_timestamp", "properties"]  # fmt: skip
+                  "store_timestamp", "properties", "uniq_key", "prepared_transaction_offset"]  # fmt: skip
 
 
 class GetMessageStatus(Enum):
@@ -204,6 +204,8 @@ class MessageStore:
         self._tail: LogTail | None = None
         self._undispatched: list[tuple[str, pa.Table | None]] = []  # committed here, not yet indexed
         self.skipped: list[tuple[str, int, int]] = []  # (topic, queue id, queue offset) not contiguous
+        self._half_offsets: dict[int, int] = {}  # half record commit log offset -> half queue offset
+        self._finals: dict[str, list[int]] = {}  # UNIQ_KEY -> commit log offsets of its commit records
 
     # -- loading and dispatch ---------------------------------------------------------------------
 
@@ -212,6 +214,8 @@ class MessageStore:
         path = COMMITLOG.location(self.lake)
         with self._lock:
             self._undispatched.clear()
+            self._half_offsets.clear()
+            self._finals.clear()
             self._queues.clear()
             self._files.clear()
             self._cache.clear()
@@ -292,6 +296,7 @@ class MessageStore:
         columns = dispatched.to_pydict()
         for i in range(dispatched.num_rows):
             key = (columns["topic"][i], columns["queue_id"][i])
+            self._index_transaction(columns, i)
             queue = self._queues.get(key)
             if queue is None:
                 queue = self._queues[key] = _Queue()
@@ -304,6 +309,36 @@ class MessageStore:
             queue.timestamps.append(columns["store_timestamp"][i])
             queue.files.append(columns["file_id"][i])
             queue.rows.append(columns["row"][i])
+
+    def _index_transaction(self, columns: dict[str, list[Any]], i: int) -> None:
+        if columns["topic"][i] == c.RMQ_SYS_TRANS_HALF_TOPIC:
+            self._half_offsets[columns["commit_log_offset"][i]] = columns["queue_offset"][i]
+        elif columns["sys_flag"][i] & c.TRANSACTION_ROLLBACK_TYPE == c.TRANSACTION_COMMIT_TYPE:
+            uniq_key = columns["uniq_key"][i]
+            if uniq_key is not None:
+                self._finals.setdefault(uniq_key, []).append(columns["commit_log_offset"][i])
+
+    def half_queue_offset(self, commit_log_offset: int) -> int | None:
+        """Half queue offset of the half record at ``commit_log_offset``, None when there is none."""
+        with self._lock:
+            self._drain()
+            return self._half_offsets.get(commit_log_offset)
+
+    def final_offsets(self, uniq_key: str) -> list[int]:
+        """Commit log offsets of the committed (final) records of a transaction."""
+        with self._lock:
+            self._drain()
+            return list(self._finals.get(uniq_key, ()))
+
+    def message_at(self, topic: str, queue_id: int, queue_offset: int, decompress: bool = True) -> MessageExt | None:
+        """The message at a queue offset, None when there is none; with ``decompress=False`` the
+        body is as stored (compressed when the sys flag says so), for the broker's own copies."""
+        with self._lock:
+            self._drain()
+            queue = self._queues.get((topic, queue_id))
+            if queue is None or not 0 <= queue_offset < len(queue):
+                return None
+            return self._message(queue, queue_offset, topic, decompress)
 
     # -- rows of files ----------------------------------------------------------------------------
 
@@ -323,12 +358,13 @@ class MessageStore:
             _, evicted = self._cache.popitem(last=False)
             self._cached -= evicted.nbytes
 
-    def _message(self, queue: _Queue, queue_offset: int, topic: str) -> MessageExt:
+    def _message(self, queue: _Queue, queue_offset: int, topic: str, decompress: bool = True) -> MessageExt:
         row = self._read_file(queue.files[queue_offset]).slice(queue.rows[queue_offset], 1).to_pylist()[0]
+        body = decompress_body(row["body"], row["sys_flag"]) if decompress else row["body"]
         return MessageExt(
             broker_name=self.broker_name, topic=topic, queue_id=row["queue_id"], queue_offset=queue_offset,
             commit_log_offset=row["commit_log_offset"], store_size=row["store_size"],
-            body=decompress_body(row["body"], row["sys_flag"]), flag=row["flag"], sys_flag=row["sys_flag"],
+            body=body, flag=row["flag"], sys_flag=row["sys_flag"],
             properties=dict(row["properties"]), born_timestamp=row["born_timestamp"], born_host=row["born_host"],
             store_timestamp=row["store_timestamp"], store_host=row["store_host"],
             reconsume_times=row["reconsume_times"], prepared_transaction_offset=row["prepared_transaction_offset"],

@@ -1,0 +1,410 @@
+"""Transactional messages: half messages, end transaction, and the broker's check service.
+
+As RocketMQ: the producer sends a half message (stored in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0,
+the real topic and queue in its properties), runs its local transaction, and ends it. A commit
+writes the final message to the real topic (commit type, ``prepared_transaction_offset`` = the
+half's commit log offset) and then an op message (``RMQ_SYS_TRANS_OP_HALF_TOPIC``, tag ``d``, body
+the half queue offset); a rollback writes only the op. The check service finds half messages
+without an op, re-puts each into the half queue with its check count and asks a live producer of
+the group for the outcome; after 15 checks (or 72 h) it discards the half message to
+``TRANS_CHECK_MAX_TIME_TOPIC``. Its progress is the ``CID_RMQ_SYS_TRANS`` group's offsets on the
+half and op queues.
+
+Better than RocketMQ: a commit whose transaction already has a final message (the broker died
+between the final message and the op) writes only the op, never a second final message.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+from broker_model import constants as c
+from broker_model.broker import Broker, InnerMessage
+from broker_model.errors import BrokerError
+from broker_model.message import Message, MessageQueue
+from broker_model.producer import Producer, SendResult
+from broker_model.store import MessageExt
+
+TRANSACTION_GROUP = "CID_RMQ_SYS_TRANS"  # the internal consumer group of the check service
+TRANSACTION_TIMEOUT_MS = 6000  # transactionTimeOut
+TRANSACTION_CHECK_MAX = 15  # transactionCheckMax
+TRANSACTION_CHECK_INTERVAL_MS = 60_000  # transactionCheckInterval (seed 003)
+FILE_RESERVED_MS = 72 * 3600 * 1000  # fileReservedTime
+OP_PULL_NUMS = 32  # op messages read per fill
+REMOVE_TAG = "d"
+
+
+class LocalTransactionState(Enum):
+    """The producer's answer about its local transaction."""
+
+    COMMIT_MESSAGE = "COMMIT_MESSAGE"
+    ROLLBACK_MESSAGE = "ROLLBACK_MESSAGE"
+    UNKNOW = "UNKNOW"  # RocketMQ's spelling
+
+
+class TransactionListener(Protocol):
+    """What a transactional producer's application provides."""
+
+    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState: ...
+
+    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState: ...
+
+
+class TransactionError(BrokerError):
+    """End transaction refused (the broker's SYSTEM_ERROR / ILLEGAL_OPERATION answers)."""
+
+
+@dataclass(frozen=True)
+class EndTransactionRequest:
+    """``EndTransactionRequestHeader``."""
+
+    producer_group: str
+    tran_state_table_offset: int  # the half message's queue offset
+    commit_log_offset: int  # the half message's commit log offset
+    commit_or_rollback: LocalTransactionState
+    from_transaction_check: bool = False
+    msg_id: str | None = None
+    transaction_id: str | None = None
+
+
+@dataclass(frozen=True)
+class TransactionSendResult:
+    """The send result of the half message plus the local transaction's outcome."""
+
+    send_result: SendResult
+    local_transaction_state: LocalTransactionState
+    transaction_id: str
+
+
+def end_transaction(broker: Broker, request: EndTransactionRequest) -> str:
+    """``EndTransactionProcessor``: check the half message, then commit or roll back.
+
+    Returns "SUCCESS", or "NONE" for UNKNOW (nothing is done, as RocketMQ answers nothing).
+
+    Raises:
+        TransactionError: the half message is not found, or its producer group, queue offset or
+            commit log offset differ from the request's, or (5.x) an immunity-time rule forbids a
+            commit outside a check; nothing is written.
+    """
+    if request.commit_or_rollback is LocalTransactionState.UNKNOW:
+        return "NONE"
+    half = _half_message(broker, request)
+    if request.commit_or_rollback is LocalTransactionState.COMMIT_MESSAGE:
+        uniq_key = half.uniq_key
+        if uniq_key is None or not broker.store.final_offsets(uniq_key):
+            broker.put_message(_final_message(half, request.commit_log_offset))
+    broker.put_message(_op_message(broker, half.queue_offset, half.queue_id))
+    return "SUCCESS"
+
+
+def _half_message(broker: Broker, request: EndTransactionRequest) -> MessageExt:
+    queue_offset = broker.store.half_queue_offset(request.commit_log_offset)
+    half = None if queue_offset is None else _stored(broker, c.RMQ_SYS_TRANS_HALF_TOPIC, queue_offset)
+    if half is None:
+        raise TransactionError(
+            f"Find prepared transaction message failed: commit_log_offset={request.commit_log_offset!r}"
+        )
+    if half.properties.get(c.PROPERTY_PRODUCER_GROUP) != request.producer_group:
+        raise TransactionError(f"The producer group wrong: producer_group={request.producer_group!r}")
+    if half.queue_offset != request.tran_state_table_offset:
+        raise TransactionError(f"The transaction state table offset wrong: "
+                               f"tran_state_table_offset={request.tran_state_table_offset!r}")  # fmt: skip
+    if half.commit_log_offset != request.commit_log_offset:
+        raise TransactionError(f"The commit log offset wrong: commit_log_offset={request.commit_log_offset!r}")
+    _reject_outside_immunity(broker, half, request)
+    return half
+
+
+def _stored(broker: Broker, topic: str, queue_offset: int) -> MessageExt | None:
+    """A record of queue 0 of ``topic`` with its body as stored (compressed when flagged)."""
+    return broker.store.message_at(topic, 0, queue_offset, decompress=False)
+
+
+def _reject_outside_immunity(broker: Broker, half: MessageExt, request: EndTransactionRequest) -> None:
+    """5.x ``rejectCommitOrRollback``: with an immunity time set, a late end outside a check is
+    refused (ILLEGAL_OPERATION)."""
+    immunity = half.properties.get(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
+    if request.from_transaction_check or immunity is None or not immunity.isdigit():
+        return
+    limit = max(int(immunity) * 1000, TRANSACTION_TIMEOUT_MS)
+    if broker.config.clock() - half.born_timestamp > limit:
+        raise TransactionError(f"ILLEGAL_OPERATION: the half message is past its immunity time ({limit} ms); "
+                               "it is ended by a check-back only")  # fmt: skip
+
+
+def _final_message(half: MessageExt, prepared_offset: int) -> InnerMessage:
+    """``endMessageTransaction``: the half message restored to its real topic, commit type. Its
+    stored properties keep REAL_TOPIC, REAL_QID and TRAN_MSG (computed before they are cleared)."""
+    properties = dict(half.properties)
+    properties.pop(c.PROPERTY_DELAY_TIME_LEVEL, None)
+    sys_flag = (half.sys_flag & ~c.TRANSACTION_ROLLBACK_TYPE & ~c.BORNHOST_V6_FLAG & ~c.STOREHOSTADDRESS_V6_FLAG)
+    return InnerMessage(
+        topic=properties[c.PROPERTY_REAL_TOPIC], queue_id=int(properties[c.PROPERTY_REAL_QUEUE_ID]),
+        body=half.body, properties=properties, flag=half.flag,
+        sys_flag=sys_flag | c.TRANSACTION_COMMIT_TYPE, born_timestamp=half.born_timestamp, born_host=half.born_host,
+        reconsume_times=half.reconsume_times, prepared_transaction_offset=prepared_offset,
+    )  # fmt: skip
+
+
+def _op_message(broker: Broker, half_queue_offset: int, queue_id: int) -> InnerMessage:
+    """The op (remove) message of one half queue offset (seed 003: one op per end)."""
+    return InnerMessage(
+        topic=c.RMQ_SYS_TRANS_OP_HALF_TOPIC, queue_id=queue_id, body=str(half_queue_offset).encode(),
+        properties={c.PROPERTY_WAIT_STORE_MSG_OK: "true", c.PROPERTY_TAGS: REMOVE_TAG},
+        born_timestamp=broker.config.clock(), born_host=broker.store_host,
+    )  # fmt: skip
+
+
+def parse_op_body(body: bytes) -> list[int]:
+    """Half queue offsets an op message ends: ``"123"`` or the 5.1+ form ``"5,6,9,"``."""
+    return [int(part) for part in body.decode("utf-8").split(",") if part.strip()]
+
+
+class TransactionProducer(Producer):
+    """A producer of transactional messages for one group, with its listener.
+
+    It registers with every broker so that their check services can ask it about open
+    transactions (the broker's producer channel table).
+    """
+
+    def __init__(self, brokers: Sequence[Broker], group: str, listener: TransactionListener, **kwargs: Any) -> None:
+        super().__init__(brokers, group, **kwargs)
+        self.listener = listener
+        for broker in brokers:
+            broker.transaction_producers.setdefault(group, []).append(self)
+
+    def close(self) -> None:
+        """Unregister from the brokers (check-backs no longer reach this producer)."""
+        for broker in self.brokers.values():
+            producers = broker.transaction_producers.get(self.group, [])
+            if self in producers:
+                producers.remove(self)
+
+    def send_message_in_transaction(self, message: Message, arg: Any = None) -> TransactionSendResult:
+        """Send ``message`` as a half message, run the local transaction, end it.
+
+        A delay level is dropped (transactional messages are never delayed). A listener that
+        raises counts as UNKNOW: the check service will ask later.
+        """
+        properties = {k: v for k, v in message.properties.items() if k != c.PROPERTY_DELAY_TIME_LEVEL}
+        properties[c.PROPERTY_TRANSACTION_PREPARED] = "true"
+        properties[c.PROPERTY_PRODUCER_GROUP] = self.group
+        half = Message(message.topic, message.body, message.flag, properties, message.transaction_id)
+        result = self.send(half)
+        try:
+            state = self.listener.execute_local_transaction(message, arg)
+        except Exception:  # the local transaction's outcome is unknown: a check-back will ask
+            state = LocalTransactionState.UNKNOW
+        request = EndTransactionRequest(
+            self.group, result.queue_offset, result.commit_log_offset, state, False, result.offset_msg_id, result.msg_id
+        )
+        end_transaction(self.brokers[result.message_queue.broker_name], request)
+        return TransactionSendResult(result, state, result.msg_id)
+
+    def _inner(self, message: Message, queue: MessageQueue, uniq_key: str, compress: bool = True) -> InnerMessage:
+        inner = super()._inner(message, queue, uniq_key, compress)
+        if message.properties.get(c.PROPERTY_TRANSACTION_PREPARED) == "true":
+            inner.sys_flag |= c.TRANSACTION_PREPARED_TYPE
+        return inner
+
+    def check_transaction_state(self, broker: Broker, message: MessageExt) -> None:
+        """Answer a check-back: ask the listener about the re-put copy ``message`` and end it."""
+        try:
+            state = self.listener.check_local_transaction(message)
+        except Exception:  # no answer this round; the next check asks again
+            return
+        request = EndTransactionRequest(
+            self.group, message.queue_offset, message.commit_log_offset, state, True, message.msg_id, message.uniq_key
+        )
+        end_transaction(broker, request)
+
+
+@dataclass
+class CheckReport:
+    """What one check round did."""
+
+    checked: list[str] = field(default_factory=list)  # UNIQ_KEYs checked back
+    discarded: list[str] = field(default_factory=list)
+    resolved: int = 0  # half offsets found ended by an op
+    half_offset: int = 0
+    op_offset: int = 0
+
+
+class TransactionCheckService:
+    """``TransactionalMessageCheckService`` of one broker: :meth:`check` runs one round with an
+    explicit ``now``; :meth:`start` runs rounds every ``interval_ms`` on the broker's clock."""
+
+    def __init__(
+        self, broker: Broker, timeout_ms: int = TRANSACTION_TIMEOUT_MS, check_max: int = TRANSACTION_CHECK_MAX,
+        interval_ms: int = TRANSACTION_CHECK_INTERVAL_MS, reserved_ms: int = FILE_RESERVED_MS,
+    ) -> None:  # fmt: skip
+        self.broker = broker
+        self.timeout_ms = timeout_ms
+        self.check_max = check_max
+        self.interval_ms = interval_ms
+        self.reserved_ms = reserved_ms
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> TransactionCheckService:
+        """Run a check round every ``interval_ms`` in a background thread."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name=f"tx-check-{self.broker.broker_name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the background thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_ms / 1000):
+            try:
+                self.check(self.broker.config.clock())
+            except Exception:  # a failed round leaves the offsets where they were; the next retries
+                continue
+
+    def check(self, now: int) -> CheckReport:
+        """One round of ``TransactionalMessageServiceImpl.check`` over half queue 0 at ``now``."""
+        store, offsets = self.broker.store, self.broker.offsets
+        half_offset = max(offsets.query_offset(TRANSACTION_GROUP, c.RMQ_SYS_TRANS_HALF_TOPIC, 0), 0)
+        op_offset = max(offsets.query_offset(TRANSACTION_GROUP, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, 0), 0)
+        report = CheckReport(half_offset=half_offset, op_offset=op_offset)
+        remove: dict[int, int] = {}
+        done_ops: list[int] = []
+        self._fill_ops(op_offset, half_offset, remove, done_ops)
+        end = store.max_offset(c.RMQ_SYS_TRANS_HALF_TOPIC, 0)  # copies made in this round wait for the next
+        i = new_offset = half_offset
+        while i < end:
+            if i in remove:
+                done_ops.append(remove.pop(i))
+                report.resolved += 1
+            else:
+                half = _stored(self.broker, c.RMQ_SYS_TRANS_HALF_TOPIC, i)
+                if half is None:
+                    break
+                if not self._process(half, now, report, remove, done_ops):
+                    break
+            i += 1
+            new_offset = i
+        if new_offset != half_offset:
+            offsets.commit_offset(TRANSACTION_GROUP, c.RMQ_SYS_TRANS_HALF_TOPIC, 0, new_offset)
+        new_op_offset = calculate_op_offset(done_ops, op_offset)
+        if new_op_offset != op_offset:
+            offsets.commit_offset(TRANSACTION_GROUP, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, 0, new_op_offset)
+        report.half_offset, report.op_offset = new_offset, new_op_offset
+        return report
+
+    def _fill_ops(self, op_offset: int, half_offset: int, remove: dict[int, int], done_ops: list[int]) -> None:
+        """Read every op message from ``op_offset`` on (``fillOpRemoveMap``, all batches at once)."""
+        store = self.broker.store
+        position, end = op_offset, store.max_offset(c.RMQ_SYS_TRANS_OP_HALF_TOPIC, 0)
+        while position < end:
+            op = _stored(self.broker, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, position)
+            if op is not None and op.tags == REMOVE_TAG:
+                halves = [h for h in parse_op_body(op.body) if h >= half_offset]
+                for half in halves:
+                    remove[half] = position
+                if not halves:
+                    done_ops.append(position)
+            position += 1
+
+    def _process(self, half: MessageExt, now: int, report: CheckReport, remove: dict[int, int],
+                 done_ops: list[int]) -> bool:  # fmt: skip
+        """Handle one unresolved half message; False stops the round (the message is too new)."""
+        age = now - half.born_timestamp
+        uniq_key = half.uniq_key or ""
+        checks = int(half.properties.get(c.PROPERTY_TRANSACTION_CHECK_TIMES, "0") or 0)
+        if checks >= self.check_max or age > self.reserved_ms:  # needDiscard / needSkip
+            self._discard(half)
+            report.discarded.append(uniq_key)
+            return True
+        if half.store_timestamp >= now:
+            return False  # stored after the check began
+        immunity_text = half.properties.get(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
+        immunity = self._immunity_ms(half)
+        if immunity_text is not None and 0 <= age < immunity:
+            return self._check_prepare_queue_offset(half, checks + 1, remove, done_ops)
+        if immunity_text is None and 0 <= age < self.timeout_ms:
+            return False
+        self._check_back(half, checks + 1, now)
+        report.checked.append(uniq_key)
+        return True
+
+    def _check_prepare_queue_offset(
+        self, half: MessageExt, check_times: int, remove: dict[int, int], done_ops: list[int]
+    ) -> bool:
+        """``checkPrepareQueueOffset``: inside its immunity time a half message is copied forward
+        (remembering the original's offset) unless an op already ended the original."""
+        prepared = half.properties.get(c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET)
+        if prepared is not None and prepared.lstrip("-").isdigit() and int(prepared) in remove:
+            done_ops.append(remove.pop(int(prepared)))
+            return True
+        self._reput_immunity(half, check_times)
+        return True
+
+    def _immunity_ms(self, half: MessageExt) -> int:
+        value = half.properties.get(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
+        if value is not None and value.isdigit():
+            return int(value) * 1000
+        return self.timeout_ms
+
+    def _check_back(self, half: MessageExt, check_times: int, now: int) -> None:
+        """Re-put the half message with its check count, then ask a live producer of its group."""
+        copy = self._reput(half, check_times)
+        producers = self.broker.transaction_producers.get(half.properties.get(c.PROPERTY_PRODUCER_GROUP, ""), [])
+        if producers and copy is not None:
+            producers[0].check_transaction_state(self.broker, copy)
+
+    def _reput(self, half: MessageExt, check_times: int) -> MessageExt | None:
+        """``putBackHalfMsgQueue``: a copy in the half queue with TRANSACTION_CHECK_TIMES set;
+        flag, reconsume times and prepared offset are not copied."""
+        properties = dict(half.properties)
+        properties[c.PROPERTY_TRANSACTION_CHECK_TIMES] = str(check_times)
+        properties[c.PROPERTY_WAIT_STORE_MSG_OK] = "false"
+        result = self.broker.put_message(InnerMessage(
+            c.RMQ_SYS_TRANS_HALF_TOPIC, 0, half.body, properties, 0, _plain_flag(half.sys_flag),
+            half.born_timestamp, half.born_host,
+        ))  # fmt: skip
+        return self.broker.store.message_at(c.RMQ_SYS_TRANS_HALF_TOPIC, 0, result.queue_offsets[0])
+
+    def _reput_immunity(self, half: MessageExt, check_times: int) -> None:
+        """``renewImmunityHalfMessageInner``: a copy that remembers the original's queue offset."""
+        prepared = half.properties.get(c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, str(half.queue_offset))
+        properties = dict(half.properties)
+        properties[c.PROPERTY_TRANSACTION_CHECK_TIMES] = str(check_times)
+        properties[c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET] = prepared
+        self.broker.put_message(InnerMessage(
+            c.RMQ_SYS_TRANS_HALF_TOPIC, 0, half.body, properties, 0, _plain_flag(half.sys_flag),
+            half.born_timestamp, half.born_host,
+        ))  # fmt: skip
+
+    def _discard(self, half: MessageExt) -> None:
+        """``resolveDiscardMsg``: a copy in TRANS_CHECK_MAX_TIME_TOPIC queue 0."""
+        properties = dict(half.properties)
+        self.broker.ensure_topic(c.TRANS_CHECK_MAX_TIME_TOPIC, 1)
+        self.broker.put_message(InnerMessage(
+            c.TRANS_CHECK_MAX_TIME_TOPIC, 0, half.body, properties, half.flag, _plain_flag(half.sys_flag),
+            half.born_timestamp, half.born_host, half.reconsume_times,
+        ))  # fmt: skip
+
+
+def _plain_flag(sys_flag: int) -> int:
+    """A stored record's sys flag without the host bits (the broker sets those itself)."""
+    return sys_flag & ~c.BORNHOST_V6_FLAG & ~c.STOREHOSTADDRESS_V6_FLAG
+
+
+def calculate_op_offset(done: list[int], old: int) -> int:
+    """``calculateOpOffset``: advance over the contiguous run of done op offsets from ``old``."""
+    offset = old
+    for value in sorted(done):
+        if value != offset:
+            break
+        offset += 1
+    return offset
