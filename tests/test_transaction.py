@@ -90,7 +90,9 @@ def _log(broker: Broker, topic: str | None = None) -> list[dict[str, Any]]:
     return [r for r in rows if topic is None or r["topic"] == topic]
 
 
-def test_commit_writes_half_then_final_then_op_exactly_as_rocketmq(broker: Broker, producer: TransactionProducer) -> None:
+def test_commit_writes_half_then_final_then_op_exactly_as_rocketmq(
+    broker: Broker, producer: TransactionProducer
+) -> None:
     sent = producer.send_message_in_transaction(Message.create("Pay", b"ok", tags="t", delay_level=4), COMMIT)
     half, final, op = _log(broker)
     assert (half["topic"], half["queue_id"], half["sys_flag"] & 12) == (c.RMQ_SYS_TRANS_HALF_TOPIC, 0, 0)
@@ -150,7 +152,9 @@ def test_unknown_forever_is_discarded_after_fifteen_checks(
         assert report.checked == [sent.transaction_id]
     assert rounds == 16 and len(listener.checked) == 15
     discard = _log(broker, c.TRANS_CHECK_MAX_TIME_TOPIC)
-    assert [(d["properties"]["TRANSACTION_CHECK_TIMES"], d["uniq_key"]) for d in discard] == [("15", sent.transaction_id)]
+    assert [(d["properties"]["TRANSACTION_CHECK_TIMES"], d["uniq_key"]) for d in discard] == [
+        ("15", sent.transaction_id)
+    ]
     clock.now += 60_000
     assert service.check(clock.now).checked == []
     assert broker.query_offset(TRANSACTION_GROUP, c.RMQ_SYS_TRANS_HALF_TOPIC, 0) == 16
@@ -210,8 +214,13 @@ def test_end_transaction_checks_the_half_message_and_writes_nothing_when_wrong(
     broker: Broker, producer: TransactionProducer, change: dict[str, Any], message: str
 ) -> None:
     sent = producer.send_message_in_transaction(Message.create("Pay", b"x"), UNKNOW)
-    fields = {"producer_group": "pg", "tran_state_table_offset": sent.send_result.queue_offset,
-              "commit_log_offset": sent.send_result.commit_log_offset, "commit_or_rollback": COMMIT, **change}  # fmt: skip
+    fields = {
+        "producer_group": "pg",
+        "tran_state_table_offset": sent.send_result.queue_offset,
+        "commit_log_offset": sent.send_result.commit_log_offset,
+        "commit_or_rollback": COMMIT,
+        **change,
+    }
     before = len(_log(broker))
     with pytest.raises(TransactionError, match=message):
         end_transaction(broker, EndTransactionRequest(**fields))
@@ -246,7 +255,9 @@ def test_crash_between_final_and_op_ends_with_exactly_one_final_message(tmp_path
     assert len([r for r in rows if r["topic"] == c.RMQ_SYS_TRANS_OP_HALF_TOPIC]) == 1
 
 
-@pytest.mark.parametrize(("done", "old", "expected"), [([], 3, 3), ([3, 4, 6], 3, 5), ([4, 5], 3, 3), ([3, 3, 4], 3, 4)])
+@pytest.mark.parametrize(
+    ("done", "old", "expected"), [([], 3, 3), ([3, 4, 6], 3, 5), ([4, 5], 3, 3), ([3, 3, 4], 3, 4)]
+)
 def test_calculate_op_offset_advances_over_a_contiguous_run_only(done: list[int], old: int, expected: int) -> None:
     assert calculate_op_offset(done, old) == expected
 
