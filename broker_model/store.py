@@ -206,6 +206,7 @@ class MessageStore:
         self.skipped: list[tuple[str, int, int]] = []  # (topic, queue id, queue offset) not contiguous
         self._half_offsets: dict[int, int] = {}  # half record commit log offset -> half queue offset
         self._finals: dict[str, list[int]] = {}  # UNIQ_KEY -> commit log offsets of its commit records
+        self._final_entries: dict[int, tuple[str, int, int]] = {}  # commit record offset -> (topic, queue, offset)
 
     # -- loading and dispatch ---------------------------------------------------------------------
 
@@ -216,6 +217,7 @@ class MessageStore:
             self._undispatched.clear()
             self._half_offsets.clear()
             self._finals.clear()
+            self._final_entries.clear()
             self._queues.clear()
             self._files.clear()
             self._cache.clear()
@@ -317,6 +319,8 @@ class MessageStore:
             uniq_key = columns["uniq_key"][i]
             if uniq_key is not None:
                 self._finals.setdefault(uniq_key, []).append(columns["commit_log_offset"][i])
+            entry = (columns["topic"][i], columns["queue_id"][i], columns["queue_offset"][i])
+            self._final_entries[columns["commit_log_offset"][i]] = entry
 
     def half_queue_offset(self, commit_log_offset: int) -> int | None:
         """Half queue offset of the half record at ``commit_log_offset``, None when there is none."""
@@ -329,6 +333,13 @@ class MessageStore:
         with self._lock:
             self._drain()
             return list(self._finals.get(uniq_key, ()))
+
+    def message_by_offset(self, commit_log_offset: int) -> MessageExt | None:
+        """A committed (final) transactional record by its commit log offset, None if unknown."""
+        with self._lock:
+            self._drain()
+            entry = self._final_entries.get(commit_log_offset)
+        return None if entry is None else self.message_at(*entry, decompress=False)
 
     def message_at(self, topic: str, queue_id: int, queue_offset: int, decompress: bool = True) -> MessageExt | None:
         """The message at a queue offset, None when there is none; with ``decompress=False`` the

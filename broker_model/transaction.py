@@ -103,6 +103,9 @@ def end_transaction(broker: Broker, request: EndTransactionRequest) -> str:
 
 def _half_message(broker: Broker, request: EndTransactionRequest) -> MessageExt:
     queue_offset = broker.store.half_queue_offset(request.commit_log_offset)
+    if queue_offset is None and broker.config.flush_mode == "ASYNC_FLUSH":
+        broker.flush()  # an ASYNC_FLUSH put is visible once its group commit lands
+        queue_offset = broker.store.half_queue_offset(request.commit_log_offset)
     half = None if queue_offset is None else _stored(broker, c.RMQ_SYS_TRANS_HALF_TOPIC, queue_offset)
     if half is None:
         raise TransactionError(
@@ -223,6 +226,20 @@ class TransactionProducer(Producer):
         end_transaction(broker, request)
 
 
+@dataclass(frozen=True)
+class TransactionView:
+    """The broker's view of one transaction (its original half message) at a time."""
+
+    broker_name: str
+    uniq_key: str
+    producer_group: str | None
+    half_queue_offset: int
+    state: str  # COMMITTED, ROLLED_BACK, PENDING, CHECK_DUE, DISCARDED or EXPIRED
+    check_times: int
+    op_queue_offset: int | None
+    final_commit_log_offset: int | None
+
+
 @dataclass
 class CheckReport:
     """What one check round did."""
@@ -300,6 +317,58 @@ class TransactionCheckService:
             offsets.commit_offset(TRANSACTION_GROUP, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, 0, new_op_offset)
         report.half_offset, report.op_offset = new_offset, new_op_offset
         return report
+
+    def view(self, as_of: int) -> dict[str, TransactionView]:
+        """Every transaction of this broker by UNIQ_KEY, as its records stood at ``as_of``.
+
+        States, in this precedence: an op ends it (COMMITTED with a final message, else
+        ROLLED_BACK); else DISCARDED (a discard record, or the check limit reached); else EXPIRED
+        (older than the file reserve time); else PENDING (inside its timeout or immunity time);
+        else CHECK_DUE.
+        """
+        store = self.broker.store
+        halves: dict[str, list[MessageExt]] = {}
+        for message in self._queue(c.RMQ_SYS_TRANS_HALF_TOPIC, as_of):
+            halves.setdefault(message.uniq_key or "", []).append(message)
+        ended = {h: op.queue_offset for op in self._queue(c.RMQ_SYS_TRANS_OP_HALF_TOPIC, as_of)
+                 if op.tags == REMOVE_TAG for h in parse_op_body(op.body)}  # fmt: skip
+        discarded = {m.uniq_key for m in self._queue(c.TRANS_CHECK_MAX_TIME_TOPIC, as_of)}
+        views = {}
+        for uniq_key, records in halves.items():
+            original = records[0]
+            offsets = {r.commit_log_offset for r in records}
+            finals = [f for f in store.final_offsets(uniq_key) if self._final_before(f, offsets, as_of)]
+            op = next((ended[r.queue_offset] for r in records if r.queue_offset in ended), None)
+            checks = max(int(r.properties.get(c.PROPERTY_TRANSACTION_CHECK_TIMES, "0") or 0) for r in records)
+            state = self._state(original, op is not None, bool(finals), uniq_key in discarded, checks, as_of)
+            views[uniq_key] = TransactionView(
+                self.broker.broker_name, uniq_key, original.properties.get(c.PROPERTY_PRODUCER_GROUP),
+                original.queue_offset, state, checks, op, finals[0] if finals else None,
+            )  # fmt: skip
+        return views
+
+    def _queue(self, topic: str, as_of: int) -> list[MessageExt]:
+        store = self.broker.store
+        messages = (store.message_at(topic, 0, q, decompress=False) for q in range(store.max_offset(topic, 0)))
+        return [m for m in messages if m is not None and m.store_timestamp <= as_of]
+
+    def _final_before(self, final_offset: int, half_offsets: set[int], as_of: int) -> bool:
+        final = self.broker.store.message_by_offset(final_offset)
+        if final is None or final.store_timestamp > as_of:
+            return False
+        return final.prepared_transaction_offset in half_offsets
+
+    def _state(self, original: MessageExt, ended: bool, final: bool, discarded: bool, checks: int, as_of: int) -> str:
+        age = as_of - original.born_timestamp
+        if ended:
+            return "COMMITTED" if final else "ROLLED_BACK"
+        if discarded or checks >= self.check_max:
+            return "DISCARDED"
+        if age > self.reserved_ms:
+            return "EXPIRED"
+        if age < self._immunity_ms(original):
+            return "PENDING"
+        return "CHECK_DUE"
 
     def _fill_ops(self, op_offset: int, half_offset: int, remove: dict[int, int], done_ops: list[int]) -> None:
         """Read every op message from ``op_offset`` on (``fillOpRemoveMap``, all batches at once)."""

@@ -14,12 +14,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from broker_model.broker import Broker, BrokerConfig, FlushMode
 from broker_model.consumer import PullConsumer
 from broker_model.message import Message, MessageQueue
 from broker_model.producer import Producer, select_by_hash
-from broker_model.store import PullStatus
+from broker_model.store import MessageExt, PullStatus
+from broker_model.transaction import LocalTransactionState, TransactionCheckService, TransactionProducer
 
 # (topic, queue count per broker, tags, share of sends) of the demo business
 TOPICS: tuple[tuple[str, int, tuple[str, ...], float], ...] = (
@@ -50,13 +52,15 @@ class WorkloadReport:
     by_topic: Counter[str] = field(default_factory=Counter)
     by_broker: Counter[str] = field(default_factory=Counter)
     consumed: Counter[str] = field(default_factory=Counter)
+    transactions: Counter[str] = field(default_factory=Counter)
+    last_check: int = 0  # time (ms) of the last transaction check round
 
     def summary(self) -> str:
         """A one-paragraph human summary."""
         return (
             f"{self.messages} messages in {self.sends} sends; kinds {dict(sorted(self.by_kind.items()))}; "
             f"brokers {dict(sorted(self.by_broker.items()))}; topics {dict(sorted(self.by_topic.items()))}; "
-            f"consumed {dict(sorted(self.consumed.items()))}"
+            f"consumed {dict(sorted(self.consumed.items()))}; transactions {dict(sorted(self.transactions.items()))}"
         )
 
 
@@ -129,6 +133,7 @@ def run_workload(
     segment_size: int | None = None,
     flush_mode: FlushMode = "ASYNC_FLUSH",
     consumers: bool = True,
+    transactions: int = 0,
 ) -> WorkloadReport:
     """Write ``plan_sends(messages, seed)`` through ``brokers`` real brokers from ``threads``
     producer threads (send ``i`` goes to thread ``i % threads``), then (with ``consumers``) let
@@ -165,6 +170,10 @@ def run_workload(
             broker.flush()
         if consumers and not errors:
             report.consumed = run_consumers(started, seed, lake / "_clients")
+        if transactions and not errors:
+            report.transactions, report.last_check = run_transactions(started, transactions, seed)
+        for broker in started:
+            broker.flush()
     finally:
         for broker in started:
             broker.shutdown()
@@ -230,6 +239,60 @@ def _consume_queue(consumer: PullConsumer, queue: MessageQueue, tag_expression: 
             consumer.persist()
             broker.offsets.persist()
     return consumed
+
+
+TX_OUTCOMES = ("commit", "rollback", "check_commit", "check_rollback", "unknown_forever", "raises")
+TX_WEIGHTS = (0.45, 0.2, 0.12, 0.08, 0.1, 0.05)
+TX_GROUP = "tx-payments"
+TX_TOPIC = "Payments"
+
+
+class WorkloadTransactionListener:
+    """Local transactions of the workload: the outcome of each is planned, keyed by ``bizId``."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, str] = {}
+
+    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState:
+        outcome = self.outcomes[message.properties["bizId"]]
+        if outcome == "raises":
+            raise RuntimeError("the local transaction's database is down")
+        return {"commit": LocalTransactionState.COMMIT_MESSAGE, "rollback": LocalTransactionState.ROLLBACK_MESSAGE}.get(
+            outcome, LocalTransactionState.UNKNOW
+        )
+
+    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+        outcome = self.outcomes.get(message.properties.get("bizId", ""), "unknown_forever")
+        if outcome in ("check_rollback",):
+            return LocalTransactionState.ROLLBACK_MESSAGE
+        if outcome in ("check_commit", "raises"):
+            return LocalTransactionState.COMMIT_MESSAGE
+        return LocalTransactionState.UNKNOW
+
+
+def run_transactions(brokers: Sequence[Broker], count: int, seed: int, rounds: int = 18) -> tuple[Counter[str], int]:
+    """Send ``count`` transactions with planned outcomes, then run ``rounds`` check rounds on
+    every broker at random times (30-90 s apart, from now on). Returns outcomes sent and the time
+    of the last check round (epoch ms)."""
+    rng = random.Random(seed + 2)
+    listener = WorkloadTransactionListener()
+    producer = TransactionProducer(brokers, TX_GROUP, listener, client_port=41000, seed=seed)
+    sent: Counter[str] = Counter()
+    for index in range(count):
+        outcome = rng.choices(TX_OUTCOMES, weights=TX_WEIGHTS)[0]
+        biz_id = f"tx-{seed}-{index}"
+        listener.outcomes[biz_id] = outcome
+        message = Message.create(TX_TOPIC, f'{{"payment": "{biz_id}"}}'.encode(), tags="captured",
+                                 keys=[biz_id], user_properties={"bizId": biz_id})  # fmt: skip
+        producer.send_message_in_transaction(message)
+        sent[outcome] += 1
+    services = [TransactionCheckService(broker) for broker in brokers]
+    now = max(broker.config.clock() for broker in brokers)
+    for _ in range(rounds):
+        now += rng.randint(30_000, 90_000)
+        for service in services:
+            service.check(now)
+    return sent, now
 
 
 def _execute(producer: Producer, send: PlannedSend) -> str:
