@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 JOBS = {
     "nightly": "jobs.nightly",
+    "rebuild_consume_queue": "jobs.rebuild_consume_queue",
     "consumer_offsets": "jobs.consumer_offsets",
     "reset_offsets": "jobs.reset_offsets",
 }

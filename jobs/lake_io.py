@@ -112,6 +112,12 @@ class WrittenFile:
         return AddAction(self.path, self.size, self.partition_values, self.modification_time, True, self.stats)
 
 
+class IncrementalReadError(LakeError):
+    """The rows added after a version cannot be read on their own: a commit file of the range is
+    gone (log cleanup), a commit removed or rewrote data, changed the schema, or a file it added is
+    gone. Read the whole table instead."""
+
+
 @dataclass(frozen=True)
 class WrittenFiles:
     """The output of one bridge write: its directory (under the table) and its data files."""
@@ -253,6 +259,77 @@ class Lake:
         """
         path = str(self.location(name_or_spec))
         return DeltaTable(path).transaction_version(app_id) if DeltaTable.is_deltatable(path) else None
+
+    def read_appended(
+        self, name_or_spec: str | TableSpec, after_version: int, up_to_version: int | None = None
+    ) -> DataFrame:
+        """The rows that the commits after ``after_version`` (up to ``up_to_version``) added.
+
+        Reads the commit files ``_delta_log/<v>.json`` of versions ``after_version + 1`` to
+        ``up_to_version`` (default: the latest) and scans exactly the data files they added with
+        ``dataChange=true``, whatever the engine (the files are read as Parquet, with the partition
+        values of the log). Files added with ``dataChange=false`` (compaction) hold rows that were
+        already there and are skipped. An empty range gives an empty frame.
+
+        Raises:
+            ValidationError: a bad version, or ``after_version`` above ``up_to_version``.
+            IncrementalReadError: the range cannot be read as appends (a commit file is gone, a
+                commit removed data or changed the metadata, an added file is gone, or the table
+                needs reader features the file scan cannot honour); read the whole table instead.
+            LakeError: the table is missing, lacks ``up_to_version``, or differs from the catalog.
+        """
+        spec = _spec(name_or_spec)
+        _check_version(after_version)
+        _check_version(up_to_version)
+        table_dir = local_directory(self.location(spec))
+        dt = open_table(table_dir, up_to_version)
+        last = dt.version()
+        if after_version > last:
+            raise ValidationError("after_version", after_version, f"is beyond version {last} of {spec.name!r}")
+        try:
+            check_bridge_can_read(dt, table_dir)
+        except UnsupportedTableError as err:
+            raise IncrementalReadError(str(err)) from err
+        files = appended_files(table_dir, after_version, last, spec)
+        df = scan_files(self.spark, table_dir, _log_schema(dt), spec.partition_by, files)
+        _check_catalog_schema(spec, df.schema, table_dir)
+        return df.select(*spec.column_names)
+
+    def read_around(
+        self,
+        name_or_spec: str | TableSpec,
+        column: str,
+        bounds: Mapping[str, int],
+        by: str,
+        version: int | None = None,
+    ) -> DataFrame:
+        """The rows of the files that may hold, for each value of partition column ``by`` listed in
+        ``bounds``, the greatest ``column`` value below the bound, or any value at or above it.
+
+        A superset chosen from the per-file min/max statistics of ``column`` in the Delta log
+        (files without them are always read): with ``L`` the greatest file minimum below the
+        bound, every file whose maximum is at least ``L`` is read. Callers filter the rows
+        themselves. An incremental job uses it to read the few old rows next to new ones.
+
+        Raises:
+            ValidationError: ``by`` is not a partition column, or ``version`` is bad.
+            IncrementalReadError: ``version`` cannot be loaded any more (log cleanup).
+            LakeError, UnsupportedTableError: as :meth:`read`.
+        """
+        spec = _spec(name_or_spec)
+        _check_version(version)
+        if by not in spec.partition_by:
+            raise ValidationError("by", by, f"not a partition column of {spec.name!r}", f"use {spec.partition_by}")
+        table_dir = local_directory(self.location(spec))
+        try:
+            dt = open_table(table_dir, version)
+        except LakeError as err:
+            raise IncrementalReadError(str(err)) from err
+        check_bridge_can_read(dt, table_dir)
+        files = files_around(pa.table(dt.get_add_actions(flatten=True)), column, bounds, by, spec.partition_by)
+        df = scan_files(self.spark, table_dir, _log_schema(dt), spec.partition_by, files)
+        _check_catalog_schema(spec, df.schema, table_dir)
+        return df.select(*spec.column_names)
 
     def _write(
         self,
@@ -530,6 +607,91 @@ def _delta_string(value: Any) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def appended_files(table_dir: str, after_version: int, last_version: int, spec: TableSpec) -> pa.Table:
+    """The data files added with ``dataChange=true`` by commits ``after_version + 1 .. last_version``.
+
+    Returns the shape of :func:`_active_files`: ``path`` (as in the log), ``size_bytes`` and
+    ``partition.<col>`` typed as the catalog declares.
+
+    Raises:
+        IncrementalReadError: see :meth:`Lake.read_appended`.
+    """
+    adds: dict[str, dict[str, Any]] = {}
+    for version in range(after_version + 1, last_version + 1):
+        for action in _commit_actions(table_dir, version):
+            _collect_append(adds, action, version, table_dir)
+    missing = [p for p in adds if not os.path.exists(file_location(table_dir, p))]
+    if missing:
+        raise IncrementalReadError(f"files added to {table_dir} after version {after_version} are gone: {missing[:3]}")
+    types = {c.name: c.type for c in spec.columns}
+    columns: dict[str, pa.Array] = {
+        "path": pa.array(list(adds), pa.string()),
+        "size_bytes": pa.array([a["size"] for a in adds.values()], pa.int64()),
+    }
+    for name in spec.partition_by:
+        values = [a["partitionValues"].get(name) for a in adds.values()]
+        columns[f"partition.{name}"] = pa.array(values, pa.string()).cast(types[name])
+    return pa.table(columns)
+
+
+def _commit_actions(table_dir: str, version: int) -> list[dict[str, Any]]:
+    path = Path(table_dir) / "_delta_log" / f"{version:020d}.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise IncrementalReadError(
+            f"the commit file {path} is gone (log cleanup); the rows added since then cannot be told apart"
+        ) from None
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _collect_append(adds: dict[str, dict[str, Any]], action: dict[str, Any], version: int, table_dir: str) -> None:
+    """Record an ``add`` of ``action`` in ``adds``; refuse actions that are not appends."""
+    if "metaData" in action:
+        raise IncrementalReadError(f"version {version} of {table_dir} changed the table's metadata")
+    if "add" in action and action["add"].get("dataChange", True):
+        adds[action["add"]["path"]] = action["add"]
+    elif "remove" in action:
+        removed = action["remove"]
+        if removed.get("dataChange", True) or removed["path"] in adds:
+            raise IncrementalReadError(f"version {version} of {table_dir} removed or rewrote {removed['path']!r}")
+
+
+def files_around(
+    actions: pa.Table, column: str, bounds: Mapping[str, int], by: str, partition_by: Sequence[str]
+) -> pa.Table:
+    """The files of ``actions`` (``get_add_actions(flatten=True)``) that :meth:`Lake.read_around` reads.
+
+    The greatest value below a bound lies in a file whose maximum is at least ``L``, the greatest
+    known file minimum below the bound (that file holds ``L`` itself); rows at or above the bound
+    lie in files whose maximum is at least the bound, which is above ``L``.
+    """
+    if actions.num_rows == 0:
+        return _active_files_of(actions, partition_by)
+    values = actions.column(f"partition.{by}").to_pylist()
+    lows, highs = _stat(actions, f"min.{column}"), _stat(actions, f"max.{column}")
+    floors: dict[str, int] = {}
+    for value, low in zip(values, lows, strict=True):
+        if value in bounds and low is not None and low < bounds[value]:
+            floors[value] = max(floors.get(value, low), low)
+    keep = [
+        value in bounds and (low is None or high is None or high >= floors.get(value, bounds[value]))
+        for value, low, high in zip(values, lows, highs, strict=True)
+    ]
+    return _active_files_of(actions.filter(pa.array(keep, pa.bool_())), partition_by)
+
+
+def _stat(actions: pa.Table, name: str) -> list[Any]:
+    """A per-file statistic column as a list, all None when no file has it."""
+    return actions.column(name).to_pylist() if name in actions.column_names else [None] * actions.num_rows
+
+
+def _active_files_of(actions: pa.Table, partition_by: Sequence[str]) -> pa.Table:
+    if actions.num_rows == 0:
+        return pa.table({"path": pa.array([], pa.string()), "size_bytes": pa.array([], pa.int64())})
+    return actions.select(["path", "size_bytes", *[f"partition.{c}" for c in partition_by]])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,766 @@
+"""The ``rebuild_consume_queue`` job: consume queues rebuilt from the commit log, and their integrity.
+
+The broker's dispatch rule decides which records get a consume queue unit: a record whose
+transaction type (``sys_flag & 12``) is NOT (0) or COMMIT (8); PREPARED (4) and ROLLBACK (12)
+records get none (ROCKETMQ_FACTS 2.1). A unit carries the record's position, size, store time and
+``tags_code`` (ROCKETMQ_FACTS 3.2): Java ``String.hashCode`` of TAGS, 0 without tags, and on
+``SCHEDULE_TOPIC_XXXX`` the delivery time of the DELAY level instead.
+
+The integrity report lists, one row per finding (``consume_queue_integrity``):
+
+- ``GAP``: a queue's offsets are not contiguous from 0 (the first offset is not 0, or offsets are
+  missing between two units);
+- ``DUPLICATE_QUEUE_OFFSET``: two units of a queue hold the same queue offset;
+- ``NON_MONOTONIC_OFFSET``: a unit's commit log offset is not above the one of the unit before it;
+- ``CRC_MISMATCH``: ``body_crc`` is not the CRC-32 of the body masked to 31 bits;
+- ``SIZE_MISMATCH``: ``store_size`` is not RocketMQ's record length of the record's body, topic
+  and properties (or the magic code is unknown), or it does not lead to the broker's next record
+  (the next record starts right after this one, or at the next segment when it did not fit in
+  what was left of this one);
+- ``BEYOND_SEGMENT``: the record (plus the 8-byte end-of-segment blank) overruns its segment, or
+  its ``segment`` column is not the base of the segment its offset lies in.
+
+Corrupt or foreign rows are reported, never dropped: every dispatched record gets its unit.
+
+Full runs (``--full``, and the first run) overwrite both tables. Incremental runs (the default)
+read only the rows that commit log versions after the last processed one added, and check them
+against the state already built: the units of each queue from the one before the new ones (from
+``consume_queue``) and the records of each broker from the one before the new ones (from the
+commit log as of the processed version). The processed commit log version is a Delta
+application transaction (``rebuild_consume_queue``) committed with the rows of both tables, so a
+rerun with no new commit log version commits nothing. Findings already recorded are never
+withdrawn by an incremental run; a full run recomputes them all.
+
+The commit log is scanned once with its bodies: the records are shuffled by queue, checked there
+and written as units in the same pass, while the problems are only counted; the findings
+themselves are then computed from narrow columns (continuity), and from a second scan only when
+that count is not zero. The units commit first; a run that stops before the findings commit
+leaves ``consume_queue_integrity`` behind ``consume_queue``, and the next run rebuilds in full.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from broker_model import constants as c
+from broker_model.errors import LakeError
+from broker_model.lake_root import default_lake
+from jobs.lake_io import IncrementalReadError, Lake
+from jobs.runs import JobRun, record_run, table_versions
+from jobs.session import build_session
+from schemas.catalog import BROKERS, COMMITLOG, CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY
+
+JOB = "rebuild_consume_queue"
+APP_ID = JOB  # the Delta application transaction id; its version is the commit log version processed
+
+PROBLEMS = (
+    "GAP", "DUPLICATE_QUEUE_OFFSET", "NON_MONOTONIC_OFFSET", "CRC_MISMATCH", "SIZE_MISMATCH", "BEYOND_SEGMENT",
+)  # fmt: skip
+
+_UINT32 = 1 << 32  # Java int arithmetic is modulo 2^32
+_INT_SIGN = 1 << 31
+_HASH_BITS = 0x7FFFFFFF  # 31-bit halves of xxhash64: sums of millions of them stay far below 2^63
+# calMsgLength with both hosts IPv4 and magic v1, without body, topic and property bytes
+_FIXED_RECORD_LENGTH = 91
+_IPV6_HOST_EXTRA = 12  # an IPv6 address takes 16 bytes instead of 4
+_UNKNOWN_DELAY_LEVEL_MILLIS = 1000  # ScheduleMessageService.computeDeliverTimestamp for a level not in the table
+# the property string entry holding DELAY (string2messageProperties: key, \x01, non-empty value)
+_SEP, _KV = c.PROPERTY_SEPARATOR, c.NAME_VALUE_SEPARATOR
+_DELAY_PATTERN = f"(?:^|{_SEP}){c.PROPERTY_DELAY_TIME_LEVEL}{_KV}([^{_SEP}]+)"
+
+QUEUE_KEYS = ("broker_name", "topic", "queue_id")
+# units are shuffled by queue with the topic first: they then come out sorted by topic, the
+# partition column of consume_queue, and the write needs no sort of its own
+_QUEUE_PARTITION = ("topic", "broker_name", "queue_id")
+CHECKED_COLUMNS = (
+    "broker_name", "segment", "topic", "queue_id", "queue_offset", "commit_log_offset", "store_size",
+    "magic_code", "body_crc", "sys_flag", "store_timestamp", "tags", "delay_level", "computed_body_crc",
+    "computed_store_size",
+)  # fmt: skip
+
+Check = tuple[str, Column, Column, bool]  # problem, condition, detail, whether the finding names a queue unit
+
+
+# ---------------------------------------------------------------------------------------------
+# Column functions
+# ---------------------------------------------------------------------------------------------
+
+
+def java_string_hash(text: Column) -> Column:
+    """Java ``String.hashCode`` of a string column, as a long (a signed 32-bit value).
+
+    ``h = 31 * h + unit`` over the string's UTF-16 code units (a character outside the BMP is two
+    surrogate units), modulo 2^32 in bigint arithmetic (no overflow under ANSI mode), then
+    sign-extended. "" gives 0, null gives null.
+    """
+    units = F.regexp_extract_all(F.hex(F.encode(text, "UTF-16BE")), F.lit("([0-9A-F]{4})"), 1)
+    unsigned = F.aggregate(
+        units, F.lit(0).cast("long"), lambda h, unit: (h * 31 + F.conv(unit, 16, 10).cast("long")) % _UINT32
+    )
+    return (unsigned + _INT_SIGN) % _UINT32 - _INT_SIGN
+
+
+def delay_level(raw_properties: Column) -> Column:
+    """The DELAY property in a record's property bytes as an int; null when absent or not an integer.
+
+    Parsed as the broker parses a stored record (``string2messageProperties``): entries are
+    ``key\\x01value`` separated by ``\\x02``, a value is non-empty, the last DELAY entry wins.
+    """
+    values = F.regexp_extract_all(raw_properties.cast("string"), F.lit(_DELAY_PATTERN), 1)
+    value = F.try_element_at(values, F.lit(-1))
+    return F.when(value.rlike("^[+-]?[0-9]+$"), value.try_cast("int"))
+
+
+def delay_millis(level: Column) -> Column:
+    """The delay (ms) of a level in 1..18; ``computeDeliverTimestamp``'s +1000 ms for any other level."""
+    table = F.create_map(*[F.lit(x) for i, ms in enumerate(c.DELAY_LEVEL_MILLIS, 1) for x in (i, ms)])
+    return F.coalesce(F.try_element_at(table, level).cast("long"), F.lit(_UNKNOWN_DELAY_LEVEL_MILLIS).cast("long"))
+
+
+def is_dispatched(sys_flag: Column) -> Column:
+    """True when the record's transaction type (``sys_flag & 12``) is NOT (0) or COMMIT (8)."""
+    return sys_flag.bitwiseAND(c.TRANSACTION_ROLLBACK_TYPE).isin(c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE)
+
+
+def _hash_half(value: Column, high: bool) -> Column:
+    hashed = F.xxhash64(value)
+    return (F.shiftrightunsigned(hashed, 32) if high else hashed).bitwiseAND(_HASH_BITS)
+
+
+# ---------------------------------------------------------------------------------------------
+# The consume queue
+# ---------------------------------------------------------------------------------------------
+
+
+def with_delay_level(commitlog_df: DataFrame) -> DataFrame:
+    """``commitlog_df`` with ``delay_level`` (int): the DELAY of records on ``SCHEDULE_TOPIC_XXXX``
+    (see :func:`delay_level`), null elsewhere. Needs ``topic`` and ``raw_properties``."""
+    # the when keeps the property parsing off every record outside the schedule topic
+    level = F.when(F.col("topic") == c.SCHEDULE_TOPIC, delay_level(F.col("raw_properties")))
+    return commitlog_df.withColumn("delay_level", level)
+
+
+def with_tags_code(records_df: DataFrame, tags_df: DataFrame | None = None) -> DataFrame:
+    """``records_df`` with ``tags_code`` (long), the consume queue's tags code of each record.
+
+    Needs ``tags``, ``store_timestamp`` and ``delay_level`` (:func:`with_delay_level`). With a
+    level ``min(delay_level, 18) > 0`` (schedule topic only): ``store_timestamp`` plus the level's
+    delay (ms). Otherwise the Java hash of ``tags``, 0 when null or empty.
+
+    The hash is computed once per distinct tags value and broadcast: tags are the few categories
+    consumers subscribe by, and a per-record hash costs more than the whole scan. ``tags_df``
+    (a ``tags`` column) gives the values to hash when they are known already, else the distinct
+    tags of ``records_df`` are used; a tags value missing from ``tags_df`` gets code 0.
+    """
+    codes_df = (
+        (records_df if tags_df is None else tags_df).select(F.col("tags").alias("_tags"))
+        .where(F.length("_tags") > 0)
+        .distinct()
+        .select("_tags", java_string_hash(F.col("_tags")).alias("_tags_hash"))
+    )  # fmt: skip
+    coded_df = records_df.join(F.broadcast(codes_df), F.col("tags") == F.col("_tags"), how="left")
+    raw_level = F.col("delay_level")
+    level = F.when(raw_level > c.MAX_DELAY_LEVEL, F.lit(c.MAX_DELAY_LEVEL)).otherwise(raw_level)
+    scheduled_code = F.when(level > 0, F.col("store_timestamp") + delay_millis(level))
+    tags_code = F.coalesce(scheduled_code, F.col("_tags_hash"), F.lit(0).cast("long"))
+    return coded_df.withColumn("tags_code", tags_code).drop("_tags", "_tags_hash")
+
+
+def filter_dispatched(records_df: DataFrame) -> DataFrame:
+    """The records that get a consume queue unit (transaction type NOT or COMMIT); needs ``sys_flag``."""
+    return records_df.where(is_dispatched(F.col("sys_flag")))
+
+
+def select_consume_queue(coded_df: DataFrame) -> DataFrame:
+    """The consume queue units of records that already carry ``tags_code`` (see :func:`with_tags_code`)."""
+    return coded_df.transform(filter_dispatched).select(*CONSUME_QUEUE.column_names)
+
+
+def build_consume_queue(commitlog_df: DataFrame) -> DataFrame:
+    """The consume queue units of ``commitlog_df``, as the broker dispatches them.
+
+    One unit per record whose transaction type is NOT or COMMIT, whatever else is wrong with it
+    (the integrity report tells); columns exactly ``consume_queue``'s. Needs the commit log columns
+    ``broker_name``, ``topic``, ``queue_id``, ``queue_offset``, ``commit_log_offset``,
+    ``store_size``, ``sys_flag``, ``tags``, ``raw_properties`` and ``store_timestamp``.
+    Deterministic: the same rows give the same units.
+    """
+    return commitlog_df.transform(with_delay_level).transform(with_tags_code).transform(select_consume_queue)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks of records and queue units
+# ---------------------------------------------------------------------------------------------
+
+
+def with_record_checks(commitlog_df: DataFrame) -> DataFrame:
+    """``commitlog_df`` with what the record's own bytes say its CRC and length are.
+
+    ``computed_body_crc`` (long): Spark's CRC-32 of ``body`` masked with 0x7FFFFFFF (``UtilAll.crc32``).
+    ``computed_store_size`` (long): ``calMsgLength``, ``91 + body + UTF-8 topic + properties``
+    bytes, +12 per IPv6 host (``sys_flag`` bits 16 and 32), +1 for magic v2; null when
+    ``magic_code`` is neither v1 nor v2. Needs ``body``, ``topic``, ``raw_properties``,
+    ``sys_flag`` and ``magic_code``.
+    """
+    sys_flag = F.col("sys_flag")
+    magic = F.col("magic_code")
+    ipv6_bytes = sum(
+        (F.when(sys_flag.bitwiseAND(bit) != 0, _IPV6_HOST_EXTRA).otherwise(0)
+         for bit in (c.BORNHOST_V6_FLAG, c.STOREHOSTADDRESS_V6_FLAG)),
+        F.lit(0),
+    )  # fmt: skip
+    topic_length_bytes = F.when(magic == c.MAGIC_CODE_V1, 0).when(magic == c.MAGIC_CODE_V2, 1)
+    variable = F.length("body") + F.octet_length("topic") + F.length("raw_properties")
+    size = F.lit(_FIXED_RECORD_LENGTH).cast("long") + variable.cast("long") + ipv6_bytes + topic_length_bytes
+    return commitlog_df.withColumns(
+        {"computed_body_crc": F.crc32("body").bitwiseAND(0x7FFFFFFF), "computed_store_size": size}
+    )
+
+
+def build_checked_records(commitlog_df: DataFrame) -> DataFrame:
+    """The :data:`CHECKED_COLUMNS` of commit log records: their queue and position columns, the
+    DELAY level and the CRC and length their bytes give (bodies and properties dropped)."""
+    return commitlog_df.transform(with_delay_level).transform(with_record_checks).select(*CHECKED_COLUMNS)
+
+
+def build_segment_sizes(brokers_df: DataFrame) -> DataFrame:
+    """``(broker_name, segment_size)`` from each broker's latest ``brokers`` row (by start time)."""
+    latest = F.max_by("segment_size", F.struct("started_timestamp", "segment_size"))
+    return brokers_df.groupBy("broker_name").agg(latest.alias("segment_size")).select("broker_name", "segment_size")
+
+
+def with_segment_size(records_df: DataFrame, segment_sizes_df: DataFrame) -> DataFrame:
+    """``records_df`` with ``segment_size`` (bytes) of its broker, from ``segment_sizes_df``
+    (:func:`build_segment_sizes`); RocketMQ's default 1 GiB for a broker missing from it."""
+    sizes_df = segment_sizes_df.select("broker_name", F.col("segment_size").alias("_segment_size"))
+    joined_df = records_df.join(F.broadcast(sizes_df), on="broker_name", how="left")
+    size = F.coalesce(F.col("_segment_size"), F.lit(c.DEFAULT_SEGMENT_SIZE).cast("long"))
+    return joined_df.withColumn("segment_size", size).drop("_segment_size")
+
+
+def record_checks() -> list[Check]:
+    """CRC_MISMATCH, SIZE_MISMATCH (length formula) and BEYOND_SEGMENT, on the rows of
+    :func:`build_checked_records` with :func:`with_segment_size`."""
+    offset, size, segment = F.col("commit_log_offset"), F.col("store_size"), F.col("segment")
+    segment_size, computed_size = F.col("segment_size"), F.col("computed_store_size")
+    base = offset - offset % segment_size
+    end = offset + size
+    return [
+        ("CRC_MISMATCH", F.col("computed_body_crc") != F.col("body_crc"),
+         F.format_string("body_crc %d, but the body's CRC-32 & 0x7FFFFFFF is %d", "body_crc", "computed_body_crc"),
+         False),
+        ("SIZE_MISMATCH", computed_size.isNull(),
+         F.format_string(f"magic_code %d is neither v1 ({c.MAGIC_CODE_V1}) nor v2 ({c.MAGIC_CODE_V2}): "
+                         "the record length cannot be checked", "magic_code"), False),
+        ("SIZE_MISMATCH", computed_size != size,
+         F.format_string("store_size %d, but RocketMQ's length of this body, topic and properties is %d",
+                         size, computed_size), False),
+        ("BEYOND_SEGMENT", segment != base,
+         F.format_string("segment %d, but offset %d lies in the segment at %d (segments of %d bytes)",
+                         segment, offset, base, segment_size), False),
+        ("BEYOND_SEGMENT", end + c.END_FILE_MIN_BLANK_LENGTH > segment + segment_size,
+         F.format_string("the record ends at %d, leaving less than the 8-byte blank before the end of "
+                         "segment %d at %d", end, segment, segment + segment_size), False),
+    ]  # fmt: skip
+
+
+def with_queue_order(units_df: DataFrame, context_df: DataFrame | None = None) -> DataFrame:
+    """The new units ``units_df`` and the context units, shuffled by queue, each with the unit before it.
+
+    Adds ``_new`` (false for context units) and ``_prior_offset``, ``_prior_log_offset``,
+    ``_prior_new``: the queue offset, commit log offset and ``_new`` of the unit before in the
+    queue, ordered by ``(queue_offset, commit_log_offset, _new)`` (units equal on all three are
+    the same record twice, interchangeable for every check); null for a queue's first unit. The
+    shuffle puts the topic first, so the rows come out sorted by topic (the partition column of
+    ``consume_queue``) and a write of them needs no sort of its own.
+
+    Args:
+        units_df: units of new records (dispatched rows, with at least the queue columns).
+        context_df: units already checked (``consume_queue`` columns) that precede or interleave
+            the new ones (see :func:`build_queue_context`); None when there are none.
+    """
+    rows_df = units_df.withColumn("_new", F.lit(True))
+    if context_df is not None:
+        rows_df = rows_df.unionByName(_as_context_units(context_df, rows_df.schema))
+    window = Window.partitionBy(*_QUEUE_PARTITION).orderBy("queue_offset", "commit_log_offset", "_new")
+    priors = {f"_prior_{n}": F.lag(c_).over(window)
+              for n, c_ in (("offset", "queue_offset"), ("log_offset", "commit_log_offset"), ("new", "_new"))}
+    return rows_df.repartition(*_QUEUE_PARTITION).withColumns(priors)
+
+
+def _as_context_units(context_df: DataFrame, schema: StructType) -> DataFrame:
+    """Context units in the shape of the new rows: columns they lack are null, ``_new`` false."""
+    present = set(context_df.columns)
+    columns = [
+        F.col(f.name) if f.name in present else F.lit(None).cast(f.dataType).alias(f.name)
+        for f in schema.fields if f.name != "_new"
+    ]  # fmt: skip
+    return context_df.select(*columns, F.lit(False).alias("_new"))
+
+
+def queue_checks() -> list[Check]:
+    """GAP, DUPLICATE_QUEUE_OFFSET and NON_MONOTONIC_OFFSET, on the rows of :func:`with_queue_order`
+    that are new or follow a new unit; a queue's first unit must have queue offset 0."""
+    offset, log_offset = F.col("queue_offset"), F.col("commit_log_offset")
+    prior_offset, prior_log_offset = F.col("_prior_offset"), F.col("_prior_log_offset")
+    checked = F.col("_new") | F.coalesce(F.col("_prior_new"), F.lit(False))
+    return [
+        ("GAP", checked & prior_offset.isNull() & (offset != 0),
+         F.format_string("the queue starts at queue offset %d: offsets 0..%d are missing", offset, offset - 1), True),
+        ("GAP", checked & (offset > prior_offset + 1),
+         F.format_string("queue offsets %d..%d are missing", prior_offset + 1, offset - 1), True),
+        ("DUPLICATE_QUEUE_OFFSET", checked & (offset == prior_offset),
+         F.format_string("queue offset %d is also held by commit log offset %d", offset, prior_log_offset), True),
+        ("NON_MONOTONIC_OFFSET", checked & (offset > prior_offset) & (log_offset <= prior_log_offset),
+         F.format_string("commit log offset %d is not above %d, the one of queue offset %d",
+                         log_offset, prior_log_offset, prior_offset), True),
+    ]  # fmt: skip
+
+
+def build_integrity_report(
+    checked_df: DataFrame,
+    segment_sizes_df: DataFrame,
+    commitlog_version: int,
+    queue_context_df: DataFrame | None = None,
+    log_context_df: DataFrame | None = None,
+) -> DataFrame:
+    """Every integrity finding about the records of ``checked_df``, as ``consume_queue_integrity`` rows.
+
+    Args:
+        checked_df: the records to check (:func:`build_checked_records`).
+        segment_sizes_df: ``(broker_name, segment_size)``; brokers missing from it are taken to
+            use RocketMQ's default 1 GiB segments.
+        commitlog_version: the commit log version the check covers, written on every finding.
+        queue_context_df: units already checked (see :func:`with_queue_order`); None for a full check.
+        log_context_df: records already checked (see :func:`build_continuity_findings`); None for
+            a full check.
+
+    Returns:
+        One row per finding; a record or unit with several problems has several rows. A finding
+        about a record alone (CRC_MISMATCH, SIZE_MISMATCH, BEYOND_SEGMENT) has null topic,
+        queue_id and queue_offset. Context rows are only checked against new neighbours.
+    """
+    sized_df = with_segment_size(checked_df, segment_sizes_df)
+    return (
+        build_findings(sized_df, record_checks(), commitlog_version)
+        .unionByName(build_findings(with_queue_order(filter_dispatched(checked_df), queue_context_df),
+                                    queue_checks(), commitlog_version))
+        .unionByName(build_continuity_findings(checked_df, segment_sizes_df, commitlog_version, log_context_df))
+    )  # fmt: skip
+
+
+def build_findings(df: DataFrame, checks: list[Check], commitlog_version: int) -> DataFrame:
+    """One ``consume_queue_integrity`` row per true check of each row of ``df``."""
+    names = ("topic", "queue_id", "queue_offset")
+    null_queue = [F.lit(None).cast("string"), F.lit(None).cast("int"), F.lit(None).cast("long")]
+    flagged = [
+        F.when(condition, F.struct(F.lit(problem).alias("problem"), detail.alias("detail"),
+                                   *[(F.col(n) if in_queue else v).alias(n) for n, v in zip(names, null_queue,
+                                                                                               strict=True)]))
+        for problem, condition, detail, in_queue in checks
+    ]  # fmt: skip
+    any_flag = F.lit(False)
+    for _, condition, _, _ in checks:
+        any_flag = any_flag | F.coalesce(condition, F.lit(False))
+    return (
+        df.where(any_flag)
+        .select("broker_name", "commit_log_offset", F.explode(F.array(*flagged)).alias("_finding"))
+        .where(F.col("_finding").isNotNull())
+        .select("broker_name", "_finding.topic", "_finding.queue_id", "_finding.queue_offset", "commit_log_offset",
+                "_finding.problem", "_finding.detail", F.lit(commitlog_version).cast("long").alias("commitlog_version"))
+    )  # fmt: skip
+
+
+def check_counts(checks: list[Check], prefix: str) -> list[Column]:
+    """Per check, the number of rows it flags (aggregates named ``<prefix><i>``)."""
+    return [_count_of(condition).alias(f"{prefix}{i}") for i, (_, condition, _, _) in enumerate(checks)]
+
+
+def _count_of(condition: Column) -> Column:
+    return F.sum(F.when(condition, 1).otherwise(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Continuity of each broker's log
+# ---------------------------------------------------------------------------------------------
+
+
+def build_log_digest(
+    records_df: DataFrame, segment_sizes_df: DataFrame, context_df: DataFrame | None = None
+) -> DataFrame:
+    """A small summary of the records per (broker_name, segment, tags), from one pass without sort.
+
+    Columns: ``broker_name``, ``_segment`` (base offset by ``segment_size``), ``tags``,
+    ``_first`` (smallest offset), ``_first_size`` (its store_size), ``_end`` (greatest offset +
+    store_size), ``_smallest`` (smallest store_size), ``_sum0``/``_sum1`` (sums of ``h(end) -
+    h(offset)`` for the two 31-bit halves of xxhash64), ``_size`` (segment size).
+    :func:`build_untiled_brokers` and :func:`with_tags_code` read it. Needs ``broker_name``,
+    ``commit_log_offset``, ``store_size`` and ``tags``; context records (without tags) count too.
+    """
+    marked_df = _marked(records_df, context_df, ["broker_name", "commit_log_offset", "store_size", "tags"])
+    sized_df = with_segment_size(marked_df, segment_sizes_df)
+    offset, end = F.col("commit_log_offset"), F.col("commit_log_offset") + F.col("store_size")
+    segment = (offset - offset % F.col("segment_size")).alias("_segment")
+    sums = [F.sum(_hash_half(end, high) - _hash_half(offset, high)).alias(f"_sum{int(high)}") for high in (False, True)]
+    return sized_df.groupBy("broker_name", segment, "tags").agg(
+        F.min("commit_log_offset").alias("_first"), F.min_by("store_size", "commit_log_offset").alias("_first_size"),
+        F.max(end).alias("_end"), F.min("store_size").alias("_smallest"), *sums, F.max("segment_size").alias("_size"),
+    )  # fmt: skip
+
+
+def build_untiled_brokers(digest_df: DataFrame) -> DataFrame:
+    """``broker_name`` of the brokers whose records might not follow each other exactly.
+
+    From :func:`build_log_digest`, no sort of records: a segment's records tile ``[first offset,
+    last end)`` exactly when their sizes are positive and the starts and ends telescope,
+    ``sum(h(end) - h(offset)) == h(last end) - h(first offset)`` (a broken segment passes only if
+    62 bits of hash sums collide, about 2^-62). Consecutive non-empty segments must then meet as
+    the roll rule says.
+    """
+    segments_df = digest_df.groupBy("broker_name", "_segment").agg(
+        F.min("_first").alias("_first"), F.min_by("_first_size", "_first").alias("_first_size"),
+        F.max("_end").alias("_end"), F.min("_smallest").alias("_smallest"), F.sum("_sum0").alias("_sum0"),
+        F.sum("_sum1").alias("_sum1"), F.max("_size").alias("_size"),
+    )  # fmt: skip
+    first, last_end, segment_end = F.col("_first"), F.col("_end"), F.col("_segment") + F.col("_size")
+    tiled = F.col("_smallest") > 0
+    for high in (False, True):
+        tiled = tiled & (F.col(f"_sum{int(high)}") == _hash_half(last_end, high) - _hash_half(first, high))
+    by_segment = Window.partitionBy("broker_name").orderBy("_segment")
+    next_df = segments_df.withColumns(
+        {"_next_first": F.lead(first).over(by_segment), "_next_size": F.lead("_first_size").over(by_segment)}
+    )
+    next_first, next_size = F.col("_next_first"), F.col("_next_size")
+    meets = next_first.isNull() | (next_first == last_end) | (
+        (next_first == segment_end) & (last_end + next_size + c.END_FILE_MIN_BLANK_LENGTH > segment_end)
+    )
+    return next_df.where(~(tiled & meets)).select("broker_name").distinct()
+
+
+def build_continuity_findings(
+    records_df: DataFrame,
+    segment_sizes_df: DataFrame,
+    commitlog_version: int,
+    context_df: DataFrame | None = None,
+    digest_df: DataFrame | None = None,
+) -> DataFrame:
+    """SIZE_MISMATCH findings of records whose ``store_size`` does not lead to the broker's next record.
+
+    The next record (by ``commit_log_offset``, within the broker) must start at ``offset +
+    store_size``, or at the next segment's base when it did not fit in what this record left of
+    its segment (``end + next size + 8 > segment end``); the broker's last record is not checked.
+    ``context_df`` holds records already checked (:func:`build_log_context`): one of them is only
+    checked when its next record is new. Needs ``broker_name``, ``commit_log_offset``,
+    ``store_size`` and ``tags``.
+
+    Only the brokers that :func:`build_untiled_brokers` lists (from ``digest_df``, the
+    :func:`build_log_digest` of the same rows, built when not given) are sorted record by record.
+    """
+    digest_df = digest_df if digest_df is not None else build_log_digest(records_df, segment_sizes_df, context_df)
+    marked_df = _marked(records_df, context_df, ["broker_name", "commit_log_offset", "store_size"])
+    suspect_df = marked_df.join(F.broadcast(build_untiled_brokers(digest_df)), on="broker_name", how="left_semi")
+    window = Window.partitionBy("broker_name").orderBy("commit_log_offset", "store_size", "_new")
+    next_df = with_segment_size(suspect_df, segment_sizes_df).withColumns(
+        {f"_next_{n}": F.lead(n).over(window) for n in ("commit_log_offset", "store_size", "_new")}
+    )
+    offset, size = F.col("commit_log_offset"), F.col("store_size")
+    next_offset, next_size = F.col("_next_commit_log_offset"), F.col("_next_store_size")
+    segment_end = offset - offset % F.col("segment_size") + F.col("segment_size")
+    end = offset + size
+    rolled = (next_offset == segment_end) & (end + next_size + c.END_FILE_MIN_BLANK_LENGTH > segment_end)
+    bad = (F.col("_new") | F.col("_next__new")) & ~((next_offset == end) | rolled)
+    detail = F.when(
+        next_offset == segment_end,
+        F.format_string("the next record starts the next segment at %d though %d bytes fitted after the end "
+                        "of this one at %d", segment_end, next_size, end),
+    ).otherwise(
+        F.format_string("the next record starts at %d, not at %d (offset %d + store_size %d)",
+                        next_offset, end, offset, size)
+    )  # fmt: skip
+    return build_findings(next_df, [("SIZE_MISMATCH", bad, detail, False)], commitlog_version)
+
+
+def _marked(new_df: DataFrame, context_df: DataFrame | None, columns: Sequence[str]) -> DataFrame:
+    """``columns`` of the new rows with ``_new`` true, and of the context rows with ``_new`` false
+    (null for columns the context lacks)."""
+    marked_df = new_df.select(*columns, F.lit(True).alias("_new"))
+    if context_df is None:
+        return marked_df
+    types = {f.name: f.dataType for f in marked_df.schema.fields}
+    present = set(context_df.columns)
+    context = [F.col(n) if n in present else F.lit(None).cast(types[n]).alias(n) for n in columns]
+    return marked_df.unionByName(context_df.select(*context, F.lit(False).alias("_new")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Context of an incremental run
+# ---------------------------------------------------------------------------------------------
+
+
+def build_queue_context(consume_queue_df: DataFrame, entries_df: DataFrame) -> DataFrame:
+    """The units of ``consume_queue_df`` the queue checks of the new units ``entries_df`` need.
+
+    Per queue of ``entries_df``: the unit just before its first new unit in
+    ``(queue_offset, commit_log_offset)`` order, and every unit from there on (none after it when
+    the new units only append). Columns: broker_name, topic, queue_id, queue_offset, commit_log_offset.
+    """
+    units_df = consume_queue_df.select(*QUEUE_KEYS, "queue_offset", "commit_log_offset")
+    return _context(units_df, entries_df, list(QUEUE_KEYS), ["queue_offset", "commit_log_offset"])
+
+
+def build_log_context(commitlog_df: DataFrame, records_df: DataFrame) -> DataFrame:
+    """The records of ``commitlog_df`` the continuity check of the new ``records_df`` needs.
+
+    Per broker of ``records_df``: the record just before its first new record by
+    ``commit_log_offset``, and every record from there on. Columns: broker_name,
+    commit_log_offset, store_size.
+    """
+    old_df = commitlog_df.select("broker_name", "commit_log_offset", "store_size")
+    return _context(old_df, records_df, ["broker_name"], ["commit_log_offset"])
+
+
+def _context(old_df: DataFrame, new_df: DataFrame, keys: list[str], order: list[str]) -> DataFrame:
+    first_df = new_df.groupBy(*keys).agg(F.min(F.struct(*order)).alias("_first"))
+    candidates_df = old_df.withColumn("_order", F.struct(*order)).join(F.broadcast(first_df), on=keys, how="inner")
+    before_df = candidates_df.where(F.col("_order") < F.col("_first"))
+    last_df = before_df.groupBy(*keys).agg(F.max("_order").alias("_last"))
+    return (
+        candidates_df.join(F.broadcast(last_df), on=keys, how="left")
+        .where(F.col("_order") >= F.coalesce(F.col("_last"), F.col("_first")))
+        .select(*old_df.columns)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RebuildConfig:
+    """Options of ``rebuild_consume_queue``: the lake root, a full rebuild or not, the lake engine."""
+
+    lake: Path
+    full: bool = False
+    engine: str = "auto"
+
+
+@dataclass(frozen=True)
+class RebuildPlan:
+    """What a run does: ``mode`` full, incremental or noop, over commit log versions
+    ``processed + 1 .. target`` (``processed`` None: none processed yet)."""
+
+    mode: str
+    processed: int | None
+    target: int
+    reason: str
+
+
+@dataclass
+class RebuildSummary:
+    """What a run wrote: units, queues with new units, findings per problem."""
+
+    entries: int = 0
+    queues: int = 0
+    findings: dict[str, int] = field(default_factory=dict)
+
+    def row_counts(self) -> dict[str, int]:
+        """The ``job_runs.row_counts`` of the run."""
+        return {"consume_queue": self.entries, "queues": self.queues,
+                "consume_queue_integrity": sum(self.findings.values()), **self.findings}  # fmt: skip
+
+    def lines(self) -> list[str]:
+        """The summary printed on stdout."""
+        counts = [("entries written", self.entries), ("queues", self.queues), ("findings", sum(self.findings.values()))]
+        kinds = [(f"  {problem}", self.findings.get(problem, 0)) for problem in PROBLEMS]
+        return [f"  {name:<26}{count:>12}" for name, count in [*counts, *kinds]]
+
+
+def plan_run(processed: int | None, findings_processed: int | None, latest: int, full: bool) -> RebuildPlan:
+    """The plan of a run, from the commit log versions the two output tables record as processed.
+
+    ``findings_processed`` below ``processed`` means a run committed its units but stopped before
+    its findings: the run rebuilds in full, whatever else is asked.
+
+    Raises:
+        LakeError: the outputs were built from a later commit log version than the latest one
+            (the commit log was replaced).
+    """
+    built = max(-1 if processed is None else processed, -1 if findings_processed is None else findings_processed)
+    if built > latest:
+        raise LakeError(
+            f"consume_queue was built from commitlog version {built}, but the commitlog is at version "
+            f"{latest}: it was replaced; delete the consume_queue and consume_queue_integrity tables and run again"
+        )
+    if processed is not None and (findings_processed is None or findings_processed < processed):
+        return RebuildPlan("full", processed, latest, "the findings are behind the units (a run stopped)")
+    if processed is not None and processed >= latest:
+        return RebuildPlan("noop", processed, latest, f"commitlog version {latest} is already processed")
+    if full or processed is None:
+        return RebuildPlan("full", processed, latest, "--full" if full else "first run")
+    return RebuildPlan("incremental", processed, latest, f"commitlog versions {processed + 1}..{latest}")
+
+
+def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
+    """Rebuild (or extend) the consume queues and the integrity report; print and record the run.
+
+    Raises:
+        LakeError: the lake has no commit log, or the outputs are ahead of it (see :func:`plan_run`).
+    """
+    job_run = JobRun(JOB)
+    lake = Lake(spark, config.lake, config.engine)
+    latest = lake.version(COMMITLOG)
+    if latest is None:
+        raise LakeError(f"no commitlog table under {config.lake}; write a workload first (python -m broker_model)")
+    plan = plan_run(lake.transaction_version(CONSUME_QUEUE, APP_ID),
+                    lake.transaction_version(CONSUME_QUEUE_INTEGRITY, APP_ID), latest, config.full)  # fmt: skip
+    job_run.input_versions = {COMMITLOG.name: plan.target}
+    if plan.mode == "noop":
+        print(f"{JOB}: nothing to do, {plan.reason} (lake {config.lake})")
+        record_run(lake, job_run.finish("NOOP", plan.reason))
+        return job_run
+    plan, summary = _execute(lake, plan)
+    job_run.output_versions = table_versions(lake, [CONSUME_QUEUE.name, CONSUME_QUEUE_INTEGRITY.name])
+    job_run.row_counts = summary.row_counts()
+    print(f"{JOB}: {plan.mode} rebuild ({plan.reason}) up to commitlog version {plan.target} (lake {config.lake})")
+    print("\n".join(summary.lines()))
+    record_run(lake, job_run.finish("SUCCEEDED", f"{plan.mode} up to commitlog version {plan.target}"))
+    return job_run
+
+
+def _execute(lake: Lake, plan: RebuildPlan) -> tuple[RebuildPlan, RebuildSummary]:
+    """Run ``plan``; an incremental plan whose new rows cannot be read alone becomes a full one."""
+    if plan.mode == "incremental":
+        try:
+            return plan, _incremental(lake, plan)
+        except IncrementalReadError as err:
+            print(f"{JOB}: cannot read the new commit log rows alone ({err}); rebuilding in full")
+            plan = replace(plan, mode="full", reason=str(err))
+    checked_df = build_checked_records(lake.read(COMMITLOG, version=plan.target))
+    return plan, _rebuild(lake, plan, checked_df, None, None)
+
+
+def _incremental(lake: Lake, plan: RebuildPlan) -> RebuildSummary:
+    """Read the new rows and the context they are checked against, then rebuild from them."""
+    processed = plan.processed if plan.processed is not None else -1
+    checked_df = build_checked_records(lake.read_appended(COMMITLOG, processed, plan.target))
+    firsts = checked_df.groupBy("broker_name", "topic").agg(
+        F.min("commit_log_offset").alias("first"), F.max(is_dispatched(F.col("sys_flag"))).alias("units")
+    ).collect()  # fmt: skip
+    if not firsts:
+        return _rebuild(lake, plan, checked_df, None, None)
+    bounds: dict[str, int] = {}
+    for row in firsts:
+        bounds[row["broker_name"]] = min(bounds.get(row["broker_name"], row["first"]), row["first"])
+    old_df = lake.read_around(COMMITLOG, "commit_log_offset", bounds, "broker_name", version=processed)
+    log_context_df = build_log_context(old_df, checked_df)
+    topics = sorted({row["topic"] for row in firsts if row["units"]})
+    queue_context_df = None
+    if topics:
+        units_df = lake.read(CONSUME_QUEUE, partition_filter={"topic": topics})
+        queue_context_df = build_queue_context(units_df, filter_dispatched(checked_df))
+    return _rebuild(lake, plan, checked_df, queue_context_df, log_context_df)
+
+
+def _rebuild(
+    lake: Lake,
+    plan: RebuildPlan,
+    checked_df: DataFrame,
+    queue_context_df: DataFrame | None,
+    log_context_df: DataFrame | None,
+) -> RebuildSummary:
+    """Write the units of ``checked_df`` while counting problems, then the findings.
+
+    Three passes: a narrow one builds the log digest (continuity, distinct tags); the units pass
+    reads the records with their bodies, counts record problems, shuffles the units by queue,
+    counts queue problems and writes the units; the findings are the continuity findings, plus
+    the record and queue findings, recomputed only when the units pass counted one.
+    """
+    sizes_df = _segment_sizes(lake)
+    digest_df = build_log_digest(checked_df, sizes_df, log_context_df).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        units_df, observations = _observed_units(checked_df, sizes_df, digest_df, queue_context_df)
+        write = lake.overwrite if plan.mode == "full" else lake.append
+        written = write(CONSUME_QUEUE, units_df, APP_ID, plan.target)
+        counts = {k: v for o in observations for k, v in o.get.items()} if written is not None else None
+        findings_df = build_continuity_findings(checked_df, sizes_df, plan.target, log_context_df, digest_df)
+        if counts is None or any(v for k, v in counts.items() if k.startswith("check")):
+            sized_df = with_segment_size(checked_df, sizes_df)
+            ordered_df = with_queue_order(filter_dispatched(checked_df), queue_context_df)
+            findings_df = findings_df.unionByName(build_findings(sized_df, record_checks(), plan.target)).unionByName(
+                build_findings(ordered_df, queue_checks(), plan.target)
+            )  # fmt: skip
+        return _write_findings(lake, plan, findings_df, counts)
+    finally:
+        digest_df.unpersist()
+
+
+def _observed_units(
+    checked_df: DataFrame, sizes_df: DataFrame, digest_df: DataFrame, queue_context_df: DataFrame | None
+) -> tuple[DataFrame, list[Observation]]:
+    """The units to write, observed: record problems counted before the shuffle, queue problems
+    after it; the units' tags codes come from the digest's tags."""
+    records = Observation(f"{JOB}-records")
+    sized_df = with_segment_size(checked_df, sizes_df).observe(records, *check_counts(record_checks(), "check_r"))
+    unit_columns = [n for n in CONSUME_QUEUE.column_names if n != "tags_code"] + ["tags", "delay_level", "sys_flag"]
+    ordered_df = with_queue_order(filter_dispatched(sized_df).select(*unit_columns), queue_context_df)
+    queues = Observation(f"{JOB}-queues")
+    first_unit = F.col("_new") & ~F.coalesce(F.col("_prior_new"), F.lit(False))
+    observed_df = ordered_df.observe(
+        queues, *check_counts(queue_checks(), "check_q"), _count_of(F.col("_new")).alias("units"),
+        _count_of(first_unit).alias("queues"),
+    )  # fmt: skip
+    units_df = observed_df.where(F.col("_new")).transform(lambda df: with_tags_code(df, digest_df))
+    return select_consume_queue(units_df), [records, queues]
+
+
+def _segment_sizes(lake: Lake) -> DataFrame:
+    """The segment size of every broker of the lake (none when the lake has no ``brokers`` table)."""
+    if lake.exists(BROKERS):
+        return build_segment_sizes(lake.read(BROKERS))
+    return lake.spark.createDataFrame([], "broker_name string, segment_size long")
+
+
+def _write_findings(
+    lake: Lake, plan: RebuildPlan, findings_df: DataFrame, counts: dict[str, int] | None
+) -> RebuildSummary:
+    """Commit the findings with the application transaction ``plan.target``; the run's summary."""
+    findings_df = findings_df.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        kinds = {r["problem"]: r["count"] for r in findings_df.groupBy("problem").count().collect()}
+        write = lake.overwrite if plan.mode == "full" else lake.append
+        write(CONSUME_QUEUE_INTEGRITY, findings_df, APP_ID, plan.target)
+    finally:
+        findings_df.unpersist()
+    counts = counts or {}
+    return RebuildSummary(entries=counts.get("units", 0), queues=counts.get("queues", 0), findings=kinds)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Options of ``rebuild_consume_queue``."""
+    parser = argparse.ArgumentParser(prog=JOB, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser.add_argument("--full", action="store_true",
+                        help="rebuild both tables from the whole commit log instead of its new versions")  # fmt: skip
+    parser.add_argument("--engine", choices=["auto", "bridge", "delta-spark"], default="auto",
+                        help="lake engine (auto: delta-spark when its classes load, else the bridge)")  # fmt: skip
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse ``argv``, build the session, run."""
+    args = build_parser().parse_args(argv)
+    config = RebuildConfig(Path(args.lake), args.full, args.engine)
+    spark = build_session("rmq-rebuild-consume-queue", engine=config.engine)
+    job_run = run(spark, config)
+    print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
+    return 0

@@ -1,0 +1,642 @@
+"""The rebuild_consume_queue job: its transforms on hand-built rows, its incremental reads, its runs.
+
+Transform tests build a few commit log rows whose sizes, CRCs and offsets are right by
+construction (RocketMQ's length formula, zlib's CRC, the broker's segment roll), then break one
+thing. Run tests write real Delta tables under tmp_path; the slow test runs the real broker.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from broker_model import constants as c
+from broker_model.codec import body_crc, encode_properties, java_string_hash, tags_code
+from broker_model.errors import LakeError
+from broker_model.record import record_length
+from jobs.lake_io import IncrementalReadError, Lake
+from jobs.rebuild_consume_queue import (
+    APP_ID,
+    RebuildConfig,
+    build_checked_records,
+    build_consume_queue,
+    build_integrity_report,
+    build_log_context,
+    build_queue_context,
+    build_segment_sizes,
+    delay_level,
+    main,
+    plan_run,
+    run,
+)
+from jobs.rebuild_consume_queue import java_string_hash as spark_java_hash
+from schemas.catalog import BROKERS, COMMITLOG, CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, TableSpec, spark_schema
+from tests.helpers import assert_frames_equal
+
+SEGMENT = 4096  # segment size of the hand-built logs
+T0 = 1_700_000_000_000
+V = 7  # the commit log version the transform tests report
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-built commit log rows
+# ---------------------------------------------------------------------------------------------
+
+
+def _record(
+    queue_offset: int = 0,
+    *,
+    broker: str = "broker-a",
+    topic: str = "TopicA",
+    queue_id: int = 0,
+    body: bytes = b"hello",
+    properties: dict[str, str] | None = None,
+    sys_flag: int = 0,
+    magic: int = c.MAGIC_CODE_V1,
+    store_timestamp: int = T0,
+) -> dict[str, Any]:
+    """A commit log row (no offset yet) whose store_size and body_crc are right."""
+    props = {"WAIT": "true", **(properties or {})}
+    raw = encode_properties(props).encode()
+    size = record_length(len(body), len(topic.encode()), len(raw), bool(sys_flag & c.BORNHOST_V6_FLAG),
+                         bool(sys_flag & c.STOREHOSTADDRESS_V6_FLAG), magic == c.MAGIC_CODE_V2)  # fmt: skip
+    return {
+        "broker_name": broker, "segment": 0, "commit_log_offset": 0, "store_size": size, "magic_code": magic,
+        "body_crc": body_crc(body), "queue_id": queue_id, "flag": 0, "queue_offset": queue_offset,
+        "sys_flag": sys_flag, "born_timestamp": store_timestamp - 5, "born_host": "10.0.0.9:5000",
+        "store_timestamp": store_timestamp, "store_host": "10.0.0.1:10911", "reconsume_times": 0,
+        "prepared_transaction_offset": 0, "body": body, "topic": topic, "properties": props, "raw_properties": raw,
+        "tags": props.get("TAGS"), "keys": props.get("KEYS"), "uniq_key": None, "msg_id": "00",
+    }  # fmt: skip
+
+
+def _laid_out(records: Iterable[dict[str, Any]], segment_size: int = SEGMENT, start: int = 0) -> list[dict[str, Any]]:
+    """``records`` (one broker) placed as the broker places them: contiguous, rolling to the next
+    segment when a record and the 8-byte blank do not fit in what is left."""
+    placed, offset = [], start
+    for record in records:
+        base = offset - offset % segment_size
+        if offset + record["store_size"] + c.END_FILE_MIN_BLANK_LENGTH > base + segment_size:
+            offset = base + segment_size
+        placed.append({**record, "commit_log_offset": offset, "segment": offset - offset % segment_size})
+        offset += record["store_size"]
+    return placed
+
+
+def _frame(spark: SparkSession, spec: TableSpec, rows: Iterable[dict[str, Any] | tuple[Any, ...]]) -> DataFrame:
+    tuples = [tuple(r[n] for n in spec.column_names) if isinstance(r, dict) else r for r in rows]
+    return spark.createDataFrame(tuples, spark_schema(spec))
+
+
+def _brokers(spark: SparkSession, *rows: tuple[str, int, int]) -> DataFrame:
+    """``brokers`` rows from (broker_name, segment_size, started_timestamp)."""
+    full = [(name, "10.0.0.1:10911", size, "ASYNC_FLUSH", started, "1@host") for name, size, started in rows]
+    return _frame(spark, BROKERS, full)
+
+
+def _report(spark: SparkSession, records: list[dict[str, Any]], segment_size: int = SEGMENT) -> DataFrame:
+    checked_df = _frame(spark, COMMITLOG, records).transform(build_checked_records)
+    sizes_df = build_segment_sizes(_brokers(spark, ("broker-a", segment_size, T0), ("broker-b", segment_size, T0)))
+    return build_integrity_report(checked_df, sizes_df, V)
+
+
+def _findings(spark: SparkSession, rows: list[tuple[Any, ...]]) -> DataFrame:
+    """Expected findings from (broker, topic, queue_id, queue_offset, commit_log_offset, problem, detail)."""
+    return _frame(spark, CONSUME_QUEUE_INTEGRITY, [(*r, V) for r in rows])
+
+
+def _record_finding(offset: int, problem: str, detail: str, broker: str = "broker-a") -> tuple[Any, ...]:
+    return (broker, None, None, None, offset, problem, detail)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure Python: the run plan
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("processed", "findings_processed", "latest", "full", "expected"),
+    [
+        (None, None, 0, False, ("full", None, 0)),  # first run
+        (None, None, 5, True, ("full", None, 5)),
+        (5, 5, 5, False, ("noop", 5, 5)),  # nothing new
+        (5, 5, 5, True, ("noop", 5, 5)),  # --full on processed versions changes nothing either
+        (3, 3, 5, False, ("incremental", 3, 5)),
+        (3, 3, 5, True, ("full", 3, 5)),
+        (5, 3, 5, False, ("full", 5, 5)),  # units of 4..5 committed, findings not: rebuild
+        (3, None, 5, False, ("full", 3, 5)),
+    ],
+)
+def test_the_plan_follows_the_versions_the_outputs_record(
+    processed: int | None, findings_processed: int | None, latest: int, full: bool, expected: tuple[Any, ...]
+) -> None:
+    plan = plan_run(processed, findings_processed, latest, full)
+    assert (plan.mode, plan.processed, plan.target) == expected
+
+
+@pytest.mark.parametrize(("processed", "findings_processed"), [(6, 6), (4, 6)])
+def test_outputs_ahead_of_the_commit_log_are_refused(processed: int, findings_processed: int) -> None:
+    with pytest.raises(LakeError, match="it was replaced"):
+        plan_run(processed, findings_processed, 5, False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Column functions
+# ---------------------------------------------------------------------------------------------
+
+# ROCKETMQ_FACTS 3.2 and 14, plus characters outside ASCII and the BMP (two UTF-16 units each)
+HASH_CASES = ["TagA", "*", "123", "polygenelubricants", "", "a", "é", "日本語タグ", "😀", "a😀b", "𝄞" * 40,
+              "\u0000", "x" * 500, "Ünïcödé||TagB"]  # fmt: skip
+
+
+def _spark_hashes(spark: SparkSession, texts: list[str | None]) -> list[int | None]:
+    df = spark.createDataFrame([(i, t) for i, t in enumerate(texts)], "i int, t string")
+    rows = df.select("i", spark_java_hash(F.col("t")).alias("h")).orderBy("i").collect()
+    return [r["h"] for r in rows]
+
+
+@pytest.mark.spark
+def test_the_spark_hash_is_java_string_hash_code_on_known_values(spark: SparkSession) -> None:
+    assert _spark_hashes(spark, [*HASH_CASES, None]) == [*[java_string_hash(t) for t in HASH_CASES], None]
+    assert _spark_hashes(spark, ["TagA", "polygenelubricants"]) == [2598919, -2147483648]
+
+
+@pytest.mark.spark
+@settings(max_examples=4, deadline=None)
+@given(st.lists(st.text(max_size=60), min_size=100, max_size=100))
+def test_the_spark_hash_is_java_string_hash_code_on_any_text(spark: SparkSession, texts: list[str]) -> None:
+    assert _spark_hashes(spark, list(texts)) == [java_string_hash(t) for t in texts]
+
+
+@pytest.mark.spark
+def test_the_delay_level_is_the_last_delay_entry_with_an_integer_value(spark: SparkSession) -> None:
+    raws = [
+        b"WAIT\x01true\x02DELAY\x013\x02",
+        b"DELAY\x0117",  # first entry, no trailing separator (4.9 form)
+        b"DELAY\x012\x02DELAY\x015\x02",  # a later duplicate wins
+        b"DELAY\x01\x02KEYS\x01k",  # empty value: no entry
+        b"XDELAY\x014\x02DELAYX\x014",  # other keys
+        b"DELAY\x01soon",
+        b"DELAY\x01-2",
+        b"",
+    ]
+    df = spark.createDataFrame([(i, r) for i, r in enumerate(raws)], "i int, raw binary")
+    levels = [r["level"] for r in df.select("i", delay_level(F.col("raw")).alias("level")).orderBy("i").collect()]
+    assert levels == [3, 17, 5, None, None, None, -2, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# The consume queue
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_only_not_and_commit_records_get_a_unit(spark: SparkSession) -> None:
+    prepared, commit = c.TRANSACTION_PREPARED_TYPE, c.TRANSACTION_COMMIT_TYPE
+    rollback = c.TRANSACTION_ROLLBACK_TYPE
+    flags = [0, prepared, commit, rollback, commit | c.COMPRESSED_FLAG, prepared | c.BORNHOST_V6_FLAG]
+    records = _laid_out(_record(i, sys_flag=f) for i, f in enumerate(flags))
+    expected_df = _frame(spark, CONSUME_QUEUE, [
+        ("broker-a", "TopicA", 0, r["queue_offset"], r["commit_log_offset"], r["store_size"], 0, T0)
+        for r in records if r["sys_flag"] & 12 in (0, 8)
+    ])  # fmt: skip
+    assert_frames_equal(build_consume_queue(_frame(spark, COMMITLOG, records)), expected_df)
+    assert expected_df.count() == 3
+
+
+@pytest.mark.spark
+def test_tags_code_is_the_java_hash_of_tags_and_zero_without_tags(spark: SparkSession) -> None:
+    tags = [None, "", "TagA", "polygenelubricants", "😀"]
+    records = _laid_out(_record(i, properties={"TAGS": t} if t is not None else {}) for i, t in enumerate(tags))
+    units = _frame(spark, COMMITLOG, records).transform(build_consume_queue)
+    codes = [r["tags_code"] for r in units.orderBy("queue_offset").collect()]
+    assert codes == [0, 0, 2598919, -2147483648, java_string_hash("😀")]
+
+
+@pytest.mark.spark
+def test_on_the_schedule_topic_tags_code_is_the_delivery_time(spark: SparkSession) -> None:
+    schedule = c.SCHEDULE_TOPIC
+    cases = [
+        (schedule, {"DELAY": "3", "TAGS": "TagA"}, T0 + 10_000),
+        (schedule, {"DELAY": "25"}, T0 + 7_200_000),  # capped at level 18 (2 h)
+        (schedule, {"DELAY": "18"}, T0 + 7_200_000),
+        (schedule, {"DELAY": "1"}, T0 + 1_000),
+        (schedule, {"DELAY": "0", "TAGS": "TagA"}, 2598919),  # level <= 0: the tags hash
+        (schedule, {"DELAY": "-1"}, 0),
+        (schedule, {"TAGS": "TagA"}, 2598919),  # no DELAY
+        ("TopicA", {"DELAY": "3", "TAGS": "TagA"}, 2598919),  # DELAY elsewhere means nothing
+    ]
+    records = _laid_out(_record(i, topic=t, properties=p) for i, (t, p, _) in enumerate(cases))
+    units = _frame(spark, COMMITLOG, records).transform(build_consume_queue)
+    assert [r["tags_code"] for r in units.orderBy("queue_offset").collect()] == [code for _, _, code in cases]
+
+
+# ---------------------------------------------------------------------------------------------
+# The integrity report, one check at a time
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_a_clean_log_with_segment_rolls_has_no_findings(spark: SparkSession) -> None:
+    records = _laid_out(_record(i, body=b"x" * 900, queue_id=i % 2) for i in range(10))
+    for record in records:
+        record["queue_offset"] //= 2
+    assert {r["segment"] for r in records} == {0, 4096, 8192}  # three segments, two rolls
+    assert _report(spark, records).count() == 0
+
+
+@pytest.mark.spark
+def test_gaps_include_a_queue_that_does_not_start_at_zero(spark: SparkSession) -> None:
+    records = _laid_out([_record(0), _record(1), _record(3), _record(2, queue_id=1), _record(3, queue_id=1)])
+    o = [r["commit_log_offset"] for r in records]
+    expected = _findings(spark, [
+        ("broker-a", "TopicA", 0, 3, o[2], "GAP", "queue offsets 2..2 are missing"),
+        ("broker-a", "TopicA", 1, 2, o[3], "GAP", "the queue starts at queue offset 2: offsets 0..1 are missing"),
+    ])  # fmt: skip
+    assert_frames_equal(_report(spark, records), expected)
+
+
+@pytest.mark.spark
+def test_a_queue_offset_held_twice_is_a_duplicate(spark: SparkSession) -> None:
+    # queue 0 of broker-b is another queue: the same offsets there are no duplicate
+    records = _laid_out([_record(0), _record(1), _record(1), _record(2)])
+    other = _laid_out([_record(0, broker="broker-b"), _record(1, broker="broker-b")])
+    o = [r["commit_log_offset"] for r in records]
+    expected = _findings(spark, [
+        ("broker-a", "TopicA", 0, 1, o[2], "DUPLICATE_QUEUE_OFFSET", f"queue offset 1 is also held by commit log "
+                                                                     f"offset {o[1]}"),
+    ])  # fmt: skip
+    assert_frames_equal(_report(spark, records + other), expected)
+
+
+@pytest.mark.spark
+def test_a_unit_whose_commit_log_offset_goes_back_is_non_monotonic(spark: SparkSession) -> None:
+    records = _laid_out([_record(0), _record(2), _record(1), _record(3)])
+    o = [r["commit_log_offset"] for r in records]
+    # queue order 0, 1, 2, 3 visits offsets o0, o2, o1, o3: only unit 2 goes back
+    expected = _findings(spark, [
+        ("broker-a", "TopicA", 0, 2, o[1], "NON_MONOTONIC_OFFSET",
+         f"commit log offset {o[1]} is not above {o[2]}, the one of queue offset 1"),
+    ])  # fmt: skip
+    assert_frames_equal(_report(spark, records), expected)
+
+
+@pytest.mark.spark
+def test_a_body_crc_that_is_not_the_masked_crc_of_the_body_is_a_mismatch(spark: SparkSession) -> None:
+    # zlib.crc32(b"hello!q!") = 3167863075 has its top bit set: stored masked, 1020379427
+    records = _laid_out([_record(0, body=b"hello!q!"), _record(1, body=b""), _record(2, body=b"\x00\xff")])
+    assert records[0]["body_crc"] == 1020379427 and records[1]["body_crc"] == 0
+    stored, actual = body_crc(b"\x00\xfe"), body_crc(b"\x00\xff")
+    records[2]["body_crc"] = stored
+    o = records[2]["commit_log_offset"]
+    expected = _findings(spark, [
+        _record_finding(o, "CRC_MISMATCH", f"body_crc {stored}, but the body's CRC-32 & 0x7FFFFFFF is {actual}"),
+    ])  # fmt: skip
+    assert_frames_equal(_report(spark, records), expected)
+
+
+@pytest.mark.spark
+def test_a_store_size_that_is_not_rocketmq_s_record_length_is_a_mismatch(spark: SparkSession) -> None:
+    ipv6 = c.BORNHOST_V6_FLAG | c.STOREHOSTADDRESS_V6_FLAG
+    records = [_record(0, sys_flag=ipv6), _record(0, magic=c.MAGIC_CODE_V2, topic="é" * 70), _record(1), _record(2)]
+    assert records[0]["store_size"] == records[2]["store_size"] + 24
+    records[2] = {**records[2], "store_size": records[2]["store_size"] + 3}  # 3 bytes nothing accounts for
+    records[3] = {**records[3], "magic_code": c.BLANK_MAGIC_CODE}
+    records = _laid_out(records)  # laid out with the stored sizes: the offsets agree with them
+    o = [r["commit_log_offset"] for r in records]
+    expected = _findings(spark, [
+        _record_finding(o[2], "SIZE_MISMATCH", f"store_size {records[2]['store_size']}, but RocketMQ's length of "
+                                               f"this body, topic and properties is {records[2]['store_size'] - 3}"),
+        _record_finding(o[3], "SIZE_MISMATCH", f"magic_code {c.BLANK_MAGIC_CODE} is neither v1 ({c.MAGIC_CODE_V1}) "
+                                               f"nor v2 ({c.MAGIC_CODE_V2}): the record length cannot be checked"),
+    ])  # fmt: skip
+    assert_frames_equal(_report(spark, records), expected)
+
+
+@pytest.mark.spark
+def test_a_store_size_that_does_not_lead_to_the_next_record_is_a_mismatch(spark: SparkSession) -> None:
+    records = _laid_out(_record(i, body=b"x" * 900) for i in range(6))
+    o = [r["commit_log_offset"] for r in records]
+    size = records[0]["store_size"]
+    assert o[4] == 4096 and o[3] + size + size + 8 > 4096  # the roll 3 -> 4 is right: 4 did not fit
+    records[1] = {**records[1], "commit_log_offset": o[1] + 16}  # 16 bytes nobody accounts for
+    records[5] = {**records[5], "commit_log_offset": 8192, "segment": 8192}  # rolled though it fitted
+    expected = _findings(spark, [
+        _record_finding(o[0], "SIZE_MISMATCH", f"the next record starts at {o[1] + 16}, not at {o[1]} "
+                                               f"(offset {o[0]} + store_size {size})"),
+        _record_finding(o[1] + 16, "SIZE_MISMATCH", f"the next record starts at {o[2]}, not at {o[2] + 16} "
+                                                    f"(offset {o[1] + 16} + store_size {size})"),
+        _record_finding(o[4], "SIZE_MISMATCH", f"the next record starts the next segment at 8192 though {size} "
+                                               f"bytes fitted after the end of this one at {o[5]}"),
+    ])  # fmt: skip
+    assert_frames_equal(_report(spark, records), expected)
+
+
+@pytest.mark.spark
+def test_a_record_overrunning_its_segment_or_in_the_wrong_one_is_beyond_segment(spark: SparkSession) -> None:
+    records = _laid_out(_record(i, body=b"x" * 900) for i in range(4))
+    size = records[0]["store_size"]
+    # offset 4096 - 8 - size leaves exactly the 8-byte blank: fine; 4 bytes later it does not
+    records[2] = {**records[2], "commit_log_offset": 4096 - 8 - size}
+    records[3] = {**records[3], "commit_log_offset": 4096 - 4 - size, "segment": 0}
+    records.append({**_record(9, queue_id=9), "commit_log_offset": 5000, "segment": 0})  # lies in segment 4096
+    expected = _findings(spark, [
+        _record_finding(4092 - size, "BEYOND_SEGMENT", "the record ends at 4092, leaving less than the 8-byte "
+                                                       "blank before the end of segment 0 at 4096"),
+        _record_finding(5000, "BEYOND_SEGMENT", "segment 0, but offset 5000 lies in the segment at 4096 "
+                                                "(segments of 4096 bytes)"),
+        _record_finding(5000, "BEYOND_SEGMENT", f"the record ends at {5000 + records[4]['store_size']}, leaving "
+                                                "less than the 8-byte blank before the end of segment 0 at 4096"),
+    ])  # fmt: skip
+    report = _report(spark, records).where(F.col("problem") == "BEYOND_SEGMENT")
+    assert_frames_equal(report, expected)
+
+
+@pytest.mark.spark
+def test_the_segment_size_is_the_latest_one_of_the_broker_else_one_gib(spark: SparkSession) -> None:
+    brokers_df = _brokers(spark, ("broker-a", 4096, T0), ("broker-a", 8192, T0 + 1), ("broker-b", 16384, T0))
+    sizes = {r["broker_name"]: r["segment_size"] for r in build_segment_sizes(brokers_df).collect()}
+    assert sizes == {"broker-a": 8192, "broker-b": 16384}
+    # a record at 5000 in segment 4096 is right for 4 KiB segments, wrong for 8 KiB and for 1 GiB
+    record = {**_record(0), "commit_log_offset": 5000, "segment": 4096}
+    lone = {**record, "broker_name": "broker-z"}
+    checked_df = _frame(spark, COMMITLOG, [record, lone]).transform(build_checked_records)
+    report = build_integrity_report(checked_df, build_segment_sizes(brokers_df), V)
+    assert sorted(r["broker_name"] for r in report.where(F.col("problem") == "BEYOND_SEGMENT").collect()) == [
+        "broker-a", "broker-z"
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Context of an incremental check
+# ---------------------------------------------------------------------------------------------
+
+
+def _cq_rows(spark: SparkSession, records: list[dict[str, Any]]) -> DataFrame:
+    return build_consume_queue(_frame(spark, COMMITLOG, records))
+
+
+@pytest.mark.spark
+def test_the_queue_context_is_the_unit_before_the_new_ones_and_any_unit_after_it(spark: SparkSession) -> None:
+    old = _laid_out([_record(i) for i in range(5)] + [_record(0, queue_id=1)])
+    new = _laid_out([_record(5), _record(2), _record(1, queue_id=1), _record(0, queue_id=2)], start=10_000)
+    context = build_queue_context(_cq_rows(spark, old), _cq_rows(spark, new))
+    # queue 0: the first new unit (offset 2) sorts after old unit 2 (a lower commit log offset), the
+    # unit before it, and before units 3 and 4; queue 1: unit 0; queue 2: nothing old
+    got = sorted((r["queue_id"], r["queue_offset"]) for r in context.collect())
+    assert got == [(0, 2), (0, 3), (0, 4), (1, 0)]
+
+
+@pytest.mark.spark
+def test_the_log_context_is_the_record_before_the_new_ones_and_any_record_after_it(spark: SparkSession) -> None:
+    old = _laid_out([_record(i) for i in range(4)]) + _laid_out([_record(0, broker="broker-b")])
+    new = _laid_out([_record(4)], start=old[3]["commit_log_offset"] + old[3]["store_size"])
+    new_b = [{**_record(1, broker="broker-b"), "commit_log_offset": 0}]  # a second record at broker-b's offset 0
+    context = build_log_context(_frame(spark, COMMITLOG, old), _frame(spark, COMMITLOG, new + new_b))
+    got = sorted((r["broker_name"], r["commit_log_offset"]) for r in context.collect())
+    assert got == [("broker-a", old[3]["commit_log_offset"]), ("broker-b", 0)]
+
+
+@pytest.mark.spark
+def test_new_rows_are_checked_against_their_context_and_old_rows_only_against_new_ones(spark: SparkSession) -> None:
+    old = _laid_out([_record(0), _record(1), _record(2)])
+    new = _laid_out([_record(4), _record(1)], start=old[2]["commit_log_offset"] + old[2]["store_size"])
+    all_df = _frame(spark, COMMITLOG, old + new).transform(build_checked_records)
+    new_df = _frame(spark, COMMITLOG, new).transform(build_checked_records)
+    sizes_df = build_segment_sizes(_brokers(spark, ("broker-a", SEGMENT, T0)))
+    queue_context = build_queue_context(_cq_rows(spark, old), _cq_rows(spark, new))
+    log_context = build_log_context(_frame(spark, COMMITLOG, old), new_df)
+    incremental = build_integrity_report(new_df, sizes_df, V, queue_context, log_context)
+    full = build_integrity_report(all_df, sizes_df, V)
+    # new unit 1 duplicates old unit 1, old unit 2 now follows it and goes back, new unit 4 leaves a gap
+    assert sorted(r["problem"] for r in full.collect()) == ["DUPLICATE_QUEUE_OFFSET", "GAP", "NON_MONOTONIC_OFFSET"]
+    assert_frames_equal(incremental, full)
+
+
+# ---------------------------------------------------------------------------------------------
+# Incremental reads of the lake
+# ---------------------------------------------------------------------------------------------
+
+
+def _append_log(lake: Lake, spark: SparkSession, records: list[dict[str, Any]]) -> int:
+    version = lake.append(COMMITLOG, _frame(spark, COMMITLOG, records))
+    assert version is not None
+    return version
+
+
+@pytest.mark.spark
+def test_read_appended_reads_the_rows_of_later_commits_only(spark: SparkSession, tmp_path: Path) -> None:
+    lake = Lake(spark, tmp_path, "bridge")
+    first = _laid_out(_record(i) for i in range(3))
+    second = _laid_out([_record(3), _record(4)], start=5000)
+    third = _laid_out([_record(0, broker="broker-b")])
+    v1 = _append_log(lake, spark, first)
+    _append_log(lake, spark, second)
+    v3 = _append_log(lake, spark, third)
+    assert_frames_equal(lake.read_appended(COMMITLOG, v1), _frame(spark, COMMITLOG, second + third))
+    assert_frames_equal(lake.read_appended(COMMITLOG, v1, v1 + 1), _frame(spark, COMMITLOG, second))
+    assert lake.read_appended(COMMITLOG, v3).count() == 0
+
+
+@pytest.mark.spark
+def test_read_appended_refuses_a_range_it_cannot_read_as_appends(spark: SparkSession, tmp_path: Path) -> None:
+    lake = Lake(spark, tmp_path, "bridge")
+    v1 = _append_log(lake, spark, _laid_out([_record(0)]))
+    v2 = _append_log(lake, spark, _laid_out([_record(1)], start=100))
+    lake.overwrite(COMMITLOG, _frame(spark, COMMITLOG, _laid_out([_record(0)])))
+    with pytest.raises(IncrementalReadError, match="removed or rewrote"):
+        lake.read_appended(COMMITLOG, v2)
+    DeltaTable(str(tmp_path / "commitlog")).create_checkpoint()
+    (tmp_path / "commitlog" / "_delta_log" / f"{v2:020d}.json").unlink()  # log cleanup
+    with pytest.raises(IncrementalReadError, match="is gone"):
+        lake.read_appended(COMMITLOG, v1)
+
+
+@pytest.mark.spark
+def test_read_around_reads_the_files_next_to_the_bounds_only(spark: SparkSession, tmp_path: Path) -> None:
+    lake = Lake(spark, tmp_path, "bridge")
+    for start in (0, 1000, 2000, 3000):  # one file per commit, offsets start..start+2*size
+        _append_log(lake, spark, _laid_out([_record(0), _record(1)], start=start))
+    _append_log(lake, spark, _laid_out([_record(0, broker="broker-b")]))
+    rows = lake.read_around(COMMITLOG, "commit_log_offset", {"broker-a": 2050}, "broker_name").collect()
+    # the greatest offset below 2050 is in the file starting at 2000; the files after it may hold more
+    assert sorted({r["commit_log_offset"] // 1000 * 1000 for r in rows}) == [2000, 3000]
+    assert {r["broker_name"] for r in rows} == {"broker-a"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------------------------
+
+
+def _versions(lake: Lake) -> dict[str, int | None]:
+    return {s.name: lake.version(s) for s in (COMMITLOG, CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY)}
+
+
+def _sorted_rows(df: DataFrame) -> list[tuple[Any, ...]]:
+    return sorted((tuple(r) for r in df.collect()), key=repr)
+
+
+def _clean_and_corrupt_appends() -> list[list[dict[str, Any]]]:
+    """Three commit log appends of broker-a; the third holds a duplicate queue offset, a bad CRC,
+    a gap and a record in the wrong segment."""
+    first = _laid_out(_record(i, queue_id=i % 2, body=b"y" * 700) for i in range(8))
+    second = _laid_out((_record(i, queue_id=i % 2, body=b"y" * 700) for i in range(8, 12)),
+                       start=first[-1]["commit_log_offset"] + first[-1]["store_size"])  # fmt: skip
+    end = second[-1]["commit_log_offset"] + second[-1]["store_size"]
+    third = _laid_out([_record(5), _record(7, queue_id=1), _record(6)], start=end)
+    third[0]["body_crc"] ^= 1
+    third[2]["segment"] += 1
+    for record in [*first, *second]:
+        record["queue_offset"] //= 2
+    return [first, second, third]
+
+
+@pytest.mark.spark
+def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_nothing(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    incremental, full = Lake(spark, tmp_path / "inc", "bridge"), Lake(spark, tmp_path / "full", "bridge")
+    for lake in (incremental, full):
+        lake.append(BROKERS, _brokers(spark, ("broker-a", SEGMENT, T0)))
+    for records in _clean_and_corrupt_appends():
+        _append_log(incremental, spark, records)
+        _append_log(full, spark, records)
+        assert run(spark, RebuildConfig(incremental.root, engine="bridge")).status == "SUCCEEDED"
+    assert "incremental rebuild" in capsys.readouterr().out
+    run(spark, RebuildConfig(full.root, full=True, engine="bridge"))
+    for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY):
+        assert _sorted_rows(incremental.read(spec)) == _sorted_rows(full.read(spec))
+    problems = sorted(r["problem"] for r in full.read(CONSUME_QUEUE_INTEGRITY).collect())
+    assert problems == ["BEYOND_SEGMENT", "CRC_MISMATCH", "DUPLICATE_QUEUE_OFFSET", "GAP"]
+    assert incremental.transaction_version(CONSUME_QUEUE, APP_ID) == incremental.version(COMMITLOG)
+
+    before = _versions(incremental)
+    again = run(spark, RebuildConfig(incremental.root, engine="bridge"))
+    assert (again.status, _versions(incremental)) == ("NOOP", before)
+    assert "nothing to do" in capsys.readouterr().out
+
+
+@pytest.mark.spark
+def test_an_incremental_run_without_the_commit_files_rebuilds_in_full(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lake = Lake(spark, tmp_path, "bridge")
+    first, second, _ = _clean_and_corrupt_appends()
+    _append_log(lake, spark, first)
+    run(spark, RebuildConfig(tmp_path, engine="bridge"))
+    version = _append_log(lake, spark, second)
+    DeltaTable(str(tmp_path / "commitlog")).create_checkpoint()
+    (tmp_path / "commitlog" / "_delta_log" / f"{version:020d}.json").unlink()  # log cleanup
+    assert run(spark, RebuildConfig(tmp_path, engine="bridge")).status == "SUCCEEDED"
+    assert "rebuilding in full" in capsys.readouterr().out
+    assert lake.read(CONSUME_QUEUE).count() == len(first) + len(second)
+    assert lake.transaction_version(CONSUME_QUEUE, APP_ID) == version
+
+
+@pytest.mark.spark
+def test_a_run_that_stopped_between_its_units_and_its_findings_is_completed_in_full(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    lake = Lake(spark, tmp_path, "bridge")
+    lake.append(BROKERS, _brokers(spark, ("broker-a", SEGMENT, T0)))
+    first, second, third = _clean_and_corrupt_appends()
+    _append_log(lake, spark, first + second)
+    run(spark, RebuildConfig(tmp_path, engine="bridge"))
+    version = _append_log(lake, spark, third)
+    # what a run that stopped after its first commit leaves: the units of `third`, no findings
+    lake.append(CONSUME_QUEUE, build_consume_queue(_frame(spark, COMMITLOG, third)), APP_ID, version)
+    units_version = lake.version(CONSUME_QUEUE)
+    run(spark, RebuildConfig(tmp_path, engine="bridge"))
+    assert lake.version(CONSUME_QUEUE) == units_version  # the units were complete: not written again
+    problems = sorted(r["problem"] for r in lake.read(CONSUME_QUEUE_INTEGRITY).collect())
+    assert problems == ["BEYOND_SEGMENT", "CRC_MISMATCH", "DUPLICATE_QUEUE_OFFSET", "GAP"]
+    assert lake.transaction_version(CONSUME_QUEUE_INTEGRITY, APP_ID) == version
+    assert lake.read(CONSUME_QUEUE).count() == len(first) + len(second) + len(third)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: the real broker, the real job
+# ---------------------------------------------------------------------------------------------
+
+
+def _expected_units(lake_root: Path) -> set[tuple[Any, ...]]:
+    """The consume queue recomputed in Python from the commit log read with delta-rs."""
+    rows = DeltaTable(str(lake_root / "commitlog")).to_pyarrow_table().to_pylist()
+    units = set()
+    for row in rows:
+        if row["sys_flag"] & c.TRANSACTION_ROLLBACK_TYPE not in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
+            continue
+        properties = dict(row["properties"])
+        code = tags_code(row["tags"])
+        if row["topic"] == c.SCHEDULE_TOPIC and "DELAY" in properties:
+            level = min(int(properties["DELAY"]), c.MAX_DELAY_LEVEL)
+            code = row["store_timestamp"] + c.DELAY_LEVEL_MILLIS[level - 1] if level > 0 else code
+        units.add((row["broker_name"], row["topic"], row["queue_id"], row["queue_offset"],
+                   row["commit_log_offset"], row["store_size"], code, row["store_timestamp"]))  # fmt: skip
+    return units
+
+
+def _units_of(lake_root: Path) -> list[tuple[Any, ...]]:
+    table = DeltaTable(str(lake_root / "consume_queue")).to_pyarrow_table()
+    return [tuple(r[n] for n in CONSUME_QUEUE.column_names) for r in table.to_pylist()]
+
+
+def _corrupt_copy(source: Path, target: Path, spark: SparkSession) -> int:
+    """Copy the lake and append to broker-a a record duplicating the last unit's queue offset,
+    with a wrong body CRC, right after broker-a's last record; returns the new commit log version."""
+    shutil.copytree(source, target)
+    rows = DeltaTable(str(target / "commitlog")).to_pyarrow_table().to_pylist()
+    last = max((r for r in rows if r["broker_name"] == "broker-a"), key=lambda r: r["commit_log_offset"])
+    segment_size = 16384
+    record = {**last, "properties": dict(last["properties"]), "body_crc": last["body_crc"] ^ 1}
+    placed = _laid_out([record], segment_size, start=last["commit_log_offset"] + last["store_size"])
+    return _append_log(Lake(spark, target, "bridge"), spark, placed)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_the_job_on_a_broker_workload_and_on_a_corrupted_copy(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from broker_model.workload import run_workload
+
+    lake_root = tmp_path / "lake"
+    run_workload(lake_root, 3000, seed=11, segment_size=16384)
+    try:
+        assert main(["--lake", str(lake_root), "--engine", "bridge"]) == 0
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "2")  # main's session builder set the job default
+    out = capsys.readouterr().out
+    units = _units_of(lake_root)
+    assert re.search(rf"entries written +{len(units)}\n", out) and re.search(r"findings +0\n", out)
+    assert len(units) == len(set(units)) and set(units) == _expected_units(lake_root)
+    assert DeltaTable(str(lake_root / "consume_queue_integrity")).to_pyarrow_table().num_rows == 0
+
+    corrupt = tmp_path / "corrupt"
+    version = _corrupt_copy(lake_root, corrupt, spark)
+    assert run(spark, RebuildConfig(corrupt, engine="bridge")).status == "SUCCEEDED"
+    findings = DeltaTable(str(corrupt / "consume_queue_integrity")).to_pyarrow_table().to_pylist()
+    assert sorted((f["problem"], f["commitlog_version"]) for f in findings) == [
+        ("CRC_MISMATCH", version), ("DUPLICATE_QUEUE_OFFSET", version)
+    ]  # fmt: skip
+    assert set(_units_of(corrupt)) == _expected_units(corrupt)
+
+    rebuilt = tmp_path / "rebuilt"
+    shutil.copytree(corrupt / "commitlog", rebuilt / "commitlog")
+    shutil.copytree(corrupt / "brokers", rebuilt / "brokers")
+    run(spark, RebuildConfig(rebuilt, full=True, engine="bridge"))
+    for name in ("consume_queue", "consume_queue_integrity"):
+        incremental_rows = DeltaTable(str(corrupt / name)).to_pyarrow_table().to_pylist()
+        full_rows = DeltaTable(str(rebuilt / name)).to_pyarrow_table().to_pylist()
+        assert sorted(map(repr, incremental_rows)) == sorted(map(repr, full_rows))
