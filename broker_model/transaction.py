@@ -290,6 +290,7 @@ class TransactionCheckService:
     def check(self, now: int) -> CheckReport:
         """One round of ``TransactionalMessageServiceImpl.check`` over half queue 0 at ``now``."""
         store, offsets = self.broker.store, self.broker.offsets
+        self.broker.flush()  # the store serves what is committed: let every put so far land
         half_offset = max(offsets.query_offset(TRANSACTION_GROUP, c.RMQ_SYS_TRANS_HALF_TOPIC, 0), 0)
         op_offset = max(offsets.query_offset(TRANSACTION_GROUP, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, 0), 0)
         report = CheckReport(half_offset=half_offset, op_offset=op_offset)
@@ -327,23 +328,28 @@ class TransactionCheckService:
         else CHECK_DUE.
         """
         store = self.broker.store
+        self.broker.flush()
         halves: dict[str, list[MessageExt]] = {}
-        for message in self._queue(c.RMQ_SYS_TRANS_HALF_TOPIC, as_of):
-            halves.setdefault(message.uniq_key or "", []).append(message)
-        ended = {h: op.queue_offset for op in self._queue(c.RMQ_SYS_TRANS_OP_HALF_TOPIC, as_of)
-                 if op.tags == REMOVE_TAG for h in parse_op_body(op.body)}  # fmt: skip
+        for message in self._queue(c.RMQ_SYS_TRANS_HALF_TOPIC, as_of):  # copies share the original's UNIQ_KEY
+            halves.setdefault(message.uniq_key or f"half@{message.queue_offset}", []).append(message)
+        ended: dict[int, int] = {}  # half queue offset -> first op queue offset ending it
+        for op in self._queue(c.RMQ_SYS_TRANS_OP_HALF_TOPIC, as_of):
+            if op.tags == REMOVE_TAG:
+                for half_offset in parse_op_body(op.body):
+                    ended.setdefault(half_offset, op.queue_offset)
         discarded = {m.uniq_key for m in self._queue(c.TRANS_CHECK_MAX_TIME_TOPIC, as_of)}
         views = {}
         for uniq_key, records in halves.items():
             original = records[0]
             offsets = {r.commit_log_offset for r in records}
             finals = [f for f in store.final_offsets(uniq_key) if self._final_before(f, offsets, as_of)]
-            op = next((ended[r.queue_offset] for r in records if r.queue_offset in ended), None)
+            ops = [ended[r.queue_offset] for r in records if r.queue_offset in ended]
+            first_op = min(ops) if ops else None  # the first op in time ends it
             checks = max(int(r.properties.get(c.PROPERTY_TRANSACTION_CHECK_TIMES, "0") or 0) for r in records)
-            state = self._state(original, op is not None, bool(finals), uniq_key in discarded, checks, as_of)
+            state = self._state(original, first_op is not None, bool(finals), uniq_key in discarded, checks, as_of)
             views[uniq_key] = TransactionView(
                 self.broker.broker_name, uniq_key, original.properties.get(c.PROPERTY_PRODUCER_GROUP),
-                original.queue_offset, state, checks, op, finals[0] if finals else None,
+                original.queue_offset, state, checks, first_op, finals[0] if finals else None,
             )  # fmt: skip
         return views
 
@@ -366,7 +372,7 @@ class TransactionCheckService:
             return "DISCARDED"
         if age > self.reserved_ms:
             return "EXPIRED"
-        if age < self._immunity_ms(original):
+        if 0 <= age < self._immunity_ms(original):  # a negative age is checked back, as _process does
             return "PENDING"
         return "CHECK_DUE"
 
@@ -441,6 +447,7 @@ class TransactionCheckService:
             c.RMQ_SYS_TRANS_HALF_TOPIC, 0, half.body, properties, 0, _plain_flag(half.sys_flag),
             half.born_timestamp, half.born_host,
         ))  # fmt: skip
+        self.broker.flush()  # the check-back names the copy, which must be readable
         return self.broker.store.message_at(c.RMQ_SYS_TRANS_HALF_TOPIC, 0, result.queue_offsets[0])
 
     def _reput_immunity(self, half: MessageExt, check_times: int) -> None:

@@ -11,6 +11,7 @@ JOBS = {
     "rebuild_consume_queue": "jobs.rebuild_consume_queue",
     "consumer_offsets": "jobs.consumer_offsets",
     "reset_offsets": "jobs.reset_offsets",
+    "resolve_transactions": "jobs.resolve_transactions",
 }
 
 
