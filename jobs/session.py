@@ -44,6 +44,8 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "8",
     # the bridge writes inside Delta table directories, where a _SUCCESS marker is litter
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    # job output is the summary the job prints; progress bars would interleave with it
+    "spark.ui.showConsoleProgress": "false",
 }
 
 DELTA_CONF: dict[str, str] = {
