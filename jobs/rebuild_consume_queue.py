@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import reduce
 from pathlib import Path
 
 from pyspark import StorageLevel
@@ -77,6 +78,7 @@ _SEP, _KV = c.PROPERTY_SEPARATOR, c.NAME_VALUE_SEPARATOR
 _DELAY_PATTERN = f"(?:^|{_SEP}){c.PROPERTY_DELAY_TIME_LEVEL}{_KV}([^{_SEP}]+)"
 
 QUEUE_KEYS = ("broker_name", "topic", "queue_id")
+_DIGEST_KEYS = ("broker_name", "segment", "tags")
 # units are shuffled by queue with the topic first: they then come out sorted by topic, the
 # partition column of consume_queue, and the write needs no sort of its own
 _QUEUE_PARTITION = ("topic", "broker_name", "queue_id")
@@ -393,56 +395,72 @@ def _count_of(condition: Column) -> Column:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_log_digest(
-    records_df: DataFrame, segment_sizes_df: DataFrame, context_df: DataFrame | None = None
-) -> DataFrame:
+def build_log_digest(records_df: DataFrame, context_df: DataFrame | None = None) -> DataFrame:
     """A small summary of the records per (broker_name, segment, tags), from one pass without sort.
 
-    Columns: ``broker_name``, ``_segment`` (base offset by ``segment_size``), ``tags``,
-    ``_first`` (smallest offset), ``_first_size`` (its store_size), ``_end`` (greatest offset +
-    store_size), ``_smallest`` (smallest store_size), ``_sum0``/``_sum1`` (sums of ``h(end) -
-    h(offset)`` for the two 31-bit halves of xxhash64), ``_size`` (segment size).
-    :func:`build_untiled_brokers` and :func:`with_tags_code` read it. Needs ``broker_name``,
-    ``commit_log_offset``, ``store_size`` and ``tags``; context records (without tags) count too.
+    Columns: ``broker_name``, ``segment`` (the record's ``segment`` column), ``tags``, ``_first``
+    (smallest offset), ``_first_size`` (its store_size), ``_end`` (greatest offset + store_size),
+    ``_smallest`` (smallest store_size), ``_sum0``/``_sum1`` (sums of ``h(end) - h(offset)`` for
+    two 31-bit halves of xxhash64). :func:`build_untiled_brokers` and :func:`with_tags_code` read
+    it. Needs ``broker_name``, ``segment``, ``commit_log_offset``, ``store_size`` and ``tags``;
+    context records (without tags) count too. :func:`digest_by_file` gives the same figures per
+    data file, and :func:`merge_log_digests` merges them.
     """
-    marked_df = _marked(records_df, context_df, ["broker_name", "commit_log_offset", "store_size", "tags"])
-    sized_df = with_segment_size(marked_df, segment_sizes_df)
-    offset, end = F.col("commit_log_offset"), F.col("commit_log_offset") + F.col("store_size")
-    segment = (offset - offset % F.col("segment_size")).alias("_segment")
-    sums = [F.sum(_hash_half(end, high) - _hash_half(offset, high)).alias(f"_sum{int(high)}") for high in (False, True)]
-    return sized_df.groupBy("broker_name", segment, "tags").agg(
-        F.min("commit_log_offset").alias("_first"), F.min_by("store_size", "commit_log_offset").alias("_first_size"),
-        F.max(end).alias("_end"), F.min("store_size").alias("_smallest"), *sums, F.max("segment_size").alias("_size"),
-    )  # fmt: skip
+    columns = ["broker_name", "segment", "commit_log_offset", "store_size", "tags"]
+    marked_df = _marked(records_df, context_df, columns)
+    return marked_df.groupBy(*_DIGEST_KEYS).agg(*_digest_aggregates())
 
 
-def build_untiled_brokers(digest_df: DataFrame) -> DataFrame:
-    """``broker_name`` of the brokers whose records might not follow each other exactly.
+def digest_by_file(rows_df: DataFrame) -> DataFrame:
+    """:func:`build_log_digest` figures per (``_file``, tags), for :meth:`Lake.read_aggregated_by_file`."""
+    return rows_df.groupBy("_file", "tags").agg(*_digest_aggregates())
 
-    From :func:`build_log_digest`, no sort of records: a segment's records tile ``[first offset,
-    last end)`` exactly when their sizes are positive and the starts and ends telescope,
-    ``sum(h(end) - h(offset)) == h(last end) - h(first offset)`` (a broken segment passes only if
-    62 bits of hash sums collide, about 2^-62). Consecutive non-empty segments must then meet as
-    the roll rule says.
-    """
-    segments_df = digest_df.groupBy("broker_name", "_segment").agg(
+
+def merge_log_digests(digest_df: DataFrame) -> DataFrame:
+    """Digests of parts of the log (e.g. files) merged per (broker_name, segment, tags)."""
+    return digest_df.groupBy(*_DIGEST_KEYS).agg(
         F.min("_first").alias("_first"), F.min_by("_first_size", "_first").alias("_first_size"),
         F.max("_end").alias("_end"), F.min("_smallest").alias("_smallest"), F.sum("_sum0").alias("_sum0"),
-        F.sum("_sum1").alias("_sum1"), F.max("_size").alias("_size"),
+        F.sum("_sum1").alias("_sum1"),
     )  # fmt: skip
-    first, last_end, segment_end = F.col("_first"), F.col("_end"), F.col("_segment") + F.col("_size")
-    tiled = F.col("_smallest") > 0
+
+
+def _digest_aggregates() -> list[Column]:
+    offset, end = F.col("commit_log_offset"), F.col("commit_log_offset") + F.col("store_size")
+    return [
+        F.min(offset).alias("_first"), F.min_by("store_size", offset).alias("_first_size"), F.max(end).alias("_end"),
+        F.min("store_size").alias("_smallest"),
+        *[F.sum(_hash_half(end, high) - _hash_half(offset, high)).alias(f"_sum{int(high)}") for high in (False, True)],
+    ]  # fmt: skip
+
+
+def build_untiled_brokers(digest_df: DataFrame, segment_sizes_df: DataFrame) -> DataFrame:
+    """``broker_name`` of the brokers whose records might not follow each other exactly.
+
+    From :func:`build_log_digest`, no sort of records. A segment passes when its records lie in
+    it (with room for the 8-byte blank), their sizes are positive, and they tile ``[first offset,
+    last end)`` exactly: the starts and ends telescope, ``sum(h(end) - h(offset)) == h(last end)
+    - h(first offset)`` (a broken segment passes only if 62 bits of hash sums collide, about
+    2^-62). Consecutive non-empty segments must then meet as the roll rule says. Brokers listed
+    here are checked record by record; the others have no continuity finding.
+    """
+    sized_df = with_segment_size(merge_log_digests(digest_df.withColumn("tags", F.lit(None).cast("string"))),
+                                 segment_sizes_df)  # fmt: skip
+    first, last_end = F.col("_first"), F.col("_end")
+    segment_end = F.col("segment") + F.col("segment_size")
+    inside = (first >= F.col("segment")) & (last_end + c.END_FILE_MIN_BLANK_LENGTH <= segment_end)
+    fine = (F.col("_smallest") > 0) & inside
     for high in (False, True):
-        tiled = tiled & (F.col(f"_sum{int(high)}") == _hash_half(last_end, high) - _hash_half(first, high))
-    by_segment = Window.partitionBy("broker_name").orderBy("_segment")
-    next_df = segments_df.withColumns(
+        fine = fine & (F.col(f"_sum{int(high)}") == _hash_half(last_end, high) - _hash_half(first, high))
+    by_segment = Window.partitionBy("broker_name").orderBy("segment")
+    next_df = sized_df.withColumns(
         {"_next_first": F.lead(first).over(by_segment), "_next_size": F.lead("_first_size").over(by_segment)}
     )
     next_first, next_size = F.col("_next_first"), F.col("_next_size")
     meets = next_first.isNull() | (next_first == last_end) | (
         (next_first == segment_end) & (last_end + next_size + c.END_FILE_MIN_BLANK_LENGTH > segment_end)
     )
-    return next_df.where(~(tiled & meets)).select("broker_name").distinct()
+    return next_df.where(~(fine & meets)).select("broker_name").distinct()
 
 
 def build_continuity_findings(
@@ -458,15 +476,16 @@ def build_continuity_findings(
     store_size``, or at the next segment's base when it did not fit in what this record left of
     its segment (``end + next size + 8 > segment end``); the broker's last record is not checked.
     ``context_df`` holds records already checked (:func:`build_log_context`): one of them is only
-    checked when its next record is new. Needs ``broker_name``, ``commit_log_offset``,
-    ``store_size`` and ``tags``.
+    checked when its next record is new. Needs ``broker_name``, ``segment``,
+    ``commit_log_offset``, ``store_size`` and ``tags``.
 
     Only the brokers that :func:`build_untiled_brokers` lists (from ``digest_df``, the
     :func:`build_log_digest` of the same rows, built when not given) are sorted record by record.
     """
-    digest_df = digest_df if digest_df is not None else build_log_digest(records_df, segment_sizes_df, context_df)
+    digest_df = digest_df if digest_df is not None else build_log_digest(records_df, context_df)
+    untiled_df = build_untiled_brokers(digest_df, segment_sizes_df)
     marked_df = _marked(records_df, context_df, ["broker_name", "commit_log_offset", "store_size"])
-    suspect_df = marked_df.join(F.broadcast(build_untiled_brokers(digest_df)), on="broker_name", how="left_semi")
+    suspect_df = marked_df.join(F.broadcast(untiled_df), on="broker_name", how="left_semi")
     window = Window.partitionBy("broker_name").orderBy("commit_log_offset", "store_size", "_new")
     next_df = with_segment_size(suspect_df, segment_sizes_df).withColumns(
         {f"_next_{n}": F.lead(n).over(window) for n in ("commit_log_offset", "store_size", "_new")}
@@ -520,10 +539,10 @@ def build_log_context(commitlog_df: DataFrame, records_df: DataFrame) -> DataFra
     """The records of ``commitlog_df`` the continuity check of the new ``records_df`` needs.
 
     Per broker of ``records_df``: the record just before its first new record by
-    ``commit_log_offset``, and every record from there on. Columns: broker_name,
+    ``commit_log_offset``, and every record from there on. Columns: broker_name, segment,
     commit_log_offset, store_size.
     """
-    old_df = commitlog_df.select("broker_name", "commit_log_offset", "store_size")
+    old_df = commitlog_df.select("broker_name", "segment", "commit_log_offset", "store_size")
     return _context(old_df, records_df, ["broker_name"], ["commit_log_offset"])
 
 
@@ -645,47 +664,114 @@ def _execute(lake: Lake, plan: RebuildPlan) -> tuple[RebuildPlan, RebuildSummary
             print(f"{JOB}: cannot read the new commit log rows alone ({err}); rebuilding in full")
             plan = replace(plan, mode="full", reason=str(err))
     checked_df = build_checked_records(lake.read(COMMITLOG, version=plan.target))
-    return plan, _rebuild(lake, plan, checked_df, None, None)
+    columns = ["commit_log_offset", "store_size", "tags"]
+    digest_df = merge_log_digests(lake.read_aggregated_by_file(COMMITLOG, columns, digest_by_file, plan.target))
+    return plan, _rebuild(lake, plan, checked_df, digest_df, None, None)
+
+
+@dataclass(frozen=True)
+class QueueStart:
+    """Where the new records of an incremental run start in one queue: the smallest commit log
+    offset of its records and the smallest queue offset of its units (None without units)."""
+
+    broker_name: str
+    topic: str
+    queue_id: int
+    first_offset: int
+    first_unit: int | None
 
 
 def _incremental(lake: Lake, plan: RebuildPlan) -> RebuildSummary:
-    """Read the new rows and the context they are checked against, then rebuild from them."""
+    """Read the new rows and the context they are checked against, then rebuild from them.
+
+    The new rows and the contexts are small (they grow with the new data, not with the log), so
+    they are persisted: every check and the units pass reuse them.
+    """
     processed = plan.processed if plan.processed is not None else -1
-    checked_df = build_checked_records(lake.read_appended(COMMITLOG, processed, plan.target))
-    firsts = checked_df.groupBy("broker_name", "topic").agg(
-        F.min("commit_log_offset").alias("first"), F.max(is_dispatched(F.col("sys_flag"))).alias("units")
-    ).collect()  # fmt: skip
-    if not firsts:
-        return _rebuild(lake, plan, checked_df, None, None)
-    bounds: dict[str, int] = {}
-    for row in firsts:
-        bounds[row["broker_name"]] = min(bounds.get(row["broker_name"], row["first"]), row["first"])
-    old_df = lake.read_around(COMMITLOG, "commit_log_offset", bounds, "broker_name", version=processed)
-    log_context_df = build_log_context(old_df, checked_df)
-    topics = sorted({row["topic"] for row in firsts if row["units"]})
-    queue_context_df = None
-    if topics:
-        units_df = lake.read(CONSUME_QUEUE, partition_filter={"topic": topics})
-        queue_context_df = build_queue_context(units_df, filter_dispatched(checked_df))
-    return _rebuild(lake, plan, checked_df, queue_context_df, log_context_df)
+    persisted: list[DataFrame] = []
+
+    def kept(df: DataFrame) -> DataFrame:
+        persisted.append(df.persist(StorageLevel.MEMORY_AND_DISK))
+        return persisted[-1]
+
+    try:
+        checked_df = kept(build_checked_records(lake.read_appended(COMMITLOG, processed, plan.target)))
+        first_unit = F.min(F.when(is_dispatched(F.col("sys_flag")), F.col("queue_offset"))).alias("first_unit")
+        starts = [QueueStart(**r.asDict()) for r in checked_df.groupBy(*QUEUE_KEYS).agg(
+            F.min("commit_log_offset").alias("first_offset"), first_unit).collect()]  # fmt: skip
+        if not starts:
+            return _rebuild(lake, plan, checked_df, build_log_digest(checked_df), None, None)
+        bounds: dict[str, int] = {}
+        for start in starts:
+            bounds[start.broker_name] = min(bounds.get(start.broker_name, start.first_offset), start.first_offset)
+        old_df = lake.read_around(COMMITLOG, "commit_log_offset", bounds, "broker_name", version=processed)
+        log_context_df = kept(build_log_context(old_df, checked_df))
+        queues = [s for s in starts if s.first_unit is not None]
+        queue_context_df = None
+        if queues:
+            tails_df = kept(_read_queue_units(lake, queues, "tail"))
+            queue_context_df = kept(_queue_context(lake, queues, tails_df, checked_df))
+        digest_df = build_log_digest(checked_df, log_context_df)
+        return _rebuild(lake, plan, checked_df, digest_df, queue_context_df, log_context_df)
+    finally:
+        for df in persisted:
+            df.unpersist()
+
+
+def _queue_context(lake: Lake, queues: list[QueueStart], tails_df: DataFrame, checked_df: DataFrame) -> DataFrame:
+    """The :func:`build_queue_context` of the new units, from ``tails_df``: per queue, the units
+    from queue offset ``first_unit - 1`` on (see :func:`_read_queue_units`). Queues where that unit
+    is missing (a gap before the new units) are read whole."""
+    found = {(r["broker_name"], r["topic"], r["queue_id"]) for r in tails_df.where(
+        _at_offset(queues, "before")).select(*QUEUE_KEYS).distinct().collect()}  # fmt: skip
+    gapped = [q for q in queues if q.first_unit and (q.broker_name, q.topic, q.queue_id) not in found]
+    if gapped:
+        tails_df = tails_df.unionByName(_read_queue_units(lake, gapped, "head"))
+    return build_queue_context(tails_df, filter_dispatched(checked_df))
+
+
+def _read_queue_units(lake: Lake, queues: list[QueueStart], part: str) -> DataFrame:
+    """The units of ``queues`` at or above (``part="tail"``) or below (``"head"``) queue offset
+    ``first_unit - 1``, one read per topic so that the literal predicate reaches the Parquet reader:
+    ``consume_queue`` files are written sorted by queue, so the page statistics skip the rest."""
+    topics = sorted({q.topic for q in queues})
+    reads = [
+        lake.read(CONSUME_QUEUE, partition_filter={"topic": [topic]}).where(
+            _at_offset([q for q in queues if q.topic == topic], part))
+        for topic in topics
+    ]  # fmt: skip
+    return reduce(DataFrame.unionByName, reads)
+
+
+def _at_offset(queues: Sequence[QueueStart], part: str) -> Column:
+    """Units of ``queues`` (any topic) relative to queue offset ``first_unit - 1``: ``"tail"`` at or
+    above it, ``"head"`` below it, ``"before"`` at it; literal terms a Parquet reader can use."""
+    terms = F.lit(False)
+    for q in queues:
+        bound, offset = (q.first_unit or 0) - 1, F.col("queue_offset")
+        kept = {"tail": offset >= bound, "head": offset < bound, "before": offset == bound}[part]
+        terms = terms | ((F.col("broker_name") == q.broker_name) & (F.col("queue_id") == q.queue_id) & kept)
+    return terms
 
 
 def _rebuild(
     lake: Lake,
     plan: RebuildPlan,
     checked_df: DataFrame,
+    digest_df: DataFrame,
     queue_context_df: DataFrame | None,
     log_context_df: DataFrame | None,
 ) -> RebuildSummary:
     """Write the units of ``checked_df`` while counting problems, then the findings.
 
-    Three passes: a narrow one builds the log digest (continuity, distinct tags); the units pass
+    ``digest_df`` (:func:`build_log_digest` of the same records and the log context) is computed
+    once, by a narrow pass: it gives the distinct tags and the continuity check. The units pass
     reads the records with their bodies, counts record problems, shuffles the units by queue,
-    counts queue problems and writes the units; the findings are the continuity findings, plus
+    counts queue problems and writes the units. The findings are the continuity findings, plus
     the record and queue findings, recomputed only when the units pass counted one.
     """
     sizes_df = _segment_sizes(lake)
-    digest_df = build_log_digest(checked_df, sizes_df, log_context_df).persist(StorageLevel.MEMORY_AND_DISK)
+    digest_df = digest_df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         units_df, observations = _observed_units(checked_df, sizes_df, digest_df, queue_context_df)
         write = lake.overwrite if plan.mode == "full" else lake.append

@@ -32,10 +32,14 @@ from jobs.rebuild_consume_queue import (
     build_consume_queue,
     build_integrity_report,
     build_log_context,
+    build_log_digest,
     build_queue_context,
     build_segment_sizes,
+    build_untiled_brokers,
     delay_level,
+    digest_by_file,
     main,
+    merge_log_digests,
     plan_run,
     run,
 )
@@ -375,6 +379,41 @@ def test_the_segment_size_is_the_latest_one_of_the_broker_else_one_gib(spark: Sp
     assert sorted(r["broker_name"] for r in report.where(F.col("problem") == "BEYOND_SEGMENT").collect()) == [
         "broker-a", "broker-z"
     ]  # fmt: skip
+
+
+def _untiled(spark: SparkSession, records: list[dict[str, Any]]) -> list[str]:
+    digest_df = build_log_digest(_frame(spark, COMMITLOG, records))
+    sizes_df = build_segment_sizes(_brokers(spark, ("broker-a", SEGMENT, T0), ("broker-b", SEGMENT, T0)))
+    return sorted(r["broker_name"] for r in build_untiled_brokers(digest_df, sizes_df).collect())
+
+
+@pytest.mark.spark
+def test_only_brokers_whose_records_do_not_tile_their_segments_are_sorted(spark: SparkSession) -> None:
+    clean = _laid_out(_record(i, body=b"x" * 900) for i in range(10))
+    other = _laid_out(_record(i, broker="broker-b", body=b"x" * 900) for i in range(10))
+    assert _untiled(spark, clean + other) == []
+    overlapping = [*clean[:3], {**clean[3], "commit_log_offset": clean[3]["commit_log_offset"] - 1}, *clean[4:]]
+    assert _untiled(spark, overlapping + other) == ["broker-a"]
+    early_roll = [*clean[:5], *_laid_out(clean[5:], start=clean[4]["commit_log_offset"] + 4096)]
+    assert _untiled(spark, other + early_roll) == ["broker-a"]
+    outside = [*other[:9], {**other[9], "segment": other[9]["segment"] - SEGMENT}]  # tiles, but declared wrong
+    assert _untiled(spark, clean + outside) == ["broker-b"]
+    assert _untiled(spark, clean + other[:4] + other[5:]) == ["broker-b"]  # a record missing
+
+
+@pytest.mark.spark
+def test_a_digest_by_file_merges_to_the_digest_of_the_rows(spark: SparkSession, tmp_path: Path) -> None:
+    lake = Lake(spark, tmp_path, "bridge")
+    records = _laid_out(_record(i, body=b"x" * 900, properties={"TAGS": f"t{i % 3}"}) for i in range(10))
+    records += _laid_out(_record(i, broker="broker-b") for i in range(3))
+    for part in (records[:4], records[4:8], records[8:]):
+        _append_log(lake, spark, part)
+    columns = ["commit_log_offset", "store_size", "tags"]
+    by_file_df = merge_log_digests(lake.read_aggregated_by_file(COMMITLOG, columns, digest_by_file))
+    assert by_file_df.columns == build_log_digest(lake.read(COMMITLOG)).columns
+    assert_frames_equal(by_file_df, build_log_digest(lake.read(COMMITLOG)))
+    with pytest.raises(ValueError, match="not data columns"):
+        lake.read_aggregated_by_file(COMMITLOG, ["segment"], digest_by_file)
 
 
 # ---------------------------------------------------------------------------------------------
