@@ -14,15 +14,17 @@ from __future__ import annotations
 import fcntl
 import functools
 import os
+import random
 import socket
 import struct
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -32,11 +34,16 @@ from broker_model import constants as c
 from broker_model.codec import encode_properties, parse_host
 from broker_model.deltalog import AppendLog, append_rows, ensure_table, read_table
 from broker_model.errors import BrokerError, BrokerLockedError, CommitFailedError, ValidationError
-from broker_model.message import validate_name
+from broker_model.locks import RebalanceLockManager
+from broker_model.message import MessageQueue, validate_name
 from broker_model.offsets import ConsumerOffsetManager
+from broker_model.rebalance import ConsumerGroupManager
 from broker_model.record import magic_for_topic, record_length
-from broker_model.store import MessageStore, PullResult
-from schemas.catalog import BROKERS, COMMITLOG, TOPIC_CONFIG
+from broker_model.store import MessageExt, MessageStore, PullResult
+from schemas.catalog import BROKERS, COMMITLOG, SUBSCRIPTION_GROUP, TOPIC_CONFIG
+
+if TYPE_CHECKING:
+    from broker_model.schedule import ScheduleMessageService
 
 FlushMode = Literal["SYNC_FLUSH", "ASYNC_FLUSH"]
 
@@ -66,6 +73,7 @@ class BrokerConfig:
     offset_persist_interval_ms: int = 5000  # persistConsumerOffsetInterval
     checkpoint_interval: int = 100
     fsync: bool = True
+    schedule_delivery: bool = False  # run the ScheduleMessageService thread (off: call deliver_due yourself)
     clock: Callable[[], int] = field(default=now_ms, compare=False)
 
 
@@ -97,6 +105,43 @@ class PutResult:
     commit_log_offsets: tuple[int, ...]
     msg_ids: tuple[str, ...]
     store_timestamp: int
+
+
+@dataclass(frozen=True)
+class SubscriptionGroupConfig:
+    """A consumer group's settings on one broker (``SubscriptionGroupConfig``); one row of the
+    ``subscription_group`` table.
+
+    ``retry_max_times``: failed deliveries after which a send-back goes to ``%DLQ%group`` when
+    the client does not send its own maximum. ``retry_queue_nums``: queues of ``%RETRY%group``;
+    0 makes a send-back succeed without storing anything. The ``consume_*`` flags are kept for
+    the jobs and tools; the broker does not enforce them. ``updated_timestamp`` (epoch ms) is set
+    by :meth:`Broker.update_subscription_group`.
+    """
+
+    group: str
+    retry_max_times: int = c.RETRY_MAX_TIMES
+    retry_queue_nums: int = c.RETRY_QUEUE_NUMS
+    consume_enable: bool = True
+    consume_broadcast_enable: bool = True
+    consume_from_min_enable: bool = True
+    consume_message_orderly: bool = False
+    updated_timestamp: int = 0
+
+    def validate(self) -> None:
+        """Check every setting.
+
+        Raises:
+            ValidationError: a bad group name, ``retry_max_times`` outside [0, 2^31) or
+                ``retry_queue_nums`` outside [0, 1024].
+        """
+        validate_name(self.group, "group", c.GROUP_MAX_LENGTH)
+        if not 0 <= self.retry_max_times < 2**31:
+            raise ValidationError("retry_max_times", self.retry_max_times, "must be in [0, 2^31)", "16 is the default")
+        if not 0 <= self.retry_queue_nums <= 1024:
+            raise ValidationError(
+                "retry_queue_nums", self.retry_queue_nums, "must be in [0, 1024]", "use 0 to drop failed messages"
+            )
 
 
 class BrokerNameLock:
@@ -273,8 +318,16 @@ class Broker:
         self.store = MessageStore(config.lake, config.broker_name, clock=config.clock)
         self.offsets = ConsumerOffsetManager(config.lake, config.broker_name, config.clock)
         self.transaction_producers: dict[str, list[Any]] = {}  # producer group -> live transactional producers
+        self.rebalance_locks = RebalanceLockManager(clock=config.clock)  # orderly queue locks of this broker
+        self.consumer_groups = ConsumerGroupManager(clock=config.clock)  # live consumer clients per group
         self._stopped = threading.Event()
         self._persister: threading.Thread | None = None
+        self.schedule_service: ScheduleMessageService | None = None  # the delay thread when schedule_delivery
+        self._subscription_groups: dict[str, SubscriptionGroupConfig] = {}
+        self._subscription_lock = threading.Lock()
+        self._retry_random = random.Random()  # picks a retry queue, as the broker's send-back does
+        self._served: OrderedDict[int, tuple[str, int, int]] = OrderedDict()  # see _remember_served
+        self._served_lock = threading.Lock()
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -297,6 +350,7 @@ class Broker:
             self.store.load()
             self.store.fed_locally = True
             self.offsets.load()
+            self._load_subscription_groups()
             self._record_start()
         except BaseException:
             self._release_name_lock()
@@ -307,10 +361,21 @@ class Broker:
         self._stopped.clear()
         self._persister = threading.Thread(target=self._persist_loop, name=f"offsets-{self.broker_name}", daemon=True)
         self._persister.start()
+        if self.config.schedule_delivery:
+            from broker_model.schedule import ScheduleMessageService  # schedule imports this module
+
+            try:
+                self.schedule_service = ScheduleMessageService(self).start()
+            except BaseException:  # an unreadable progress file: do not leave a half-started broker
+                self.shutdown()
+                raise
         return self
 
     def shutdown(self) -> None:
         """Commit everything pending, stop the committer and release the broker name."""
+        if self.schedule_service is not None:  # its rounds write through this broker: stop it first
+            self.schedule_service.stop()
+            self.schedule_service = None
         with self._lock:
             if not self._running:
                 return
@@ -350,6 +415,49 @@ class Broker:
         """Commit a clustering group's next offset of one of this broker's queues (persisted to
         the lake within ``offset_persist_interval_ms``)."""
         self.offsets.commit_offset(group, topic, queue_id, offset, client_id, source)
+
+    def lock_batch(
+        self, group: str, queues: Iterable[MessageQueue], client_id: str, now: int | None = None
+    ) -> set[MessageQueue]:
+        """``LOCK_BATCH_MQ``: lock this broker's ``queues`` for an orderly client of ``group``;
+        returns the queues it now holds (see :meth:`RebalanceLockManager.lock_batch`).
+
+        Raises:
+            ValidationError: a queue of another broker, an empty group or client id.
+        """
+        wanted = self._own_queues(queues)
+        return self.rebalance_locks.lock_batch(group, wanted, client_id, now)
+
+    def unlock_batch(self, group: str, queues: Iterable[MessageQueue], client_id: str) -> set[MessageQueue]:
+        """``UNLOCK_BATCH_MQ``: release the locks of ``queues`` that ``client_id`` holds; returns
+        the queues released.
+
+        Raises:
+            ValidationError: a queue of another broker, an empty group or client id.
+        """
+        return self.rebalance_locks.unlock_batch(group, self._own_queues(queues), client_id)
+
+    def _own_queues(self, queues: Iterable[MessageQueue]) -> list[MessageQueue]:
+        wanted = list(queues)
+        for queue in wanted:
+            if queue.broker_name != self.broker_name:
+                raise ValidationError(
+                    "queue.broker_name", queue.broker_name, f"is not this broker ({self.broker_name!r})",
+                    "lock each queue on the broker that holds it",
+                )  # fmt: skip
+        return wanted
+
+    def heartbeat(self, group: str, client_id: str, now: int | None = None) -> bool:
+        """A consumer client's heartbeat for ``group``; True when it joined the group now."""
+        return self.consumer_groups.register(group, client_id, now)
+
+    def unregister_client(self, group: str, client_id: str) -> bool:
+        """A consumer client leaves ``group`` (at its shutdown); True when it was a member."""
+        return self.consumer_groups.unregister(group, client_id)
+
+    def consumer_ids(self, group: str, now: int | None = None) -> list[str]:
+        """Live client ids of ``group`` on this broker, sorted (``GET_CONSUMER_LIST_BY_GROUP``)."""
+        return self.consumer_groups.client_ids(group, now)
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The group's committed offset of the queue, -1 when none (``queryOffset``)."""
@@ -450,7 +558,184 @@ class Broker:
     ) -> PullResult:  # fmt: skip
         """Pull from one of this broker's queues (see :meth:`MessageStore.pull`); the queue must
         be committed to be visible, as RocketMQ only serves dispatched messages."""
-        return self.store.pull(topic, queue_id, offset, max_msgs, tag_expression, suspend_timeout_ms, long_polling)
+        result = self.store.pull(topic, queue_id, offset, max_msgs, tag_expression, suspend_timeout_ms, long_polling)
+        self._remember_served(result.messages)
+        return result
+
+    # -- subscription groups, retries and dead letters ---------------------------------------------
+
+    def update_subscription_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
+        """Create or change a consumer group's settings on this broker
+        (``updateAndCreateSubscriptionGroup``): appends one ``subscription_group`` row and applies
+        it at once. Returns the settings as stored, with an ``updated_timestamp`` strictly greater
+        than the group's previous one.
+
+        Raises:
+            ValidationError: a bad group name or setting; nothing is written.
+        """
+        config.validate()
+        with self._subscription_lock:
+            previous = self._subscription_groups.get(config.group)
+            moment = self._clock()
+            if previous is not None and moment <= previous.updated_timestamp:
+                moment = previous.updated_timestamp + 1
+            stored = replace(config, updated_timestamp=moment)
+            row = {"broker_name": self.broker_name, **vars(stored)}
+            rows = pa.Table.from_pylist([row], SUBSCRIPTION_GROUP.arrow_schema)
+            append_rows(self.config.lake, SUBSCRIPTION_GROUP, rows)
+            self._subscription_groups[stored.group] = stored
+        return stored
+
+    def subscription_group(self, group: str) -> SubscriptionGroupConfig:
+        """The group's settings on this broker: its latest ``subscription_group`` row, or the
+        defaults when it has none (RocketMQ auto-creates a missing group with the defaults).
+
+        Raises:
+            ValidationError: a bad group name.
+        """
+        validate_name(group, "group", c.GROUP_MAX_LENGTH)
+        with self._subscription_lock:
+            found = self._subscription_groups.get(group)
+        return found if found is not None else SubscriptionGroupConfig(group)
+
+    def _load_subscription_groups(self) -> None:
+        """This broker's latest row per group of ``subscription_group`` (read at start)."""
+        table = read_table(self.config.lake, SUBSCRIPTION_GROUP)
+        table = table.filter(pc.equal(table["broker_name"], self.broker_name))
+        groups: dict[str, SubscriptionGroupConfig] = {}
+        for row in table.sort_by("updated_timestamp").to_pylist():
+            del row["broker_name"]
+            groups[row["group"]] = SubscriptionGroupConfig(**row)
+        with self._subscription_lock:
+            self._subscription_groups = groups
+
+    def consumer_send_back(self, group: str, commit_log_offset: int, delay_level: int = 0,
+                           max_reconsume_times: int | None = None, reconsume_times: int | None = None,
+                           origin_msg_id: str | None = None) -> PutResult:  # fmt: skip
+        """``CONSUMER_SEND_MSG_BACK``: store again a message a consumer of ``group`` failed on, as a
+        retry or as a dead letter (FACTS 7.3, RocketMQ 5.3).
+
+        The original record is read back by ``commit_log_offset`` from this broker. Let ``times``
+        be ``reconsume_times`` (None: the stored record's count) and ``limit`` be
+        ``max_reconsume_times`` (None: the group's ``retry_max_times``, default 16).
+
+        - ``times >= limit`` or ``delay_level < 0``: a dead letter in ``%DLQ%group`` queue 0,
+          stored directly (DELAY set to 0, as RocketMQ stores it).
+        - otherwise a retry in ``%RETRY%group`` (created with the group's ``retry_queue_nums``
+          queues, one picked at random) with DELAY = ``delay_level``, or ``3 + times`` when 0,
+          so that the put redirects it to ``SCHEDULE_TOPIC_XXXX`` until the level's delay passes.
+
+        The copy keeps body (as stored), flag, properties, sys flag, born time and born host; it
+        has ``reconsume_times = times + 1``, WAIT=false, RETRY_TOPIC (the original's topic unless
+        already set) and ORIGIN_MESSAGE_ID (the original's ``msg_id``, the offset message id,
+        unless already set, so it names the first stored copy through every retry).
+        ``origin_msg_id`` is the client's id of the message, which RocketMQ's request carries for
+        its hooks only; it is not stored.
+
+        Returns:
+            where the copy went (the schedule topic and level queue for a retry). When the group's
+            ``retry_queue_nums`` is 0 nothing is stored and the offsets are empty (RocketMQ then
+            answers SUCCESS).
+
+        Raises:
+            ValidationError: a bad group name, a negative ``commit_log_offset`` or
+                ``reconsume_times``, or no message at ``commit_log_offset``; nothing is written.
+            BrokerError, CommitFailedError: as :meth:`put_messages`.
+        """
+        validate_name(group, "group", c.GROUP_MAX_LENGTH)
+        for name, value in (("delay_level", delay_level), ("max_reconsume_times", max_reconsume_times),
+                            ("reconsume_times", reconsume_times)):  # fmt: skip
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValidationError(name, value, "must be an int")
+        if reconsume_times is not None and reconsume_times < 0:
+            raise ValidationError("reconsume_times", reconsume_times, "must not be negative")
+        original = self._look_message_by_offset(commit_log_offset)
+        config = self.subscription_group(group)
+        if config.retry_queue_nums <= 0:
+            return PutResult(self.broker_name, c.RETRY_GROUP_TOPIC_PREFIX + group, -1, (), (), (), self._clock())
+        times = original.reconsume_times if reconsume_times is None else reconsume_times
+        limit = config.retry_max_times if max_reconsume_times is None else max_reconsume_times
+        properties = dict(original.properties)
+        properties.setdefault(c.PROPERTY_RETRY_TOPIC, original.topic)
+        properties[c.PROPERTY_WAIT_STORE_MSG_OK] = "false"
+        if not (properties.get(c.PROPERTY_ORIGIN_MESSAGE_ID) or "").strip():
+            properties[c.PROPERTY_ORIGIN_MESSAGE_ID] = original.msg_id
+        if times >= limit or delay_level < 0:
+            topic, queue_id = c.DLQ_GROUP_TOPIC_PREFIX + group, 0
+            self._ensure_send_back_topic(topic, c.DLQ_NUMS_PER_GROUP)
+            properties[c.PROPERTY_DELAY_TIME_LEVEL] = "0"
+        else:
+            topic, queue_id = c.RETRY_GROUP_TOPIC_PREFIX + group, self._retry_random.randrange(config.retry_queue_nums)
+            self._ensure_send_back_topic(topic, config.retry_queue_nums)
+            properties[c.PROPERTY_DELAY_TIME_LEVEL] = str(delay_level or c.FIRST_RETRY_DELAY_LEVEL + times)
+        host_bits = c.BORNHOST_V6_FLAG | c.STOREHOSTADDRESS_V6_FLAG  # the put sets them for this record
+        return self.put_message(InnerMessage(
+            topic, queue_id, original.body, properties, original.flag, original.sys_flag & ~host_bits,
+            original.born_timestamp, original.born_host, times + 1,
+        ))  # fmt: skip
+
+    def _ensure_send_back_topic(self, topic: str, queue_nums: int) -> None:
+        """``createTopicInSendMessageBackMethod``; a retry topic with fewer queues than the group
+        now wants is grown, so that consumers see every queue a retry can land in."""
+        with self._subscription_lock:
+            if (self.topics.get(topic) or 0) < queue_nums:
+                self.create_topic(topic, queue_nums)
+
+    def _remember_served(self, messages: Sequence[MessageExt]) -> None:
+        """Remember where recently pulled messages sit (commit log offset -> topic, queue, queue
+        offset): the store indexes by queue, and a send-back names a message by its commit log
+        offset only. Bounded; a forgotten message is found by a slower search."""
+        if not messages:
+            return
+        with self._served_lock:
+            for message in messages:
+                self._served[message.commit_log_offset] = (message.topic, message.queue_id, message.queue_offset)
+                self._served.move_to_end(message.commit_log_offset)
+            while len(self._served) > _SERVED_CAPACITY:
+                self._served.popitem(last=False)
+
+    def _look_message_by_offset(self, commit_log_offset: int) -> MessageExt:
+        """``lookMessageByOffset``: the dispatched record at ``commit_log_offset``, body as stored.
+
+        Raises:
+            ValidationError: not a non-negative int, or no dispatched record starts there.
+        """
+        if not isinstance(commit_log_offset, int) or isinstance(commit_log_offset, bool) or commit_log_offset < 0:
+            raise ValidationError("commit_log_offset", commit_log_offset, "must be a non-negative int")
+        with self._served_lock:
+            place = self._served.get(commit_log_offset)
+        found = None if place is None else self.store.message_at(*place, decompress=False)
+        if found is None or found.commit_log_offset != commit_log_offset:
+            found = self.store.message_by_offset(commit_log_offset)
+        if found is None:
+            found = self._search_queues(commit_log_offset)
+        if found is None:
+            raise ValidationError(
+                "commit_log_offset", commit_log_offset, f"no message is stored there on broker {self.broker_name!r}",
+                "pass the commit_log_offset of a message pulled from this broker",
+            )  # fmt: skip
+        return found
+
+    def _search_queues(self, commit_log_offset: int) -> MessageExt | None:
+        """Binary search of every consume queue (commit log offsets rise with queue offsets)."""
+        if commit_log_offset >= self.next_offset:
+            return None
+        self.flush()  # an ASYNC_FLUSH put becomes readable once committed
+        store = self.store
+        for topic, queue_id in store.queues():
+            low, high = 0, store.max_offset(topic, queue_id) - 1
+            while low <= high:
+                middle = (low + high) // 2
+                message = store.message_at(topic, queue_id, middle, decompress=False)
+                if message is None:
+                    break
+                if message.commit_log_offset == commit_log_offset:
+                    return message
+                if message.commit_log_offset < commit_log_offset:
+                    low = middle + 1
+                else:
+                    high = middle - 1
+        return None
 
     # -- the append path --------------------------------------------------------------------------
 
@@ -676,6 +961,7 @@ class Broker:
 
 
 _LONG = struct.Struct(">q")
+_SERVED_CAPACITY = 32768  # pulled messages whose queue position the broker remembers for send-backs
 
 
 @functools.lru_cache(maxsize=16)

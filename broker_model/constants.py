@@ -131,3 +131,42 @@ RETRY_TIMES_WHEN_SEND_FAILED: Final = 2  # a sync send tries 1 + 2 times
 LATENCY_MAX: Final = (50, 100, 550, 1800, 3000, 5000, 15000)
 NOT_AVAILABLE_DURATION: Final = (0, 0, 2000, 5000, 6000, 10000, 30000)
 ISOLATION_LATENCY: Final = 10000  # a failed send counts as this latency (5.x)
+
+# -- ordered consumption and rebalance (FACTS 11) ---------------------------------------------
+REBALANCE_LOCK_MAX_LIVE_TIME_MS: Final = 60000  # broker RebalanceLockManager lease
+CLIENT_LOCK_MAX_LIVE_TIME_MS: Final = 30000  # ProcessQueue: the client trusts a lock this long
+REBALANCE_LOCK_INTERVAL_MS: Final = 20000  # ProcessQueue: the client renews its locks this often
+LOCK_ALL_INITIAL_DELAY_MS: Final = 1000  # lockMQPeriodically's first run after start
+UNLOCK_DELAY_TIME_MS: Final = 20000  # RebalancePushImpl: unlock of a released queue with cached messages
+MAX_TIME_CONSUME_CONTINUOUSLY_MS: Final = 60000  # an orderly consume request yields after this long
+SUSPEND_CURRENT_QUEUE_TIME_MS: Final = 1000  # DefaultMQPushConsumer.suspendCurrentQueueTimeMillis
+SUSPEND_TIME_MIN_MS: Final = 10  # submitConsumeRequestLater clamps its delay to [10, 30000]
+SUSPEND_TIME_MAX_MS: Final = 30000
+CONSUME_MESSAGE_BATCH_MAX_SIZE: Final = 1  # consumeMessageBatchMaxSize, range [1, 1024]
+PULL_BATCH_SIZE: Final = 32  # pullBatchSize, range [1, 1024]
+PULL_THRESHOLD_FOR_QUEUE: Final = 1000  # cached messages per queue before pulls pause
+PULL_THRESHOLD_SIZE_FOR_QUEUE_MIB: Final = 100  # cached body MiB per queue before pulls pause
+PULL_TIME_DELAY_MS_WHEN_FLOW_CONTROL: Final = 50  # PULL_TIME_DELAY_MILLS_WHEN_CACHE_FLOW_CONTROL
+PULL_TIME_DELAY_MS_WHEN_EXCEPTION: Final = 3000  # also the retry delay of a pull on an unlocked queue
+OFFSET_MOVED_DELAY_MS: Final = 10000  # OFFSET_ILLEGAL: the queue is rebuilt after this long
+REBALANCE_INTERVAL_MS: Final = 20000  # RebalanceService waitInterval
+REBALANCE_RETRY_MS: Final = 500  # rebalanceLater when a new queue could not be locked
+HEARTBEAT_BROKER_INTERVAL_MS: Final = 30000  # ClientConfig.heartbeatBrokerInterval
+CHANNEL_EXPIRED_TIMEOUT_MS: Final = 120000  # BrokerConfig.channelExpiredTimeout: a silent client leaves
+
+# -- retries, dead letters and delayed delivery (FACTS 7) ---------------------------------------
+DLQ_NUMS_PER_GROUP: Final = 1  # a group's %DLQ% topic has one queue: dead letters go to queue 0
+RETRY_MAX_TIMES: Final = 16  # SubscriptionGroupConfig.retryMaxTimes
+RETRY_QUEUE_NUMS: Final = 1  # SubscriptionGroupConfig.retryQueueNums
+MAX_RECONSUME_TIMES_CONCURRENTLY: Final = 16  # a concurrent consumer's maxReconsumeTimes -1 means this
+FIRST_RETRY_DELAY_LEVEL: Final = 3  # a send-back with delay level 0 waits level 3 + reconsume times
+SCHEDULE_FIRST_DELAY_MS: Final = 1000  # FIRST_DELAY_TIME: the schedule service's first round
+SCHEDULE_DELAY_FOR_A_WHILE_MS: Final = 100  # DELAY_FOR_A_WHILE: pause between delivery rounds
+UNKNOWN_LEVEL_DELAY_MS: Final = 1000  # computeDeliverTimestamp of a level outside the table
+CONSUME_REQUEST_LATER_MS: Final = 5000  # submitConsumeRequestLater: messages whose send-back failed
+CONSUME_CONCURRENTLY_MAX_SPAN: Final = 2000  # consumeConcurrentlyMaxSpan: pulls pause past this span
+CONSUME_THREADS: Final = 20  # consumeThreadMin and consumeThreadMax
+PERSIST_CONSUMER_OFFSET_INTERVAL_MS: Final = 5000  # the client's persistConsumerOffsetInterval
+PROPERTY_CONSUME_START_TIMESTAMP: Final = "CONSUME_START_TIME"
+PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"  # 5.x timer property cleared on delivery
+PROPERTY_TIMER_DELAY_SEC: Final = "TIMER_DELAY_SEC"  # 5.x timer property cleared on delivery

@@ -10,16 +10,20 @@ from __future__ import annotations
 import json
 import random
 import threading
+import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker_model.broker import Broker, BrokerConfig, FlushMode
+from broker_model import constants as c
+from broker_model.broker import Broker, BrokerConfig, FlushMode, SubscriptionGroupConfig, now_ms
 from broker_model.consumer import PullConsumer
 from broker_model.message import Message, MessageQueue
 from broker_model.producer import Producer, select_by_hash
+from broker_model.push_consumer import ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, PushConsumer
+from broker_model.schedule import ScheduleMessageService
 from broker_model.store import MessageExt, PullStatus
 from broker_model.transaction import LocalTransactionState, TransactionCheckService, TransactionProducer
 
@@ -54,6 +58,7 @@ class WorkloadReport:
     consumed: Counter[str] = field(default_factory=Counter)
     transactions: Counter[str] = field(default_factory=Counter)
     last_check: int = 0  # time (ms) of the last transaction check round
+    retries: Counter[str] = field(default_factory=Counter)  # push consumer figures and dead letters
 
     def summary(self) -> str:
         """A one-paragraph human summary."""
@@ -61,6 +66,7 @@ class WorkloadReport:
             f"{self.messages} messages in {self.sends} sends; kinds {dict(sorted(self.by_kind.items()))}; "
             f"brokers {dict(sorted(self.by_broker.items()))}; topics {dict(sorted(self.by_topic.items()))}; "
             f"consumed {dict(sorted(self.consumed.items()))}; transactions {dict(sorted(self.transactions.items()))}"
+            + (f"; retries {dict(sorted(self.retries.items()))}" if self.retries else "")
         )
 
 
@@ -107,15 +113,16 @@ def _message(
 
 
 def start_brokers(
-    lake: Path, count: int, segment_size: int | None = None, flush_mode: FlushMode = "ASYNC_FLUSH"
-) -> list[Broker]:
+    lake: Path, count: int, segment_size: int | None = None, flush_mode: FlushMode = "ASYNC_FLUSH",
+    clock: Callable[[], int] = now_ms,
+) -> list[Broker]:  # fmt: skip
     """Start ``count`` brokers named broker-a, broker-b, ... with the demo topics created."""
     brokers = []
     for index in range(count):
         name = f"broker-{chr(ord('a') + index)}"
         config = BrokerConfig(
             lake=lake, broker_name=name, store_host=f"127.0.0.{index + 1}:10911",
-            segment_size=segment_size, flush_mode=flush_mode,
+            segment_size=segment_size, flush_mode=flush_mode, clock=clock,
         )  # fmt: skip
         broker = Broker(config).start()
         for topic, queues, _, _ in TOPICS:
@@ -134,12 +141,20 @@ def run_workload(
     flush_mode: FlushMode = "ASYNC_FLUSH",
     consumers: bool = True,
     transactions: int = 0,
+    retries: bool = False,
 ) -> WorkloadReport:
     """Write ``plan_sends(messages, seed)`` through ``brokers`` real brokers from ``threads``
     producer threads (send ``i`` goes to thread ``i % threads``), then (with ``consumers``) let
-    the consumer groups read and commit, then flush and stop the brokers."""
+    the consumer groups read and commit, then flush and stop the brokers.
+
+    With ``retries`` the brokers run on a :class:`SimulatedClock`, and after everything else the
+    push consumer groups of :data:`RETRY_GROUPS` consume with failing listeners while the clock
+    jumps from one delivery time to the next (:func:`run_retries`): retries, delays and dead
+    letters appear in the log at realistic store times within seconds of wall time.
+    """
     plan = plan_sends(messages, seed)
-    started = start_brokers(lake, brokers, segment_size, flush_mode)
+    clock = SimulatedClock() if retries else now_ms
+    started = start_brokers(lake, brokers, segment_size, flush_mode, clock)
     report = WorkloadReport()
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -172,6 +187,8 @@ def run_workload(
             report.consumed = run_consumers(started, seed, lake / "_clients")
         if transactions and not errors:
             report.transactions, report.last_check = run_transactions(started, transactions, seed)
+        if isinstance(clock, SimulatedClock) and not errors:
+            report.retries = run_retries(started, seed, lake / "_clients", clock)
         for broker in started:
             broker.flush()
     finally:
@@ -239,6 +256,110 @@ def _consume_queue(consumer: PullConsumer, queue: MessageQueue, tag_expression: 
             consumer.persist()
             broker.offsets.persist()
     return consumed
+
+
+class SimulatedClock:
+    """Real time plus a skew that only grows: brokers of a workload run on it so that the
+    workload can jump to the next delivery time of delayed messages without waiting."""
+
+    def __init__(self) -> None:
+        self.skew = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        return now_ms() + self.skew
+
+    def advance_to(self, moment: int) -> None:
+        """Move the clock forward so that it reads at least ``moment`` (epoch ms)."""
+        with self._lock:
+            self.skew += max(0, moment - self())
+
+
+@dataclass(frozen=True)
+class RetryGroupPlan:
+    """A push consumer group of the workload whose listener fails.
+
+    A delivery fails with chance ``failure_rate`` (decided by a hash of the seed, the group, the
+    message's planned keys and body, and the attempt, so the same messages fail in every run of a
+    seed); a message whose hash is a multiple of ``poison_every`` always fails and ends in the DLQ.
+    """
+
+    group: str
+    topic: str
+    message_model: str  # CLUSTERING or BROADCASTING
+    failure_rate: float
+    poison_every: int  # 0: no message always fails
+    retry_max_times: int | None = None  # group config on every broker; None keeps the default 16
+    retry_queue_nums: int = 1
+
+
+RETRY_GROUPS = (
+    RetryGroupPlan("cg-inventory-retry", "Inventory", "CLUSTERING", 0.3, 40, retry_queue_nums=2),
+    RetryGroupPlan("cg-audit-retry", "Audit", "CLUSTERING", 0.1, 3, retry_max_times=3),
+    RetryGroupPlan("bc-inventory-retry", "Inventory", "BROADCASTING", 0.2, 0),
+)
+RETRY_WINDOW_MS = 5000  # each jump of the clock delivers everything due within this much more
+
+
+class FlakyListener:
+    """The listener of a :class:`RetryGroupPlan` (batches of one message)."""
+
+    def __init__(self, plan: RetryGroupPlan, seed: int) -> None:
+        self.plan = plan
+        self.seed = seed
+
+    def __call__(self, messages: list[MessageExt], context: ConsumeConcurrentlyContext) -> ConsumeConcurrentlyStatus:
+        message = messages[0]
+        identity = f"{self.seed}:{self.plan.group}:{message.keys}:{zlib.crc32(message.body)}"  # planned content only
+        if self.plan.poison_every and zlib.crc32(identity.encode()) % self.plan.poison_every == 0:
+            return ConsumeConcurrentlyStatus.RECONSUME_LATER
+        roll = zlib.crc32(f"{identity}:{message.reconsume_times}".encode()) / 2**32
+        if roll < self.plan.failure_rate:
+            return ConsumeConcurrentlyStatus.RECONSUME_LATER
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+
+def run_retries(
+    brokers: Sequence[Broker], seed: int, offset_dir: Path, clock: SimulatedClock, max_rounds: int = 200
+) -> Counter[str]:
+    """Let the groups of :data:`RETRY_GROUPS` consume with failing listeners until no delayed
+    message waits: consume everything (``poll_once`` until nothing comes), jump ``clock`` to the
+    next delivery time (plus :data:`RETRY_WINDOW_MS`), deliver what is due, repeat. Group
+    settings go to every broker first. Returns each group's consumer figures
+    (``<group>.<figure>``) and its dead letters (``<group>.dlq``).
+    """
+    for plan in RETRY_GROUPS:
+        if plan.retry_max_times is not None or plan.retry_queue_nums != 1:
+            limit = c.RETRY_MAX_TIMES if plan.retry_max_times is None else plan.retry_max_times
+            config = SubscriptionGroupConfig(plan.group, retry_max_times=limit, retry_queue_nums=plan.retry_queue_nums)
+            for broker in brokers:
+                broker.update_subscription_group(config)
+    consumers = [
+        PushConsumer(
+            brokers, plan.group, FlakyListener(plan, seed), {plan.topic: "*"},
+            message_model=plan.message_model,  # type: ignore[arg-type]
+            client_id=f"127.0.0.30@{plan.group}", offset_dir=offset_dir, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+        )
+        for plan in RETRY_GROUPS
+    ]  # fmt: skip
+    services = [ScheduleMessageService(broker) for broker in brokers]
+    for _ in range(max_rounds):
+        while sum(consumer.poll_once() for consumer in consumers):
+            pass
+        due = [moment for service in services if (moment := service.next_delivery_time()) is not None]
+        if not due:
+            break
+        clock.advance_to(min(due) + RETRY_WINDOW_MS)
+        for service in services:
+            service.deliver_due(clock())
+    figures: Counter[str] = Counter()
+    for consumer in consumers:
+        consumer.shutdown()
+        figures.update({f"{consumer.group}.{name}": value for name, value in consumer.stats.items()})
+        dead = sum(broker.store.max_offset(c.DLQ_GROUP_TOPIC_PREFIX + consumer.group, 0) for broker in brokers)
+        if dead:
+            figures[f"{consumer.group}.dlq"] = dead
+    return figures
 
 
 TX_OUTCOMES = ("commit", "rollback", "check_commit", "check_rollback", "unknown_forever", "raises")

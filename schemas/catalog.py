@@ -201,6 +201,37 @@ TRANSACTION_STATE = TableSpec(
     ),
 )
 
+TRANSACTION_RECORDS = TableSpec(
+    name="transaction_records",
+    path="transaction_records",
+    partition_by=("kind",),
+    meaning=(
+        "the commit log records of transactions, decoded once and appended as the log grows: one row "
+        "per half, final and discard record and per half queue offset an op record lists"
+    ),
+    columns=_cols(
+        ("kind", pa.string(), "HALF, OP, FINAL or DISCARD", False),
+        ("broker_name", pa.string(), "broker holding the record", False),
+        ("queue_id", pa.int32(), "queue of the record", False),
+        ("queue_offset", pa.int64(), "queue offset of the record", False),
+        ("commit_log_offset", pa.int64(), "commit log offset of the record", False),
+        ("born_timestamp", pa.int64(), "producer's send time, epoch milliseconds", False),
+        ("store_timestamp", pa.int64(), "store time of the record, epoch milliseconds", False),
+        ("topic", pa.string(), "topic of the record", False),
+        ("producer_group", pa.string(), "PGROUP property"),
+        ("uniq_key", pa.string(), "client message id (UNIQ_KEY)"),
+        ("real_topic", pa.string(), "HALF: REAL_TOPIC property"),
+        ("real_queue_id", pa.int32(), "HALF: REAL_QID property"),
+        ("check_times", pa.int32(), "HALF, DISCARD: TRANSACTION_CHECK_TIMES property"),
+        ("prepared_queue_offset", pa.int64(), "HALF: TRAN_PREPARED_QUEUE_OFFSET property"),
+        ("has_check_immunity", pa.bool_(), "HALF: CHECK_IMMUNITY_TIME_IN_SECONDS is present"),
+        ("check_immunity_ms", pa.int64(), "HALF: check immunity in milliseconds, null when not a number"),
+        ("removes", pa.bool_(), "OP: the op's tag is d, so it ends halves"),
+        ("half_queue_offset", pa.int64(), "OP: one half queue offset of the op's body, -1 when not a number"),
+        ("prepared_transaction_offset", pa.int64(), "FINAL: commit log offset of the half it ended"),
+    ),
+)
+
 _ATTEMPT = pa.struct(
     [
         pa.field("broker_name", pa.string()),
@@ -281,6 +312,28 @@ TOPIC_CONFIG = TableSpec(
     ),
 )
 
+SUBSCRIPTION_GROUP = TableSpec(
+    name="subscription_group",
+    path="subscription_group",
+    partition_by=(),
+    meaning=(
+        "append-only history of consumer group settings per broker (SubscriptionGroupConfig); the row "
+        "with the greatest updated_timestamp per (broker_name, group) wins, a group without a row has "
+        "the defaults (retry_max_times 16, retry_queue_nums 1, every *_enable true, not orderly)"
+    ),
+    columns=_cols(
+        ("broker_name", pa.string(), "broker the setting applies to (each broker keeps its own)", False),
+        ("group", pa.string(), "consumer group", False),
+        ("retry_max_times", pa.int32(), "failed deliveries before send-back goes to %DLQ%group (default 16)", False),
+        ("retry_queue_nums", pa.int32(), "queues of %RETRY%group; 0 means failed messages are dropped", False),
+        ("consume_enable", pa.bool_(), "the group may consume at all", False),
+        ("consume_broadcast_enable", pa.bool_(), "the group may consume in broadcasting mode", False),
+        ("consume_from_min_enable", pa.bool_(), "a new group may start from the queue's min offset", False),
+        ("consume_message_orderly", pa.bool_(), "the group consumes orderly (informational)", False),
+        ("updated_timestamp", pa.int64(), "time of the change, epoch ms, strictly increasing per group", False),
+    ),
+)
+
 BROKERS = TableSpec(
     name="brokers",
     path="brokers",
@@ -305,10 +358,12 @@ TABLES: dict[str, TableSpec] = {
         CONSUMER_OFFSET_COMMITS,
         CONSUMER_OFFSETS,
         TRANSACTION_STATE,
+        TRANSACTION_RECORDS,
         DLQ,
         REPLAY_PROGRESS,
         JOB_RUNS,
         TOPIC_CONFIG,
+        SUBSCRIPTION_GROUP,
         BROKERS,
     )
 }

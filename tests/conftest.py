@@ -8,6 +8,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from jobs.session import build_session
+from tests.helpers import ManualClock
 
 # STYLE.md rule 12: local[2], 2 shuffle partitions, UI off; UTC and ANSI come from build_session.
 TEST_SPARK_CONF = {
@@ -25,3 +26,9 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A clock at :data:`tests.helpers.CLOCK_START` that the test moves."""
+    return ManualClock()

@@ -57,3 +57,16 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return "NaN"
     return value
+
+
+CLOCK_START = 1_800_000_000_000  # 2027-01-15T08:00:00Z, epoch ms
+
+
+class ManualClock:
+    """A broker (or producer) clock the test moves by setting ``now``, epoch milliseconds."""
+
+    def __init__(self, now: int = CLOCK_START) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now

@@ -12,25 +12,16 @@ from broker_model.broker import Broker, BrokerConfig, InnerMessage
 from broker_model.errors import ValidationError
 from broker_model.store import MessageStore
 from jobs.reset_offsets import main
+from tests.helpers import ManualClock
 
 BASE = 1_800_000_000_000
-
-
-class Clock:
-    """A settable clock: store timestamps of the test's records are known exactly."""
-
-    def __init__(self) -> None:
-        self.now = BASE
-
-    def __call__(self) -> int:
-        return self.now
 
 
 @pytest.fixture
 def lake(tmp_path: Path) -> Iterator[Path]:
     """Queue Orders:0 holds offsets 0..9 stored at BASE + 10 * offset; the group cg committed 6
     on Orders:0 and 2 on Orders:1 (which holds 3 messages)."""
-    clock = Clock()
+    clock = ManualClock(BASE)
     with Broker(BrokerConfig(tmp_path, flush_mode="SYNC_FLUSH", clock=clock)).start() as broker:
         broker.ensure_topic("Orders", 2)
         for offset in range(10):

@@ -26,21 +26,12 @@ from broker_model.transaction import (
     end_transaction,
     parse_op_body,
 )
+from tests.helpers import ManualClock
 from tests.log_invariants import check_log, read_log
 
 REPO = Path(__file__).resolve().parents[1]
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)  # fmt: skip
-
-
-class Clock:
-    """The broker's and producer's clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = 1_800_000_000_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 class Listener:
@@ -64,12 +55,7 @@ class Listener:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def broker(tmp_path: Path, clock: Clock) -> Iterator[Broker]:
+def broker(tmp_path: Path, clock: ManualClock) -> Iterator[Broker]:
     started = Broker(BrokerConfig(tmp_path, flush_mode="SYNC_FLUSH", clock=clock)).start()
     yield started
     started.shutdown()
@@ -81,7 +67,7 @@ def listener() -> Listener:
 
 
 @pytest.fixture
-def producer(broker: Broker, listener: Listener, clock: Clock) -> TransactionProducer:
+def producer(broker: Broker, listener: Listener, clock: ManualClock) -> TransactionProducer:
     return TransactionProducer([broker], "pg", listener, seed=1, clock=clock)
 
 
@@ -117,8 +103,8 @@ def test_rollback_writes_only_the_op(broker: Broker, producer: TransactionProduc
 
 @pytest.mark.parametrize(("answer", "finals"), [(COMMIT, 1), (ROLLBACK, 0)])
 def test_unknown_then_checked_back_ends_the_transaction(
-    broker: Broker, producer: TransactionProducer, listener: Listener, clock: Clock, answer: LocalTransactionState,
-    finals: int,
+    broker: Broker, producer: TransactionProducer, listener: Listener, clock: ManualClock,
+    answer: LocalTransactionState, finals: int,
 ) -> None:  # fmt: skip
     sent = producer.send_message_in_transaction(Message.create("Pay", b"later"), UNKNOW)
     service = TransactionCheckService(broker)
@@ -138,7 +124,7 @@ def test_unknown_then_checked_back_ends_the_transaction(
 
 
 def test_unknown_forever_is_discarded_after_fifteen_checks(
-    broker: Broker, producer: TransactionProducer, listener: Listener, clock: Clock
+    broker: Broker, producer: TransactionProducer, listener: Listener, clock: ManualClock
 ) -> None:
     sent = producer.send_message_in_transaction(Message.create("Pay", b"stuck"), UNKNOW)
     service = TransactionCheckService(broker)
@@ -161,7 +147,7 @@ def test_unknown_forever_is_discarded_after_fifteen_checks(
 
 
 def test_half_message_older_than_the_file_reserve_time_is_discarded_unchecked(
-    broker: Broker, producer: TransactionProducer, listener: Listener, clock: Clock
+    broker: Broker, producer: TransactionProducer, listener: Listener, clock: ManualClock
 ) -> None:
     producer.send_message_in_transaction(Message.create("Pay", b"old"), UNKNOW)
     clock.now += 72 * 3600 * 1000 + 1
@@ -170,7 +156,7 @@ def test_half_message_older_than_the_file_reserve_time_is_discarded_unchecked(
 
 
 def test_a_listener_that_raises_leaves_the_transaction_to_the_check_service(
-    broker: Broker, producer: TransactionProducer, listener: Listener, clock: Clock
+    broker: Broker, producer: TransactionProducer, listener: Listener, clock: ManualClock
 ) -> None:
     sent = producer.send_message_in_transaction(Message.create("Pay", b"boom"), RuntimeError("db down"))
     assert sent.local_transaction_state is UNKNOW
@@ -186,7 +172,7 @@ def test_a_listener_that_raises_leaves_the_transaction_to_the_check_service(
 
 
 def test_immunity_time_delays_the_check_and_forbids_a_late_end_outside_a_check(
-    broker: Broker, producer: TransactionProducer, listener: Listener, clock: Clock
+    broker: Broker, producer: TransactionProducer, listener: Listener, clock: ManualClock
 ) -> None:
     message = Message.create("Pay", b"slow")
     message.properties[c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = "60"  # as MessageAccessor.putProperty

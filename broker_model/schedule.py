@@ -1,0 +1,341 @@
+"""Delayed delivery: the broker's ``ScheduleMessageService`` (FACTS 7.5).
+
+A message put with DELAY = level > 0 is stored in ``SCHEDULE_TOPIC_XXXX`` queue ``level - 1``
+with its real topic and queue in REAL_TOPIC / REAL_QID (the broker's put does that). This
+service moves it back when its time comes. Per level, entries are delivered in queue order from
+the level's progress offset:
+
+- an entry's delivery time is its store time plus the delay of its DELAY level (capped at 18);
+  ``correctDeliverTimestamp``: a delivery time more than one level delay after ``now`` is taken
+  as ``now`` (a clock that jumped back does not hold messages for ever);
+- an entry is due when its delivery time is at or before ``now``; the first entry that is not
+  due ends the level's round (later entries were stored later, so they are not due either);
+- a due entry is stored again in REAL_TOPIC / REAL_QID (``messageTimeUp``): body as stored,
+  flag, sys flag, born time and host, reconsume times copied; DELAY, TIMER_DELIVER_MS and
+  TIMER_DELAY_SEC removed; WAIT=false; REAL_TOPIC and REAL_QID kept; a new store time; the
+  consume queue's tags code is recomputed from TAGS by the store. An entry whose real topic is
+  the transaction half topic, or whose REAL_TOPIC / REAL_QID is missing or invalid, is dropped
+  (logged), as RocketMQ drops the half-topic case.
+
+Progress (the next schedule queue offset per level) lives in a JSON file per broker,
+``{lake}/_config/{broker_name}/delayOffset.json``, shaped like RocketMQ's ``delayOffset.json``
+(``{"offsetTable": {"<level>": offset}}``) plus a ``pending`` entry. A file rather than a lake
+table: progress changes after every delivery round and needs a synchronous, atomic, cheap write
+(a Delta commit per round would cost 10-30 ms and grow the table's log without end); it is the
+broker's private state, and the jobs can recompute delivery from the log itself.
+
+Crash safety: a round of one level (1) writes ``pending`` (level, the range [from, to) of queue
+offsets it delivers, and the commit log offset before the round) to the file, (2) stores every
+copy of the range in ONE put, which is one atomic Delta commit, and waits until it is durable,
+(3) writes the new offset and clears ``pending``. A restart that finds ``pending`` looks in the
+real queue of the range's first deliverable entry for its copy (a record at or after the saved
+commit log offset with the entry's UNIQ_KEY, born time, body CRC and reconsume times and a
+REAL_TOPIC property): found, the whole range was delivered and progress becomes ``to``; not
+found, none was and progress stays ``from``. So a restart never delivers twice and never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from broker_model import constants as c
+from broker_model.broker import InnerMessage
+from broker_model.codec import tags_code
+from broker_model.errors import BrokerError, ValidationError
+from broker_model.message import validate_name
+from broker_model.store import MessageExt
+
+if TYPE_CHECKING:
+    from broker_model.broker import Broker
+
+_log = logging.getLogger(__name__)
+
+DELIVER_BATCH_SIZE = 32  # copies stored per put (one atomic commit) within a level's round
+_CLEARED_ON_DELIVERY = (c.PROPERTY_DELAY_TIME_LEVEL, c.PROPERTY_TIMER_DELIVER_MS, c.PROPERTY_TIMER_DELAY_SEC)
+_HOST_BITS = c.BORNHOST_V6_FLAG | c.STOREHOSTADDRESS_V6_FLAG  # the put sets them for the new record
+
+
+def progress_path(lake: str | Path, broker_name: str) -> Path:
+    """Where a broker's delay progress file lives."""
+    return Path(lake) / "_config" / broker_name / "delayOffset.json"
+
+
+def level_delay_ms(level: int) -> int | None:
+    """The delay (ms) of ``level`` (1..18), None for a level outside the table."""
+    return c.DELAY_LEVEL_MILLIS[level - 1] if 1 <= level <= c.MAX_DELAY_LEVEL else None
+
+
+def compute_deliver_timestamp(level: int, store_timestamp: int) -> int:
+    """``computeDeliverTimestamp``: store time plus the level's delay; a level outside the table
+    waits 1000 ms."""
+    delay = level_delay_ms(level)
+    return store_timestamp + (c.UNKNOWN_LEVEL_DELAY_MS if delay is None else delay)
+
+
+def deliver_timestamp(entry: MessageExt) -> int:
+    """The tags code the consume queue holds for a schedule entry: its delivery time from its
+    DELAY level (capped at 18) when that is a positive number, else the Java hash of its TAGS."""
+    text = entry.properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
+    if text is not None and text.lstrip("-").isdigit() and int(text) > 0:
+        return compute_deliver_timestamp(min(int(text), c.MAX_DELAY_LEVEL), entry.store_timestamp)
+    return tags_code(entry.tags)
+
+
+def correct_deliver_timestamp(now: int, deliver_ts: int, level: int) -> int:
+    """``correctDeliverTimestamp``: a delivery time beyond ``now`` + the level's delay is ``now``."""
+    delay = level_delay_ms(level)
+    latest = now + (c.UNKNOWN_LEVEL_DELAY_MS if delay is None else delay)
+    return now if deliver_ts > latest else deliver_ts
+
+
+def restore_message(entry: MessageExt) -> InnerMessage | None:
+    """``messageTimeUp``: the message to store in the entry's real topic and queue, or None when
+    the entry must be dropped (real topic is the half topic, REAL_TOPIC / REAL_QID missing or
+    invalid)."""
+    properties = dict(entry.properties)
+    real_topic = properties.get(c.PROPERTY_REAL_TOPIC)
+    real_queue = properties.get(c.PROPERTY_REAL_QUEUE_ID)
+    if real_topic is None or real_topic == c.RMQ_SYS_TRANS_HALF_TOPIC:
+        return None
+    if real_queue is None or not real_queue.isdigit() or int(real_queue) > 1023:
+        return None
+    try:
+        validate_name(real_topic, "REAL_TOPIC", 255)
+    except ValidationError:
+        return None
+    for key in _CLEARED_ON_DELIVERY:
+        properties.pop(key, None)
+    properties[c.PROPERTY_WAIT_STORE_MSG_OK] = "false"
+    return InnerMessage(
+        topic=real_topic, queue_id=int(real_queue), body=entry.body, properties=properties, flag=entry.flag,
+        sys_flag=entry.sys_flag & ~_HOST_BITS, born_timestamp=entry.born_timestamp, born_host=entry.born_host,
+        reconsume_times=entry.reconsume_times,
+    )  # fmt: skip
+
+
+@dataclass
+class DeliveryReport:
+    """What one :meth:`ScheduleMessageService.deliver_due` call did."""
+
+    delivered: Counter[int] = field(default_factory=Counter)  # level -> copies stored
+    dropped: list[tuple[int, int]] = field(default_factory=list)  # (level, queue offset) of dropped entries
+    offsets: dict[int, int] = field(default_factory=dict)  # level -> progress after the call
+
+    @property
+    def total(self) -> int:
+        """Copies stored over every level."""
+        return sum(self.delivered.values())
+
+
+class ScheduleMessageService:
+    """Delayed delivery of one broker (see the module docstring).
+
+    :meth:`deliver_due` runs one pass over every level at an explicit ``now`` (tests, replays);
+    :meth:`start` runs passes on the broker's clock in a thread (first after 1 s, then every
+    100 ms). Thread-safe: passes never overlap. Creating the service reads the progress file and
+    settles a round a crash left pending, so the broker must be started.
+    """
+
+    def __init__(
+        self, broker: Broker, *, path: str | Path | None = None, batch_size: int = DELIVER_BATCH_SIZE,
+        interval_ms: int = c.SCHEDULE_DELAY_FOR_A_WHILE_MS, first_delay_ms: int = c.SCHEDULE_FIRST_DELAY_MS,
+    ) -> None:  # fmt: skip
+        if batch_size < 1:
+            raise ValidationError("batch_size", batch_size, "must be at least 1")
+        self.broker = broker
+        self.path = Path(path) if path is not None else progress_path(broker.config.lake, broker.broker_name)
+        self.batch_size = batch_size
+        self.interval_ms = interval_ms
+        self.first_delay_ms = first_delay_ms
+        self._lock = threading.Lock()
+        self._offsets: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._load()
+
+    # -- progress ---------------------------------------------------------------------------------
+
+    def offset(self, level: int) -> int:
+        """The next schedule queue offset of ``level`` to deliver."""
+        with self._lock:
+            return self._offsets.get(level, 0)
+
+    def offsets(self) -> dict[int, int]:
+        """Progress of every level that has any."""
+        with self._lock:
+            return dict(self._offsets)
+
+    def _load(self) -> None:
+        """Read the progress file and settle a pending round (see the module docstring).
+
+        Raises:
+            BrokerError: the file exists but is not valid progress JSON.
+        """
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            offsets = {int(level): int(offset) for level, offset in data.get("offsetTable", {}).items()}
+            pending = data.get("pending")
+        except FileNotFoundError:
+            return
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise BrokerError(
+                f"schedule progress file {self.path} is unreadable ({exc}); restore it from a backup, or "
+                "delete it to deliver every delayed message again from the start"
+            ) from exc
+        self._offsets = offsets
+        if pending:
+            level, start, end = int(pending["level"]), int(pending["from"]), int(pending["to"])
+            done = self._range_delivered(level, start, end, int(pending["log_offset"]))
+            self._offsets[level] = end if done else start
+            self._save(None)
+
+    def _save(self, pending: dict[str, int] | None) -> None:
+        """Replace the progress file atomically and durably (temp file, fsync, rename, fsync)."""
+        data: dict[str, Any] = {"offsetTable": {str(k): v for k, v in sorted(self._offsets.items())}}
+        if pending is not None:
+            data["pending"] = pending
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temp = self.path.with_suffix(".json.tmp")
+        with open(temp, "w", encoding="utf-8") as handle:
+            json.dump(data, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def _range_delivered(self, level: int, start: int, end: int, log_offset: int) -> bool:
+        """True when the copies of schedule queue offsets [start, end) of ``level`` are stored
+        (all or none are: they were one put). A range with nothing deliverable counts as done."""
+        store = self.broker.store
+        for position in range(start, end):
+            entry = store.message_at(c.SCHEDULE_TOPIC, level - 1, position, decompress=False)
+            copy = None if entry is None else restore_message(entry)
+            if entry is not None and copy is not None:
+                return self._copy_stored(entry, copy, log_offset)
+        return True
+
+    def _copy_stored(self, entry: MessageExt, copy: InnerMessage, log_offset: int) -> bool:
+        """Whether ``entry``'s copy is in its real queue at or after ``log_offset``."""
+        store = self.broker.store
+        position = store.max_offset(copy.topic, copy.queue_id) - 1
+        while position >= 0:
+            record = store.message_at(copy.topic, copy.queue_id, position, decompress=False)
+            if record is None or record.commit_log_offset < log_offset:
+                return False
+            if (record.uniq_key, record.born_timestamp, record.body_crc, record.reconsume_times) == (
+                entry.uniq_key, entry.born_timestamp, entry.body_crc, entry.reconsume_times,
+            ) and c.PROPERTY_REAL_TOPIC in record.properties:  # fmt: skip
+                return True
+            position -= 1
+        return False
+
+    # -- delivery ---------------------------------------------------------------------------------
+
+    def deliver_due(self, now: int) -> DeliveryReport:
+        """Deliver every entry of every level that is due at ``now`` (epoch ms).
+
+        Raises:
+            BrokerError, CommitFailedError: the broker could not store the copies; the progress
+                then says exactly what was stored, and the next call carries on from there.
+        """
+        report = DeliveryReport()
+        with self._lock:
+            for level in range(1, c.MAX_DELAY_LEVEL + 1):
+                while self._deliver_round(level, now, report):
+                    pass
+            report.offsets = dict(self._offsets)
+        return report
+
+    def next_delivery_time(self) -> int | None:
+        """The earliest delivery time (epoch ms, as stored: before ``correctDeliverTimestamp``)
+        of the entries waiting at each level's progress offset; None when nothing waits."""
+        store = self.broker.store
+        self.broker.flush()
+        times = []
+        with self._lock:
+            for level in range(1, c.MAX_DELAY_LEVEL + 1):
+                entry = store.message_at(c.SCHEDULE_TOPIC, level - 1, self._offsets.get(level, 0), decompress=False)
+                if entry is not None:
+                    times.append(deliver_timestamp(entry))
+        return min(times, default=None)
+
+    def _deliver_round(self, level: int, now: int, report: DeliveryReport) -> bool:
+        """Deliver up to ``batch_size`` due entries of ``level``; True when a full batch went."""
+        store, queue_id = self.broker.store, level - 1
+        start = self._offsets.get(level, 0)
+        log_offset = self.broker.next_offset  # read BEFORE the flush: everything below it is then durable
+        self.broker.flush()
+        end_of_queue = store.max_offset(c.SCHEDULE_TOPIC, queue_id)
+        copies: list[InnerMessage] = []
+        position = start
+        while position < end_of_queue and len(copies) < self.batch_size:
+            entry = store.message_at(c.SCHEDULE_TOPIC, queue_id, position, decompress=False)
+            if entry is None or correct_deliver_timestamp(now, deliver_timestamp(entry), level) > now:
+                break
+            copy = restore_message(entry)
+            if copy is None:
+                _log.warning("dropped schedule entry %s of level %s: real topic %r", position, level,
+                             entry.properties.get(c.PROPERTY_REAL_TOPIC))  # fmt: skip
+                report.dropped.append((level, position))
+            else:
+                copies.append(copy)
+            position += 1
+        if position == start:
+            return False
+        pending = {"level": level, "from": start, "to": position, "log_offset": log_offset}
+        self._save(pending)
+        if copies:
+            try:
+                self._store(copies)
+            except BaseException:
+                done = self._range_delivered(level, start, position, log_offset)
+                self._offsets[level] = position if done else start
+                self._save(None)
+                raise
+        self._offsets[level] = position
+        self._save(None)
+        report.delivered[level] += len(copies)
+        return len(copies) == self.batch_size
+
+    def _store(self, copies: list[InnerMessage]) -> None:
+        """Store ``copies`` in one put (one atomic commit) and wait until it is durable."""
+        for topic in sorted({copy.topic for copy in copies}):
+            self.broker.ensure_topic(topic)
+        self.broker.put_messages(copies)
+        self.broker.flush()
+
+    # -- the background thread --------------------------------------------------------------------
+
+    def start(self) -> ScheduleMessageService:
+        """Run :meth:`deliver_due` on the broker's clock in a daemon thread."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name=f"schedule-{self.broker.broker_name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread after its current pass (idempotent)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        wait = self.first_delay_ms
+        while not self._stop.wait(wait / 1000):
+            wait = self.interval_ms
+            try:
+                self.deliver_due(self.broker.config.clock())
+            except Exception:  # the progress is exact after a failed pass; the next pass carries on
+                _log.exception("schedule delivery pass failed on broker %s", self.broker.broker_name)
