@@ -58,9 +58,18 @@ whose input version and settings equal those of the latest SUCCEEDED or NOOP run
 while ``transaction_state`` is still at the version that run wrote or kept, writes nothing and
 records a NOOP run. Leaving out ``--as-of`` means "now", a new T on every run.
 
-Not incremental: every state depends on T through the age of pending transactions, and a new
-record can change a transaction decided long ago (a second final record), so each run reads the
-whole commit log (only the columns it needs) and overwrites ``transaction_state``.
+Incremental: the job keeps ``transaction_records``, the transaction records of the commit log
+already decoded (one row per half, final and discard record, one per half queue offset an op
+lists; no bodies). A run appends the records of the commit log versions it has not seen, read
+from those versions' added files alone, in one commit carrying the Delta application transaction
+(``resolve_transactions``, commit log version), so a rerun or a restart after a crash neither
+skips nor repeats a version. The states are then recomputed from ``transaction_records`` and
+``transaction_state`` is overwritten: every state depends on T through the age of pending
+transactions, and a new record can change a transaction decided long ago (a second final
+record), but this input holds only transaction records, not the whole log. ``--full`` (or a
+commit log version that cannot be read as appends, e.g. after rows were deleted) rebuilds
+``transaction_records`` from the whole commit log; when it already holds the latest version
+there is nothing to rebuild.
 """
 
 from __future__ import annotations
@@ -68,7 +77,7 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,12 +97,14 @@ from broker_model.transaction import (  # the broker's own settings, so the job 
     TRANSACTION_TIMEOUT_MS,
 )
 from jobs.consumer_offsets import iso_utc
-from jobs.lake_io import Lake
+from jobs.lake_io import IncrementalReadError, Lake
 from jobs.runs import JobRun, record_run, table_versions
 from jobs.session import ENGINES, build_session
-from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_STATE, TableSpec, spark_schema
+from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE, TableSpec, spark_schema
 
 JOB = "resolve_transactions"
+APP_ID = JOB  # the Delta application transaction id of transaction_records: the commit log version read
+HALF, OP, FINAL, DISCARD = "HALF", "OP", "FINAL", "DISCARD"  # transaction_records kinds
 
 OFFSET_SEPARATOR = ","  # 5.1+ op bodies list several half queue offsets
 UNKNOWN_OFFSET = -1  # an offset the log does not give (op without half, op entry not a number)
@@ -130,7 +141,7 @@ ORIGINAL_COLUMNS = (
     *TRANSACTION_KEY, "queue_offset", "producer_group", "uniq_key", "real_topic", "real_queue_id", "born_timestamp",
     "has_check_immunity", "check_immunity_ms",
 )  # fmt: skip
-# the commit log columns the builders read
+# the commit log columns build_transaction_records reads
 RECORD_COLUMNS = (
     "broker_name", "queue_id", "queue_offset", "commit_log_offset", "sys_flag", "born_timestamp",
     "store_timestamp", "prepared_transaction_offset", "body", "topic", "properties", "tags", "uniq_key",
@@ -152,6 +163,8 @@ class ResolveTransactionsConfig:
         reserve_ms: the broker's file reserve time, ms, >= 0; older halves are EXPIRED.
         engine: lake engine, ``auto``, ``bridge`` or ``delta-spark``.
         show: how many CHECK_DUE transactions the summary lists (the oldest first), >= 0.
+        full: rebuild ``transaction_records`` from the whole commit log instead of appending the
+            records of the commit log versions not read yet.
 
     Raises:
         ValidationError: a setting out of range.
@@ -164,6 +177,7 @@ class ResolveTransactionsConfig:
     reserve_ms: int = FILE_RESERVED_MS
     engine: str = "auto"
     show: int = 20
+    full: bool = False
 
     def __post_init__(self) -> None:
         for name, minimum in (("timeout_ms", 0), ("check_max", 1), ("reserve_ms", 0), ("show", 0)):
@@ -202,8 +216,15 @@ def is_op_record() -> Column:
 
 
 def is_final_record() -> Column:
-    """A record with transaction type COMMIT: the message an end transaction wrote to the real topic."""
-    return transaction_type(F.col("sys_flag")) == F.lit(c.TRANSACTION_COMMIT_TYPE)
+    """A record with transaction type COMMIT outside the retry, dead letter and schedule topics: the
+    message an end transaction wrote to the real topic. (A send-back copies the sys flag, so the
+    retries and the dead letter of a committed message keep the COMMIT type.)"""
+    topic = F.col("topic")
+    copied = (
+        topic.startswith(c.RETRY_GROUP_TOPIC_PREFIX) | topic.startswith(c.DLQ_GROUP_TOPIC_PREFIX)
+        | (topic == F.lit(c.SCHEDULE_TOPIC))
+    )  # fmt: skip
+    return (transaction_type(F.col("sys_flag")) == F.lit(c.TRANSACTION_COMMIT_TYPE)) & ~copied
 
 
 def is_discard_record() -> Column:
@@ -226,79 +247,107 @@ def _property(name: str) -> Column:
 # ---------------------------------------------------------------------------------------------
 
 
-def filter_transaction_records(commitlog_df: DataFrame, as_of: int) -> DataFrame:
-    """The commit log records this job reads, stored at or before ``as_of`` (epoch ms).
+def build_transaction_records(commitlog_df: DataFrame) -> DataFrame:
+    """The ``transaction_records`` rows of commit log rows: their transaction records, decoded.
+
+    One pass, no shuffle. ``kind`` is the first that applies of HALF (:func:`is_half_record`),
+    OP, DISCARD, FINAL; other records give no row. Op records give one row per half queue offset
+    their UTF-8 body lists, split on ``,`` (``"7"`` and ``"5,6,9,"`` both work; empty entries are
+    dropped; an entry that is not a number gives -1; no entry gives one row with a null
+    ``half_queue_offset``: the op ends nothing, as in RocketMQ). Properties are decoded per kind
+    (``producer_group`` PGROUP; HALF: ``real_topic`` REAL_TOPIC, ``real_queue_id`` REAL_QID,
+    ``check_times`` TRANSACTION_CHECK_TIMES (null on an original), ``prepared_queue_offset``
+    TRAN_PREPARED_QUEUE_OFFSET, ``has_check_immunity`` and ``check_immunity_ms`` from
+    CHECK_IMMUNITY_TIME_IN_SECONDS * 1000, null when not a number, -1 or overflowing; DISCARD:
+    ``check_times``); a number that does not parse is null, never an error. Columns of another
+    kind are null.
+
+    Args:
+        commitlog_df: commit log rows (at least :data:`RECORD_COLUMNS`).
 
     Returns:
-        :data:`RECORD_COLUMNS` of the half, op, final and discard records; ``body`` is kept on op
-        records only (null elsewhere), since no other record's body is read.
+        Exactly the catalog columns of ``transaction_records``.
     """
-    wanted = is_half_record() | is_op_record() | is_final_record() | is_discard_record()
-    body = F.when(is_op_record(), F.col("body")).alias("body")
-    return commitlog_df.where((F.col("store_timestamp") <= F.lit(as_of)) & wanted).select(
-        *[body if name == "body" else F.col(name) for name in RECORD_COLUMNS]
-    )
+    kind = (
+        F.when(is_half_record(), F.lit(HALF)).when(is_op_record(), F.lit(OP))
+        .when(is_discard_record(), F.lit(DISCARD)).when(is_final_record(), F.lit(FINAL))
+    )  # fmt: skip
+    immunity_seconds = _property(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS).try_cast("long")
+    immunity_ms = F.when(immunity_seconds != F.lit(NO_IMMUNITY), F.try_multiply(immunity_seconds, F.lit(1000)))
+    entries = F.filter(F.split(F.decode(F.col("body"), "UTF-8"), OFFSET_SEPARATOR), lambda e: e != F.lit(""))
+    is_half, is_op, is_final = (F.col("kind") == F.lit(k) for k in (HALF, OP, FINAL))
+    has_check_times = is_half | (F.col("kind") == F.lit(DISCARD))
+    entry = F.col("entry")
+    kinded_df = commitlog_df.select(*RECORD_COLUMNS, kind.alias("kind")).where(F.col("kind").isNotNull())
+    return kinded_df.select(
+        "*", F.explode_outer(F.when(is_op, entries)).alias("entry")
+    ).select(
+        "kind", "broker_name", "queue_id", "queue_offset", "commit_log_offset", "born_timestamp",
+        "store_timestamp", "topic",
+        _property(c.PROPERTY_PRODUCER_GROUP).alias("producer_group"),
+        "uniq_key",
+        F.when(is_half, _property(c.PROPERTY_REAL_TOPIC)).alias("real_topic"),
+        F.when(is_half, _property(c.PROPERTY_REAL_QUEUE_ID).try_cast("int")).alias("real_queue_id"),
+        F.when(has_check_times, _property(c.PROPERTY_TRANSACTION_CHECK_TIMES).try_cast("int")).alias("check_times"),
+        F.when(is_half, _property(c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET).try_cast("long"))
+        .alias("prepared_queue_offset"),
+        F.when(is_half, _property(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS).isNotNull()).alias("has_check_immunity"),
+        F.when(is_half, immunity_ms).cast("long").alias("check_immunity_ms"),
+        F.when(is_op, removes()).alias("removes"),
+        F.when(entry.isNotNull(), F.coalesce(entry.try_cast("long"), F.lit(UNKNOWN_OFFSET))).cast("long")
+        .alias("half_queue_offset"),
+        F.when(is_final, F.col("prepared_transaction_offset")).alias("prepared_transaction_offset"),
+    ).select(*TRANSACTION_RECORDS.column_names)  # fmt: skip
+
+
+def _of_kind(records_df: DataFrame, kind: str, columns: Sequence[str | Column]) -> DataFrame:
+    return records_df.where(F.col("kind") == F.lit(kind)).select(*columns)
+
+
+def halves_of(records_df: DataFrame) -> DataFrame:
+    """The half records of ``transaction_records`` rows, as :func:`build_half_records` gives them."""
+    return _of_kind(records_df, HALF, HALF_COLUMNS)
+
+
+def ops_of(records_df: DataFrame) -> DataFrame:
+    """The op rows of ``transaction_records`` rows, as :func:`build_ops` gives them."""
+    op_offsets = [F.col("queue_offset").alias("op_queue_offset"),
+                  F.col("commit_log_offset").alias("op_commit_log_offset")]  # fmt: skip
+    return _of_kind(records_df, OP, ["broker_name", "queue_id", *op_offsets, *OP_COLUMNS[4:]])
+
+
+def finals_of(records_df: DataFrame) -> DataFrame:
+    """The final records of ``transaction_records`` rows, as :func:`build_finals` gives them."""
+    offset = F.col("commit_log_offset").alias("final_commit_log_offset")
+    return _of_kind(records_df, FINAL, ["broker_name", offset, *FINAL_COLUMNS[2:]])
+
+
+def discards_of(records_df: DataFrame) -> DataFrame:
+    """The discard records of ``transaction_records`` rows, as :func:`build_discards` gives them."""
+    offset = F.col("commit_log_offset").alias("discard_commit_log_offset")
+    return _of_kind(records_df, DISCARD, ["broker_name", offset, *DISCARD_COLUMNS[2:]])
 
 
 def build_half_records(commitlog_df: DataFrame) -> DataFrame:
-    """The half records (originals and re-put copies) with their transaction properties decoded.
-
-    Args:
-        commitlog_df: commit log rows (at least :data:`RECORD_COLUMNS`).
+    """The half records (originals and re-put copies) of commit log rows, properties decoded.
 
     Returns:
         :data:`HALF_COLUMNS`, one row per record of ``RMQ_SYS_TRANS_HALF_TOPIC`` with transaction
-        type NOT: ``producer_group`` (PGROUP), ``real_topic`` (REAL_TOPIC), ``real_queue_id``
-        (REAL_QID, int), ``check_times`` (TRANSACTION_CHECK_TIMES, int, null on an original),
-        ``prepared_queue_offset`` (TRAN_PREPARED_QUEUE_OFFSET, long, immunity copies only),
-        ``has_check_immunity`` (CHECK_IMMUNITY_TIME_IN_SECONDS present) and ``check_immunity_ms``
-        (its value * 1000, null when absent, not a number, -1 or overflowing). A number that does
-        not parse is null, never an error.
+        type NOT, decoded as :func:`build_transaction_records` says.
     """
-    immunity_seconds = _property(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS).try_cast("long")
-    immunity_ms = F.when(immunity_seconds != F.lit(NO_IMMUNITY), F.try_multiply(immunity_seconds, F.lit(1000)))
-    return commitlog_df.where(is_half_record()).select(
-        "broker_name", "queue_id", "queue_offset", "commit_log_offset", "born_timestamp", "store_timestamp",
-        _property(c.PROPERTY_PRODUCER_GROUP).alias("producer_group"),
-        F.col("uniq_key"),
-        _property(c.PROPERTY_REAL_TOPIC).alias("real_topic"),
-        _property(c.PROPERTY_REAL_QUEUE_ID).try_cast("int").alias("real_queue_id"),
-        _property(c.PROPERTY_TRANSACTION_CHECK_TIMES).try_cast("int").alias("check_times"),
-        _property(c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET).try_cast("long").alias("prepared_queue_offset"),
-        _property(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS).isNotNull().alias("has_check_immunity"),
-        immunity_ms.cast("long").alias("check_immunity_ms"),
-    )  # fmt: skip
+    return halves_of(build_transaction_records(commitlog_df))
 
 
 def build_ops(commitlog_df: DataFrame) -> DataFrame:
-    """The op records, one row per half queue offset their body lists.
-
-    Args:
-        commitlog_df: commit log rows (at least :data:`RECORD_COLUMNS`).
+    """The op records of commit log rows, one row per half queue offset their body lists.
 
     Returns:
         :data:`OP_COLUMNS`: ``op_queue_offset`` and ``op_commit_log_offset`` place the op record,
         ``removes`` is whether its tag is ``d`` (other ops are kept so they can be counted, and
-        ignored by :func:`build_transaction_state`), ``half_queue_offset`` one entry of the UTF-8
-        body split on ``,`` (``"7"`` and ``"5,6,9,"`` both work; empty entries are dropped). An
-        entry that is not a number gives -1; an op whose body has no entry gives one row with a
-        null ``half_queue_offset`` (it ends nothing, as in RocketMQ).
+        ignored by :func:`build_transaction_state`), ``half_queue_offset`` as
+        :func:`build_transaction_records` says.
     """
-    entries = F.filter(F.split(F.decode(F.col("body"), "UTF-8"), OFFSET_SEPARATOR), lambda e: e != F.lit(""))
-    entry = F.col("entry")
-    half_queue_offset = F.when(entry.isNotNull(), F.coalesce(entry.try_cast("long"), F.lit(UNKNOWN_OFFSET)))
-    return (
-        commitlog_df.where(is_op_record())
-        .select(
-            "broker_name", "queue_id",
-            F.col("queue_offset").alias("op_queue_offset"),
-            F.col("commit_log_offset").alias("op_commit_log_offset"),
-            "store_timestamp",
-            removes().alias("removes"),
-            F.explode_outer(entries).alias("entry"),
-        )
-        .select(*OP_COLUMNS[:-1], half_queue_offset.cast("long").alias("half_queue_offset"))
-    )  # fmt: skip
+    return ops_of(build_transaction_records(commitlog_df))
 
 
 def build_finals(commitlog_df: DataFrame) -> DataFrame:
@@ -308,13 +357,7 @@ def build_finals(commitlog_df: DataFrame) -> DataFrame:
         :data:`FINAL_COLUMNS`; ``final_commit_log_offset`` is the record's own commit log offset,
         ``prepared_transaction_offset`` the commit log offset of the half record it ended.
     """
-    return commitlog_df.where(is_final_record()).select(
-        "broker_name",
-        F.col("commit_log_offset").alias("final_commit_log_offset"),
-        "prepared_transaction_offset", "topic", "queue_id", "store_timestamp",
-        _property(c.PROPERTY_PRODUCER_GROUP).alias("producer_group"),
-        "uniq_key",
-    )  # fmt: skip
+    return finals_of(build_transaction_records(commitlog_df))
 
 
 def build_discards(commitlog_df: DataFrame) -> DataFrame:
@@ -324,14 +367,7 @@ def build_discards(commitlog_df: DataFrame) -> DataFrame:
         :data:`DISCARD_COLUMNS`; ``check_times`` is the copy's TRANSACTION_CHECK_TIMES (int, null
         when absent or not a number).
     """
-    return commitlog_df.where(is_discard_record()).select(
-        "broker_name",
-        F.col("commit_log_offset").alias("discard_commit_log_offset"),
-        "store_timestamp",
-        _property(c.PROPERTY_PRODUCER_GROUP).alias("producer_group"),
-        "uniq_key",
-        _property(c.PROPERTY_TRANSACTION_CHECK_TIMES).try_cast("int").alias("check_times"),
-    )
+    return discards_of(build_transaction_records(commitlog_df))
 
 
 def build_transaction_state(
@@ -531,13 +567,20 @@ class TransactionSummary:
 
 
 def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
-    """Compute ``transaction_state`` as of ``config.as_of``, print the summary, record the run.
+    """Bring ``transaction_records`` up to the commit log, compute ``transaction_state`` as of
+    ``config.as_of``, print the summary, record the run.
 
-    Reads the current version of ``commitlog`` (a missing table counts as empty), overwrites
-    ``transaction_state`` unless the run is a no-op (module docstring), and appends one
-    ``job_runs`` row: SUCCEEDED or NOOP with the input version, the output version and row counts
-    (``half_records``, ``op_records``, ``ignored_op_records``, ``final_records``,
-    ``discard_records``, ``transaction_state``), or FAILED before re-raising.
+    Reads the current version of ``commitlog`` (a missing table counts as empty), appends the
+    transaction records of its versions not read yet (module docstring), overwrites
+    ``transaction_state`` unless the run is a no-op, and appends one ``job_runs`` row: SUCCEEDED
+    or NOOP with the input versions (``commitlog``, ``transaction_records``), the output version
+    and row counts (``new_transaction_records``, ``half_records``, ``op_records``,
+    ``ignored_op_records``, ``final_records``, ``discard_records`` stored at or before T,
+    ``transaction_state``), or FAILED before re-raising.
+
+    Raises:
+        LakeError: ``transaction_records`` was built from a later commit log version than the
+            latest one (the commit log was replaced; delete ``transaction_records``).
 
     Returns:
         The recorded run.
@@ -546,12 +589,15 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
     job_run = JobRun(JOB)
     job_run.input_versions = table_versions(lake, [COMMITLOG.name])
     try:
+        new_records = _update_records(lake, job_run.input_versions.get(COMMITLOG.name), config.full)
+        job_run.input_versions.update(table_versions(lake, [TRANSACTION_RECORDS.name]))
         previous = _reusable_run(lake, job_run.input_versions, config.parameters)
         status = "SUCCEEDED" if previous is None else "NOOP"
         if previous is None:
             version = _compute_and_write(lake, job_run, config)
         else:
             version, job_run.row_counts = previous
+        job_run.row_counts["new_transaction_records"] = new_records
         job_run.output_versions[TRANSACTION_STATE.name] = version
         summary = summarize(lake.read(TRANSACTION_STATE, version=version), config.as_of, config.show)
         summary.ignored_ops = job_run.row_counts.get("ignored_op_records")
@@ -565,14 +611,52 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
     return job_run
 
 
+def _update_records(lake: Lake, latest: int | None, full: bool) -> int:
+    """Append to ``transaction_records`` the records of the commit log versions after the one it
+    records (its application transaction) up to ``latest``; rebuild it when ``full``, on a first
+    run, or when those versions cannot be read as appends. The number of rows written."""
+    if latest is None:
+        return 0
+    processed = lake.transaction_version(TRANSACTION_RECORDS, APP_ID)
+    if processed is not None and processed > latest:
+        raise LakeError(
+            f"transaction_records was built from commitlog version {processed}, but the commitlog is at version "
+            f"{latest}: it was replaced; delete the transaction_records table and run again"
+        )
+    if processed == latest:
+        if full:
+            print(f"{JOB}: transaction_records already holds commitlog version {latest}; nothing to rebuild")
+        return 0
+    if processed is not None and not full:
+        try:
+            records_df = build_transaction_records(lake.read_appended(COMMITLOG, processed, latest))
+            return _write_records(lake, records_df, latest, lake.append)
+        except IncrementalReadError as err:
+            print(f"{JOB}: cannot read the new commit log rows alone ({err}); reading the whole commit log")
+    records_df = build_transaction_records(lake.read(COMMITLOG, version=latest))
+    return _write_records(lake, records_df, latest, lake.overwrite)
+
+
+def _write_records(
+    lake: Lake, records_df: DataFrame, latest: int, write: Callable[..., int | None]
+) -> int:
+    records_df = records_df.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        write(TRANSACTION_RECORDS, records_df, APP_ID, latest)
+        return records_df.count()
+    finally:
+        records_df.unpersist()
+
+
 def _compute_and_write(lake: Lake, job_run: JobRun, config: ResolveTransactionsConfig) -> int:
-    """Read the commit log at the recorded version, compute, overwrite; the committed version."""
-    commitlog_df = _read_or_empty(lake, COMMITLOG, job_run.input_versions)
-    records_df = filter_transaction_records(commitlog_df, config.as_of).persist(StorageLevel.MEMORY_AND_DISK)
+    """Compute the states from ``transaction_records`` at the recorded version, overwrite; the
+    committed version."""
+    records_df = _read_or_empty(lake, TRANSACTION_RECORDS, job_run.input_versions)
+    records_df = records_df.where(F.col("store_timestamp") <= F.lit(config.as_of)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         state_df = build_transaction_state(
-            build_half_records(records_df), build_ops(records_df), build_finals(records_df),
-            build_discards(records_df), config.as_of, config.timeout_ms, config.check_max, config.reserve_ms,
+            halves_of(records_df), ops_of(records_df), finals_of(records_df), discards_of(records_df),
+            config.as_of, config.timeout_ms, config.check_max, config.reserve_ms,
         )  # fmt: skip
         version = lake.overwrite(TRANSACTION_STATE, state_df)
         job_run.row_counts.update(_record_counts(records_df))
@@ -584,15 +668,18 @@ def _compute_and_write(lake: Lake, job_run: JobRun, config: ResolveTransactionsC
 
 
 def _record_counts(records_df: DataFrame) -> dict[str, int]:
-    """Records read, by kind, in one pass."""
+    """Records read, by kind, in one pass (an op record counts once, whatever its body lists)."""
+    kind = F.col("kind")
+    op = F.when(kind == F.lit(OP), F.struct("broker_name", "commit_log_offset"))
+    ignored = F.when((kind == F.lit(OP)) & ~F.col("removes"), F.struct("broker_name", "commit_log_offset"))
     counts = {
-        "half_records": is_half_record(),
-        "op_records": is_op_record(),
-        "ignored_op_records": is_op_record() & ~removes(),
-        "final_records": is_final_record(),
-        "discard_records": is_discard_record(),
+        "half_records": F.count_if(kind == F.lit(HALF)),
+        "op_records": F.count_distinct(op),
+        "ignored_op_records": F.count_distinct(ignored),
+        "final_records": F.count_if(kind == F.lit(FINAL)),
+        "discard_records": F.count_if(kind == F.lit(DISCARD)),
     }
-    row = records_df.select(*[F.count_if(kind).alias(name) for name, kind in counts.items()]).first()
+    row = records_df.select(*[value.alias(name) for name, value in counts.items()]).first()
     return {name: int(row[name]) if row is not None else 0 for name in counts}
 
 
@@ -727,6 +814,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--show", type=int, default=20, help="CHECK_DUE transactions to list (default 20)")
     parser.add_argument("--engine", choices=list(ENGINES), default="auto",
                         help="lake engine (auto: delta-spark when its classes load, else the bridge)")  # fmt: skip
+    parser.add_argument("--full", action="store_true",
+                        help="rebuild transaction_records from the whole commit log when it is behind (default: "
+                        "read only the new versions)")  # fmt: skip
     return parser
 
 
@@ -741,7 +831,7 @@ def build_config(argv: Sequence[str] | None = None) -> ResolveTransactionsConfig
     args = build_parser().parse_args(argv)
     as_of = parse_instant(args.as_of, "--as-of") if args.as_of is not None else time.time_ns() // 1_000_000
     return ResolveTransactionsConfig(
-        Path(args.lake), as_of, args.timeout_ms, args.check_max, args.reserve_ms, args.engine, args.show
+        Path(args.lake), as_of, args.timeout_ms, args.check_max, args.reserve_ms, args.engine, args.show, args.full
     )
 
 

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from broker_model import constants as c
 from broker_model.codec import body_crc, create_msg_id, encode_properties, parse_host
-from broker_model.errors import ValidationError
+from broker_model.errors import LakeError, ValidationError
 from broker_model.record import record_length
 from jobs.lake_io import Lake
 from jobs.resolve_transactions import (
@@ -39,7 +39,7 @@ from jobs.resolve_transactions import (
     parameters_of_message,
     run,
 )
-from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_STATE, spark_schema
+from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE, spark_schema
 from tests.helpers import assert_frames_equal
 
 T0 = 1_700_000_000_000
@@ -235,6 +235,8 @@ def test_finals_are_the_commit_type_records_only(spark: SparkSession) -> None:
     final = log.final(half, store=T0 + 2)
     log.put("Orders", {"UNIQ_KEY": "rolled"}, store=T0 + 3, sys_flag=c.TRANSACTION_ROLLBACK_TYPE)
     log.put("Orders", {"UNIQ_KEY": "plain"}, store=T0 + 4)
+    for topic in ("%RETRY%cg", "%DLQ%cg", c.SCHEDULE_TOPIC):  # send-back copies keep the sys flag
+        log.put(topic, {"UNIQ_KEY": "tx", "PGROUP": "pg"}, store=T0 + 5, sys_flag=c.TRANSACTION_COMMIT_TYPE)
 
     expected = [("broker-a", final["commit_log_offset"], half["commit_log_offset"], "Orders", 1, T0 + 2, "pg", "tx")]
     assert_frames_equal(build_finals(log.frame(spark)), spark.createDataFrame(expected, _FINAL_SCHEMA))
@@ -625,10 +627,15 @@ def test_run_resolves_every_path_of_a_broker_log(
 
     assert_frames_equal(lake.read(TRANSACTION_STATE), _table(spark, template_lake[1].expected))
     assert job_run.status == "SUCCEEDED"
-    assert job_run.input_versions == {"commitlog": lake.version(COMMITLOG)}
+    assert job_run.input_versions == {
+        "commitlog": lake.version(COMMITLOG), "transaction_records": lake.version(TRANSACTION_RECORDS),
+    }
     assert job_run.output_versions == {"transaction_state": lake.version(TRANSACTION_STATE)}
-    assert job_run.row_counts == {"half_records": 28, "op_records": 7, "ignored_op_records": 1, "final_records": 5,
-                                  "discard_records": 1, "transaction_state": 10}  # fmt: skip
+    assert job_run.row_counts == {
+        "half_records": 28, "op_records": 7, "ignored_op_records": 1, "final_records": 5, "discard_records": 1,
+        "new_transaction_records": 42, "transaction_state": 10,
+    }  # fmt: skip
+    assert lake.read(TRANSACTION_RECORDS).count() == 42  # 28 + 7 + 5 + 1 and the op after T
     assert "anomalies: OP_WITHOUT_HALF 1, FINAL_WITHOUT_OP 1, DOUBLE_COMMIT 1, OP_ON_REPUT_COPY 1" in out
     assert "check-back due now: 2" in out
     assert "broker-a      pg               due        Orders       1     " in out
@@ -645,7 +652,8 @@ def test_rerun_with_the_same_inputs_and_settings_commits_nothing(spark: SparkSes
     assert (first.status, second.status) == ("SUCCEEDED", "NOOP")
     assert lake.version(TRANSACTION_STATE) == version
     assert second.output_versions == {"transaction_state": version}
-    assert second.row_counts == first.row_counts
+    assert second.row_counts == {**first.row_counts, "new_transaction_records": 0}
+    assert second.input_versions == first.input_versions
     assert _runs(lake) == ["SUCCEEDED", "NOOP"]
 
     third = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, check_max=1, engine="bridge"))
@@ -654,3 +662,64 @@ def test_rerun_with_the_same_inputs_and_settings_commits_nothing(spark: SparkSes
     assert lake.version(TRANSACTION_STATE) == (version or 0) + 1
     due = lake.read(TRANSACTION_STATE).where("uniq_key = 'due'").first()
     assert due is not None and due["state"] == "DISCARDED"
+
+
+@pytest.mark.spark
+def test_a_run_reads_only_the_new_commit_log_versions_and_resolves_as_a_full_one(
+    spark: SparkSession, tmp_path: Path, template_lake: tuple[Path, _Scenario]
+) -> None:
+    scenario = template_lake[1]
+    log_df = scenario.log.frame(spark)
+    split = log_df.orderBy("commit_log_offset").collect()[30]["commit_log_offset"]
+    lake = Lake(spark, tmp_path / "lake", "bridge")
+    lake.append(COMMITLOG, log_df.where(f"commit_log_offset < {split}"))
+    first = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge"))
+    lake.append(COMMITLOG, log_df.where(f"commit_log_offset >= {split}"))
+
+    second = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge"))
+
+    assert first.row_counts["new_transaction_records"] + second.row_counts["new_transaction_records"] == 42
+    assert 0 < second.row_counts["new_transaction_records"] < 42
+    appended = first.input_versions["transaction_records"] + 1
+    assert second.input_versions == {"commitlog": lake.version(COMMITLOG), "transaction_records": appended}
+    assert_frames_equal(lake.read(TRANSACTION_STATE), _table(spark, scenario.expected))
+    assert lake.read(TRANSACTION_RECORDS).count() == 42
+
+    records_version = lake.version(TRANSACTION_RECORDS)
+    lake.append(COMMITLOG, log_df.where("commit_log_offset < 0"))  # a commit that adds nothing
+
+    full = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge", full=True))
+
+    assert full.row_counts["new_transaction_records"] == 42
+    assert lake.version(TRANSACTION_RECORDS) == (records_version or 0) + 1
+    assert lake.read(TRANSACTION_RECORDS).count() == 42
+    assert_frames_equal(lake.read(TRANSACTION_STATE), _table(spark, scenario.expected))
+    again = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge", full=True))
+    assert (again.status, again.row_counts["new_transaction_records"]) == ("NOOP", 0)
+
+
+@pytest.mark.spark
+def test_a_commit_log_that_lost_rows_is_read_whole_and_a_replaced_one_is_refused(
+    spark: SparkSession, lake: Lake, template_lake: tuple[Path, _Scenario]
+) -> None:
+    run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge"))
+    rollback = lake.read(TRANSACTION_STATE).where("uniq_key = 'rollback'").first()
+    assert rollback is not None
+    lost = (rollback["half_commit_log_offset"], rollback["op_queue_offset"])
+    op_topic = c.RMQ_SYS_TRANS_OP_HALF_TOPIC
+    kept_df = template_lake[1].log.frame(spark).where(
+        f"commit_log_offset != {lost[0]} AND NOT (topic = '{op_topic}' AND queue_offset = {lost[1]})"
+    )
+    lake.overwrite(COMMITLOG, kept_df)  # removes files: not an append
+
+    after = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge"))
+
+    assert after.row_counts["new_transaction_records"] == 40  # rebuilt from the whole log: 42 less a half and an op
+    assert lake.read(TRANSACTION_STATE).where("uniq_key = 'rollback'").count() == 0
+    shutil.rmtree(lake.location(COMMITLOG))
+    lake.append(COMMITLOG, kept_df)  # a new table: version 0, behind what was read
+    with pytest.raises(LakeError, match="was replaced; delete the transaction_records table"):
+        run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge", full=True))
+    shutil.rmtree(lake.location(TRANSACTION_RECORDS))
+    assert run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge")).status == "SUCCEEDED"
+    assert lake.read(TRANSACTION_RECORDS).count() == 40
