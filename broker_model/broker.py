@@ -21,7 +21,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -611,7 +611,8 @@ class Broker:
 
     def consumer_send_back(self, group: str, commit_log_offset: int, delay_level: int = 0,
                            max_reconsume_times: int | None = None, reconsume_times: int | None = None,
-                           origin_msg_id: str | None = None) -> PutResult:  # fmt: skip
+                           origin_msg_id: str | None = None,
+                           properties: Mapping[str, str] | None = None) -> PutResult:  # fmt: skip
         """``CONSUMER_SEND_MSG_BACK``: store again a message a consumer of ``group`` failed on, as a
         retry or as a dead letter (FACTS 7.3, RocketMQ 5.3).
 
@@ -630,7 +631,8 @@ class Broker:
         already set) and ORIGIN_MESSAGE_ID (the original's ``msg_id``, the offset message id,
         unless already set, so it names the first stored copy through every retry).
         ``origin_msg_id`` is the client's id of the message, which RocketMQ's request carries for
-        its hooks only; it is not stored.
+        its hooks only; it is not stored. ``properties`` are added to the copy's (a tool that
+        dead-letters a message on a group's behalf marks the copy with them).
 
         Returns:
             where the copy went (the schedule topic and level queue for a retry). When the group's
@@ -655,22 +657,22 @@ class Broker:
             return PutResult(self.broker_name, c.RETRY_GROUP_TOPIC_PREFIX + group, -1, (), (), (), self._clock())
         times = original.reconsume_times if reconsume_times is None else reconsume_times
         limit = config.retry_max_times if max_reconsume_times is None else max_reconsume_times
-        properties = dict(original.properties)
-        properties.setdefault(c.PROPERTY_RETRY_TOPIC, original.topic)
-        properties[c.PROPERTY_WAIT_STORE_MSG_OK] = "false"
-        if not (properties.get(c.PROPERTY_ORIGIN_MESSAGE_ID) or "").strip():
-            properties[c.PROPERTY_ORIGIN_MESSAGE_ID] = original.msg_id
+        copied = {**original.properties, **(properties or {})}
+        copied.setdefault(c.PROPERTY_RETRY_TOPIC, original.topic)
+        copied[c.PROPERTY_WAIT_STORE_MSG_OK] = "false"
+        if not (copied.get(c.PROPERTY_ORIGIN_MESSAGE_ID) or "").strip():
+            copied[c.PROPERTY_ORIGIN_MESSAGE_ID] = original.msg_id
         if times >= limit or delay_level < 0:
             topic, queue_id = c.DLQ_GROUP_TOPIC_PREFIX + group, 0
             self._ensure_send_back_topic(topic, c.DLQ_NUMS_PER_GROUP)
-            properties[c.PROPERTY_DELAY_TIME_LEVEL] = "0"
+            copied[c.PROPERTY_DELAY_TIME_LEVEL] = "0"
         else:
             topic, queue_id = c.RETRY_GROUP_TOPIC_PREFIX + group, self._retry_random.randrange(config.retry_queue_nums)
             self._ensure_send_back_topic(topic, config.retry_queue_nums)
-            properties[c.PROPERTY_DELAY_TIME_LEVEL] = str(delay_level or c.FIRST_RETRY_DELAY_LEVEL + times)
+            copied[c.PROPERTY_DELAY_TIME_LEVEL] = str(delay_level or c.FIRST_RETRY_DELAY_LEVEL + times)
         host_bits = c.BORNHOST_V6_FLAG | c.STOREHOSTADDRESS_V6_FLAG  # the put sets them for this record
         return self.put_message(InnerMessage(
-            topic, queue_id, original.body, properties, original.flag, original.sys_flag & ~host_bits,
+            topic, queue_id, original.body, copied, original.flag, original.sys_flag & ~host_bits,
             original.born_timestamp, original.born_host, times + 1,
         ))  # fmt: skip
 

@@ -153,7 +153,7 @@ def run_workload(
     letters appear in the log at realistic store times within seconds of wall time.
     """
     plan = plan_sends(messages, seed)
-    clock = SimulatedClock() if retries else now_ms
+    clock = SimulatedClock(-RETRY_HISTORY_MS) if retries else now_ms
     started = start_brokers(lake, brokers, segment_size, flush_mode, clock)
     report = WorkloadReport()
     lock = threading.Lock()
@@ -262,8 +262,8 @@ class SimulatedClock:
     """Real time plus a skew that only grows: brokers of a workload run on it so that the
     workload can jump to the next delivery time of delayed messages without waiting."""
 
-    def __init__(self) -> None:
-        self.skew = 0
+    def __init__(self, skew: int = 0) -> None:
+        self.skew = skew
         self._lock = threading.Lock()
 
     def __call__(self) -> int:
@@ -298,6 +298,9 @@ RETRY_GROUPS = (
     RetryGroupPlan("cg-audit-retry", "Audit", "CLUSTERING", 0.1, 3, retry_max_times=3),
     RetryGroupPlan("bc-inventory-retry", "Inventory", "BROADCASTING", 0.2, 0),
 )
+# the delays of 16 retries add up to about 4.8 h: a workload with retries starts this far in the
+# past, so that all its records are stored before the real time a job run after it starts at
+RETRY_HISTORY_MS = 6 * 3_600_000
 RETRY_WINDOW_MS = 5000  # each jump of the clock delivers everything due within this much more
 
 

@@ -44,7 +44,7 @@ from broker_model.errors import LakeError
 from broker_model.lake_root import default_lake
 from broker_model.timeutil import parse_instant
 from jobs.lake_io import Lake
-from jobs.runs import JobRun, record_run, table_versions
+from jobs.runs import JobRun, record_run, table_versions, text_table
 from jobs.session import ENGINES, build_session
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS, TableSpec, spark_schema
 
@@ -354,7 +354,7 @@ def format_progress(rows: Sequence[Mapping[str, Any]], as_of: int, groups: Seque
         by_group.setdefault(row["group"], []).append(row)
     for group in sorted(by_group):
         queue_rows = sorted(by_group[group], key=lambda r: (r["topic"], r["broker_name"], r["queue_id"]))
-        lines += ["", f"Group: {group}", *_table([_HEADER, *(_cells(r) for r in queue_rows)])]
+        lines += ["", f"Group: {group}", *text_table([_HEADER, *(_cells(r) for r in queue_rows)])]
         lines.append(f"Diff Total: {sum(r['diff'] for r in queue_rows if r['diff'] is not None)}")
     lines += [f"Group: {group}: no offsets as of {iso_utc(as_of)}" for group in groups if group not in by_group]
     return lines
@@ -376,11 +376,6 @@ def _cells(row: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _or_dash(value: int | None) -> str:
     return "-" if value is None else str(value)
-
-
-def _table(lines: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines]
 
 
 def iso_utc(epoch_ms: int) -> str:

@@ -77,7 +77,7 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,8 +97,9 @@ from broker_model.transaction import (  # the broker's own settings, so the job 
     TRANSACTION_TIMEOUT_MS,
 )
 from jobs.consumer_offsets import iso_utc
-from jobs.lake_io import IncrementalReadError, Lake
-from jobs.runs import JobRun, record_run, table_versions
+from jobs.extract import update_extract
+from jobs.lake_io import Lake
+from jobs.runs import JobRun, record_run, table_versions, text_table
 from jobs.session import ENGINES, build_session
 from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE, TableSpec, spark_schema
 
@@ -589,7 +590,8 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
     job_run = JobRun(JOB)
     job_run.input_versions = table_versions(lake, [COMMITLOG.name])
     try:
-        new_records = _update_records(lake, job_run.input_versions.get(COMMITLOG.name), config.full)
+        latest = job_run.input_versions.get(COMMITLOG.name)
+        new_records = update_extract(lake, TRANSACTION_RECORDS, APP_ID, build_transaction_records, latest, config.full)
         job_run.input_versions.update(table_versions(lake, [TRANSACTION_RECORDS.name]))
         previous = _reusable_run(lake, job_run.input_versions, config.parameters)
         status = "SUCCEEDED" if previous is None else "NOOP"
@@ -609,43 +611,6 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
     done = "inputs and settings unchanged, nothing written" if status == "NOOP" else "transaction_state overwritten"
     record_run(lake, job_run.finish(status, f"{config.parameters}; {done}"))
     return job_run
-
-
-def _update_records(lake: Lake, latest: int | None, full: bool) -> int:
-    """Append to ``transaction_records`` the records of the commit log versions after the one it
-    records (its application transaction) up to ``latest``; rebuild it when ``full``, on a first
-    run, or when those versions cannot be read as appends. The number of rows written."""
-    if latest is None:
-        return 0
-    processed = lake.transaction_version(TRANSACTION_RECORDS, APP_ID)
-    if processed is not None and processed > latest:
-        raise LakeError(
-            f"transaction_records was built from commitlog version {processed}, but the commitlog is at version "
-            f"{latest}: it was replaced; delete the transaction_records table and run again"
-        )
-    if processed == latest:
-        if full:
-            print(f"{JOB}: transaction_records already holds commitlog version {latest}; nothing to rebuild")
-        return 0
-    if processed is not None and not full:
-        try:
-            records_df = build_transaction_records(lake.read_appended(COMMITLOG, processed, latest))
-            return _write_records(lake, records_df, latest, lake.append)
-        except IncrementalReadError as err:
-            print(f"{JOB}: cannot read the new commit log rows alone ({err}); reading the whole commit log")
-    records_df = build_transaction_records(lake.read(COMMITLOG, version=latest))
-    return _write_records(lake, records_df, latest, lake.overwrite)
-
-
-def _write_records(
-    lake: Lake, records_df: DataFrame, latest: int, write: Callable[..., int | None]
-) -> int:
-    records_df = records_df.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        write(TRANSACTION_RECORDS, records_df, APP_ID, latest)
-        return records_df.count()
-    finally:
-        records_df.unpersist()
 
 
 def _compute_and_write(lake: Lake, job_run: JobRun, config: ResolveTransactionsConfig) -> int:
@@ -749,7 +714,7 @@ def format_summary(summary: TransactionSummary) -> list[str]:
     """
     total = sum(summary.states.values())
     lines = [f"transaction state as of {iso_utc(summary.as_of)} ({summary.as_of}): {total} transactions"]
-    lines += _table([(state, str(summary.states.get(state, 0))) for state in STATES])
+    lines += text_table([(state, str(summary.states.get(state, 0))) for state in STATES])
     found = [f"{name} {summary.anomalies[name]}" for name in ANOMALIES if summary.anomalies.get(name)]
     lines.append("anomalies: " + (", ".join(found) if found else "none"))
     if summary.ignored_ops:
@@ -757,7 +722,7 @@ def format_summary(summary: TransactionSummary) -> list[str]:
     due_total = summary.states.get(CHECK_DUE, 0)
     lines.append(f"check-back due now: {due_total}")
     if summary.check_due:
-        lines += _table([_DUE_HEADER, *(_due_cells(row, summary.as_of) for row in summary.check_due)])
+        lines += text_table([_DUE_HEADER, *(_due_cells(row, summary.as_of) for row in summary.check_due)])
     if due_total > len(summary.check_due):
         lines.append(f"... and {due_total - len(summary.check_due)} more")
     return lines
@@ -786,11 +751,6 @@ def format_age(millis: int) -> str:
     parts = [f"{days}d" if days else "", f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
     parts.append(seconds if rest or not any(parts) else "")
     return sign + " ".join(part for part in parts if part)
-
-
-def _table(lines: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines]
 
 
 # ---------------------------------------------------------------------------------------------

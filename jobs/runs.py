@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from jobs.lake_io import Lake
@@ -54,3 +54,9 @@ def record_run(lake: Lake, run: JobRun) -> int | None:
     }
     df = lake.spark.createDataFrame([row], schema=spark_schema(JOB_RUNS))
     return lake.append(JOB_RUNS, df)
+
+
+def text_table(lines: Sequence[Sequence[str]]) -> list[str]:
+    """Rows of cells as left-aligned text columns two spaces apart (trailing spaces dropped)."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines]

@@ -242,6 +242,59 @@ _ATTEMPT = pa.struct(
     ]
 )
 
+RETRY_RECORDS = TableSpec(
+    name="retry_records",
+    path="retry_records",
+    partition_by=("kind",),
+    meaning=(
+        "the send-back records of the commit log (retries waiting in the schedule topic, retries "
+        "delivered to %RETRY%group, dead letters in %DLQ%group), decoded once and appended as the log grows"
+    ),
+    columns=_cols(
+        ("kind", pa.string(), "SCHEDULED, RETRY or DLQ", False),
+        ("group", pa.string(), "consumer group whose retry or dead letter topic the record is for", False),
+        ("broker_name", pa.string(), "broker holding the record", False),
+        ("topic", pa.string(), "topic of the record", False),
+        ("queue_id", pa.int32(), "queue of the record", False),
+        ("queue_offset", pa.int64(), "queue offset of the record", False),
+        ("commit_log_offset", pa.int64(), "commit log offset of the record", False),
+        ("msg_id", pa.string(), "offset message id of the record", False),
+        ("uniq_key", pa.string(), "client message id (UNIQ_KEY)"),
+        ("keys", pa.string(), "KEYS property"),
+        ("origin_msg_id", pa.string(), "ORIGIN_MESSAGE_ID: offset message id of the first stored copy"),
+        ("origin_topic", pa.string(), "RETRY_TOPIC: topic the message was first sent to"),
+        ("reconsume_times", pa.int32(), "failed deliveries before this record", False),
+        ("born_timestamp", pa.int64(), "producer's send time, epoch milliseconds", False),
+        ("store_timestamp", pa.int64(), "store time of the record, epoch milliseconds", False),
+        ("routed_by", pa.string(), "DLQ: the tool that dead-lettered it on the group's behalf, null for a consumer"),
+        ("body", pa.binary(), "DLQ: stored body bytes; null for other kinds"),
+        ("properties", _STRING_MAP, "DLQ: properties of the record; null for other kinds"),
+    ),
+)
+
+RETRY_CHAINS = TableSpec(
+    name="retry_chains",
+    path="retry_chains",
+    partition_by=(),
+    meaning="one row per (group, original message) that failed at least once, with every attempt",
+    columns=_cols(
+        ("group", pa.string(), "consumer group that failed on the message", False),
+        ("origin_msg_id", pa.string(), "offset message id of the first stored copy", False),
+        ("uniq_key", pa.string(), "client message id"),
+        ("keys", pa.string(), "KEYS property"),
+        ("origin_topic", pa.string(), "topic the message was first sent to"),
+        ("broker_name", pa.string(), "broker holding the retries", False),
+        ("attempts", pa.list_(_ATTEMPT), "the original and every delivered retry, oldest first"),
+        ("last_reconsume_times", pa.int32(), "reconsume times of the latest send-back record", False),
+        ("first_failure_timestamp", pa.int64(), "store time (ms) of the first send-back record", False),
+        ("last_timestamp", pa.int64(), "store time (ms) of the latest send-back record", False),
+        ("state", pa.string(), "SCHEDULED, DELIVERED, CONSUMED or DEAD: where the latest send-back record is", False),
+        ("max_reconsume_times", pa.int32(), "the group's retry_max_times as of as_of", False),
+        ("exhausted", pa.bool_(), "not dead although its reconsume times reached the group's limit", False),
+        ("as_of", pa.int64(), "time the chain is computed for, epoch milliseconds", False),
+    ),
+)
+
 DLQ = TableSpec(
     name="dlq",
     path="dlq",
@@ -262,6 +315,28 @@ DLQ = TableSpec(
         ("attempts", pa.list_(_ATTEMPT), "every stored delivery attempt, oldest first"),
         ("reason", pa.string(), "why it is dead: max reconsume times, negative delay level, policy"),
         ("redrive_state", pa.string(), "null, or the latest redrive of this dead letter"),
+    ),
+)
+
+DLQ_REDRIVES = TableSpec(
+    name="dlq_redrives",
+    path="dlq_redrives",
+    partition_by=(),
+    meaning=(
+        "ledger of dead letters re-sent to their original topic: one row per (request, dead letter) "
+        "when it is planned (PENDING) and one when it is sent (SENT); the latest row wins"
+    ),
+    columns=_cols(
+        ("request_id", pa.string(), "name of the redrive request; a request sends each dead letter once", False),
+        ("broker_name", pa.string(), "broker holding the dead letter", False),
+        ("msg_id", pa.string(), "offset message id of the dead letter record", False),
+        ("group", pa.string(), "consumer group of the dead letter", False),
+        ("target_topic", pa.string(), "topic the message is re-sent to", False),
+        ("state", pa.string(), "PENDING (about to be sent) or SENT", False),
+        ("new_msg_id", pa.string(), "offset message id of the re-sent message, null while PENDING"),
+        ("new_broker_name", pa.string(), "broker that stored the re-sent message, null while PENDING"),
+        ("updated_timestamp", pa.int64(), "time of the row, epoch milliseconds", False),
+        ("operator", pa.string(), "who ran the redrive (user@host)"),
     ),
 )
 
@@ -349,6 +424,30 @@ BROKERS = TableSpec(
     ),
 )
 
+REPLAY_REPORT = TableSpec(
+    name="replay_report",
+    path="replay_report",
+    partition_by=(),
+    meaning="ordering report of a replay_ordered run: one row per (replay_id, run_id, source queue)",
+    columns=_cols(
+        ("replay_id", pa.string(), "name of the replay", False),
+        ("run_id", pa.string(), "job_runs id of the run that wrote the report", False),
+        ("broker_name", pa.string(), "broker holding the source queue", False),
+        ("topic", pa.string(), "source topic", False),
+        ("queue_id", pa.int32(), "source queue id", False),
+        ("sink", pa.string(), "where the replay goes: table:<path>, topic:<topic> or handler:<module:function>", False),
+        ("source_rows", pa.int64(), "source messages the report covers (the replay's range so far)", False),
+        ("rows", pa.int64(), "messages the sink holds (or the handler accepted) for the queue", False),
+        ("first_offset", pa.int64(), "smallest source queue offset replayed, null when none"),
+        ("last_offset", pa.int64(), "largest source queue offset replayed, null when none"),
+        ("gaps", pa.int64(), "source messages up to last_offset missing from the sink", False),
+        ("duplicates", pa.int64(), "sink rows beyond the first of each source queue offset", False),
+        ("order_preserved", pa.bool_(), "the replay order equals the source order (running hash)", False),
+        ("complete", pa.bool_(), "every source message of the range is in the sink exactly once", False),
+        ("report_timestamp", pa.int64(), "time of the report, epoch milliseconds", False),
+    ),
+)
+
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
     for spec in (
@@ -359,12 +458,16 @@ TABLES: dict[str, TableSpec] = {
         CONSUMER_OFFSETS,
         TRANSACTION_STATE,
         TRANSACTION_RECORDS,
+        RETRY_RECORDS,
+        RETRY_CHAINS,
         DLQ,
+        DLQ_REDRIVES,
         REPLAY_PROGRESS,
         JOB_RUNS,
         TOPIC_CONFIG,
         SUBSCRIPTION_GROUP,
         BROKERS,
+        REPLAY_REPORT,
     )
 }
 

@@ -1,0 +1,69 @@
+"""Extracts: small tables of decoded commit log records that a job keeps up to date incrementally.
+
+A job that needs only a few kinds of records (transactions, retries and dead letters) decodes
+them once into an extract table and appends the records of each new commit log version. The
+extract's commits carry a Delta application transaction whose id is the job and whose version is
+the commit log version read, so a rerun, or a restart after a crash between the extract and the
+job's outputs, neither skips nor repeats a commit log version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+
+from broker_model.errors import LakeError
+from jobs.lake_io import IncrementalReadError, Lake
+from schemas.catalog import COMMITLOG, TableSpec
+
+
+def update_extract(
+    lake: Lake,
+    extract: TableSpec,
+    app_id: str,
+    build: Callable[[DataFrame], DataFrame],
+    latest: int | None,
+    full: bool = False,
+) -> int:
+    """Bring ``extract`` up to commit log version ``latest``; the number of rows written.
+
+    Appends ``build`` of the rows that the commit log versions after the one ``extract`` records
+    for ``app_id`` added, up to ``latest``, in one commit with the application transaction
+    (``app_id``, ``latest``). Builds it from the whole commit log (an overwrite) on a first run,
+    when ``full`` and the extract is behind, or when those versions cannot be read as appends
+    (rows were removed, a commit file is gone). ``latest`` None (no commit log) writes nothing.
+
+    Raises:
+        LakeError: the extract was built from a later commit log version than ``latest`` (the
+            commit log was replaced): delete the extract table and run again.
+    """
+    if latest is None:
+        return 0
+    processed = lake.transaction_version(extract, app_id)
+    if processed is not None and processed > latest:
+        raise LakeError(
+            f"{extract.name} was built from commitlog version {processed}, but the commitlog is at version "
+            f"{latest}: it was replaced; delete the {extract.name} table and run again"
+        )
+    if processed == latest:
+        if full:
+            print(f"{app_id}: {extract.name} already holds commitlog version {latest}; nothing to rebuild")
+        return 0
+    if processed is not None and not full:
+        try:
+            return _write(lake, extract, build(lake.read_appended(COMMITLOG, processed, latest)), app_id, latest, False)
+        except IncrementalReadError as err:
+            print(f"{app_id}: cannot read the new commit log rows alone ({err}); reading the whole commit log")
+    return _write(lake, extract, build(lake.read(COMMITLOG, version=latest)), app_id, latest, True)
+
+
+def _write(lake: Lake, extract: TableSpec, df: DataFrame, app_id: str, latest: int, overwrite: bool) -> int:
+    kept_df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        write = lake.overwrite if overwrite else lake.append
+        write(extract, kept_df, app_id, latest)
+        return kept_df.count()
+    finally:
+        kept_df.unpersist()
