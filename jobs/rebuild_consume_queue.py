@@ -57,7 +57,7 @@ from broker_model.lake_root import default_lake
 from jobs.lake_io import IncrementalReadError, Lake
 from jobs.runs import JobRun, record_run, table_versions
 from jobs.session import build_session
-from schemas.catalog import BROKERS, COMMITLOG, CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY
+from schemas.catalog import BROKERS, COMMITLOG, CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, spark_schema
 
 JOB = "rebuild_consume_queue"
 APP_ID = JOB  # the Delta application transaction id; its version is the commit log version processed
@@ -699,8 +699,11 @@ def _incremental(lake: Lake, plan: RebuildPlan) -> RebuildSummary:
         first_unit = F.min(F.when(is_dispatched(F.col("sys_flag")), F.col("queue_offset"))).alias("first_unit")
         starts = [QueueStart(**r.asDict()) for r in checked_df.groupBy(*QUEUE_KEYS).agg(
             F.min("commit_log_offset").alias("first_offset"), first_unit).collect()]  # fmt: skip
-        if not starts:
-            return _rebuild(lake, plan, checked_df, build_log_digest(checked_df), None, None)
+        if not starts:  # e.g. only compaction commits: nothing to check, the versions are still read
+            empty_df = lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE))
+            lake.append(CONSUME_QUEUE, empty_df, APP_ID, plan.target)
+            no_findings_df = lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE_INTEGRITY))
+            return _write_findings(lake, plan, no_findings_df, {})
         bounds: dict[str, int] = {}
         for start in starts:
             bounds[start.broker_name] = min(bounds.get(start.broker_name, start.first_offset), start.first_offset)

@@ -565,6 +565,15 @@ def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_not
     assert (again.status, _versions(incremental)) == ("NOOP", before)
     assert "nothing to do" in capsys.readouterr().out
 
+    empty = _append_log(incremental, spark, [])  # a commit that adds no rows (as a compaction's)
+    quiet = run(spark, RebuildConfig(incremental.root, engine="bridge"))
+    assert (quiet.status, quiet.row_counts["consume_queue"], quiet.row_counts["consume_queue_integrity"]) == (
+        "SUCCEEDED", 0, 0,
+    )  # fmt: skip
+    assert incremental.transaction_version(CONSUME_QUEUE, APP_ID) == empty
+    assert incremental.transaction_version(CONSUME_QUEUE_INTEGRITY, APP_ID) == empty
+    assert _sorted_rows(incremental.read(CONSUME_QUEUE)) == _sorted_rows(full.read(CONSUME_QUEUE))
+
 
 @pytest.mark.spark
 def test_an_incremental_run_without_the_commit_files_rebuilds_in_full(
