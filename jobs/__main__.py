@@ -13,6 +13,8 @@ JOBS = {
     "reset_offsets": "jobs.reset_offsets",
     "resolve_transactions": "jobs.resolve_transactions",
     "route_dlq": "jobs.route_dlq",
+    "compact_commitlog": "jobs.compact_commitlog",
+    "report": "jobs.report",
 }
 
 

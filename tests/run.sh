@@ -8,6 +8,14 @@ if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
   echo "error: Java is not installed; the Spark tests need a Java 17 runtime." >&2
   exit 1
 fi
+# the report test opens the HTML report in headless Chromium: Debian's chromium package
+if ! command -v chromium >/dev/null 2>&1; then
+  as_root=""
+  [ "$(id -u)" -eq 0 ] || as_root="sudo"
+  echo "installing Debian's chromium (the report test renders the report headless)"
+  $as_root apt-get update -qq >/dev/null
+  $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet -e ".[test]"

@@ -1,0 +1,677 @@
+"""The ``report`` job: one self-contained HTML page (plus its PNG plots) about the lake.
+
+Sections, each from the latest version of the tables it reads; a table that does not exist yet
+gives a short "no data yet" section, never an error:
+
+- lag per group and queue (``consumer_offsets``): a bar chart of the largest lags and the table;
+- lag over time (``consumer_offset_commits`` and ``commitlog``): each group's total lag at
+  ``samples`` evenly spaced times over the commit log's store time span (see
+  :func:`build_lag_over_time`), computed by one Spark query;
+- dead letters per group and day (``dlq``);
+- transaction outcomes: transactions per state (``transaction_state``);
+- messages and bytes per topic per hour (``commitlog``);
+- integrity findings (``consume_queue_integrity``): counts per problem and the findings;
+- recent job runs (``job_runs``).
+
+Output: ``report.html`` in the output directory, with every plot embedded as a base64 ``data:``
+URI (the page alone is the whole report: mail it, attach it), and the same plots as PNG files next
+to it. The default directory is ``<lake root>/../reports/<UTC date of --as-of>``, e.g.
+``data/reports/2026-11-22`` for the lake ``data/lake``; ``--out`` overrides it. A run writes
+nothing in the lake but its ``job_runs`` row.
+
+The ``build_*`` functions are pure Spark transforms (no collect); the small frames they return
+are collected by :func:`run` and drawn by the ``plot_*`` functions (matplotlib, ``Agg``, no
+display needed) and :func:`render_html`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from broker_model.errors import ValidationError
+from broker_model.lake_root import default_lake
+from broker_model.timeutil import parse_instant
+from jobs.lake_io import Lake
+from jobs.rebuild_consume_queue import is_dispatched
+from jobs.runs import JobRun, record_run, table_versions
+from jobs.session import build_session
+from schemas.catalog import (
+    COMMITLOG,
+    CONSUME_QUEUE_INTEGRITY,
+    CONSUMER_OFFSET_COMMITS,
+    CONSUMER_OFFSETS,
+    DLQ,
+    JOB_RUNS,
+    TRANSACTION_STATE,
+    TableSpec,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+JOB = "report"
+INPUTS = (
+    CONSUMER_OFFSETS,
+    CONSUMER_OFFSET_COMMITS,
+    COMMITLOG,
+    TRANSACTION_STATE,
+    DLQ,
+    CONSUME_QUEUE_INTEGRITY,
+    JOB_RUNS,
+)
+QUEUE_KEY = ("broker_name", "topic", "queue_id")
+DEFAULT_SAMPLES = 24  # one point per hour of a day-long log
+MAX_TABLE_ROWS = 200  # a page stays readable; the tables hold the rest
+MAX_BARS = 30  # bars beyond this are unreadable on a page-wide chart
+MAX_TOPIC_LINES = 10  # more lines than a legend can tell apart; the rest is summed as "other"
+HOUR_MS = 3_600_000
+_DPI = 100
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """Options of the job.
+
+    Attributes:
+        lake: the lake root.
+        as_of: the report's time, epoch ms: its title and its default directory's date.
+        out: the output directory; None for ``<lake>/../reports/<UTC date of as_of>``.
+        samples: points of the lag-over-time series, >= 2.
+        engine: lake engine, ``auto``, ``bridge`` or ``delta-spark``.
+
+    Raises:
+        ValidationError: ``samples`` below 2.
+    """
+
+    lake: Path
+    as_of: int
+    out: Path | None = None
+    samples: int = DEFAULT_SAMPLES
+    engine: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.samples < 2:
+            raise ValidationError("samples", self.samples, "not >= 2", "a series needs two points")
+
+    @property
+    def out_dir(self) -> Path:
+        """The directory the report goes to."""
+        if self.out is not None:
+            return self.out
+        day = datetime.fromtimestamp(self.as_of / 1000, UTC).date().isoformat()
+        return self.lake.absolute().parent / "reports" / day
+
+
+# ---------------------------------------------------------------------------------------------
+# Transforms
+# ---------------------------------------------------------------------------------------------
+
+
+def build_lag_per_queue(offsets_df: DataFrame) -> DataFrame:
+    """Per (group, broker_name, topic, queue_id): ``consumer_offset``, ``broker_offset``, ``diff``
+    and ``oldest_unconsumed_timestamp`` from ``consumer_offsets``, a null ``diff`` (QUEUE_NOT_FOUND) as 0."""
+    return offsets_df.select(
+        "group",
+        *QUEUE_KEY,
+        "consumer_offset",
+        "broker_offset",
+        F.coalesce(F.col("diff"), F.lit(0).cast("long")).alias("diff"),
+        "oldest_unconsumed_timestamp",
+    )
+
+
+def build_lag_per_group(offsets_df: DataFrame) -> DataFrame:
+    """Per group: ``lag`` (sum of ``diff``, nulls as 0) and ``queues`` (rows of the group)."""
+    return (
+        offsets_df.groupBy("group")
+        .agg(F.sum(F.coalesce(F.col("diff"), F.lit(0).cast("long"))).alias("lag"), F.count(F.lit(1)).alias("queues"))
+        .select("group", "lag", "queues")
+    )
+
+
+def sample_index(timestamp: Column, start: int, step: int) -> Column:
+    """The first sample ``i`` with ``start + i * step >= timestamp`` (0 for earlier times)."""
+    return F.greatest(F.lit(0).cast("long"), F.ceil((timestamp - F.lit(start)) / F.lit(step)).cast("long"))
+
+
+def build_lag_over_time(
+    commits_df: DataFrame, commitlog_df: DataFrame, start: int, step: int, samples: int
+) -> DataFrame:
+    """Each group's total lag at the times ``start + i * step``, ``i`` in ``0 .. samples - 1``.
+
+    At a time T, for every queue a group has committed on at or before T: the queue's broker
+    offset at T (the greatest queue offset of the dispatched records stored at or before T, plus
+    one; 0 before the first) minus the group's latest committed offset at T (the latest commit by
+    ``commit_timestamp``, a reset winning a tie, then the larger offset); the lag is the sum over
+    those queues. Queues a group never committed on are not counted (``consumer_offsets`` lists
+    them; their history has no offset to start from).
+
+    One pass over each input: records and commits are assigned to the first sample at or after
+    their time and aggregated per (queue, sample); the series are completed over the samples with
+    running windows (a total order: one row per key and sample).
+
+    Returns:
+        ``group``, ``sample`` (int), ``as_of`` (epoch ms), ``lag`` (long); a row per group and
+        sample from its first commit on.
+    """
+    last = start + (samples - 1) * step
+    entries_df = commitlog_df.where(is_dispatched(F.col("sys_flag")) & (F.col("store_timestamp") <= F.lit(last)))
+    broker_df = entries_df.groupBy(*QUEUE_KEY, sample_index(F.col("store_timestamp"), start, step).alias("sample")).agg(
+        (F.max("queue_offset") + F.lit(1)).alias("broker_offset")
+    )
+    latest = F.max(F.struct("commit_timestamp", (F.col("source") == F.lit("reset")).alias("is_reset"), "offset"))
+    committed_df = (
+        commits_df.where(F.col("commit_timestamp") <= F.lit(last))
+        .groupBy("group", *QUEUE_KEY, sample_index(F.col("commit_timestamp"), start, step).alias("sample"))
+        .agg(latest.getField("offset").alias("offset"))
+    )
+    every_sample = F.explode(F.sequence(F.lit(0).cast("long"), F.lit(samples - 1).cast("long"))).alias("sample")
+    upto = Window.orderBy("sample").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    broker_at_df = (
+        broker_df.select(*QUEUE_KEY)
+        .distinct()
+        .select(*QUEUE_KEY, every_sample)
+        .join(broker_df, on=[*QUEUE_KEY, "sample"], how="left")
+        .select(*QUEUE_KEY, "sample", F.max("broker_offset").over(upto.partitionBy(*QUEUE_KEY)).alias("broker_offset"))
+    )
+    group_key = ["group", *QUEUE_KEY]
+    consumer_at = F.last("offset", ignorenulls=True).over(upto.partitionBy(*group_key))
+    consumer_at_df = (
+        committed_df.select(*group_key)
+        .distinct()
+        .select(*group_key, every_sample)
+        .join(committed_df, on=[*group_key, "sample"], how="left")
+        .select(*group_key, "sample", consumer_at.alias("consumer_offset"))
+        .where(F.col("consumer_offset").isNotNull())
+    )
+    diff = F.coalesce(F.col("broker_offset"), F.lit(0).cast("long")) - F.col("consumer_offset")
+    return (
+        consumer_at_df.join(broker_at_df, on=[*QUEUE_KEY, "sample"], how="left")
+        .groupBy("group", "sample")
+        .agg(F.sum(diff).alias("lag"))
+        .select(
+            "group",
+            F.col("sample").cast("int").alias("sample"),
+            (F.lit(start) + F.col("sample") * F.lit(step)).alias("as_of"),
+            "lag",
+        )
+    )
+
+
+def build_dead_letters_per_day(dlq_df: DataFrame) -> DataFrame:
+    """Per group and UTC day (``yyyy-MM-dd`` of ``dlq_timestamp``): ``dead_letters``."""
+    day = F.date_format(F.timestamp_millis(F.col("dlq_timestamp")), "yyyy-MM-dd")
+    return (
+        dlq_df.groupBy("group", day.alias("day"))
+        .agg(F.count(F.lit(1)).alias("dead_letters"))
+        .select("group", "day", "dead_letters")
+    )
+
+
+def build_transaction_outcomes(state_df: DataFrame) -> DataFrame:
+    """Per ``state``: ``transactions``, and ``anomalies`` (rows with a non-null anomaly)."""
+    return (
+        state_df.groupBy("state")
+        .agg(F.count(F.lit(1)).alias("transactions"), F.count("anomaly").alias("anomalies"))
+        .select("state", "transactions", "anomalies")
+    )
+
+
+def build_topic_traffic(commitlog_df: DataFrame) -> DataFrame:
+    """Per topic and hour (``hour``: epoch ms of the hour's start, by ``store_timestamp``):
+    ``messages`` and ``bytes`` (sum of ``store_size``)."""
+    hour = F.floor(F.col("store_timestamp") / F.lit(HOUR_MS)).cast("long") * F.lit(HOUR_MS)
+    return (
+        commitlog_df.groupBy("topic", hour.alias("hour"))
+        .agg(F.count(F.lit(1)).alias("messages"), F.sum(F.col("store_size").cast("long")).alias("bytes"))
+        .select("topic", "hour", "messages", "bytes")
+    )
+
+
+def build_integrity_summary(integrity_df: DataFrame) -> DataFrame:
+    """Per ``problem``: ``findings`` and ``brokers`` (distinct brokers with the problem)."""
+    return (
+        integrity_df.groupBy("problem")
+        .agg(F.count(F.lit(1)).alias("findings"), F.countDistinct("broker_name").alias("brokers"))
+        .select("problem", "findings", "brokers")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots (small collected rows in, PNG bytes out)
+# ---------------------------------------------------------------------------------------------
+
+
+def _figure(width: float = 10.0, height: float = 4.0) -> Figure:
+    from matplotlib.figure import Figure
+
+    # a Figure without pyplot: no global state, no display, the Agg canvas by default
+    return Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+
+
+def _png(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def plot_lag_per_queue(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    """Horizontal bars of ``diff`` per (group, queue), rows in the order given (largest first)."""
+    shown = list(rows)[:MAX_BARS]
+    figure = _figure(10, max(2.5, 0.28 * len(shown) + 1))
+    axes = figure.subplots()
+    labels = [f"{r['group']}  {r['broker_name']}/{r['topic']}/{r['queue_id']}" for r in shown]
+    axes.barh(range(len(shown)), [r["diff"] for r in shown], color="#d62728")
+    axes.set_yticks(range(len(shown)), labels, fontsize=7)
+    axes.invert_yaxis()
+    axes.set_xlabel("lag (messages)")
+    axes.set_title(f"lag per group and queue (largest {len(shown)})")
+    return _png(figure)
+
+
+def plot_lag_over_time(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    """One line per group: lag against time (UTC)."""
+    figure = _figure()
+    axes = figure.subplots()
+    for group in sorted({r["group"] for r in rows}):
+        points = sorted((r["as_of"], r["lag"]) for r in rows if r["group"] == group)
+        axes.plot(_dates([t for t, _ in points]), [lag for _, lag in points], marker=".", label=group)
+    axes.set_ylabel("lag (messages)")
+    axes.set_title("lag over time per group")
+    axes.legend(fontsize=7)
+    axes.xaxis_date("UTC")
+    figure.autofmt_xdate()
+    return _png(figure)
+
+
+def plot_dead_letters(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    """Stacked bars: dead letters per day, one color per group."""
+    days = sorted({r["day"] for r in rows})
+    figure = _figure()
+    axes = figure.subplots()
+    bottom = [0] * len(days)
+    for group in sorted({r["group"] for r in rows}):
+        counts = {r["day"]: r["dead_letters"] for r in rows if r["group"] == group}
+        heights = [counts.get(day, 0) for day in days]
+        axes.bar(days, heights, bottom=bottom, label=group)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    axes.set_ylabel("dead letters")
+    axes.set_title("dead letters per group and day (UTC)")
+    axes.legend(fontsize=7)
+    return _png(figure)
+
+
+def plot_transaction_outcomes(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    """Bars: transactions per state."""
+    figure = _figure(8, 3.5)
+    axes = figure.subplots()
+    axes.bar([r["state"] for r in rows], [r["transactions"] for r in rows], color="#1f77b4")
+    axes.set_ylabel("transactions")
+    axes.set_title("transaction outcomes")
+    return _png(figure)
+
+
+def plot_topic_traffic(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    """Two panels, messages and bytes per hour, one line per topic (the busiest ones)."""
+    totals: dict[str, int] = {}
+    for r in rows:
+        totals[r["topic"]] = totals.get(r["topic"], 0) + r["messages"]
+    shown = sorted(totals, key=lambda t: (-totals[t], t))[:MAX_TOPIC_LINES]
+    figure = _figure(10, 6)
+    messages_axes, bytes_axes = figure.subplots(2, 1, sharex=True)
+    for topic in shown:
+        points = sorted((r["hour"], r["messages"], r["bytes"]) for r in rows if r["topic"] == topic)
+        hours = _dates([h for h, _, _ in points])
+        messages_axes.plot(hours, [m for _, m, _ in points], marker="o", label=topic)
+        bytes_axes.plot(hours, [b for _, _, b in points], marker="o", label=topic)
+    messages_axes.set_ylabel("messages per hour")
+    bytes_axes.set_ylabel("bytes per hour")
+    messages_axes.set_title("traffic per topic and hour (UTC)")
+    messages_axes.legend(fontsize=7, ncol=2)
+    bytes_axes.xaxis_date("UTC")
+    figure.autofmt_xdate()
+    return _png(figure)
+
+
+def _datetime(epoch_ms: int) -> datetime:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC)
+
+
+def _dates(epoch_ms: Sequence[int]) -> list[float]:
+    """Matplotlib date numbers (days since the epoch) of epoch milliseconds: an x axis of dates."""
+    return [t / 86_400_000 for t in epoch_ms]
+
+
+# ---------------------------------------------------------------------------------------------
+# The page
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """A table of the page: column names and rows (values are shown with ``str``)."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+    truncated: bool = False
+
+
+@dataclass
+class Section:
+    """A section of the page: a title, a note, plots (file name, PNG bytes) and tables."""
+
+    title: str
+    note: str = ""
+    plots: list[tuple[str, bytes]] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+
+
+_STYLE = """
+body { font-family: sans-serif; margin: 2em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; border-bottom: 1px solid #ccc; margin-top: 2em; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
+th { background: #f0f0f0; } td.text { text-align: left; }
+img { max-width: 100%; display: block; margin: 0.5em 0; }
+p.note { color: #555; } p.empty { color: #a00; }
+"""
+
+
+def render_html(title: str, subtitle: str, sections: Sequence[Section]) -> str:
+    """The whole page: plots embedded as ``data:image/png;base64`` URIs, every text escaped."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1><p class='note'>{html.escape(subtitle)}</p>",
+    ]
+    for section in sections:
+        parts.append(f"<section><h2>{html.escape(section.title)}</h2>")
+        if section.note:
+            css = "empty" if not section.plots and not section.tables else "note"
+            parts.append(f"<p class='{css}'>{html.escape(section.note)}</p>")
+        for name, png in section.plots:
+            data = base64.b64encode(png).decode("ascii")
+            parts.append(
+                f'<img alt="{html.escape(name)}" data-file="{html.escape(name)}" src="data:image/png;base64,{data}">'
+            )
+        parts.extend(_table_html(table) for table in section.tables)
+        parts.append("</section>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _table_html(table: Table) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
+    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in table.rows)
+    more = f"<p class='note'>first {len(table.rows)} rows shown</p>" if table.truncated else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
+
+
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    css = "" if isinstance(value, int | float) else " class='text'"
+    return f"<td{css}>{html.escape(text)}</td>"
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------------------------
+
+
+def _collect(df: DataFrame, order: Sequence[Column | str], limit: int | None = None) -> list[dict[str, Any]]:
+    ordered_df = df.orderBy(*order)
+    rows = (ordered_df.limit(limit) if limit is not None else ordered_df).collect()
+    return [r.asDict() for r in rows]
+
+
+def _table(rows: list[dict[str, Any]], columns: Sequence[str], limit: int = MAX_TABLE_ROWS) -> Table:
+    return Table(list(columns), [[r[c] for c in columns] for r in rows[:limit]], len(rows) > limit)
+
+
+def _missing(title: str, *specs: TableSpec) -> Section:
+    names = ", ".join(s.name for s in specs)
+    return Section(title, f"no data yet: the table(s) {names} do not exist in this lake")
+
+
+def _lag_section(lake: Lake, versions: Mapping[str, int]) -> Section:
+    title = "Lag per group and queue"
+    if CONSUMER_OFFSETS.name not in versions:
+        return _missing(title, CONSUMER_OFFSETS)
+    offsets_df = lake.read(CONSUMER_OFFSETS, version=versions[CONSUMER_OFFSETS.name])
+    queues = _collect(build_lag_per_queue(offsets_df), [F.desc("diff"), "group", *QUEUE_KEY], MAX_TABLE_ROWS + 1)
+    groups = _collect(build_lag_per_group(offsets_df), [F.desc("lag"), "group"])
+    as_of = offsets_df.agg(F.max("as_of")).first()
+    note = f"consumer_offsets version {versions[CONSUMER_OFFSETS.name]}, as of {_iso(as_of[0] if as_of else None)}"
+    if not queues:
+        return Section(title, note + ": no rows")
+    return Section(
+        title,
+        note,
+        [("lag_per_queue.png", plot_lag_per_queue(queues))],
+        [
+            _table(groups, ["group", "lag", "queues"]),
+            _table(queues, ["group", *QUEUE_KEY, "consumer_offset", "broker_offset", "diff"]),
+        ],
+    )
+
+
+def _lag_history_section(lake: Lake, versions: Mapping[str, int], samples: int) -> Section:
+    title = "Lag over time"
+    missing = [s for s in (CONSUMER_OFFSET_COMMITS, COMMITLOG) if s.name not in versions]
+    if missing:
+        return _missing(title, *missing)
+    commits_df = lake.read(CONSUMER_OFFSET_COMMITS, version=versions[CONSUMER_OFFSET_COMMITS.name])
+    log_df = lake.read(COMMITLOG, version=versions[COMMITLOG.name]).select(
+        *QUEUE_KEY, "queue_offset", "sys_flag", "store_timestamp"
+    )
+    span = log_df.agg(F.min("store_timestamp"), F.max("store_timestamp")).first()
+    if span is None or span[0] is None:
+        return Section(title, "no data yet: the commit log is empty")
+    start, end = int(span[0]), int(span[1])
+    step = max(1, -(-(end - start) // (samples - 1)))
+    rows = _collect(build_lag_over_time(commits_df, log_df, start, step, samples), ["group", "sample"])
+    note = (
+        f"{samples} samples every {step} ms from {_iso(start)}; a group's lag sums the queues it had "
+        "committed on by then"
+    )
+    if not rows:
+        return Section(title, note + ": no offset commits in that span")
+    return Section(
+        title,
+        note,
+        [("lag_over_time.png", plot_lag_over_time(rows))],
+        [_table(rows, ["group", "sample", "as_of", "lag"])],
+    )
+
+
+def _simple_section(
+    lake: Lake,
+    versions: Mapping[str, int],
+    title: str,
+    spec: TableSpec,
+    build: Callable[[DataFrame], DataFrame],
+    order: Sequence[Column | str],
+    plot: tuple[str, Callable[[Sequence[Mapping[str, Any]]], bytes]] | None,
+) -> Section:
+    if spec.name not in versions:
+        return _missing(title, spec)
+    df = build(lake.read(spec, version=versions[spec.name]))
+    rows = _collect(df, order)
+    note = f"{spec.name} version {versions[spec.name]}"
+    if not rows:
+        return Section(title, note + ": no rows")
+    plots = [(plot[0], plot[1](rows))] if plot is not None else []
+    return Section(title, note, plots, [_table(rows, df.columns)])
+
+
+def _integrity_section(lake: Lake, versions: Mapping[str, int]) -> Section:
+    title = "Integrity findings"
+    if CONSUME_QUEUE_INTEGRITY.name not in versions:
+        return _missing(title, CONSUME_QUEUE_INTEGRITY)
+    findings_df = lake.read(CONSUME_QUEUE_INTEGRITY, version=versions[CONSUME_QUEUE_INTEGRITY.name])
+    summary = _collect(build_integrity_summary(findings_df), ["problem"])
+    note = f"consume_queue_integrity version {versions[CONSUME_QUEUE_INTEGRITY.name]}"
+    if not summary:
+        return Section(title, note + ": no findings, the consume queues are consistent with the log")
+    columns = CONSUME_QUEUE_INTEGRITY.column_names
+    rows = _collect(findings_df, ["broker_name", "commit_log_offset", "problem"], MAX_TABLE_ROWS + 1)
+    return Section(title, note, [], [_table(summary, ["problem", "findings", "brokers"]), _table(rows, columns)])
+
+
+def _runs_section(lake: Lake, versions: Mapping[str, int]) -> Section:
+    title = "Recent job runs"
+    if JOB_RUNS.name not in versions:
+        return _missing(title, JOB_RUNS)
+    runs_df = lake.read(JOB_RUNS, version=versions[JOB_RUNS.name]).select(
+        "job", "status", "started_timestamp", "duration_ms", "message", "run_id"
+    )
+    rows = _collect(runs_df, [F.desc("started_timestamp"), "run_id"], 30)
+    for row in rows:
+        row["started"] = _iso(row["started_timestamp"])
+    return Section(
+        title,
+        f"job_runs version {versions[JOB_RUNS.name]}, latest 30",
+        tables=[_table(rows, ["started", "job", "status", "duration_ms", "message"])],
+    )
+
+
+def _iso(epoch_ms: int | None) -> str:
+    return "-" if epoch_ms is None else _datetime(epoch_ms).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def build_sections(lake: Lake, versions: Mapping[str, int], samples: int) -> list[Section]:
+    """Every section of the page, reading the given table versions (absent names: missing tables)."""
+    return [
+        _lag_section(lake, versions),
+        _lag_history_section(lake, versions, samples),
+        _simple_section(
+            lake,
+            versions,
+            "Dead letters per group and day",
+            DLQ,
+            build_dead_letters_per_day,
+            ["day", "group"],
+            ("dead_letters.png", plot_dead_letters),
+        ),
+        _simple_section(
+            lake,
+            versions,
+            "Transaction outcomes",
+            TRANSACTION_STATE,
+            build_transaction_outcomes,
+            [F.desc("transactions"), "state"],
+            ("transaction_outcomes.png", plot_transaction_outcomes),
+        ),
+        _simple_section(
+            lake,
+            versions,
+            "Messages and bytes per topic per hour",
+            COMMITLOG,
+            build_topic_traffic,
+            ["hour", "topic"],
+            ("topic_traffic.png", plot_topic_traffic),
+        ),
+        _integrity_section(lake, versions),
+        _runs_section(lake, versions),
+    ]
+
+
+def write_report(out_dir: Path, page: str, sections: Sequence[Section]) -> Path:
+    """Write ``report.html`` and every plot as a PNG file into ``out_dir``; the page's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for section in sections:
+        for name, png in section.plots:
+            (out_dir / name).write_bytes(png)
+    path = out_dir / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def run(spark: SparkSession, config: ReportConfig) -> JobRun:
+    """Write the report of ``config.lake`` into ``config.out_dir``; print its path; record the run.
+
+    Returns:
+        The recorded run (SUCCEEDED; ``message`` the page's path; ``row_counts`` the plots and
+        tables written), or FAILED re-raised.
+    """
+    job_run = JobRun(JOB)
+    lake = Lake(spark, config.lake, config.engine)
+    job_run.input_versions = table_versions(lake, [s.name for s in INPUTS])
+    try:
+        sections = build_sections(lake, job_run.input_versions, config.samples)
+        subtitle = f"lake {config.lake} (engine {lake.engine}), as of {_iso(config.as_of)}"
+        page = render_html("rmq-lake report", subtitle, sections)
+        path = write_report(config.out_dir, page, sections)
+    except Exception as err:
+        record_run(lake, job_run.finish("FAILED", f"{type(err).__name__}: {err}"))
+        raise
+    job_run.row_counts = {
+        "plots": sum(len(s.plots) for s in sections),
+        "tables": sum(len(s.tables) for s in sections),
+        "empty_sections": sum(1 for s in sections if not s.plots and not s.tables),
+    }
+    print(f"{JOB}: wrote {path} ({job_run.row_counts['plots']} plots)")
+    record_run(lake, job_run.finish("SUCCEEDED", str(path)))
+    return job_run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Options of ``report``."""
+    parser = argparse.ArgumentParser(
+        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser.add_argument(
+        "--out", default=None, help="output directory (default: <lake>/../reports/<UTC date of --as-of>)"
+    )
+    parser.add_argument(
+        "--as-of", default=None, help="the report's time: epoch ms or ISO-8601 with a zone (default: now)"
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=DEFAULT_SAMPLES,
+        help=f"points of the lag-over-time series (default {DEFAULT_SAMPLES})",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=["auto", "bridge", "delta-spark"],
+        default="auto",
+        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
+    )
+    return parser
+
+
+def build_config(argv: Sequence[str] | None = None) -> ReportConfig:
+    """The config of ``argv``; ``--as-of`` defaults to the current time.
+
+    Raises:
+        ValidationError: a bad ``--as-of`` or ``--samples``.
+        SystemExit: argparse usage errors and ``--help``.
+    """
+    args = build_parser().parse_args(argv)
+    as_of = parse_instant(args.as_of, "--as-of") if args.as_of is not None else time.time_ns() // 1_000_000
+    out = Path(args.out) if args.out is not None else None
+    return ReportConfig(Path(args.lake), as_of, out, args.samples, args.engine)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse and validate ``argv`` (before starting Spark), build the session, run."""
+    config = build_config(argv)
+    spark = build_session(f"rmq-{JOB}", engine=config.engine)
+    job_run = run(spark, config)
+    print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
+    return 0

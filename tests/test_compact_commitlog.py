@@ -1,0 +1,330 @@
+"""The compact_commitlog job: the plan on hand-built file lists, and runs on logs the real broker wrote.
+
+The lake tests write the commit log through real brokers with SYNC_FLUSH (one commit, so one
+small file, per send) and small segments, then compact it and check that every row is unchanged,
+that one commit with dataChange=false actions was made, that the open segments were not touched,
+and that the broker and the incremental consume queue rebuild carry on as if nothing happened.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from broker_model.broker import Broker, BrokerConfig
+from broker_model.consumer import PullConsumer
+from broker_model.deltalog import AppendLog
+from broker_model.errors import LakeError, ValidationError
+from broker_model.message import Message, MessageQueue
+from broker_model.producer import Producer
+from jobs.compact_commitlog import (
+    Bin,
+    CompactConfig,
+    DataFile,
+    batches,
+    build_config,
+    commit_bins,
+    list_files,
+    plan_bins,
+    run,
+    sealed_segments,
+    write_bins,
+)
+from jobs.lake_io import Lake, open_table
+from jobs.rebuild_consume_queue import RebuildConfig
+from jobs.rebuild_consume_queue import run as rebuild
+from schemas.catalog import COMMITLOG
+from tests.helpers import canonical_rows
+
+SEGMENT_SIZE = 16384
+MIB = 1024 * 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------------------------
+
+
+def _file(name: str, size: int, broker: str = "broker-a", segment: int = 0, first: int | None = 0) -> DataFile:
+    return DataFile(name, size, broker, segment, first, 1)
+
+
+def test_sealed_segments_are_all_but_the_last_segment_of_each_broker() -> None:
+    files = [_file("a0", 1), _file("a1", 1, segment=100), _file("a2", 1, segment=200),
+             _file("b0", 1, "broker-b", 100), _file("b1", 1, "broker-b", 100)]  # fmt: skip
+    assert sealed_segments(files) == {("broker-a", 0), ("broker-a", 100)}
+
+
+def test_the_plan_packs_the_small_files_of_sealed_segments_in_offset_order() -> None:
+    files = [
+        _file("s0-c", 30, first=300), _file("s0-a", 30, first=100), _file("s0-b", 50, first=200),
+        _file("s0-big", 80, first=0),  # at least 0.75 * 100: left alone
+        _file("s1-one", 10, segment=1000, first=1000),  # a single small file: nothing to gain
+        _file("s2-a", 60, segment=2000, first=2000), _file("s2-b", 60, segment=2000, first=2100),
+        _file("open-a", 1, segment=3000), _file("open-b", 1, segment=3000),  # the last segment
+    ]  # fmt: skip
+    bins = plan_bins(files, target_file_size=100, min_file_fraction=0.75)
+    # s0: a+b fill 80 of 100, c does not fit; the bin of c alone is dropped; s2: 60+60 > 100
+    assert [[f.path for f in b.files] for b in bins] == [["s0-a", "s0-b"]]
+
+
+def test_the_plan_puts_files_without_statistics_last_and_bins_them_too() -> None:
+    files = [
+        _file("x", 10, first=None),
+        _file("y", 10, first=50),
+        _file("z", 10, first=10),
+        _file("next", 1, segment=9),
+    ]
+    bins = plan_bins(files, target_file_size=1000, min_file_fraction=0.5)
+    assert [[f.path for f in b.files] for b in bins] == [["z", "y", "x"]]
+
+
+def test_batches_never_split_a_segment_across_commits() -> None:
+    def bin_of(segment: int) -> Bin:
+        return Bin("broker-a", segment, (_file("f", 1, segment=segment), _file("g", 1, segment=segment)))
+
+    bins = [bin_of(0), bin_of(0), bin_of(1), bin_of(2), bin_of(2), bin_of(3)]
+    grouped = batches(bins, segments_per_commit=2)
+    assert [[b.segment for b in batch] for batch in grouped] == [[0, 0, 1], [2, 2, 3]]
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--target-file-size", "0"], "target_file_size"),
+        (["--min-file-fraction", "1.5"], "min_file_fraction"),
+        (["--min-file-fraction", "0"], "min_file_fraction"),
+        (["--segments-per-commit", "0"], "segments_per_commit"),
+        (["--files-up-to-version", "-1"], "files_up_to_version"),
+    ],
+)
+def test_bad_options_are_refused_before_any_work(argv: list[str], field: str) -> None:
+    with pytest.raises(ValidationError, match=f"^{field}="):
+        build_config(["--lake", "unused", *argv])
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs on a broker-written log
+# ---------------------------------------------------------------------------------------------
+
+
+def _start(lake_root: Path) -> list[Broker]:
+    brokers = [
+        Broker(BrokerConfig(lake_root, name, store_host=host, segment_size=SEGMENT_SIZE, flush_mode="SYNC_FLUSH"))
+        for name, host in (("broker-a", "127.0.0.1:10911"), ("broker-b", "127.0.0.2:10911"))
+    ]
+    for broker in brokers:
+        broker.start().ensure_topic("Orders", 4)
+    return brokers
+
+
+def _send(brokers: list[Broker], first: int, count: int) -> None:
+    producer = Producer(brokers, "compaction-test", client_port=41000 + first)
+    for i in range(first, first + count):
+        producer.send(Message.create("Orders", f"order {i};".encode() * 25, tags="created", keys=[f"order-{i}"]))
+
+
+@pytest.fixture(scope="module")
+def broker_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A lake with 240 messages, one file per send, four 16 KiB segments per broker (3 sealed)."""
+    root = tmp_path_factory.mktemp("broker-lake")
+    brokers = _start(root)
+    try:
+        _send(brokers, 0, 240)
+    finally:
+        for broker in brokers:
+            broker.shutdown()
+    return root
+
+
+@pytest.fixture
+def lake_root(broker_lake: Path, tmp_path: Path) -> Iterator[Path]:
+    """A private copy of :func:`broker_lake`."""
+    root = tmp_path / "lake"
+    shutil.copytree(broker_lake, root)
+    yield root
+
+
+def _rows(root: Path) -> list[Any]:
+    return canonical_rows(DeltaTable(str(root / "commitlog")).to_pyarrow_table())
+
+
+def _files_by_segment(root: Path) -> dict[tuple[str, int], set[str]]:
+    grouped: dict[tuple[str, int], set[str]] = {}
+    for data_file in list_files(open_table(str(root / "commitlog"))):
+        grouped.setdefault(data_file.segment_key, set()).add(data_file.path)
+    return grouped
+
+
+def _commit_actions(root: Path, version: int) -> list[dict[str, Any]]:
+    text = (root / "commitlog" / "_delta_log" / f"{version:020d}.json").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.spark
+def test_compaction_rewrites_sealed_segments_only_and_changes_no_row(spark: SparkSession, lake_root: Path) -> None:
+    lake = Lake(spark, lake_root, "bridge")
+    rows_before, files_before, version_before = _rows(lake_root), _files_by_segment(lake_root), lake.version(COMMITLOG)
+    last = {max(k for k in files_before if k[0] == b) for b in ("broker-a", "broker-b")}
+    assert all(len(files_before[k]) > 1 for k in files_before)
+
+    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+
+    assert job_run.status == "SUCCEEDED" and lake.version(COMMITLOG) == version_before + 1
+    assert _rows(lake_root) == rows_before  # every column, bodies included
+    files_after = _files_by_segment(lake_root)
+    assert {k: files_after[k] for k in last} == {k: files_before[k] for k in last}  # open segments untouched
+    assert all(len(files_after[k]) == 1 for k in files_after if k not in last)
+    assert job_run.row_counts["segments_compacted"] == len(files_before) - len(last)
+    assert job_run.row_counts["files_after"] == sum(map(len, files_after.values()))
+    actions = _commit_actions(lake_root, version_before + 1)
+    changes = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+    assert changes and all(change["dataChange"] is False for change in changes)
+    for key in set(files_after) - last:
+        (path,) = files_after[key]
+        table = pq.read_table(lake_root / "commitlog" / path)
+        offsets = table.column("commit_log_offset").to_pylist()
+        assert offsets == sorted(offsets)
+        # the broker's own schema: NOT NULL columns stay NOT NULL, so its readers concatenate both kinds
+        assert (
+            table.schema.remove_metadata()
+            == pq.read_schema(lake_root / "commitlog" / next(iter(files_before[next(iter(last))]))).remove_metadata()
+        )
+    assert lake.read_appended(COMMITLOG, version_before).count() == 0
+
+    again = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+    assert again.status == "NOOP" and lake.version(COMMITLOG) == version_before + 1
+
+
+@pytest.mark.spark
+def test_the_incremental_rebuild_after_compaction_and_new_messages_processes_only_the_new_ones(
+    spark: SparkSession, lake_root: Path
+) -> None:
+    lake = Lake(spark, lake_root, "bridge")
+    assert rebuild(spark, RebuildConfig(lake_root, engine="bridge")).status == "SUCCEEDED"
+    processed = lake.version(COMMITLOG)
+    assert processed is not None
+    units_before = canonical_rows(DeltaTable(str(lake_root / "consume_queue")).to_pyarrow_table())
+    run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+    assert lake.read_appended(COMMITLOG, processed).count() == 0  # the compacted rows are not new
+
+    brokers = _start(lake_root)  # recovery reads the compacted log
+    try:
+        _send(brokers, 240, 12)
+    finally:
+        for broker in brokers:
+            broker.shutdown()
+    with_new = rebuild(spark, RebuildConfig(lake_root, engine="bridge"))
+    assert with_new.message is not None and with_new.message.startswith("incremental")
+    assert with_new.row_counts["consume_queue"] == 12
+    units = canonical_rows(DeltaTable(str(lake_root / "consume_queue")).to_pyarrow_table())
+    assert len(units) == len(units_before) + 12 and set(map(repr, units_before)) <= set(map(repr, units))
+    assert with_new.row_counts["consume_queue_integrity"] == 0
+
+
+@pytest.mark.spark
+def test_a_broker_commit_between_the_writes_and_the_commit_does_not_conflict(
+    spark: SparkSession, lake_root: Path
+) -> None:
+    table_dir = str(lake_root / "commitlog")
+    brokers = _start(lake_root)
+    try:
+        version_before = open_table(table_dir).version()
+        bins = plan_bins(list_files(open_table(table_dir)), MIB, 0.75)
+        written = write_bins(AppendLog(table_dir, COMMITLOG), table_dir, bins)
+        _send(brokers, 240, 3)  # three broker commits land before the compaction commits
+        version = commit_bins(table_dir, bins, written, "test-run")
+        assert version == version_before + 4
+        _send(brokers, 243, 3)
+        # the broker's store reloads the rewritten files and serves a message of a compacted segment
+        consumer = PullConsumer(brokers, "cg-compaction")
+        result = consumer.pull(MessageQueue("broker-a", "Orders", 0), 0, max_nums=4)
+        assert result.messages and result.messages[0].queue_offset == 0
+    finally:
+        for broker in brokers:
+            broker.shutdown()
+    rows = DeltaTable(table_dir).to_pyarrow_table().select(["broker_name", "commit_log_offset"]).to_pylist()
+    assert len(rows) == 246 and len({(r["broker_name"], r["commit_log_offset"]) for r in rows}) == 246
+
+
+@pytest.mark.spark
+def test_the_broker_keeps_sending_while_the_job_runs(spark: SparkSession, lake_root: Path) -> None:
+    rows_before = _rows(lake_root)
+    brokers = _start(lake_root)
+    errors: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            _send(brokers, 240, 60)
+        except BaseException as err:
+            errors.append(err)
+
+    sender = threading.Thread(target=send)
+    try:
+        sender.start()
+        job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+        sender.join()
+    finally:
+        sender.join()
+        for broker in brokers:
+            broker.shutdown()
+    assert not errors and job_run.status == "SUCCEEDED"
+    rows = DeltaTable(str(lake_root / "commitlog")).to_pyarrow_table()
+    assert rows.num_rows == len(rows_before) + 60
+    old = rows.filter(pa.compute.is_in(rows.column("keys"), pa.array([f"order-{i}" for i in range(240)])))
+    assert canonical_rows(old) == rows_before
+
+
+@pytest.mark.spark
+def test_a_second_compaction_of_the_same_files_fails_and_commits_nothing(spark: SparkSession, lake_root: Path) -> None:
+    table_dir = str(lake_root / "commitlog")
+    rows_before = _rows(lake_root)
+    bins = plan_bins(list_files(open_table(table_dir)), MIB, 0.75)
+    writer = AppendLog(table_dir, COMMITLOG)
+    first, second = write_bins(writer, table_dir, bins), write_bins(writer, table_dir, bins)
+    version = commit_bins(table_dir, bins, first, "first")
+    with pytest.raises(LakeError, match="removed by another writer"):
+        commit_bins(table_dir, bins, second, "second")
+    assert open_table(table_dir).version() == version and _rows(lake_root) == rows_before
+
+
+@pytest.mark.spark
+def test_a_run_killed_before_its_commit_leaves_invisible_files_that_vacuum_deletes(
+    spark: SparkSession, lake_root: Path
+) -> None:
+    table_dir = str(lake_root / "commitlog")
+    rows_before, version_before = _rows(lake_root), open_table(table_dir).version()
+    bins = plan_bins(list_files(open_table(table_dir)), MIB, 0.75)
+    orphans = write_bins(AppendLog(table_dir, COMMITLOG), table_dir, bins)  # then the process dies
+    assert open_table(table_dir).version() == version_before and _rows(lake_root) == rows_before
+
+    assert run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge")).status == "SUCCEEDED"
+    deleted = DeltaTable(table_dir).vacuum(
+        retention_hours=0, dry_run=False, enforce_retention_duration=False, full=True
+    )
+    assert {a.path for a in orphans} <= set(deleted)
+    assert _rows(lake_root) == rows_before
+
+
+@pytest.mark.spark
+def test_files_newer_than_the_given_version_are_left_for_a_later_run(spark: SparkSession, lake_root: Path) -> None:
+    lake = Lake(spark, lake_root, "bridge")
+    old_version = 40  # about the first 40 sends: the first segments only
+    active_then = {f.path for f in list_files(open_table(str(lake_root / "commitlog"), old_version))}
+    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, files_up_to_version=old_version,
+                                       engine="bridge"))  # fmt: skip
+    assert job_run.status == "SUCCEEDED"
+    version = lake.version(COMMITLOG)
+    assert version is not None
+    removed = {a["remove"]["path"] for a in _commit_actions(lake_root, version) if "remove" in a}
+    assert removed and removed <= active_then

@@ -1,0 +1,200 @@
+"""The report job: its transforms on hand-built frames, a lake without tables, and a real report
+opened in headless Chromium.
+
+The Chromium test needs Debian's ``chromium`` package (``/usr/bin/chromium``); without it the
+test fails and says how to install it (``.ci/run`` installs it on a fresh machine).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from jobs.report import (
+    ReportConfig,
+    build_dead_letters_per_day,
+    build_lag_over_time,
+    build_topic_traffic,
+    build_transaction_outcomes,
+    run,
+)
+from tests.helpers import assert_frames_equal
+
+pytestmark = pytest.mark.spark
+
+_LOG = "broker_name string, topic string, queue_id int, queue_offset long, sys_flag int, store_timestamp long"
+_COMMITS = (
+    "group string, broker_name string, topic string, queue_id int, offset long, commit_timestamp long, source string"
+)
+CHROMIUM = "/usr/bin/chromium"
+INSTALL_HINT = (
+    "install it with: sudo apt-get update && sudo apt-get install -y chromium (tests/run.sh does so when it is missing)"
+)
+
+
+def test_lag_over_time_takes_the_offsets_known_at_each_sample(spark: SparkSession) -> None:
+    log_df = spark.createDataFrame(
+        [
+            ("broker-a", "Orders", 0, 0, 0, 1000),
+            ("broker-a", "Orders", 0, 1, 0, 1500),
+            ("broker-a", "Orders", 0, 2, 4, 1600),  # a prepared record: no consume queue unit, not counted
+            ("broker-a", "Orders", 0, 2, 0, 2000),
+            ("broker-a", "Orders", 1, 0, 0, 2000),  # a queue cg-a never committed on: not counted
+        ],
+        _LOG,
+    )
+    commits_df = spark.createDataFrame(
+        [
+            ("cg-a", "broker-a", "Orders", 0, 1, 1200, "consumer"),
+            ("cg-a", "broker-a", "Orders", 0, 3, 1800, "consumer"),
+            ("cg-a", "broker-a", "Orders", 0, 0, 1800, "reset"),  # a reset wins the tie
+            ("cg-a", "broker-a", "Orders", 0, 3, 9000, "consumer"),  # after the last sample
+        ],
+        _COMMITS,
+    )
+    # samples at 1000, 1500, 2000: the commit of 1200 counts from 1500 on, those of 1800 from 2000 on
+    expected_df = spark.createDataFrame(
+        [("cg-a", 1, 1500, 1), ("cg-a", 2, 2000, 3)], "group string, sample int, as_of long, lag long"
+    )
+    assert_frames_equal(build_lag_over_time(commits_df, log_df, 1000, 500, 3), expected_df)
+
+
+def test_dead_letters_are_counted_per_group_and_utc_day(spark: SparkSession) -> None:
+    day_ms = 86_400_000
+    dlq_df = spark.createDataFrame(
+        [("cg-a", day_ms - 1), ("cg-a", day_ms), ("cg-a", day_ms + 5), ("cg-b", day_ms)],
+        "group string, dlq_timestamp long",
+    )
+    expected_df = spark.createDataFrame(
+        [("cg-a", "1970-01-01", 1), ("cg-a", "1970-01-02", 2), ("cg-b", "1970-01-02", 1)],
+        "group string, day string, dead_letters long",
+    )
+    assert_frames_equal(build_dead_letters_per_day(dlq_df), expected_df)
+
+
+def test_traffic_is_counted_per_topic_and_hour_start(spark: SparkSession) -> None:
+    log_df = spark.createDataFrame(
+        [("Orders", 3_599_999, 100), ("Orders", 0, 50), ("Orders", 3_600_000, 10), ("Audit", 1, 7)],
+        "topic string, store_timestamp long, store_size int",
+    )
+    expected_df = spark.createDataFrame(
+        [("Orders", 0, 2, 150), ("Orders", 3_600_000, 1, 10), ("Audit", 0, 1, 7)],
+        "topic string, hour long, messages long, bytes long",
+    )
+    assert_frames_equal(build_topic_traffic(log_df), expected_df)
+
+
+def test_transaction_outcomes_count_states_and_anomalies(spark: SparkSession) -> None:
+    state_df = spark.createDataFrame(
+        [("COMMITTED", None), ("COMMITTED", "OP_ON_REPUT_COPY"), ("ROLLED_BACK", None)],
+        "state string, anomaly string",
+    )
+    expected_df = spark.createDataFrame(
+        [("COMMITTED", 2, 1), ("ROLLED_BACK", 1, 0)], "state string, transactions long, anomalies long"
+    )
+    assert_frames_equal(build_transaction_outcomes(state_df), expected_df)
+
+
+def test_a_lake_without_tables_gives_a_report_of_empty_sections(spark: SparkSession, tmp_path: Path) -> None:
+    lake_root = tmp_path / "lake"
+    job_run = run(spark, ReportConfig(lake_root, 1_795_000_000_000, engine="bridge"))
+    day = datetime.fromtimestamp(1_795_000_000, UTC).date().isoformat()
+    page = (tmp_path / "reports" / day / "report.html").read_text(encoding="utf-8")
+    assert job_run.status == "SUCCEEDED" and job_run.row_counts["plots"] == 0
+    assert page.count("no data yet") == 7 and "<img" not in page
+
+
+# ---------------------------------------------------------------------------------------------
+# A real report in a real browser
+# ---------------------------------------------------------------------------------------------
+
+
+def _chromium(user_data: Path, *args: str) -> str:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: the report is checked in headless Chromium; {INSTALL_HINT}")
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={user_data}",
+        *args,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+# sets, once every image has loaded (or failed), its decoded width as an attribute --dump-dom shows
+_PROBE = (
+    "<script>window.addEventListener('load', function () {"
+    " for (const img of document.images) { img.setAttribute('data-natural-width', String(img.naturalWidth)); }"
+    " document.body.setAttribute('data-images', String(document.images.length)); });</script>"
+)
+
+
+@pytest.mark.slow
+def test_the_report_of_a_broker_workload_renders_with_its_plots_in_chromium(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from broker_model.workload import run_workload
+    from jobs.consumer_offsets import ConsumerOffsetsConfig
+    from jobs.consumer_offsets import run as consumer_offsets
+    from jobs.rebuild_consume_queue import RebuildConfig
+    from jobs.rebuild_consume_queue import run as rebuild
+    from jobs.resolve_transactions import ResolveTransactionsConfig
+    from jobs.resolve_transactions import run as resolve_transactions
+
+    lake_root = tmp_path / "lake"
+    run_workload(lake_root, 2000, seed=5, consumers=True, transactions=12)
+    now = time.time_ns() // 1_000_000
+    rebuild(spark, RebuildConfig(lake_root, engine="bridge"))
+    consumer_offsets(spark, ConsumerOffsetsConfig(lake_root, now, engine="bridge"))
+    resolve_transactions(spark, ResolveTransactionsConfig(lake_root, now, engine="bridge"))
+    out = tmp_path / "report"
+    job_run = run(spark, ReportConfig(lake_root, now, out, engine="bridge"))
+
+    plots = sorted(p.name for p in out.glob("*.png"))
+    assert plots == ["lag_over_time.png", "lag_per_queue.png", "topic_traffic.png", "transaction_outcomes.png"]
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert job_run.row_counts["plots"] == 4 and page.count('src="data:image/png;base64,') == 4
+    assert "Dead letters per group and day" in page and "no data yet: the table(s) dlq" in page
+
+    probe = tmp_path / "probe.html"  # the page as written, plus a script reporting each image's width
+    probe.write_text(page.replace("</body>", _PROBE + "</body>"), encoding="utf-8")
+    dom = _chromium(tmp_path / "chromium", "--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
+    assert 'data-images="4"' in dom
+    widths = [int(w) for w in re.findall(r'data-natural-width="(\d+)"', dom)]
+    assert len(widths) == 4 and all(w >= 600 for w in widths)  # every plot decoded at its real size
+
+    shot = tmp_path / "screenshot.png"
+    _chromium(
+        tmp_path / "chromium",
+        "--hide-scrollbars",
+        "--window-size=1200,2400",
+        f"--screenshot={shot}",
+        (out / "report.html").as_uri(),
+    )
+    from matplotlib.image import imread
+
+    pixels = imread(str(shot))
+    assert pixels.shape[0] == 2400 and pixels.shape[1] == 1200
+    assert float(pixels[..., :3].std()) > 0.05  # not a blank page: text, tables and plots
+    red_bars = (pixels[..., 0] > 0.75) & (pixels[..., 1] < 0.3) & (pixels[..., 2] < 0.3)
+    assert int(red_bars.sum()) > 1000  # the lag bars are drawn, not just the page around them
+
+
+def test_a_missing_browser_is_a_failure_that_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(f"{__name__}.CHROMIUM", "/nonexistent/chromium")
+    with pytest.raises(pytest.fail.Exception, match="apt-get install -y chromium"):
+        _chromium(Path("unused"), "--version")
