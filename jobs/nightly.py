@@ -1,36 +1,103 @@
-"""The main job: ``nightly``.
+"""The main job: ``nightly``, the whole pipeline in one Spark session.
 
-On an empty lake it first writes a demo workload through real brokers, then it summarises every
-table of the lake (version, rows) and the commit log per broker and per topic, and records a
-``job_runs`` row. Later capabilities (consume queues, offsets, transactions, dead letters) join
-this pipeline as steps.
+On an empty lake it first writes a demo workload through real brokers (ordered, batched, delayed
+and transactional sends, several consumer groups, failing listeners, retries and dead letters).
+Then it runs, in order, each step recording its own ``job_runs`` row:
+
+1. ``compact_commitlog``: bin-packs the small files of sealed segments (only files the
+   incremental steps below have already read, so that they stay incremental);
+2. ``rebuild_consume_queue`` (incremental);
+3. ``consumer_offsets`` as of T;
+4. ``resolve_transactions`` as of T;
+5. ``route_dlq`` as of T (without ``--execute``: routing writes to the commit log, a decision
+   left to an operator);
+6. ``report``: the HTML report of T.
+
+T (``--as-of``) defaults to the time of the lake's latest data: the greatest store time of the
+commit log, commit time of an offset commit and update time of a group setting or redrive (from
+the Delta log's file statistics, no scan). So a rerun with no new data gives every step the same
+inputs and T: each is a no-op and no data table changes (``job_runs`` still records the runs).
+
+A failed step stops the pipeline: the steps before it keep their committed outputs, the failed
+step's own ``job_runs`` row says why, and the nightly row is FAILED with the step's name.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from broker_model.errors import ValidationError
 from broker_model.lake_root import default_lake
+from broker_model.timeutil import parse_instant
+from jobs.consumer_offsets import iso_utc
 from jobs.lake_io import Lake
-from jobs.runs import JobRun, record_run, table_versions
-from jobs.session import build_session
-from schemas.catalog import COMMITLOG, TABLES
+from jobs.runs import JobRun, record_run, table_versions, text_table
+from jobs.session import ENGINES, build_session
+from schemas.catalog import (
+    COMMITLOG,
+    CONSUME_QUEUE,
+    CONSUMER_OFFSET_COMMITS,
+    DLQ_REDRIVES,
+    RETRY_RECORDS,
+    SUBSCRIPTION_GROUP,
+    TABLES,
+    TRANSACTION_RECORDS,
+    TableSpec,
+)
+
+JOB = "nightly"
+STEPS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq",
+         "report")  # fmt: skip
+# the newest time of each input's rows, read from the Delta log's per-file statistics
+DATA_TIMES: tuple[tuple[TableSpec, str], ...] = (
+    (COMMITLOG, "store_timestamp"),
+    (CONSUMER_OFFSET_COMMITS, "commit_timestamp"),
+    (SUBSCRIPTION_GROUP, "updated_timestamp"),
+    (DLQ_REDRIVES, "updated_timestamp"),
+)
+# the incremental steps: (table, application transaction id) of the commit log version each has read
+INCREMENTAL_READERS = ((CONSUME_QUEUE, "rebuild_consume_queue"), (TRANSACTION_RECORDS, "resolve_transactions"),
+                       (RETRY_RECORDS, "route_dlq"))  # fmt: skip
 
 
 @dataclass(frozen=True)
 class NightlyConfig:
-    """Options of the nightly job."""
+    """Options of the nightly job.
+
+    Attributes:
+        lake: the lake root.
+        as_of: T for the steps, epoch ms; None for the time of the lake's latest data.
+        demo_messages: messages of the demo workload written into an empty lake, >= 1.
+        demo_transactions: transactions of that workload, >= 0.
+        seed: seed of that workload.
+        out: the report's directory; None for the report's default.
+        engine: lake engine, ``auto``, ``bridge`` or ``delta-spark``.
+
+    Raises:
+        ValidationError: a demo size out of range.
+    """
 
     lake: Path
+    as_of: int | None = None
     demo_messages: int = 20_000
+    demo_transactions: int = 300
     seed: int = 1
+    out: Path | None = None
     engine: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("demo_messages", 1), ("demo_transactions", 0)):
+            value = getattr(self, name)
+            if value < minimum:
+                raise ValidationError(name, value, f"is below {minimum}", f"pass a value >= {minimum}")
 
 
 def build_broker_summary(commitlog_df: DataFrame) -> DataFrame:
@@ -64,27 +131,123 @@ def build_topic_summary(commitlog_df: DataFrame) -> DataFrame:
     )
 
 
+def data_time(lake: Lake) -> int | None:
+    """The newest time (epoch ms) of the lake's inputs (:data:`DATA_TIMES`), from the ``max``
+    statistics of the Delta log's active files; None when no input has a row."""
+    newest: int | None = None
+    for spec, column in DATA_TIMES:
+        path = str(lake.location(spec))
+        if not DeltaTable.is_deltatable(path):
+            continue
+        actions = DeltaTable(path).get_add_actions(flatten=True)
+        name = f"max.{column}"
+        if actions.num_rows and name in actions.column_names:
+            values = [v for v in actions.column(name).to_pylist() if v is not None]
+            if values:
+                newest = max(values) if newest is None else max(newest, *values)
+    return newest
+
+
+def read_up_to(lake: Lake) -> int | None:
+    """The commit log version every incremental step has read (None when one has not run yet):
+    compaction leaves later files alone, so the steps read them as appends."""
+    versions = [lake.transaction_version(spec, app_id) for spec, app_id in INCREMENTAL_READERS]
+    return None if any(v is None for v in versions) else min(v for v in versions if v is not None)
+
+
 def run(spark: SparkSession, config: NightlyConfig) -> JobRun:
-    """Run the pipeline on ``config.lake``; print the summary; record and return the run."""
-    job_run = JobRun("nightly")
+    """Run the pipeline on ``config.lake`` (module docstring); print each step's output and a
+    summary with the report's path; record and return the nightly run.
+
+    Raises:
+        Exception: the failing step's error, after the nightly FAILED row is recorded.
+    """
+    job_run = JobRun(JOB)
     lake = Lake(spark, config.lake, config.engine)
     if not lake.exists(COMMITLOG) or lake.read(COMMITLOG).limit(1).count() == 0:
         from broker_model.workload import run_workload
 
-        report = run_workload(config.lake, config.demo_messages, config.seed)
+        report = run_workload(config.lake, config.demo_messages, config.seed, consumers=True,
+                              transactions=config.demo_transactions, retries=True)  # fmt: skip
         print(f"empty lake: wrote a demo workload, {report.summary()}")
+    as_of = config.as_of if config.as_of is not None else data_time(lake) or time.time_ns() // 1_000_000
+    print(f"{JOB}: lake {config.lake} (engine {lake.engine}), as of {iso_utc(as_of)} ({as_of})")
     job_run.input_versions = table_versions(lake, list(TABLES))
-    print(f"lake {config.lake} (engine {lake.engine})")
-    for name in TABLES:
-        if lake.exists(name):
-            rows = lake.read(name).count()
-            job_run.row_counts[name] = rows
-            print(f"  {name:<26} version {job_run.input_versions.get(name, 0):>6}  rows {rows:>10}")
-    commitlog_df = lake.read(COMMITLOG)
-    _print_frame("commit log per broker", build_broker_summary(commitlog_df).orderBy("broker_name"))
-    _print_frame("commit log per topic", build_topic_summary(commitlog_df).orderBy("topic"))
-    record_run(lake, job_run.finish("SUCCEEDED"))
+    done: list[tuple[str, JobRun]] = []
+    for step in STEPS:
+        print(f"--- {step}")
+        try:
+            done.append((step, _STEP_RUNNERS[step](spark, config, as_of)))
+        except Exception as err:
+            print(f"{JOB}: step {step} failed ({type(err).__name__}: {err}); the steps before it are committed")
+            record_run(lake, job_run.finish("FAILED", f"step {step} failed: {type(err).__name__}: {err}"))
+            raise
+    report_path = done[-1][1].message or ""
+    _print_steps(done)
+    _print_frame("commit log per broker", build_broker_summary(lake.read(COMMITLOG)).orderBy("broker_name"))
+    print(f"report: {report_path}")
+    job_run.output_versions = table_versions(lake, list(TABLES))
+    job_run.row_counts = {step: sum(run.row_counts.values()) for step, run in done}
+    statuses = ", ".join(f"{step} {run.status}" for step, run in done)
+    record_run(lake, job_run.finish("SUCCEEDED", f"as_of={as_of}; {statuses}; report {report_path}"))
     return job_run
+
+
+def _compact(spark: SparkSession, config: NightlyConfig, as_of: int) -> JobRun:
+    from jobs.compact_commitlog import CompactConfig
+    from jobs.compact_commitlog import run as compact
+
+    lake = Lake(spark, config.lake, config.engine)
+    return compact(spark, CompactConfig(config.lake, files_up_to_version=read_up_to(lake), engine=config.engine))
+
+
+def _rebuild(spark: SparkSession, config: NightlyConfig, as_of: int) -> JobRun:
+    from jobs.rebuild_consume_queue import RebuildConfig
+    from jobs.rebuild_consume_queue import run as rebuild
+
+    return rebuild(spark, RebuildConfig(config.lake, engine=config.engine))
+
+
+def _offsets(spark: SparkSession, config: NightlyConfig, as_of: int) -> JobRun:
+    from jobs.consumer_offsets import ConsumerOffsetsConfig
+    from jobs.consumer_offsets import run as offsets
+
+    return offsets(spark, ConsumerOffsetsConfig(config.lake, as_of, engine=config.engine))
+
+
+def _transactions(spark: SparkSession, config: NightlyConfig, as_of: int) -> JobRun:
+    from jobs.resolve_transactions import ResolveTransactionsConfig
+    from jobs.resolve_transactions import run as resolve
+
+    return resolve(spark, ResolveTransactionsConfig(config.lake, as_of, engine=config.engine, show=5))
+
+
+def _dlq(spark: SparkSession, config: NightlyConfig, as_of: int) -> JobRun:
+    from jobs.route_dlq import RouteDlqConfig
+    from jobs.route_dlq import run as route
+
+    return route(spark, RouteDlqConfig(config.lake, as_of, engine=config.engine, show=5))
+
+
+def _report(spark: SparkSession, config: NightlyConfig, as_of: int) -> JobRun:
+    from jobs.report import ReportConfig
+    from jobs.report import run as report
+
+    return report(spark, ReportConfig(config.lake, as_of, config.out, engine=config.engine))
+
+
+_STEP_RUNNERS: dict[str, Callable[[SparkSession, NightlyConfig, int], JobRun]] = {
+    "compact_commitlog": _compact, "rebuild_consume_queue": _rebuild, "consumer_offsets": _offsets,
+    "resolve_transactions": _transactions, "route_dlq": _dlq, "report": _report,
+}  # fmt: skip
+
+
+def _print_steps(done: Sequence[tuple[str, JobRun]]) -> None:
+    rows = [("#Step", "#Status", "#Seconds", "#Rows")]
+    rows += [(step, run.status, f"{(run.duration_ms or 0) / 1000:.1f}", str(sum(run.row_counts.values())))
+             for step, run in done]  # fmt: skip
+    print(f"{JOB} steps")
+    print("\n".join("  " + line for line in text_table(rows)))
 
 
 def _print_frame(title: str, df: DataFrame) -> None:
@@ -99,22 +262,38 @@ def _print_frame(title: str, df: DataFrame) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``nightly``."""
-    parser = argparse.ArgumentParser(prog="nightly", description=__doc__,
+    parser = argparse.ArgumentParser(prog=JOB, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser.add_argument("--as-of", help="T for every step: epoch ms or ISO-8601 with a zone (default: the time "
+                        "of the lake's latest data)")  # fmt: skip
+    parser.add_argument("--out", help="directory of the report (default: <lake>/../reports/<UTC date of T>)")
     parser.add_argument("--demo-messages", type=int, default=20_000,
                         help="messages of the demo workload written into an empty lake")  # fmt: skip
+    parser.add_argument("--demo-transactions", type=int, default=300, help="transactions of the demo workload")
     parser.add_argument("--seed", type=int, default=1, help="seed of the demo workload")
-    parser.add_argument("--engine", choices=["auto", "bridge", "delta-spark"], default="auto",
+    parser.add_argument("--engine", choices=list(ENGINES), default="auto",
                         help="lake engine (auto: delta-spark when its classes load, else the bridge)")  # fmt: skip
     return parser
 
 
+def build_config(argv: Sequence[str] | None = None) -> NightlyConfig:
+    """The config of ``argv``.
+
+    Raises:
+        ValidationError: a bad ``--as-of`` or demo size.
+    """
+    args = build_parser().parse_args(argv)
+    as_of = parse_instant(args.as_of, "--as-of") if args.as_of is not None else None
+    out = Path(args.out) if args.out else None
+    return NightlyConfig(Path(args.lake), as_of, args.demo_messages, args.demo_transactions, args.seed, out,
+                         args.engine)  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse ``argv``, build the session, run."""
-    args = build_parser().parse_args(argv)
-    config = NightlyConfig(Path(args.lake), args.demo_messages, args.seed, args.engine)
-    spark = build_session("rmq-nightly", engine=config.engine)
+    config = build_config(argv)
+    spark = build_session(f"rmq-{JOB}", engine=config.engine)
     job_run = run(spark, config)
-    print(f"nightly {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
+    print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
     return 0

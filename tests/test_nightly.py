@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from jobs.lake_io import Lake
-from jobs.nightly import NightlyConfig, build_broker_summary, build_topic_summary, run
+from jobs.nightly import STEPS, NightlyConfig, build_broker_summary, build_topic_summary, data_time, run
+from schemas.catalog import CONSUMER_OFFSET_COMMITS, TABLES, spark_schema
 from tests.helpers import assert_frames_equal
 
 pytestmark = pytest.mark.spark
@@ -49,20 +49,56 @@ def test_topic_summary_counts_queues_per_broker_not_per_queue_id(spark: SparkSes
     assert_frames_equal(build_topic_summary(log_df), expected_df)
 
 
+def _data_versions(lake: Lake) -> dict[str, int | None]:
+    return {name: lake.version(name) for name in TABLES if name != "job_runs"}
+
+
 @pytest.mark.slow
-def test_nightly_on_empty_lake_writes_demo_workload_and_records_its_run(
+def test_nightly_writes_a_demo_workload_runs_every_step_and_a_rerun_changes_no_table(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    job_run = run(spark, NightlyConfig(tmp_path, demo_messages=1500, seed=3, engine="bridge"))
+    config = NightlyConfig(tmp_path / "lake", demo_messages=1500, demo_transactions=20, seed=3,
+                           out=tmp_path / "report", engine="bridge")  # fmt: skip
+    job_run = run(spark, config)
     out = capsys.readouterr().out
+    lake = Lake(spark, tmp_path / "lake", "bridge")
 
     assert job_run.status == "SUCCEEDED"
-    assert job_run.row_counts["commitlog"] == 1500
-    assert "commit log per broker" in out and "broker-b" in out
-    runs = DeltaTable(str(tmp_path / "job_runs")).to_pyarrow_table().to_pylist()
-    assert [(r["job"], r["status"], r["run_id"]) for r in runs] == [("nightly", "SUCCEEDED", job_run.run_id)]
-    assert dict(runs[0]["row_counts"])["commitlog"] == 1500
+    assert "empty lake: wrote a demo workload" in out and "commit log per broker" in out
+    assert f"report: {tmp_path / 'report' / 'report.html'}" in out
+    assert (tmp_path / "report" / "report.html").stat().st_size > 10_000
+    runs = [(r["job"], r["status"]) for r in lake.read("job_runs").orderBy("started_timestamp", "run_id").collect()]
+    assert [job for job, _ in runs] == ["nightly", *STEPS]  # ordered by start
+    assert all(status in ("SUCCEEDED", "NOOP") for _, status in runs)
+    for name in ("consume_queue", "consumer_offsets", "transaction_state", "retry_chains", "dlq"):
+        assert lake.read(name).count() > 0, name
+    assert lake.read("dlq").count() >= 5  # the demo's always-failing messages
+    before = _data_versions(lake)
 
-    second = run(spark, NightlyConfig(tmp_path, demo_messages=1500, seed=3, engine="bridge"))
-    assert second.row_counts["commitlog"] == 1500  # a lake with data gets no second demo workload
-    assert Lake(spark, tmp_path, "bridge").read("job_runs").count() == 2
+    second = run(spark, NightlyConfig(tmp_path / "lake", out=tmp_path / "report", engine="bridge"))
+
+    assert second.status == "SUCCEEDED"
+    assert _data_versions(lake) == before  # no new data: every step is a no-op
+    statuses = [r["status"] for r in lake.read("job_runs").orderBy("started_timestamp", "run_id").collect()]
+    assert statuses[len(STEPS) + 1 :] == ["SUCCEEDED", *["NOOP"] * (len(STEPS) - 1), "SUCCEEDED"]  # report rewritten
+
+    (tmp_path / "blocked").write_text("a file where the report directory should be")
+    with pytest.raises(Exception, match="blocked"):
+        run(spark, NightlyConfig(tmp_path / "lake", out=tmp_path / "blocked", engine="bridge"))
+    assert "step report failed" in capsys.readouterr().out
+    last = lake.read("job_runs").orderBy("started_timestamp", "run_id").collect()[-len(STEPS) - 1 :]
+    assert [(r["job"], r["status"]) for r in last][::len(STEPS)] == [("nightly", "FAILED"), ("report", "FAILED")]
+    assert "step report failed" in (last[0]["message"] or "")
+    assert _data_versions(lake) == before
+
+
+def test_data_time_is_the_newest_row_time_from_the_log_statistics(spark: SparkSession, tmp_path: Path) -> None:
+    lake = Lake(spark, tmp_path, "bridge")
+    assert data_time(lake) is None
+    commits = spark.createDataFrame(
+        [("g", "broker-a", "T", 0, 5, 1_000, "consumer", None, None, None, None, None),
+         ("g", "broker-a", "T", 1, 7, 3_000, "consumer", None, None, None, None, None)],
+        spark_schema(CONSUMER_OFFSET_COMMITS),
+    )  # fmt: skip
+    lake.append(CONSUMER_OFFSET_COMMITS, commits)
+    assert data_time(lake) == 3_000
