@@ -243,11 +243,17 @@ _STEP_RUNNERS: dict[str, Callable[[SparkSession, NightlyConfig, int], JobRun]] =
 
 
 def _print_steps(done: Sequence[tuple[str, JobRun]]) -> None:
-    rows = [("#Step", "#Status", "#Seconds", "#Rows")]
-    rows += [(step, run.status, f"{(run.duration_ms or 0) / 1000:.1f}", str(sum(run.row_counts.values())))
+    rows = [("#Step", "#Status", "#Seconds", "#Figures")]
+    rows += [(step, run.status, f"{(run.duration_ms or 0) / 1000:.1f}", _figures(run.row_counts))
              for step, run in done]  # fmt: skip
     print(f"{JOB} steps")
     print("\n".join("  " + line for line in text_table(rows)))
+
+
+def _figures(row_counts: dict[str, int], shown: int = 4) -> str:
+    """The first ``shown`` of a run's row counts as ``name=value``."""
+    items = [f"{name}={value}" for name, value in list(row_counts.items())[:shown]]
+    return ", ".join(items) + (", ..." if len(row_counts) > shown else "")
 
 
 def _print_frame(title: str, df: DataFrame) -> None:
