@@ -1,0 +1,499 @@
+"""The replay_ordered job: range planning and handler statuses in pure Python, its transforms on
+hand-built rows, and, on a lake written by the real broker, a replay into each kind of sink that
+is killed (SIGKILL of the driver) after its first batch and run again.
+
+The kill tests check what the issue asks for: after the rerun the sink holds every source message
+exactly once, in source queue order per queue, and the ordering report says so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pyarrow.compute as pc
+import pytest
+from pyspark.sql import SparkSession
+
+from broker_model import constants as c
+from broker_model.deltalog import read_table
+from broker_model.errors import ValidationError
+from broker_model.message import Message, MessageQueue
+from broker_model.orderly_consumer import ConsumeOrderlyStatus
+from broker_model.producer import select_by_hash
+from broker_model.store import MessageExt
+from jobs.lake_io import Lake
+from jobs.replay_ordered import (
+    Progress,
+    QueueBounds,
+    QueueRange,
+    ReplayConfig,
+    ReplayContext,
+    TopicQueues,
+    batch_count,
+    build_config,
+    build_dlq_selection,
+    build_ordering_report,
+    build_source_rows,
+    deliver,
+    filter_source_records,
+    format_source,
+    parse_source,
+    plan_ranges,
+    progress_after,
+    read_progress,
+    run,
+    select_queue_id,
+    write_progress,
+)
+from schemas.catalog import COMMITLOG, CONSUMER_OFFSET_COMMITS, REPLAY_PROGRESS, REPLAY_REPORT
+from tests import replay_handlers
+
+LAKE = Path("/lake")
+REPO = Path(__file__).resolve().parent.parent
+KEY = ("broker-a", "Orders", 0)
+
+
+def _config(**overrides: Any) -> ReplayConfig:
+    options: dict[str, Any] = {"replay_id": "r1", "lake": LAKE, "source": "queues",
+                               "topics": (TopicQueues("Orders"),), "to_table": Path("/sink")}  # fmt: skip
+    options.update(overrides)
+    return ReplayConfig(**options)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure Python: ranges, batches, selector, statuses
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "bound", "expected"),
+    [
+        ({}, QueueBounds(*KEY, 3, 20), (3, 20)),
+        ({"from_offset": 5, "to_offset": 12}, QueueBounds(*KEY, 0, 20), (5, 12)),
+        ({"from_offset": 0, "to_offset": 99}, QueueBounds(*KEY, 3, 20), (3, 20)),  # clamped to the queue
+        ({"from_time": 1, "to_time": 2}, QueueBounds(*KEY, 0, 20, time_start=4, time_end=9), (4, 9)),
+        ({"from_time": 1, "to_time": 2}, QueueBounds(*KEY, 0, 20, time_start=None, time_end=None), (20, 20)),
+        ({"source": "backlog", "group": "cg", "topics": ()}, QueueBounds(*KEY, 0, 20, committed=7), (7, 20)),
+        ({"source": "backlog", "group": "cg", "topics": ()}, QueueBounds(*KEY, 0, 20, committed=30), (20, 20)),
+    ],
+)
+def test_a_queue_range_comes_from_offsets_times_or_the_committed_offset(
+    overrides: dict[str, Any], bound: QueueBounds, expected: tuple[int, int]
+) -> None:
+    (queue,) = plan_ranges([bound], _config(**overrides), {})
+    assert (queue.first, queue.resume, queue.end) == (expected[0], expected[0], expected[1])
+
+
+def test_progress_pins_the_start_and_a_run_resumes_after_progress_or_sink() -> None:
+    bound = QueueBounds(*KEY, 0, 50)
+    progress = {KEY: Progress(first=10, last=14, updated_timestamp=1)}
+    (from_progress,) = plan_ranges([bound], _config(from_offset=0), progress)
+    (from_sink,) = plan_ranges([bound], _config(from_offset=0), progress, {KEY: 19})
+    assert (from_progress.first, from_progress.resume) == (10, 15)
+    assert (from_sink.first, from_sink.resume) == (10, 20)
+
+
+def test_batches_cover_every_queue_by_whole_batches_and_progress_stops_at_the_end() -> None:
+    ranges = [QueueRange(*KEY, first=0, resume=4, end=11), QueueRange("broker-b", "Orders", 0, 0, 2, 3)]
+    assert batch_count(ranges, 3) == 3
+    assert progress_after(ranges, 1, 3) == {KEY: 6, ("broker-b", "Orders", 0): 2}
+    assert progress_after(ranges, 3, 3) == {KEY: 10, ("broker-b", "Orders", 0): 2}
+
+
+def test_progress_rows_give_the_pinned_first_offset_and_the_last_offset_per_queue(tmp_path: Path) -> None:
+    lake = cast(Lake, SimpleNamespace(root=tmp_path))
+    assert read_progress(lake, "r1") == {}
+    write_progress(lake, "r1", {KEY: 9, ("broker-b", "Orders", 0): -1})
+    write_progress(lake, "r1", {KEY: 12})
+    write_progress(lake, "r2", {KEY: 99})
+    progress = read_progress(lake, "r1")
+    assert {k: (p.first, p.last) for k, p in progress.items()} == {KEY: (10, 12), ("broker-b", "Orders", 0): (0, -1)}
+
+
+@pytest.mark.parametrize("value", ["order-1", "order-42", "", "polygenelubricants", "中文"])
+def test_the_selector_picks_the_queue_select_message_queue_by_hash_picks(value: str) -> None:
+    queues = [MessageQueue("broker-a", "Target", q) for q in range(6)]
+    expected = select_by_hash(queues, Message("Target", b"x"), value).queue_id
+    assert select_queue_id(value, 3, 6) == expected
+    assert select_queue_id(None, 9, 6) == 3
+
+
+def test_the_source_property_names_broker_topic_queue_and_offset() -> None:
+    text = format_source(("broker-a", "%DLQ%cg", 0), 17)
+    assert text == "broker-a/%DLQ%cg/0/17"
+    assert parse_source(text) == (("broker-a", "%DLQ%cg", 0), 17)
+    assert parse_source("broker-a/Orders/x/1") is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"replay_id": "bad id"}, "--replay-id"),
+        ({"to_topic": "T"}, "sink"),
+        ({"to_table": None, "to_topic": "Orders"}, "--to-topic"),
+        ({"from_offset": 5, "to_offset": 5}, "--to-offset"),
+        ({"from_offset": 1, "from_time": 5}, "--from-time"),
+        ({"source": "dlq", "topics": (), "from_offset": 3}, "--from-offset"),
+        ({"to_table": None, "handler": "no-colon"}, "--handler"),
+        ({"selector_property": "ORDER_ID"}, "--selector-property"),
+        ({"batch_rows": 0}, "--batch-rows"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_option(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as raised:
+        _config(**overrides)
+    assert raised.value.field == field
+
+
+def _message(offset: int) -> MessageExt:
+    return MessageExt(
+        "broker-a", "Orders", 0, offset, 100 * offset, 100, b"x", 0, 0, {}, 0, "h:1", 0, "h:2", 0, 0, 0, "id"
+    )
+
+
+def _handler(answers: list[Any], seen: list[list[int]]) -> Callable[[list[MessageExt], ReplayContext], Any]:
+    def handle(messages: list[MessageExt], context: ReplayContext) -> Any:
+        context.suspend_current_queue_time_millis = 10
+        seen.append([m.queue_offset for m in messages])
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return handle
+
+
+def test_suspend_rollback_and_errors_deliver_the_same_batch_again_until_success() -> None:
+    seen: list[list[int]] = []
+    answers = [ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT, "ROLLBACK", RuntimeError("down"), None, "COMMIT"]
+    assert deliver(_handler(answers, seen), [_message(5), _message(6)], "r1", 0, max_attempts=5) is None
+    assert seen == [[5, 6]] * 5
+
+
+def test_a_batch_never_advanced_fails_its_queue_after_max_attempts() -> None:
+    seen: list[list[int]] = []
+    failure = deliver(_handler([ConsumeOrderlyStatus.ROLLBACK] * 3, seen), [_message(1)], "r1", 4, max_attempts=3)
+    assert failure is not None and "3 deliveries of batch 4" in failure and "ROLLBACK" in failure
+    assert len(seen) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Transforms on hand-built rows
+# ---------------------------------------------------------------------------------------------
+
+_RECORD_SCHEMA = (
+    "broker_name string, topic string, queue_id int, queue_offset long, commit_log_offset long, sys_flag int, "
+    "msg_id string, store_size int, body_crc int, flag int, born_timestamp long, born_host string, "
+    "store_timestamp long, store_host string, reconsume_times int, body binary, properties map<string,string>, "
+    "tags string, keys string, uniq_key string"
+)
+_RANGES_SCHEMA = "broker_name string, topic string, queue_id int, resume long, end long, first_batch long"
+
+
+def _records(spark: SparkSession, rows: list[tuple[str, str, int, int, int]]) -> Any:
+    """Commit log rows from (broker, topic, queue_id, queue_offset, sys_flag)."""
+    full = [(b, t, q, o, 1000 * o + q, f, f"id-{b}-{o}", 100, 1, 0, 1, "h:1", 2, "h:2", 0, b"x", {}, None, None, None)
+            for b, t, q, o, f in rows]  # fmt: skip
+    return spark.createDataFrame(full, _RECORD_SCHEMA)
+
+
+@pytest.mark.spark
+def test_source_rows_are_dispatched_records_in_range_numbered_by_batch(spark: SparkSession) -> None:
+    records_df = _records(spark, [
+        ("broker-a", "Orders", 0, 3, 0), ("broker-a", "Orders", 0, 4, c.TRANSACTION_COMMIT_TYPE),
+        ("broker-a", "Orders", 0, 5, c.TRANSACTION_PREPARED_TYPE), ("broker-a", "Orders", 0, 6, 0),
+        ("broker-a", "Orders", 0, 9, 0), ("broker-a", "Orders", 1, 4, 0),
+    ])  # fmt: skip
+    dispatched_df = filter_source_records(records_df, [TopicQueues("Orders", (0,))])
+    ranges_df = spark.createDataFrame([("broker-a", "Orders", 0, 4, 9, 7)], _RANGES_SCHEMA)
+    rows = build_source_rows(dispatched_df, ranges_df, batch_rows=2).select("queue_offset", "replay_batch").collect()
+    assert sorted((r["queue_offset"], r["replay_batch"]) for r in rows) == [(4, 7), (6, 8)]
+
+
+_REPLAYED_SCHEMA = (
+    "broker_name string, topic string, queue_id int, queue_offset long, replay_batch long, replay_sequence long"
+)
+_EXPECTED_SCHEMA = "broker_name string, topic string, queue_id int, queue_offset long"
+
+
+@pytest.mark.spark
+def test_the_report_finds_gaps_duplicates_reordering_and_missing_queues(spark: SparkSession) -> None:
+    replayed = [
+        *[("broker-a", "T", 0, o, o // 2, 10 + o) for o in range(4)],  # perfect
+        *[("broker-a", "T", 1, o, 0, o) for o in (0, 1, 3)],  # offset 2 missing
+        *[("broker-a", "T", 2, o, 0, i) for i, o in enumerate((0, 1, 1, 2))],  # offset 1 twice
+        *[("broker-a", "T", 3, o, b, s) for o, b, s in ((0, 0, 0), (2, 0, 1), (1, 1, 0))],  # 2 before 1
+    ]
+    expected = [("broker-a", "T", q, o) for q in range(5) for o in range(4 if q != 3 else 3)]
+    report_df = build_ordering_report(
+        spark.createDataFrame(replayed, _REPLAYED_SCHEMA), spark.createDataFrame(expected, _EXPECTED_SCHEMA),
+        "r1", "run-1", "table:/sink", 5,
+    )  # fmt: skip
+    rows = {r["queue_id"]: r for r in report_df.collect()}
+    brief = {q: (r["rows"], r["first_offset"], r["last_offset"], r["gaps"], r["duplicates"], r["order_preserved"],
+                 r["complete"]) for q, r in rows.items()}  # fmt: skip
+    assert brief == {
+        0: (4, 0, 3, 0, 0, True, True),
+        1: (3, 0, 3, 1, 0, True, False),
+        2: (4, 0, 2, 0, 1, True, False),
+        3: (3, 0, 2, 0, 0, False, False),
+        4: (0, None, None, 0, 0, True, False),
+    }
+    assert report_df.columns == REPLAY_REPORT.column_names
+
+
+@pytest.mark.spark
+def test_dead_letters_are_found_in_their_dlq_queue_by_broker_and_msg_id(spark: SparkSession) -> None:
+    records_df = _records(spark, [("broker-a", "%DLQ%cg", 0, 0, 0), ("broker-a", "%DLQ%cg", 0, 1, 0),
+                                  ("broker-a", "%DLQ%other", 0, 0, 0), ("broker-b", "%DLQ%cg", 0, 1, 0)])  # fmt: skip
+    dlq_df = spark.createDataFrame(
+        [
+            ("cg", "broker-a", "id-broker-a-1"),
+            ("cg", "broker-b", "id-broker-b-1"),
+            ("other", "broker-a", "id-broker-a-0"),
+        ],
+        "group string, broker_name string, msg_id string",
+    )
+    rows = build_dlq_selection(dlq_df, records_df, ["cg"]).collect()
+    assert sorted(tuple(r) for r in rows) == [("broker-a", "%DLQ%cg", 0, 1), ("broker-b", "%DLQ%cg", 0, 1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# A real lake, and replays killed after their first batch
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def workload_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2,000 messages written through two real brokers, with consumer groups' commits."""
+    from broker_model.workload import run_workload
+
+    lake = tmp_path_factory.mktemp("replay") / "lake"
+    run_workload(lake, 2000, seed=7)
+    return lake
+
+
+@pytest.fixture
+def lake(workload_lake: Path, tmp_path: Path) -> Path:
+    """A copy of the workload lake this test may write to."""
+    copy = tmp_path / "lake"
+    shutil.copytree(workload_lake, copy, ignore=shutil.ignore_patterns("_locks"))
+    return copy
+
+
+def source_offsets(
+    lake: Path, topics: set[str], queue_ids: set[int] | None = None
+) -> dict[tuple[str, str, int], list[int]]:
+    """Queue offsets of the dispatched records of ``topics``, per queue, in queue order."""
+    rows = read_table(lake, COMMITLOG, ["broker_name", "topic", "queue_id", "queue_offset", "sys_flag"]).to_pylist()
+    queues: dict[tuple[str, str, int], list[int]] = {}
+    for row in rows:
+        dispatched = row["sys_flag"] & c.TRANSACTION_ROLLBACK_TYPE in (0, c.TRANSACTION_COMMIT_TYPE)
+        if row["topic"] in topics and dispatched and (queue_ids is None or row["queue_id"] in queue_ids):
+            queues.setdefault((row["broker_name"], row["topic"], row["queue_id"]), []).append(row["queue_offset"])
+    return {key: sorted(offsets) for key, offsets in queues.items()}
+
+
+def kill_when(args: list[str], ready: Callable[[], bool], env: dict[str, str] | None = None) -> None:
+    """Run the job in a child process, SIGKILL it once ``ready()`` holds; fail if it ends first."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "replay_ordered", *args], cwd=REPO, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    try:
+        while not ready():
+            if child.poll() is not None:
+                pytest.fail(
+                    f"the replay ended before it could be killed:\n{child.stdout.read() if child.stdout else ''}"
+                )
+            if time.monotonic() > deadline:
+                pytest.fail("the replay did not reach the kill point in time")
+            time.sleep(0.02)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def progress_rows(lake: Path, replay_id: str) -> list[dict[str, Any]]:
+    """The replay's rows of ``replay_progress`` (none when the table is missing)."""
+    if not (lake / REPLAY_PROGRESS.path / "_delta_log").exists():
+        return []
+    table = read_table(lake, REPLAY_PROGRESS)
+    return table.filter(pc.equal(table["replay_id"], replay_id)).to_pylist()
+
+
+def latest_report(lake: Path, replay_id: str) -> list[dict[str, Any]]:
+    """The report rows of the replay's latest run."""
+    rows = [r for r in read_table(lake, REPLAY_REPORT).to_pylist() if r["replay_id"] == replay_id]
+    latest = max(rows, key=lambda r: r["report_timestamp"])["run_id"]
+    return [r for r in rows if r["run_id"] == latest]
+
+
+def _assert_report_complete(lake: Path, replay_id: str, expected: dict[tuple[str, str, int], list[int]]) -> None:
+    report = {(r["broker_name"], r["topic"], r["queue_id"]): r for r in latest_report(lake, replay_id)}
+    assert set(report) == set(expected)
+    assert all(
+        r["complete"] and r["order_preserved"] and not r["gaps"] and not r["duplicates"] for r in report.values()
+    )
+    assert {k: r["rows"] for k, r in report.items()} == {k: len(v) for k, v in expected.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.spark
+def test_a_table_replay_killed_after_its_first_batch_ends_with_every_message_once_in_order(
+    spark: SparkSession, lake: Path
+) -> None:
+    sink = lake / "replayed"
+    args = ["--lake", str(lake), "--replay-id", "t1", "--topic", "Orders", "--from-offset", "2", "--to-offset", "32",
+            "--to-table", str(sink), "--batch-rows", "2", "--engine", "bridge"]  # fmt: skip
+    kill_when(args, lambda: _sink_version(sink, "t1") is not None)
+    committed = _sink_version(sink, "t1")
+    assert committed is not None and committed < 14  # killed before its 15th and last batch
+
+    job_run = run(spark, build_config(args))
+
+    expected = {k: [o for o in v if 2 <= o < 32] for k, v in source_offsets(lake, {"Orders"}).items()}
+    rows = _sink_rows(sink)
+    replayed: dict[tuple[str, str, int], list[tuple[int, int, int]]] = {}
+    for row in rows:
+        key = (row["source_broker_name"], row["source_topic"], row["source_queue_id"])
+        replayed.setdefault(key, []).append((row["replay_batch"], row["replay_sequence"], row["source_queue_offset"]))
+    assert {k: [o for _, _, o in sorted(v)] for k, v in replayed.items()} == expected
+    assert job_run.status == "SUCCEEDED"
+    _assert_report_complete(lake, "t1", expected)
+    assert all(_in_queue_order(file) for file in _sink_files(sink))  # rows stored in replay order too
+
+
+def _sink_files(sink: Path) -> list[Path]:
+    from deltalake import DeltaTable
+
+    return [Path(uri.removeprefix("file://")) for uri in DeltaTable(str(sink)).file_uris()]
+
+
+def _in_queue_order(file: Path) -> bool:
+    """Whether, in the file's row order, each source queue's offsets and sequence numbers rise."""
+    import pyarrow.parquet as pq
+
+    columns = ["source_broker_name", "source_queue_id", "source_queue_offset", "replay_sequence"]
+    last: dict[tuple[str, int], tuple[int, int]] = {}
+    for row in pq.read_table(file, columns=columns).to_pylist():
+        key = (row["source_broker_name"], row["source_queue_id"])
+        position = (row["source_queue_offset"], row["replay_sequence"])
+        if key in last and not (last[key][0] < position[0] and last[key][1] < position[1]):
+            return False
+        last[key] = position
+    return True
+
+
+def _sink_version(sink: Path, replay_id: str) -> int | None:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(sink)).transaction_version(replay_id) if DeltaTable.is_deltatable(str(sink)) else None
+
+
+def _sink_rows(sink: Path) -> list[dict[str, Any]]:
+    from deltalake import DeltaTable
+
+    columns = ["source_broker_name", "source_topic", "source_queue_id", "source_queue_offset", "replay_batch",
+               "replay_sequence"]  # fmt: skip
+    return DeltaTable(str(sink)).to_pyarrow_table(columns=columns).to_pylist()
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.spark
+def test_a_topic_replay_of_a_backlog_killed_mid_way_sends_every_message_once_in_order(
+    spark: SparkSession, lake: Path
+) -> None:
+    args = ["--lake", str(lake), "--replay-id", "b1", "--group", "cg-orders", "--to-topic", "OrdersReplay",
+            "--selector-property", "KEYS", "--batch-rows", "3", "--engine", "bridge"]  # fmt: skip
+    commits = sorted((r for r in read_table(lake, CONSUMER_OFFSET_COMMITS).to_pylist() if r["group"] == "cg-orders"),
+                     key=lambda r: (r["commit_timestamp"], r["offset"]))  # fmt: skip
+    starts = {(r["broker_name"], r["topic"], r["queue_id"]): r["offset"] for r in commits}  # the latest commit wins
+    kill_when(args, lambda: any(r["last_offset"] >= starts[(r["broker_name"], r["topic"], r["queue_id"])]
+                                for r in progress_rows(lake, "b1")))  # fmt: skip
+
+    job_run = run(spark, build_config(args))
+
+    expected = {k: [o for o in v if o >= starts[k]] for k, v in source_offsets(lake, {"Orders"}).items() if k in starts}
+    expected = {k: v for k, v in expected.items() if v}
+    log = read_table(lake, COMMITLOG, ["broker_name", "topic", "commit_log_offset", "properties"]).to_pylist()
+    replayed: dict[tuple[str, str, int], list[tuple[str, int, int]]] = {}
+    for row in log:
+        properties = dict(row["properties"])
+        if row["topic"] == "OrdersReplay" and properties.get("REPLAY_ID") == "b1":
+            source = parse_source(properties["REPLAY_SOURCE"])
+            assert source is not None
+            replayed.setdefault(source[0], []).append((row["broker_name"], row["commit_log_offset"], source[1]))
+    assert {k: [o for _, _, o in sorted(v)] for k, v in replayed.items()} == expected
+    assert job_run.status == "SUCCEEDED"
+    _assert_report_complete(lake, "b1", expected)
+
+
+@pytest.fixture
+def handler_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The file the test handlers record to, in this process and in the job's child process."""
+    out = tmp_path / "handled.txt"
+    monkeypatch.setenv("REPLAY_TEST_OUT", str(out))
+    replay_handlers.reset()
+    yield out
+    replay_handlers.reset()
+
+
+def _handled(out: Path) -> dict[tuple[str, str, int], list[int]]:
+    queues: dict[tuple[str, str, int], list[int]] = {}
+    for line in out.read_text().splitlines():
+        broker, topic, queue_id, offset = line.split()
+        queues.setdefault((broker, topic, int(queue_id)), []).append(int(offset))
+    return queues
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.spark
+def test_a_handler_replay_killed_mid_way_is_resumed_and_an_idempotent_handler_sees_each_message_once(
+    spark: SparkSession, lake: Path, handler_out: Path
+) -> None:
+    args = ["--lake", str(lake), "--replay-id", "h1", "--topic", "Payments:0,1", "--handler",
+            "tests.replay_handlers:record", "--batch-rows", "4", "--engine", "bridge"]  # fmt: skip
+    kill_when(args, lambda: handler_out.exists() and len(handler_out.read_text().splitlines()) >= 16,
+              env={"REPLAY_TEST_SLEEP_MS": "150"})  # fmt: skip
+    expected = source_offsets(lake, {"Payments"}, {0, 1})
+    assert sum(map(len, _handled(handler_out).values())) < sum(map(len, expected.values()))
+
+    job_run = run(spark, build_config(args))
+
+    assert _handled(handler_out) == expected
+    assert job_run.status == "SUCCEEDED"
+    report = latest_report(lake, "h1")  # this run's deliveries: from where the progress stood
+    assert all(r["order_preserved"] and r["complete"] and r["last_offset"] == expected[
+        (r["broker_name"], r["topic"], r["queue_id"])][-1] for r in report)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_a_queue_whose_handler_keeps_suspending_fails_alone_while_the_others_complete(
+    spark: SparkSession, lake: Path, handler_out: Path
+) -> None:
+    args = ["--lake", str(lake), "--replay-id", "s1", "--topic", "Notifications", "--broker", "broker-a",
+            "--handler", "tests.replay_handlers:stubborn", "--batch-rows", "50", "--max-attempts", "3"]  # fmt: skip
+    job_run = run(spark, build_config(args))
+
+    expected = source_offsets(lake, {"Notifications"})
+    handled = _handled(handler_out)
+    assert job_run.status == "FAILED" and "broker-a/Notifications/0" in (job_run.message or "")
+    assert handled == {k: v for k, v in expected.items() if k[0] == "broker-a" and k[2] != 0}
+    progress = {(r["queue_id"], r["last_offset"]) for r in progress_rows(lake, "s1")}
+    assert (0, -1) in progress and not any(q == 0 and last >= 0 for q, last in progress)
