@@ -1,0 +1,596 @@
+"""Every job of the nightly pipeline, full and incremental, against its floor and a DuckDB peer.
+
+    python benchmarks/run_all.py [--messages 2000000 | --large] [--seed 1] [--keep DIR] [--json PATH]
+
+All figures come from one run, on one lake, in one Spark session (``local[*]``, engine ``bridge``).
+
+**The lake.** (1) The feature traffic, first and on an empty lake: :func:`run_workload` of
+:data:`FEATURE_MESSAGES` messages with its consumer groups (pulls and offset commits),
+:data:`TRANSACTIONS` transactions with their check rounds, and the failing push consumers (retries,
+delays, dead letters) on a simulated clock that ends before real time. (2) The bulk: ``--messages``
+messages through two ASYNC_FLUSH brokers, streamed as ``send_batch`` calls of 1,000 messages
+(:func:`benchmarks.consume_queue.write_messages`). The feature traffic comes first because its
+retry groups consume their topics from the first offset: after the bulk they would have to consume
+hundreds of thousands of messages in Python. Segments are :func:`segment_size` bytes (RocketMQ's
+default is 1 GiB) so that the bulk seals segments and the compaction has work to do.
+
+**Full runs**, in the nightly order, each a first run on the lake (``full=True`` where the job has
+it): ``compact_commitlog``, ``rebuild_consume_queue``, ``consumer_offsets``,
+``resolve_transactions``, ``route_dlq``, ``report``. After each, its floor and its peer:
+
+- **floor**: Spark (or Arrow, for the Arrow-only compaction) reading the job's input columns and
+  writing the job's output columns through the same :class:`jobs.lake_io.Lake`, with no logic
+  (:func:`time_floor`); the consume queue reuses the floor of ``benchmarks/consume_queue.py``;
+- **peer**: the same computation as DuckDB SQL over the Parquet files of the inputs' active Delta
+  versions (file lists and partition values from the Delta log), for the jobs where a faithful
+  query is practical; the others say ``n/a`` and why.
+
+**Incremental runs**: 1 % more bulk messages, :data:`NEW_TRANSACTIONS` more transactions and one
+offset commit per queue of ``cg-orders``; then every job again (the compaction only on files the
+other jobs had read, as the nightly does). No new retries: the retry groups would consume the whole
+bulk (see above).
+
+Every job's stdout goes to ``<root>/logs``; the Spark UI's REST API gives each job's stages, so
+the table's last lines say which stages dominate the slowest job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+from consume_queue import SPARK_CONF, job_digest, time_floor, time_peer, units_digest, write_messages
+from deltalake import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from broker_model.consumer import PullConsumer
+from broker_model.workload import run_workload, start_brokers
+from jobs.compact_commitlog import Bin, CompactConfig, eligible_paths, list_files, plan_bins
+from jobs.compact_commitlog import run as run_compact
+from jobs.consumer_offsets import ConsumerOffsetsConfig
+from jobs.consumer_offsets import run as run_offsets
+from jobs.lake_io import Lake
+from jobs.rebuild_consume_queue import RebuildConfig
+from jobs.rebuild_consume_queue import run as run_rebuild
+from jobs.report import ReportConfig
+from jobs.report import run as run_report
+from jobs.resolve_transactions import RECORD_COLUMNS as TRANSACTION_INPUTS
+from jobs.resolve_transactions import ResolveTransactionsConfig
+from jobs.resolve_transactions import run as run_resolve
+from jobs.route_dlq import RouteDlqConfig
+from jobs.route_dlq import run as run_route
+from jobs.runs import JobRun
+from jobs.session import build_session
+from schemas.catalog import (
+    BROKERS,
+    COMMITLOG,
+    CONSUME_QUEUE,
+    CONSUME_QUEUE_INTEGRITY,
+    CONSUMER_OFFSET_COMMITS,
+    CONSUMER_OFFSETS,
+    DLQ,
+    DLQ_REDRIVES,
+    JOB_RUNS,
+    RETRY_CHAINS,
+    RETRY_RECORDS,
+    SUBSCRIPTION_GROUP,
+    TRANSACTION_RECORDS,
+    TRANSACTION_STATE,
+    TableSpec,
+)
+
+DEFAULT_MESSAGES = 2_000_000
+LARGE_MESSAGES = 10_000_000
+FEATURE_MESSAGES = 20_000  # the nightly demo's size: its retry phase grows with it, not with the bulk
+TRANSACTIONS = 2_000  # fixed, not a share of the bulk: each costs Python round trips and check-backs
+NEW_FEATURE_MESSAGES = 1_000  # the plan mix (ordered, delayed, batches) around the new transactions
+NEW_TRANSACTIONS = 200
+OFFSET_GROUP = "cg-orders"  # the group that commits once more per queue before the incremental runs
+ENGINE = "bridge"  # the engine benchmarks/consume_queue.py measures
+# the UI stays on (unlike consume_queue.py) because its REST API times each stage; port 0: any free port
+CONF = {**SPARK_CONF, "spark.ui.enabled": "true", "spark.ui.port": "0"}
+JOBS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq",
+        "report")  # fmt: skip
+NO_PEER = {
+    "compact_commitlog": "n/a: a Delta commit of remove/add actions (dataChange=false) is no SQL query",
+    "resolve_transactions": "n/a: half/op/final/discard linking with copies, anomalies and 6 states is no "
+    "faithful single query",
+    "route_dlq": "n/a: chains need origin ids decoded to broker hosts and offsets, and policies as of T",
+    "report": "n/a: an HTML page with matplotlib plots",
+}
+ROUTE_DLQ_LOG_COLUMNS = (
+    "broker_name", "topic", "queue_id", "queue_offset", "commit_log_offset", "msg_id", "uniq_key", "keys",
+    "properties", "reconsume_times", "born_timestamp", "store_timestamp", "body",
+)  # fmt: skip
+REPORT_LOG_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "sys_flag", "store_timestamp", "store_size")
+
+
+def segment_size(messages: int) -> int:
+    """Commit log segment bytes for a bulk of ``messages``: 32 bytes per message (about a tenth of a
+    record, so each broker seals about five segments), between 1 MiB and 64 MiB."""
+    return max(1 << 20, min(64 << 20, messages * 32))
+
+
+def now_ms() -> int:
+    """The wall clock, epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+# ---------------------------------------------------------------------------------------------
+# The lake
+# ---------------------------------------------------------------------------------------------
+
+
+def write_lake(lake: Path, messages: int, seed: int) -> dict[str, Any]:
+    """Feature traffic, then the bulk (module docstring); what was written and how long it took."""
+    started = time.perf_counter()
+    report = run_workload(lake, FEATURE_MESSAGES, seed, segment_size=segment_size(messages), consumers=True,
+                          transactions=TRANSACTIONS, retries=True)  # fmt: skip
+    feature_seconds = time.perf_counter() - started
+    bulk_seconds = write_messages(lake, messages, seed)
+    return {
+        "feature_messages": report.messages, "feature_seconds": round(feature_seconds, 2),
+        "consumed": dict(report.consumed), "transactions": dict(report.transactions),
+        "retries": dict(report.retries), "bulk_messages": messages, "bulk_seconds": round(bulk_seconds, 2),
+        "segment_size": segment_size(messages),
+    }  # fmt: skip
+
+
+def append_increment(lake: Path, messages: int, seed: int) -> dict[str, Any]:
+    """1 % more bulk messages, new transactions (with check rounds) and one offset commit per queue
+    of :data:`OFFSET_GROUP`; what was written."""
+    new = max(1, messages // 100)
+    started = time.perf_counter()
+    write_messages(lake, new, seed + 1, first_key=messages)
+    report = run_workload(lake, NEW_FEATURE_MESSAGES, seed + 1, consumers=False, transactions=NEW_TRANSACTIONS,
+                          retries=False)  # fmt: skip
+    commits = commit_offsets(lake)
+    return {"bulk_messages": new, "feature_messages": report.messages, "transactions": dict(report.transactions),
+            "offset_commits": commits, "seconds": round(time.perf_counter() - started, 2)}  # fmt: skip
+
+
+def commit_offsets(lake: Path) -> int:
+    """Let :data:`OFFSET_GROUP` commit the end of each of its queues (no pulls); the commits made."""
+    brokers = start_brokers(lake, 2)
+    try:
+        consumer = PullConsumer(brokers, OFFSET_GROUP, client_id="127.0.0.10@workload", offset_dir=lake / "_clients")
+        queues = consumer.queues("Orders")
+        for queue in queues:
+            consumer.update_offset(queue, consumer.brokers[queue.broker_name].max_offset(queue.topic, queue.queue_id))
+        consumer.persist()
+        for broker in brokers:
+            broker.offsets.persist()
+            broker.flush()
+        return len(queues)
+    finally:
+        for broker in brokers:
+            broker.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# The jobs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    """One row of the table."""
+
+    job: str
+    mode: str
+    seconds: float
+    floor: float | None = None
+    peer: float | None = None
+    notes: str = ""
+    status: str = ""
+    row_counts: dict[str, int] | None = None
+    stages: list[dict[str, Any]] | None = None
+    spark_seconds: float | None = None
+
+
+JobCall = Callable[[SparkSession], JobRun]
+
+
+def job_call(name: str, lake: Path, full: bool, as_of: int, root: Path, up_to: int | None) -> JobCall:
+    """The run of job ``name`` as of ``as_of`` (full: a first run, ``full=True`` where the job has
+    it); the compaction only packs files active at commit log version ``up_to`` (None: all)."""
+    mode = "full" if full else "incremental"
+    configs: dict[str, JobCall] = {
+        "compact_commitlog": lambda s: run_compact(s, CompactConfig(lake, files_up_to_version=up_to, engine=ENGINE)),
+        "rebuild_consume_queue": lambda s: run_rebuild(s, RebuildConfig(lake, full=full, engine=ENGINE)),
+        "consumer_offsets": lambda s: run_offsets(s, ConsumerOffsetsConfig(lake, as_of, engine=ENGINE)),
+        "resolve_transactions": lambda s: run_resolve(s, ResolveTransactionsConfig(lake, as_of, engine=ENGINE,
+                                                                                    full=full)),
+        "route_dlq": lambda s: run_route(s, RouteDlqConfig(lake, as_of, full=full, engine=ENGINE)),
+        "report": lambda s: run_report(s, ReportConfig(lake, as_of, out=root / "reports" / mode, engine=ENGINE)),
+    }  # fmt: skip
+    return configs[name]
+
+
+def time_job(spark: SparkSession, name: str, mode: str, call: JobCall, logs: Path) -> Measured:
+    """Seconds of one run of a job, its stdout kept in ``logs``; a FAILED run raises."""
+    spark.sparkContext.setJobGroup(f"{name}:{mode}", f"{name} {mode}")
+    buffer = io.StringIO()
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(buffer):
+        job_run = call(spark)
+    seconds = time.perf_counter() - started
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"{name}-{mode}.txt").write_text(buffer.getvalue())
+    if job_run.status not in ("SUCCEEDED", "NOOP"):
+        raise RuntimeError(f"{name} ({mode}) ended {job_run.status}: {job_run.message}")
+    return Measured(name, mode, seconds, status=job_run.status, row_counts=dict(job_run.row_counts))
+
+
+# ---------------------------------------------------------------------------------------------
+# Floors
+# ---------------------------------------------------------------------------------------------
+
+
+def touched(df: DataFrame, columns: Sequence[str]) -> Column:
+    """A long that needs every value of ``columns``: the sum of their lengths or values."""
+    types = {f.name: f.dataType for f in df.schema.fields}
+    parts: list[Column] = []
+    for name in columns:
+        kind = types[name]
+        if isinstance(kind, T.MapType | T.ArrayType):
+            parts.append(F.size(name))
+        elif isinstance(kind, T.StringType | T.BinaryType):
+            parts.append(F.length(name))
+        else:
+            parts.append(F.col(name).cast("long"))
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + F.coalesce(part, F.lit(0))
+    return F.sum(F.coalesce(total, F.lit(0)).cast("long"))
+
+
+FLOORS: dict[str, tuple[tuple[tuple[TableSpec, tuple[str, ...]], ...], tuple[TableSpec, ...]]] = {
+    "consumer_offsets": (
+        ((CONSUMER_OFFSET_COMMITS, ("group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp",
+                                    "source")),
+         (CONSUME_QUEUE, ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp"))),
+        (CONSUMER_OFFSETS,),
+    ),
+    "resolve_transactions": (((COMMITLOG, TRANSACTION_INPUTS),), (TRANSACTION_RECORDS, TRANSACTION_STATE)),
+    "route_dlq": (
+        ((COMMITLOG, ROUTE_DLQ_LOG_COLUMNS), (SUBSCRIPTION_GROUP, tuple(SUBSCRIPTION_GROUP.column_names)),
+         (CONSUMER_OFFSET_COMMITS, tuple(CONSUMER_OFFSET_COMMITS.column_names)),
+         (BROKERS, tuple(BROKERS.column_names)), (DLQ_REDRIVES, tuple(DLQ_REDRIVES.column_names))),
+        (RETRY_RECORDS, RETRY_CHAINS, DLQ),
+    ),
+    "report": (
+        ((CONSUMER_OFFSETS, tuple(CONSUMER_OFFSETS.column_names)),
+         (CONSUMER_OFFSET_COMMITS, tuple(CONSUMER_OFFSET_COMMITS.column_names)), (COMMITLOG, REPORT_LOG_COLUMNS),
+         (TRANSACTION_STATE, tuple(TRANSACTION_STATE.column_names)), (DLQ, tuple(DLQ.column_names)),
+         (CONSUME_QUEUE_INTEGRITY, tuple(CONSUME_QUEUE_INTEGRITY.column_names)),
+         (JOB_RUNS, tuple(JOB_RUNS.column_names))),
+        (),
+    ),
+}  # fmt: skip
+
+
+def time_scan_floor(spark: SparkSession, name: str, lake: Path, floor_root: Path) -> float:
+    """Seconds to scan the job's input columns (one aggregate per table that needs every value) and
+    to write its output tables' rows (read back from the job's output) through the Lake I/O into a
+    fresh lake root: the job's reads and writes with no logic between them."""
+    inputs, outputs = FLOORS[name]
+    shutil.rmtree(floor_root, ignore_errors=True)
+    spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
+    source, target = Lake(spark, lake, ENGINE), Lake(spark, floor_root, ENGINE)
+    started = time.perf_counter()
+    for spec, columns in inputs:
+        if source.exists(spec):
+            df = source.read(spec)
+            df.select(touched(df, columns)).collect()
+    for spec in outputs:
+        if source.exists(spec):
+            target.overwrite(spec, source.read(spec))
+    return time.perf_counter() - started
+
+
+def compaction_bins(lake: Path, up_to: int | None) -> list[Bin]:
+    """The bins ``compact_commitlog`` (default sizes) would rewrite now."""
+    table_dir = str(lake / COMMITLOG.path)
+    dt = DeltaTable(table_dir)
+    config = CompactConfig(lake)
+    return plan_bins(list_files(dt), config.target_file_size, config.min_file_fraction,
+                     eligible_paths(table_dir, dt, up_to))  # fmt: skip
+
+
+def time_compaction_floor(lake: Path, bins: Sequence[Bin], floor_dir: Path) -> float:
+    """Seconds to read each bin's files with Arrow and write them as one Parquet file (the
+    compaction's engine), without its sort, type checks, statistics or Delta commit."""
+    shutil.rmtree(floor_dir, ignore_errors=True)
+    floor_dir.mkdir(parents=True)
+    table_dir = lake / COMMITLOG.path
+    started = time.perf_counter()
+    for index, one in enumerate(bins):
+        parts = [pq.read_table(table_dir / unquote(f.path), columns=COMMITLOG.data_columns) for f in one.files]
+        pq.write_table(pa.concat_tables(parts), floor_dir / f"bin-{index}.parquet", compression="snappy")
+    return time.perf_counter() - started
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers
+# ---------------------------------------------------------------------------------------------
+
+
+def active_files(table_dir: Path, partition_by: Sequence[str]) -> pa.Table:
+    """The active files of a Delta table: absolute ``location`` and its partition values (strings
+    in the log's typed form, from the Delta log, not from directory names)."""
+    actions = pa.table(DeltaTable(str(table_dir)).get_add_actions(flatten=True))
+    columns = {"location": pa.array([f"{table_dir}/{unquote(p)}" for p in actions.column("path").to_pylist()])}
+    columns |= {name: actions.column(f"partition.{name}") for name in partition_by}
+    return pa.table(columns)
+
+
+def listing(files: pa.Table) -> str:
+    """A DuckDB list literal of the files' locations."""
+    return "[" + ", ".join("'" + loc.replace("'", "''") + "'" for loc in files.column("location").to_pylist()) + "]"
+
+
+OFFSETS_SQL = """
+COPY (
+  WITH cq AS (
+    SELECT f.topic, p.broker_name, p.queue_id, p.queue_offset, p.store_timestamp
+    FROM read_parquet($cq_files, filename = true) p JOIN cq_files f ON p.filename = f.location
+    WHERE p.store_timestamp <= $as_of),
+  cur AS (
+    SELECT "group", broker_name, topic, queue_id, "offset" AS consumer_offset
+    FROM read_parquet($commit_files) WHERE commit_timestamp <= $as_of
+    QUALIFY row_number() OVER (PARTITION BY "group", broker_name, topic, queue_id
+      ORDER BY commit_timestamp DESC, (source = 'reset') DESC, "offset" DESC, source DESC) = 1),
+  bounds AS (
+    SELECT broker_name, topic, queue_id, min(queue_offset) AS broker_min_offset,
+           max(queue_offset) + 1 AS broker_offset
+    FROM cq GROUP BY broker_name, topic, queue_id),
+  subscribed AS (SELECT "group", topic FROM cur UNION SELECT "group", '%RETRY%' || "group" FROM cur),
+  listed AS (SELECT s."group", b.broker_name, b.topic, b.queue_id FROM subscribed s JOIN bounds b ON s.topic = b.topic),
+  keyed AS (
+    SELECT coalesce(c."group", l."group") AS "group", coalesce(c.broker_name, l.broker_name) AS broker_name,
+           coalesce(c.topic, l.topic) AS topic, coalesce(c.queue_id, l.queue_id) AS queue_id, c.consumer_offset
+    FROM cur c FULL JOIN listed l
+      ON c."group" = l."group" AND c.broker_name = l.broker_name AND c.topic = l.topic AND c.queue_id = l.queue_id),
+  queued AS (
+    SELECT k.*, b.broker_min_offset, b.broker_offset, coalesce(k.consumer_offset, 0) AS counted
+    FROM keyed k LEFT JOIN bounds b ON k.broker_name = b.broker_name AND k.topic = b.topic AND k.queue_id = b.queue_id),
+  last AS (
+    SELECT q."group", q.broker_name, q.topic, q.queue_id, min(e.store_timestamp) AS last_timestamp
+    FROM queued q JOIN cq e ON e.broker_name = q.broker_name AND e.topic = q.topic AND e.queue_id = q.queue_id
+      AND e.queue_offset = q.consumer_offset - 1
+    GROUP BY q."group", q.broker_name, q.topic, q.queue_id),
+  oldest AS (
+    SELECT q."group", q.broker_name, q.topic, q.queue_id, min(e.store_timestamp) AS oldest_unconsumed_timestamp
+    FROM queued q JOIN cq e ON e.broker_name = q.broker_name AND e.topic = q.topic AND e.queue_id = q.queue_id
+      AND e.queue_offset = greatest(q.counted, q.broker_min_offset)
+    WHERE q.counted < q.broker_offset
+    GROUP BY q."group", q.broker_name, q.topic, q.queue_id)
+  SELECT q."group", q.broker_name, q.topic, q.queue_id, q.consumer_offset, q.broker_min_offset, q.broker_offset,
+         q.broker_offset - q.counted AS diff, l.last_timestamp, o.oldest_unconsumed_timestamp,
+         $as_of::BIGINT AS as_of, CASE WHEN q.broker_offset IS NULL THEN 'QUEUE_NOT_FOUND' END AS anomaly
+  FROM queued q
+  LEFT JOIN last l USING ("group", broker_name, topic, queue_id)
+  LEFT JOIN oldest o USING ("group", broker_name, topic, queue_id)
+) TO '$out' (FORMAT parquet)
+"""
+OFFSETS_DIGEST = (
+    "SELECT count(*), sum(coalesce(diff, 0)), sum(coalesce(last_timestamp, 0)), "
+    "sum(coalesce(oldest_unconsumed_timestamp, 0)), sum(coalesce(consumer_offset, -1)) FROM read_parquet($files)"
+)
+
+
+def time_offsets_peer(lake: Path, out: Path, as_of: int) -> tuple[float, bool]:
+    """Seconds of ``consumer_offsets`` as one DuckDB query, and whether its rows' digest equals
+    the job's table."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect()
+    cq_files = active_files(lake / CONSUME_QUEUE.path, CONSUME_QUEUE.partition_by)
+    commit_files = active_files(lake / CONSUMER_OFFSET_COMMITS.path, ())
+    con.register("cq_files", cq_files)
+    sql = (OFFSETS_SQL.replace("$cq_files", listing(cq_files)).replace("$commit_files", listing(commit_files))
+           .replace("$as_of", str(as_of)).replace("$out", str(out)))  # fmt: skip
+    started = time.perf_counter()
+    con.execute(sql)
+    seconds = time.perf_counter() - started
+    peer = con.execute(OFFSETS_DIGEST.replace("$files", f"['{out}']")).fetchone()
+    job_files = listing(active_files(lake / CONSUMER_OFFSETS.path, ()))
+    job = con.execute(OFFSETS_DIGEST.replace("$files", job_files)).fetchone()
+    return seconds, peer == job
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the time goes
+# ---------------------------------------------------------------------------------------------
+
+
+def _rest(spark: SparkSession, what: str) -> list[dict[str, Any]]:
+    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/{what}"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return list(json.load(response))
+
+
+def _instant(text: str) -> float:
+    return datetime.strptime(text.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+
+
+def spark_time(spark: SparkSession, group: str) -> tuple[float, list[dict[str, Any]]]:
+    """Wall seconds during which a Spark job of ``group`` ran, and the group's completed stages,
+    longest first: name (action and Python call site), seconds, tasks, input bytes."""
+    try:
+        jobs = [j for j in _rest(spark, "jobs") if j.get("jobGroup") == group]
+        stages = _rest(spark, "stages?status=complete")
+    except OSError:
+        return float("nan"), []
+    done = [j for j in jobs if "completionTime" in j]
+    spans = sorted((_instant(j["submissionTime"]), _instant(j["completionTime"])) for j in done)
+    seconds, reached = 0.0, float("-inf")
+    for start, end in spans:  # the union of the jobs' spans: a job may run while another waits
+        seconds += max(0.0, end - max(start, reached))
+        reached = max(reached, end)
+    ids = {s for j in jobs for s in j["stageIds"]}
+    mine = [
+        {"name": s["name"].split(" at ")[0] + " at " + Path(s["name"].split(" at ")[-1]).name,
+         "seconds": round(_instant(s["completionTime"]) - _instant(s["submissionTime"]), 2),
+         "tasks": s["numTasks"], "input_bytes": s.get("inputBytes", 0),
+         "shuffle_write_bytes": s.get("shuffleWriteBytes", 0)}
+        for s in stages if s["stageId"] in ids and "completionTime" in s
+    ]  # fmt: skip
+    return seconds, sorted(mine, key=lambda s: -s["seconds"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; print the table, write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--messages", type=int, default=DEFAULT_MESSAGES, help="bulk messages (default 2,000,000)")
+    size.add_argument("--large", action="store_true", help=f"{LARGE_MESSAGES:,} bulk messages")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir)")
+    parser.add_argument("--json", type=Path, default=None, help="figures as JSON (default: <work dir>/run_all.json)")
+    args = parser.parse_args(argv)
+    messages = LARGE_MESSAGES if args.large else args.messages
+    root = (args.keep or Path(tempfile.mkdtemp(prefix="run-all-bench-"))).resolve()
+    json_path = args.json or root / "run_all.json"
+    try:
+        return _bench(root, messages, args.seed, json_path)
+    finally:
+        if args.keep is None:  # the figures and the jobs' stdout stay, next to where the lake was
+            for child in root.iterdir():
+                if child.name not in ("logs", json_path.name):
+                    shutil.rmtree(child, ignore_errors=True)
+
+
+def _bench(root: Path, messages: int, seed: int, json_path: Path) -> int:
+    lake, logs = root / "lake", root / "logs"
+    print(f"writing the lake: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
+    written = write_lake(lake, messages, seed)
+    print(f"lake written: {json.dumps(written)}", flush=True)
+    spark = build_session("bench-run-all", master="local[*]", engine=ENGINE, extra_conf=CONF)
+    spark.sparkContext.setLogLevel("ERROR")
+    Lake(spark, lake, ENGINE).read(COMMITLOG).select("store_size").agg(F.sum("store_size")).collect()  # warm-up
+    rows = _full_runs(spark, lake, root, logs, written["segment_size"])
+    processed = DeltaTable(str(lake / COMMITLOG.path)).version()
+    increment = append_increment(lake, messages, seed)
+    print(f"increment written: {json.dumps(increment)}", flush=True)
+    rows += _incremental_runs(spark, lake, root, logs, processed, {r.job: r.seconds for r in rows})
+    for row in rows:
+        row.spark_seconds, row.stages = spark_time(spark, f"{row.job}:{row.mode}")
+    spark.stop()
+    print_table(rows, messages, written, increment)
+    figures = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"), "messages": messages,
+        "machine": machine(), "lake": written, "increment": increment,
+        "rows": [{k: v for k, v in vars(r).items()} for r in rows],
+    }  # fmt: skip
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(figures, indent=2, default=str))
+    print(f"\nfigures: {json_path}")
+    return 0
+
+
+def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, segment: int) -> list[Measured]:
+    as_of = now_ms()
+    rows: list[Measured] = []
+    for name in JOBS:
+        bins = compaction_bins(lake, None) if name == "compact_commitlog" else []
+        print(f"full: {name}", flush=True)
+        row = time_job(spark, name, "full", job_call(name, lake, True, as_of, root, None), logs)
+        notes = [row.status]
+        if name == "compact_commitlog":
+            row.floor = time_compaction_floor(lake, bins, root / "floor" / name)
+            notes.append(f"{len(bins)} bins, {sum(len(b.files) for b in bins)} files")
+        elif name == "rebuild_consume_queue":
+            spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
+            row.floor = time_floor(spark, lake, root / "floor" / name)
+            units_s, checks_s, units, _ = time_peer(lake, root / "peer" / name, segment)
+            row.peer = units_s + checks_s
+            same = units_digest(duckdb.connect(), f"{root}/peer/{name}/units/**/*.parquet") == job_digest(lake)
+            notes.append(f"{units:,} units, peer same: {same}; peer has no CRC")
+        else:
+            row.floor = time_scan_floor(spark, name, lake, root / "floor" / name)
+        if name == "consumer_offsets":
+            row.peer, same = time_offsets_peer(lake, root / "peer" / name / "offsets.parquet", as_of)
+            notes.append(f"{row.row_counts.get(CONSUMER_OFFSETS.name, 0) if row.row_counts else 0} rows, "
+                         f"peer same: {same}")  # fmt: skip
+        if name in NO_PEER:
+            notes.append(f"peer {NO_PEER[name]}")
+        row.notes = "; ".join(notes)
+        rows.append(row)
+    return rows
+
+
+def _incremental_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, processed: int,
+                      full: dict[str, float]) -> list[Measured]:  # fmt: skip
+    as_of = now_ms()
+    rows: list[Measured] = []
+    for name in JOBS:
+        print(f"incremental: {name}", flush=True)
+        row = time_job(spark, name, "incremental", job_call(name, lake, False, as_of, root, processed), logs)
+        row.notes = f"{row.status}; {row.seconds / full[name]:.0%} of full"
+        if name in ("consumer_offsets", "report"):
+            row.notes += " (recomputes everything by design)"
+        rows.append(row)
+    return rows
+
+
+def machine() -> dict[str, Any]:
+    """Cores, memory and load of this machine."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"cores": os.cpu_count() or 1, "memory_gib": round(memory / 2**30, 1),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(rows: Sequence[Measured], messages: int, written: dict[str, Any], increment: dict[str, Any]) -> None:
+    """The table of every job and mode, and what dominates the slowest job."""
+    facts = machine()
+    print(f"\n{messages:,} bulk + {written['feature_messages']:,} feature messages, {TRANSACTIONS:,} transactions, "
+          f"segments of {written['segment_size'] >> 20} MiB; increment {increment['bulk_messages']:,} + "
+          f"{increment['feature_messages']:,} messages, {NEW_TRANSACTIONS} transactions, "
+          f"{increment['offset_commits']} offset commits; {facts['cores']} cores, {facts['memory_gib']} GiB, "
+          f"load {facts['load_average']}")  # fmt: skip
+    header = f"{'job':<22}{'mode':<12}{'seconds':>9}{'floor s':>9}{'peer s':>9}{'job/floor':>10}{'job/peer':>10}  notes"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ratio_floor = r.seconds / r.floor if r.floor else None
+        ratio_peer = r.seconds / r.peer if r.peer else None
+        print(f"{r.job:<22}{r.mode:<12}{r.seconds:>9.1f}{_fmt(r.floor):>9}{_fmt(r.peer):>9}"
+              f"{_fmt(ratio_floor, '.2f'):>10}{_fmt(ratio_peer, '.2f'):>10}  {r.notes}")  # fmt: skip
+    slowest = max(rows, key=lambda r: r.seconds)
+    print(f"\nslowest: {slowest.job} ({slowest.mode}) {slowest.seconds:.1f} s, of which a Spark job "
+          f"ran during {_fmt(slowest.spark_seconds)} s; its longest stages:")  # fmt: skip
+    for stage in (slowest.stages or [])[:5]:
+        print(f"  {stage['seconds']:>7.1f} s  {stage['tasks']:>4} tasks  in {stage['input_bytes'] / 2**20:>8.1f} MiB  "
+              f"shuffle {stage['shuffle_write_bytes'] / 2**20:>8.1f} MiB  {stage['name']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
