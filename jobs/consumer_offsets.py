@@ -44,9 +44,9 @@ from broker_model.errors import LakeError
 from broker_model.lake_root import default_lake
 from broker_model.timeutil import parse_instant
 from jobs.lake_io import Lake
-from jobs.runs import JobRun, record_run, table_versions, text_table
+from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, table_versions, text_table
 from jobs.session import ENGINES, build_session
-from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS, TableSpec, spark_schema
+from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS
 
 JOB = "consumer_offsets"
 QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"
@@ -57,7 +57,6 @@ CURRENT_OFFSET_COLUMNS = (*GROUP_QUEUE_KEY, "consumer_offset", "commit_timestamp
 QUEUE_BOUNDS_COLUMNS = (*QUEUE_KEY, "broker_min_offset", "broker_offset")
 
 # Statuses of earlier runs whose recorded inputs make a rerun a no-op (FAILED runs wrote nothing).
-_REUSABLE_STATUSES = ("SUCCEEDED", "NOOP")
 _AS_OF_MESSAGE = re.compile(r"^as_of=(-?\d+)(?:;|$)")
 
 
@@ -276,8 +275,8 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
 
 def _compute_and_write(lake: Lake, job_run: JobRun, as_of: int) -> int:
     """Read the inputs at the recorded versions, compute, overwrite; the committed version."""
-    commits_df = _read_or_empty(lake, CONSUMER_OFFSET_COMMITS, job_run.input_versions)
-    queue_df = _read_or_empty(lake, CONSUME_QUEUE, job_run.input_versions)
+    commits_df = read_or_empty(lake, CONSUMER_OFFSET_COMMITS, job_run.input_versions)
+    queue_df = read_or_empty(lake, CONSUME_QUEUE, job_run.input_versions)
     current_df = build_current_offsets(commits_df, as_of)
     offsets_df = build_consumer_offsets(current_df, build_queue_bounds(queue_df, as_of), queue_df, as_of)
     version = lake.overwrite(CONSUMER_OFFSETS, offsets_df)
@@ -288,31 +287,15 @@ def _compute_and_write(lake: Lake, job_run: JobRun, as_of: int) -> int:
     return version
 
 
-def _read_or_empty(lake: Lake, spec: TableSpec, versions: Mapping[str, int]) -> DataFrame:
-    """``spec`` at ``versions[spec.name]``, or an empty frame with its schema when it is missing."""
-    if spec.name not in versions:
-        return lake.spark.createDataFrame([], spark_schema(spec))
-    return lake.read(spec, version=versions[spec.name])
-
-
 def _reusable_output_version(lake: Lake, input_versions: Mapping[str, int], as_of: int) -> int | None:
     """The current ``consumer_offsets`` version when the latest reusable run had these inputs and
     this ``as_of`` and wrote (or kept) that very version; else None (compute again)."""
     current = lake.version(CONSUMER_OFFSETS)
-    if current is None or not lake.exists(JOB_RUNS):
+    previous = latest_reusable_run(lake, JOB) if current is not None else None
+    if previous is None:
         return None
-    latest = (
-        lake.read(JOB_RUNS)
-        .where((F.col("job") == F.lit(JOB)) & F.col("status").isin(*_REUSABLE_STATUSES))
-        .orderBy(F.col("started_timestamp").desc(), F.col("run_id").desc())
-        .limit(1)
-        .collect()
-    )
-    if not latest:
-        return None
-    previous = latest[0]
-    same_inputs = dict(previous["input_versions"] or {}) == dict(input_versions)
-    same_output = dict(previous["output_versions"] or {}).get(CONSUMER_OFFSETS.name) == current
+    same_inputs = previous["input_versions"] == dict(input_versions)
+    same_output = previous["output_versions"].get(CONSUMER_OFFSETS.name) == current
     return current if same_inputs and same_output and as_of_of_message(previous["message"]) == as_of else None
 
 

@@ -99,9 +99,9 @@ from broker_model.transaction import (  # the broker's own settings, so the job 
 from jobs.consumer_offsets import iso_utc
 from jobs.extract import update_extract
 from jobs.lake_io import Lake
-from jobs.runs import JobRun, record_run, table_versions, text_table
+from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, table_versions, text_table
 from jobs.session import ENGINES, build_session
-from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE, TableSpec, spark_schema
+from schemas.catalog import COMMITLOG, TRANSACTION_RECORDS, TRANSACTION_STATE
 
 JOB = "resolve_transactions"
 APP_ID = JOB  # the Delta application transaction id of transaction_records: the commit log version read
@@ -148,7 +148,6 @@ RECORD_COLUMNS = (
     "store_timestamp", "prepared_transaction_offset", "body", "topic", "properties", "tags", "uniq_key",
 )  # fmt: skip
 
-_REUSABLE_STATUSES = ("SUCCEEDED", "NOOP")  # FAILED runs wrote nothing
 _PARAMETERS = re.compile(r"^(as_of=-?\d+; timeout_ms=\d+; check_max=\d+; reserve_ms=\d+)(?:;|$)")
 
 
@@ -616,7 +615,7 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
 def _compute_and_write(lake: Lake, job_run: JobRun, config: ResolveTransactionsConfig) -> int:
     """Compute the states from ``transaction_records`` at the recorded version, overwrite; the
     committed version."""
-    records_df = _read_or_empty(lake, TRANSACTION_RECORDS, job_run.input_versions)
+    records_df = read_or_empty(lake, TRANSACTION_RECORDS, job_run.input_versions)
     records_df = records_df.where(F.col("store_timestamp") <= F.lit(config.as_of)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         state_df = build_transaction_state(
@@ -648,33 +647,17 @@ def _record_counts(records_df: DataFrame) -> dict[str, int]:
     return {name: int(row[name]) if row is not None else 0 for name in counts}
 
 
-def _read_or_empty(lake: Lake, spec: TableSpec, versions: Mapping[str, int]) -> DataFrame:
-    """``spec`` at ``versions[spec.name]``, or an empty frame with its schema when it is missing."""
-    if spec.name not in versions:
-        return lake.spark.createDataFrame([], spark_schema(spec))
-    return lake.read(spec, version=versions[spec.name])
-
-
 def _reusable_run(lake: Lake, input_versions: Mapping[str, int], parameters: str) -> tuple[int, dict[str, int]] | None:
     """The current ``transaction_state`` version and the row counts of the latest reusable run,
     when that run had these inputs and settings and wrote (or kept) that very version; else None."""
     current = lake.version(TRANSACTION_STATE)
-    if current is None or not lake.exists(JOB_RUNS):
+    previous = latest_reusable_run(lake, JOB) if current is not None else None
+    if previous is None:
         return None
-    latest = (
-        lake.read(JOB_RUNS)
-        .where((F.col("job") == F.lit(JOB)) & F.col("status").isin(*_REUSABLE_STATUSES))
-        .orderBy(F.col("started_timestamp").desc(), F.col("run_id").desc())
-        .limit(1)
-        .collect()
-    )
-    if not latest:
-        return None
-    previous = latest[0]
-    same_inputs = dict(previous["input_versions"] or {}) == dict(input_versions)
-    same_output = dict(previous["output_versions"] or {}).get(TRANSACTION_STATE.name) == current
+    same_inputs = previous["input_versions"] == dict(input_versions)
+    same_output = previous["output_versions"].get(TRANSACTION_STATE.name) == current
     if same_inputs and same_output and parameters_of_message(previous["message"]) == parameters:
-        return current, dict(previous["row_counts"] or {})
+        return current, previous["row_counts"]
     return None
 
 

@@ -61,7 +61,7 @@ from broker_model.timeutil import parse_instant
 from jobs.consumer_offsets import build_current_offsets, iso_utc
 from jobs.extract import update_extract
 from jobs.lake_io import Lake
-from jobs.runs import JobRun, record_run, table_versions, text_table
+from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, table_versions, text_table
 from jobs.session import ENGINES, build_session
 from schemas.catalog import (
     BROKERS,
@@ -69,11 +69,9 @@ from schemas.catalog import (
     CONSUMER_OFFSET_COMMITS,
     DLQ,
     DLQ_REDRIVES,
-    JOB_RUNS,
     RETRY_CHAINS,
     RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
-    TableSpec,
     spark_schema,
 )
 
@@ -90,7 +88,6 @@ PROPERTY_ROUTED_BY = "DLQ_ROUTED_BY"  # on a %DLQ% record a tool wrote on the gr
 CHAIN_KEY = ("group", "origin_msg_id")
 _KIND_RANK = {SCHEDULED: 0, RETRY: 1, DEAD_LETTER: 2}  # order of the copies of one reconsume count
 _PARAMETERS = re.compile(r"^(as_of=-?\d+)(?:;|$)")
-_REUSABLE_STATUSES = ("SUCCEEDED", "NOOP")
 
 
 @dataclass(frozen=True)
@@ -436,9 +433,9 @@ _INPUTS = [COMMITLOG.name, RETRY_RECORDS.name, SUBSCRIPTION_GROUP.name, CONSUMER
 
 def _frames(lake: Lake, versions: Mapping[str, int], as_of: int) -> tuple[DataFrame, DataFrame]:
     """``retry_records`` (persisted by the caller) and ``retry_chains`` as of ``as_of``."""
-    records_df = _read_or_empty(lake, RETRY_RECORDS, versions).persist(StorageLevel.MEMORY_AND_DISK)
-    policies_df = build_policies(_read_or_empty(lake, SUBSCRIPTION_GROUP, versions), as_of)
-    offsets_df = build_current_offsets(_read_or_empty(lake, CONSUMER_OFFSET_COMMITS, versions), as_of)
+    records_df = read_or_empty(lake, RETRY_RECORDS, versions).persist(StorageLevel.MEMORY_AND_DISK)
+    policies_df = build_policies(read_or_empty(lake, SUBSCRIPTION_GROUP, versions), as_of)
+    offsets_df = build_current_offsets(read_or_empty(lake, CONSUMER_OFFSET_COMMITS, versions), as_of)
     origins_df = _origins(lake, versions, records_df, as_of)
     return records_df, build_retry_chains(records_df, policies_df, offsets_df, origins_df, as_of)
 
@@ -478,7 +475,7 @@ def _compute_and_write(lake: Lake, versions: Mapping[str, int], as_of: int) -> d
     chains_df = chains_df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         chains_version = lake.overwrite(RETRY_CHAINS, chains_df)
-        redrives_df = _read_or_empty(lake, DLQ_REDRIVES, versions)
+        redrives_df = read_or_empty(lake, DLQ_REDRIVES, versions)
         dlq_version = lake.overwrite(DLQ, build_dlq(records_df, chains_df, redrives_df, as_of))
     finally:
         chains_df.unpersist()
@@ -554,28 +551,15 @@ def _store_hosts(lake: Lake) -> dict[str, str]:
     return {row["broker_name"]: row["host"] for row in rows.collect()}
 
 
-def _read_or_empty(lake: Lake, spec: TableSpec, versions: Mapping[str, int]) -> DataFrame:
-    if spec.name not in versions:
-        return lake.spark.createDataFrame([], spark_schema(spec))
-    return lake.read(spec, version=versions[spec.name])
-
-
 def _reusable_run(lake: Lake, input_versions: Mapping[str, int], parameters: str) -> dict[str, int] | None:
     """The output versions of the latest reusable run with these inputs and T, when both outputs
     are still at those versions; else None."""
     current = table_versions(lake, [RETRY_CHAINS.name, DLQ.name])
-    if len(current) < 2 or not lake.exists(JOB_RUNS):
+    previous = latest_reusable_run(lake, JOB) if len(current) == 2 else None
+    if previous is None:
         return None
-    latest = (
-        lake.read(JOB_RUNS).where((F.col("job") == F.lit(JOB)) & F.col("status").isin(*_REUSABLE_STATUSES))
-        .orderBy(F.col("started_timestamp").desc(), F.col("run_id").desc()).limit(1).collect()
-    )  # fmt: skip
-    if not latest:
-        return None
-    previous = latest[0]
     found = _PARAMETERS.match(previous["message"] or "")
-    same = dict(previous["input_versions"] or {}) == dict(input_versions) and dict(
-        previous["output_versions"] or {}) == current  # fmt: skip
+    same = previous["input_versions"] == dict(input_versions) and previous["output_versions"] == current
     return current if same and found is not None and found.group(1) == parameters else None
 
 

@@ -6,9 +6,15 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from jobs.lake_io import Lake
-from schemas.catalog import JOB_RUNS, spark_schema
+from schemas.catalog import JOB_RUNS, TableSpec, spark_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+REUSABLE_STATUSES = ("SUCCEEDED", "NOOP")  # FAILED runs wrote nothing
 
 
 @dataclass
@@ -60,3 +66,34 @@ def text_table(lines: Sequence[Sequence[str]]) -> list[str]:
     """Rows of cells as left-aligned text columns two spaces apart (trailing spaces dropped)."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines]
+
+
+def latest_reusable_run(lake: Lake, job: str) -> dict[str, Any] | None:
+    """The latest SUCCEEDED or NOOP ``job_runs`` row of ``job`` (by start time, then run id) as a
+    dict, None when there is none. A job whose inputs and settings equal that run's, while its
+    outputs are still at the versions that run left, has nothing to compute."""
+    from pyspark.sql import functions as F
+
+    if not lake.exists(JOB_RUNS):
+        return None
+    rows = (
+        lake.read(JOB_RUNS)
+        .where((F.col("job") == F.lit(job)) & F.col("status").isin(*REUSABLE_STATUSES))
+        .orderBy(F.col("started_timestamp").desc(), F.col("run_id").desc())
+        .limit(1)
+        .collect()
+    )
+    if not rows:
+        return None
+    row = rows[0].asDict()
+    for name in ("input_versions", "output_versions", "row_counts"):
+        row[name] = dict(row[name] or {})
+    return row
+
+
+def read_or_empty(lake: Lake, spec: TableSpec, versions: Mapping[str, int]) -> DataFrame:
+    """``spec`` at ``versions[spec.name]``, or an empty frame with its schema when ``versions``
+    has no entry (the table did not exist when the run recorded its inputs)."""
+    if spec.name not in versions:
+        return lake.spark.createDataFrame([], spark_schema(spec))
+    return lake.read(spec, version=versions[spec.name])
