@@ -52,7 +52,7 @@ from urllib.parse import unquote, urlsplit
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
@@ -242,6 +242,51 @@ class Lake:
                 outside ``partition_values``. Nothing is committed.
         """
         return self._write(name_or_spec, df, "partitions", partition_values, app_id, app_version)
+
+    def read_rows(self, name_or_spec: str | TableSpec) -> pa.Table:
+        """The latest rows of a small unpartitioned catalog table, read on the driver with
+        delta-rs for both engines (no Spark job); an absent table reads as empty."""
+        spec = _spec(name_or_spec)
+        path = str(self.location(spec))
+        if not DeltaTable.is_deltatable(path):
+            return spec.arrow_schema.empty_table()
+        dt = open_table(path)
+        _check_catalog_schema(spec, _log_schema(dt), path)
+        return dt.to_pyarrow_table(columns=list(spec.column_names))
+
+    def overwrite_rows(
+        self, name_or_spec: str | TableSpec, rows: pa.Table, app_id: str, app_version: int
+    ) -> int | None:
+        """Replace the rows of a small unpartitioned catalog table by ``rows``, written from the
+        driver with delta-rs for both engines (one commit, no Spark job), with the application
+        transaction ``(app_id, app_version)``; skipped (None) when the table already holds it.
+
+        Raises:
+            ValidationError: ``rows`` lacks a catalog column or has a null in a NOT NULL one, or a
+                bad ``app_id``/``app_version``. Nothing is committed.
+            LakeError: the table is partitioned, or the existing table does not match the catalog.
+        """
+        spec = _spec(name_or_spec)
+        txn = _transaction(app_id, app_version)
+        assert txn is not None
+        if spec.partition_by:
+            raise LakeError(f"{spec.name} is partitioned: write it with Spark (Lake.overwrite)")
+        missing = [n for n in spec.column_names if n not in rows.column_names]
+        if missing:
+            raise ValidationError("rows", missing, f"columns of {spec.name!r} missing from the rows")
+        conformed = rows.select(list(spec.column_names)).cast(spec.arrow_schema)
+        for column in spec.columns:
+            if not column.nullable and conformed.column(column.name).null_count:
+                raise ValidationError(column.name, None, f"is NOT NULL in {spec.name!r}")
+        path = str(self.location(spec))
+        if not DeltaTable.is_deltatable(path):
+            create_table(path, spec)
+        dt = open_table(path)
+        _check_catalog_schema(spec, _log_schema(dt), path)
+        if _already_committed(dt, txn):
+            return None
+        write_deltalake(path, conformed, mode="overwrite", commit_properties=CommitProperties(app_transactions=[txn]))
+        return open_table(path).version()
 
     def version(self, name_or_spec: str | TableSpec) -> int | None:
         """The latest Delta version of a catalog table, None when the table does not exist."""

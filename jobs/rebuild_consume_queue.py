@@ -41,11 +41,13 @@ leaves ``consume_queue_integrity`` behind ``consume_queue``, and the next run re
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import reduce
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
@@ -57,7 +59,14 @@ from broker_model.lake_root import default_lake
 from jobs.lake_io import IncrementalReadError, Lake
 from jobs.runs import JobRun, record_run, table_versions
 from jobs.session import build_session
-from schemas.catalog import BROKERS, COMMITLOG, CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, spark_schema
+from schemas.catalog import (
+    BROKERS,
+    COMMITLOG,
+    CONSUME_QUEUE,
+    CONSUME_QUEUE_INTEGRITY,
+    CONSUME_QUEUE_TAILS,
+    spark_schema,
+)
 
 JOB = "rebuild_consume_queue"
 APP_ID = JOB  # the Delta application transaction id; its version is the commit log version processed
@@ -280,7 +289,8 @@ def with_queue_order(units_df: DataFrame, context_df: DataFrame | None = None) -
     Adds ``_new`` (false for context units) and ``_prior_offset``, ``_prior_log_offset``,
     ``_prior_new``: the queue offset, commit log offset and ``_new`` of the unit before in the
     queue, ordered by ``(queue_offset, commit_log_offset, _new)`` (units equal on all three are
-    the same record twice, interchangeable for every check); null for a queue's first unit. The
+    the same record twice, interchangeable for every check); null for a queue's first unit; and
+    ``_last_in_queue``, true for the queue's last unit in that order. The
     shuffle puts the topic first, so the rows come out sorted by topic (the partition column of
     ``consume_queue``) and a write of them needs no sort of its own.
 
@@ -295,7 +305,8 @@ def with_queue_order(units_df: DataFrame, context_df: DataFrame | None = None) -
     window = Window.partitionBy(*_QUEUE_PARTITION).orderBy("queue_offset", "commit_log_offset", "_new")
     priors = {f"_prior_{n}": F.lag(c_).over(window)
               for n, c_ in (("offset", "queue_offset"), ("log_offset", "commit_log_offset"), ("new", "_new"))}
-    return rows_df.repartition(*_QUEUE_PARTITION).withColumns(priors)
+    last = F.lead("queue_offset").over(window).isNull()
+    return rows_df.repartition(*_QUEUE_PARTITION).withColumns({**priors, "_last_in_queue": last})
 
 
 def _as_context_units(context_df: DataFrame, schema: StructType) -> DataFrame:
@@ -401,8 +412,9 @@ def build_log_digest(records_df: DataFrame, context_df: DataFrame | None = None)
     Columns: ``broker_name``, ``segment`` (the record's ``segment`` column), ``tags``, ``_first``
     (smallest offset), ``_first_size`` (its store_size), ``_end`` (greatest offset + store_size),
     ``_smallest`` (smallest store_size), ``_sum0``/``_sum1`` (sums of ``h(end) - h(offset)`` for
-    two 31-bit halves of xxhash64). :func:`build_untiled_brokers` and :func:`with_tags_code` read
-    it. Needs ``broker_name``, ``segment``, ``commit_log_offset``, ``store_size`` and ``tags``;
+    two 31-bit halves of xxhash64), ``_last`` (the greatest ``(offset, size)`` of a record).
+    :func:`build_untiled_brokers`, :func:`build_log_tails` and :func:`with_tags_code` read it.
+    Needs ``broker_name``, ``segment``, ``commit_log_offset``, ``store_size`` and ``tags``;
     context records (without tags) count too. :func:`digest_by_file` gives the same figures per
     data file, and :func:`merge_log_digests` merges them.
     """
@@ -421,7 +433,7 @@ def merge_log_digests(digest_df: DataFrame) -> DataFrame:
     return digest_df.groupBy(*_DIGEST_KEYS).agg(
         F.min("_first").alias("_first"), F.min_by("_first_size", "_first").alias("_first_size"),
         F.max("_end").alias("_end"), F.min("_smallest").alias("_smallest"), F.sum("_sum0").alias("_sum0"),
-        F.sum("_sum1").alias("_sum1"),
+        F.sum("_sum1").alias("_sum1"), F.max("_last").alias("_last"),
     )  # fmt: skip
 
 
@@ -431,6 +443,7 @@ def _digest_aggregates() -> list[Column]:
         F.min(offset).alias("_first"), F.min_by("store_size", offset).alias("_first_size"), F.max(end).alias("_end"),
         F.min("store_size").alias("_smallest"),
         *[F.sum(_hash_half(end, high) - _hash_half(offset, high)).alias(f"_sum{int(high)}") for high in (False, True)],
+        F.max(F.struct(offset.alias("offset"), F.col("store_size").alias("size"))).alias("_last"),
     ]  # fmt: skip
 
 
@@ -585,11 +598,13 @@ class RebuildPlan:
 
 @dataclass
 class RebuildSummary:
-    """What a run wrote: units, queues with new units, findings per problem."""
+    """What a run wrote: units, queues with new units, findings per problem; for an incremental
+    run, what the new rows were checked against (``context``)."""
 
     entries: int = 0
     queues: int = 0
     findings: dict[str, int] = field(default_factory=dict)
+    context: str | None = None
 
     def row_counts(self) -> dict[str, int]:
         """The ``job_runs.row_counts`` of the run."""
@@ -600,27 +615,34 @@ class RebuildSummary:
         """The summary printed on stdout."""
         counts = [("entries written", self.entries), ("queues", self.queues), ("findings", sum(self.findings.values()))]
         kinds = [(f"  {problem}", self.findings.get(problem, 0)) for problem in PROBLEMS]
-        return [f"  {name:<26}{count:>12}" for name, count in [*counts, *kinds]]
+        checked = [f"  new rows checked against {self.context}"] if self.context else []
+        return [*checked, *[f"  {name:<26}{count:>12}" for name, count in [*counts, *kinds]]]
 
 
-def plan_run(processed: int | None, findings_processed: int | None, latest: int, full: bool) -> RebuildPlan:
-    """The plan of a run, from the commit log versions the two output tables record as processed.
+def plan_run(
+    processed: int | None, findings_processed: int | None, tails_processed: int | None, latest: int, full: bool
+) -> RebuildPlan:
+    """The plan of a run, from the commit log versions the output tables record as processed.
 
-    ``findings_processed`` below ``processed`` means a run committed its units but stopped before
-    its findings: the run rebuilds in full, whatever else is asked.
+    ``findings_processed`` or ``tails_processed`` below ``processed`` means a run committed its
+    units but stopped before its findings or its tails (or the lake predates the tails table):
+    the run rebuilds in full, whatever else is asked.
 
     Raises:
         LakeError: the outputs were built from a later commit log version than the latest one
             (the commit log was replaced).
     """
-    built = max(-1 if processed is None else processed, -1 if findings_processed is None else findings_processed)
+    built = max(-1 if v is None else v for v in (processed, findings_processed, tails_processed))
     if built > latest:
         raise LakeError(
             f"consume_queue was built from commitlog version {built}, but the commitlog is at version "
-            f"{latest}: it was replaced; delete the consume_queue and consume_queue_integrity tables and run again"
+            f"{latest}: it was replaced; delete the consume_queue, consume_queue_integrity and "
+            "consume_queue_tails tables and run again"
         )
     if processed is not None and (findings_processed is None or findings_processed < processed):
         return RebuildPlan("full", processed, latest, "the findings are behind the units (a run stopped)")
+    if processed is not None and (tails_processed is None or tails_processed < processed):
+        return RebuildPlan("full", processed, latest, "the tails are behind the units (a run stopped)")
     if processed is not None and processed >= latest:
         return RebuildPlan("noop", processed, latest, f"commitlog version {latest} is already processed")
     if full or processed is None:
@@ -628,8 +650,96 @@ def plan_run(processed: int | None, findings_processed: int | None, latest: int,
     return RebuildPlan("incremental", processed, latest, f"commitlog versions {processed + 1}..{latest}")
 
 
+QueueKey = tuple[str, str, int]
+
+
+@dataclass(frozen=True)
+class Tails:
+    """Where the consume queue and the commit log end (``consume_queue_tails``): per queue, the
+    ``(queue_offset, commit_log_offset)`` of its last unit; per broker, the ``(commit_log_offset,
+    store_size, segment)`` of its last record. An incremental run whose new rows all come after
+    them checks the new rows against these rows alone instead of reading old units and records."""
+
+    queues: dict[QueueKey, tuple[int, int]] = field(default_factory=dict)
+    logs: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+
+    @classmethod
+    def from_arrow(cls, table: Any) -> Tails:
+        """The tails of ``consume_queue_tails`` rows (an Arrow table)."""
+        tails = cls()
+        for r in table.to_pylist():
+            if r["kind"] == "QUEUE":
+                key = (r["broker_name"], r["topic"], r["queue_id"])
+                tails.queues[key] = (r["queue_offset"], r["commit_log_offset"])
+            else:
+                tails.logs[r["broker_name"]] = (r["commit_log_offset"], r["store_size"], r["segment"])
+        return tails
+
+    def to_arrow(self, commitlog_version: int) -> pa.Table:
+        """The ``consume_queue_tails`` rows of these tails."""
+        rows = [
+            {"kind": "QUEUE", "broker_name": b, "topic": t, "queue_id": q, "queue_offset": qo, "segment": None,
+             "commit_log_offset": clo, "store_size": None, "commitlog_version": commitlog_version}
+            for (b, t, q), (qo, clo) in sorted(self.queues.items())
+        ] + [
+            {"kind": "LOG", "broker_name": b, "topic": None, "queue_id": None, "queue_offset": None,
+             "segment": segment, "commit_log_offset": clo, "store_size": size, "commitlog_version": commitlog_version}
+            for b, (clo, size, segment) in sorted(self.logs.items())
+        ]  # fmt: skip
+        return pa.Table.from_pylist(rows, schema=CONSUME_QUEUE_TAILS.arrow_schema)
+
+    def merged(self, later: Tails) -> Tails:
+        """These tails moved on by ``later`` (the tails of rows checked after them), per key the greater."""
+        queues = {k: max(v, later.queues[k]) if k in later.queues else v for k, v in self.queues.items()}
+        logs = {k: max(v, later.logs[k]) if k in later.logs else v for k, v in self.logs.items()}
+        return Tails({**later.queues, **queues}, {**later.logs, **logs})
+
+    def precede(self, starts: Sequence[QueueStart]) -> bool:
+        """Whether every new record and unit comes after these tails: each broker's first new
+        record after its last record, each queue's first new unit after its last unit. Then the
+        context of the new rows is exactly the tails of their queues and brokers."""
+        for start in starts:
+            log = self.logs.get(start.broker_name)
+            if log is not None and start.first_offset <= log[0]:
+                return False
+            unit = self.queues.get((start.broker_name, start.topic, start.queue_id))
+            if unit is not None and start.first_unit is not None and start.first_unit <= unit[0]:
+                return False
+        return True
+
+    def contexts(self, spark: SparkSession, starts: Sequence[QueueStart]) -> tuple[DataFrame | None, DataFrame]:
+        """(queue context, log context) of the new rows of ``starts`` when :meth:`precede` holds:
+        the last unit of their queues, the last record of their brokers (driver rows)."""
+        queues = {(s.broker_name, s.topic, s.queue_id) for s in starts if s.first_unit is not None}
+        brokers = {s.broker_name for s in starts}
+        unit_rows = [(*k, *self.queues[k]) for k in sorted(queues) if k in self.queues]
+        log_rows = [(b, segment, clo, size) for b, (clo, size, segment) in sorted(self.logs.items()) if b in brokers]
+        queue_context_df = spark.createDataFrame(unit_rows, _UNIT_CONTEXT_SCHEMA) if unit_rows else None
+        return queue_context_df, spark.createDataFrame(log_rows, _LOG_CONTEXT_SCHEMA)
+
+
+_UNIT_CONTEXT_SCHEMA = "broker_name string, topic string, queue_id int, queue_offset long, commit_log_offset long"
+_LOG_CONTEXT_SCHEMA = "broker_name string, segment long, commit_log_offset long, store_size int"
+
+
+def build_queue_tails(units_df: DataFrame) -> DataFrame:
+    """Per queue of ``units_df`` (consume queue units), its last unit in ``(queue_offset,
+    commit_log_offset)`` order: the queue key, ``queue_offset``, ``commit_log_offset``."""
+    last = F.max(F.struct("queue_offset", "commit_log_offset")).alias("_last")
+    return units_df.groupBy(*QUEUE_KEYS).agg(last).select(*QUEUE_KEYS, "_last.queue_offset", "_last.commit_log_offset")
+
+
+def build_log_tails(digest_df: DataFrame) -> DataFrame:
+    """Per broker of ``digest_df`` (:func:`build_log_digest`), its last record: ``broker_name``,
+    ``commit_log_offset``, ``store_size``, ``segment`` (greatest offset, then size)."""
+    last = F.max(F.struct(F.col("_last.offset").alias("commit_log_offset"), F.col("_last.size").alias("store_size"),
+                          F.col("segment"))).alias("_last")  # fmt: skip
+    return digest_df.groupBy("broker_name").agg(last).select("broker_name", "_last.*")
+
+
 def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
-    """Rebuild (or extend) the consume queues and the integrity report; print and record the run.
+    """Rebuild (or extend) the consume queues, the integrity report and the tails; print and
+    record the run.
 
     Raises:
         LakeError: the lake has no commit log, or the outputs are ahead of it (see :func:`plan_run`).
@@ -639,15 +749,17 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
     latest = lake.version(COMMITLOG)
     if latest is None:
         raise LakeError(f"no commitlog table under {config.lake}; write a workload first (python -m broker_model)")
-    plan = plan_run(lake.transaction_version(CONSUME_QUEUE, APP_ID),
-                    lake.transaction_version(CONSUME_QUEUE_INTEGRITY, APP_ID), latest, config.full)  # fmt: skip
+    units, findings, tails = (lake.transaction_version(spec, APP_ID)
+                              for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS))  # fmt: skip
+    plan = plan_run(units, findings, tails, latest, config.full)
     job_run.input_versions = {COMMITLOG.name: plan.target}
     if plan.mode == "noop":
         print(f"{JOB}: nothing to do, {plan.reason} (lake {config.lake})")
         record_run(lake, job_run.finish("NOOP", plan.reason))
         return job_run
     plan, summary = _execute(lake, plan)
-    job_run.output_versions = table_versions(lake, [CONSUME_QUEUE.name, CONSUME_QUEUE_INTEGRITY.name])
+    job_run.output_versions = table_versions(lake, [s.name for s in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY,
+                                                                     CONSUME_QUEUE_TAILS)])  # fmt: skip
     job_run.row_counts = summary.row_counts()
     print(f"{JOB}: {plan.mode} rebuild ({plan.reason}) up to commitlog version {plan.target} (lake {config.lake})")
     print("\n".join(summary.lines()))
@@ -656,17 +768,22 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
 
 
 def _execute(lake: Lake, plan: RebuildPlan) -> tuple[RebuildPlan, RebuildSummary]:
-    """Run ``plan``; an incremental plan whose new rows cannot be read alone becomes a full one."""
+    """Run ``plan``; an incremental plan whose new rows cannot be read alone becomes a full one.
+    The tails commit last, with the same application transaction as the units and findings."""
     if plan.mode == "incremental":
         try:
-            return plan, _incremental(lake, plan)
+            summary, tails = _incremental(lake, plan)
+            lake.overwrite_rows(CONSUME_QUEUE_TAILS, tails.to_arrow(plan.target), APP_ID, plan.target)
+            return plan, summary
         except IncrementalReadError as err:
             print(f"{JOB}: cannot read the new commit log rows alone ({err}); rebuilding in full")
             plan = replace(plan, mode="full", reason=str(err))
     checked_df = build_checked_records(lake.read(COMMITLOG, version=plan.target))
     columns = ["commit_log_offset", "store_size", "tags"]
     digest_df = merge_log_digests(lake.read_aggregated_by_file(COMMITLOG, columns, digest_by_file, plan.target))
-    return plan, _rebuild(lake, plan, checked_df, digest_df, None, None)
+    summary, tails = _rebuild(lake, plan, checked_df, digest_df, None, None)
+    lake.overwrite_rows(CONSUME_QUEUE_TAILS, tails.to_arrow(plan.target), APP_ID, plan.target)
+    return plan, summary
 
 
 @dataclass(frozen=True)
@@ -681,13 +798,16 @@ class QueueStart:
     first_unit: int | None
 
 
-def _incremental(lake: Lake, plan: RebuildPlan) -> RebuildSummary:
+def _incremental(lake: Lake, plan: RebuildPlan) -> tuple[RebuildSummary, Tails]:
     """Read the new rows and the context they are checked against, then rebuild from them.
 
+    The context is the tails when every new row comes after them (the broker appends); else the
+    old units and records next to the new ones, read from ``consume_queue`` and the commit log.
     The new rows and the contexts are small (they grow with the new data, not with the log), so
     they are persisted: every check and the units pass reuse them.
     """
     processed = plan.processed if plan.processed is not None else -1
+    tails = Tails.from_arrow(lake.read_rows(CONSUME_QUEUE_TAILS))
     persisted: list[DataFrame] = []
 
     def kept(df: DataFrame) -> DataFrame:
@@ -703,34 +823,49 @@ def _incremental(lake: Lake, plan: RebuildPlan) -> RebuildSummary:
             empty_df = lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE))
             lake.append(CONSUME_QUEUE, empty_df, APP_ID, plan.target)
             no_findings_df = lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE_INTEGRITY))
-            return _write_findings(lake, plan, no_findings_df, {})
-        bounds: dict[str, int] = {}
-        for start in starts:
-            bounds[start.broker_name] = min(bounds.get(start.broker_name, start.first_offset), start.first_offset)
-        old_df = lake.read_around(COMMITLOG, "commit_log_offset", bounds, "broker_name", version=processed)
-        log_context_df = kept(build_log_context(old_df, checked_df))
-        queues = [s for s in starts if s.first_unit is not None]
-        queue_context_df = None
-        if queues:
-            tails_df = kept(_read_queue_units(lake, queues, "tail"))
-            queue_context_df = kept(_queue_context(lake, queues, tails_df, checked_df))
+            return _write_findings(lake, plan, no_findings_df, {}), tails
+        if tails.precede(starts):
+            context = "the tails of their queues and brokers (consume_queue_tails)"
+            queue_context_df, log_context_df = tails.contexts(lake.spark, starts)
+        else:
+            context = "the old units and records from the one before them on (they do not all follow the tails)"
+            queue_context_df, log_context_df = _read_contexts(lake, starts, checked_df, processed, kept)
         digest_df = build_log_digest(checked_df, log_context_df)
-        return _rebuild(lake, plan, checked_df, digest_df, queue_context_df, log_context_df)
+        summary, later = _rebuild(lake, plan, checked_df, digest_df, queue_context_df, log_context_df)
+        return replace(summary, context=context), tails.merged(later)
     finally:
         for df in persisted:
             df.unpersist()
 
 
-def _queue_context(lake: Lake, queues: list[QueueStart], tails_df: DataFrame, checked_df: DataFrame) -> DataFrame:
-    """The :func:`build_queue_context` of the new units, from ``tails_df``: per queue, the units
+def _read_contexts(
+    lake: Lake, starts: list[QueueStart], checked_df: DataFrame, processed: int, kept: Callable[[DataFrame], DataFrame]
+) -> tuple[DataFrame | None, DataFrame]:
+    """(queue context, log context) of new rows that do not all follow the tails: the old units
+    and records from the one before the first new one on, read from ``consume_queue`` and from
+    the commit log as of version ``processed``."""
+    bounds: dict[str, int] = {}
+    for start in starts:
+        bounds[start.broker_name] = min(bounds.get(start.broker_name, start.first_offset), start.first_offset)
+    old_df = lake.read_around(COMMITLOG, "commit_log_offset", bounds, "broker_name", version=processed)
+    log_context_df = kept(build_log_context(old_df, checked_df))
+    queues = [s for s in starts if s.first_unit is not None]
+    if not queues:
+        return None, log_context_df
+    units_df = kept(_read_queue_units(lake, queues, "tail"))
+    return kept(_queue_context(lake, queues, units_df, checked_df)), log_context_df
+
+
+def _queue_context(lake: Lake, queues: list[QueueStart], units_df: DataFrame, checked_df: DataFrame) -> DataFrame:
+    """The :func:`build_queue_context` of the new units, from ``units_df``: per queue, the units
     from queue offset ``first_unit - 1`` on (see :func:`_read_queue_units`). Queues where that unit
     is missing (a gap before the new units) are read whole."""
-    found = {(r["broker_name"], r["topic"], r["queue_id"]) for r in tails_df.where(
+    found = {(r["broker_name"], r["topic"], r["queue_id"]) for r in units_df.where(
         _at_offset(queues, "before")).select(*QUEUE_KEYS).distinct().collect()}  # fmt: skip
     gapped = [q for q in queues if q.first_unit and (q.broker_name, q.topic, q.queue_id) not in found]
     if gapped:
-        tails_df = tails_df.unionByName(_read_queue_units(lake, gapped, "head"))
-    return build_queue_context(tails_df, filter_dispatched(checked_df))
+        units_df = units_df.unionByName(_read_queue_units(lake, gapped, "head"))
+    return build_queue_context(units_df, filter_dispatched(checked_df))
 
 
 def _read_queue_units(lake: Lake, queues: list[QueueStart], part: str) -> DataFrame:
@@ -764,14 +899,16 @@ def _rebuild(
     digest_df: DataFrame,
     queue_context_df: DataFrame | None,
     log_context_df: DataFrame | None,
-) -> RebuildSummary:
-    """Write the units of ``checked_df`` while counting problems, then the findings.
+) -> tuple[RebuildSummary, Tails]:
+    """Write the units of ``checked_df`` while counting problems, then the findings; the tails of
+    the queues and brokers of the new rows and their contexts.
 
     ``digest_df`` (:func:`build_log_digest` of the same records and the log context) is computed
-    once, by a narrow pass: it gives the distinct tags and the continuity check. The units pass
-    reads the records with their bodies, counts record problems, shuffles the units by queue,
-    counts queue problems and writes the units. The findings are the continuity findings, plus
-    the record and queue findings, recomputed only when the units pass counted one.
+    once, by a narrow pass: it gives the distinct tags, the continuity check and the last record
+    of each broker. The units pass reads the records with their bodies, counts record problems,
+    shuffles the units by queue, counts queue problems, collects the last unit of each queue and
+    writes the units. The findings are the continuity findings, plus the record and queue
+    findings, recomputed only when the units pass counted one.
     """
     sizes_df = _segment_sizes(lake)
     digest_df = digest_df.persist(StorageLevel.MEMORY_AND_DISK)
@@ -780,6 +917,14 @@ def _rebuild(
         write = lake.overwrite if plan.mode == "full" else lake.append
         written = write(CONSUME_QUEUE, units_df, APP_ID, plan.target)
         counts = {k: v for o in observations for k, v in o.get.items()} if written is not None else None
+        if counts is not None:
+            last_units = [(r["broker_name"], r["topic"], r["queue_id"], r["queue_offset"], r["commit_log_offset"])
+                          for r in counts.pop("tails")]  # fmt: skip
+        else:  # a full run whose units were committed by a run that stopped: the table has them
+            last_units = [tuple(r) for r in build_queue_tails(lake.read(CONSUME_QUEUE)).collect()]
+        tails = Tails({(b, t, q): (qo, clo) for b, t, q, qo, clo in last_units},
+                      {r["broker_name"]: (r["commit_log_offset"], r["store_size"], r["segment"])
+                       for r in build_log_tails(digest_df).collect()})  # fmt: skip
         findings_df = build_continuity_findings(checked_df, sizes_df, plan.target, log_context_df, digest_df)
         if counts is None or any(v for k, v in counts.items() if k.startswith("check")):
             sized_df = with_segment_size(checked_df, sizes_df)
@@ -787,7 +932,7 @@ def _rebuild(
             findings_df = findings_df.unionByName(build_findings(sized_df, record_checks(), plan.target)).unionByName(
                 build_findings(ordered_df, queue_checks(), plan.target)
             )  # fmt: skip
-        return _write_findings(lake, plan, findings_df, counts)
+        return _write_findings(lake, plan, findings_df, counts), tails
     finally:
         digest_df.unpersist()
 
@@ -796,7 +941,8 @@ def _observed_units(
     checked_df: DataFrame, sizes_df: DataFrame, digest_df: DataFrame, queue_context_df: DataFrame | None
 ) -> tuple[DataFrame, list[Observation]]:
     """The units to write, observed: record problems counted before the shuffle, queue problems
-    after it; the units' tags codes come from the digest's tags."""
+    and the last unit of each queue (``tails``) after it; the units' tags codes come from the
+    digest's tags."""
     records = Observation(f"{JOB}-records")
     sized_df = with_segment_size(checked_df, sizes_df).observe(records, *check_counts(record_checks(), "check_r"))
     unit_columns = [n for n in CONSUME_QUEUE.column_names if n != "tags_code"] + ["tags", "delay_level", "sys_flag"]
@@ -806,6 +952,8 @@ def _observed_units(
     observed_df = ordered_df.observe(
         queues, *check_counts(queue_checks(), "check_q"), _count_of(F.col("_new")).alias("units"),
         _count_of(first_unit).alias("queues"),
+        F.collect_list(F.when(F.col("_last_in_queue"), F.struct(*QUEUE_KEYS, "queue_offset", "commit_log_offset")))
+        .alias("tails"),
     )  # fmt: skip
     units_df = observed_df.where(F.col("_new")).transform(lambda df: with_tags_code(df, digest_df))
     return select_consume_queue(units_df), [records, queues]

@@ -42,6 +42,10 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     # per-run lake data is small; the default 200 partitions make hundreds of tiny tasks
     "spark.sql.shuffle.partitions": "8",
+    # the bridge hands Spark the exact data files of a Delta version; above this many paths Spark
+    # checks them in a Spark job of one task per file (a second per few hundred files) instead
+    # of on the driver, where a local file costs a stat call
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
     # the bridge writes inside Delta table directories, where a _SUCCESS marker is litter
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
     # job output is the summary the job prints; progress bars would interleave with it

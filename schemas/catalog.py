@@ -157,6 +157,25 @@ CONSUME_QUEUE_INTEGRITY = TableSpec(
     ),
 )
 
+CONSUME_QUEUE_TAILS = TableSpec(
+    name="consume_queue_tails",
+    path="consume_queue_tails",
+    partition_by=(),
+    meaning="the last unit of every queue and the last record of every broker's log, as of the commit log "
+    "version the consume queue was built from",
+    columns=_cols(
+        ("kind", pa.string(), "QUEUE: the last unit of a queue; LOG: the last record of a broker's commit log", False),
+        ("broker_name", pa.string(), "broker of the queue or the log", False),
+        ("topic", pa.string(), "topic of the queue, null for LOG"),
+        ("queue_id", pa.int32(), "queue id, null for LOG"),
+        ("queue_offset", pa.int64(), "queue offset of the queue's last unit, null for LOG"),
+        ("segment", pa.int64(), "segment column of the log's last record, null for QUEUE"),
+        ("commit_log_offset", pa.int64(), "commit log offset of the last unit or record", False),
+        ("store_size", pa.int32(), "record length in bytes of the log's last record, null for QUEUE"),
+        ("commitlog_version", pa.int64(), "commitlog version the tails are of", False),
+    ),
+)
+
 CONSUMER_OFFSETS = TableSpec(
     name="consumer_offsets",
     path="consumer_offsets",
@@ -454,6 +473,7 @@ TABLES: dict[str, TableSpec] = {
         COMMITLOG,
         CONSUME_QUEUE,
         CONSUME_QUEUE_INTEGRITY,
+        CONSUME_QUEUE_TAILS,
         CONSUMER_OFFSET_COMMITS,
         CONSUMER_OFFSETS,
         TRANSACTION_STATE,

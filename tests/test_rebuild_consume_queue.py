@@ -44,7 +44,15 @@ from jobs.rebuild_consume_queue import (
     run,
 )
 from jobs.rebuild_consume_queue import java_string_hash as spark_java_hash
-from schemas.catalog import BROKERS, COMMITLOG, CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, TableSpec, spark_schema
+from schemas.catalog import (
+    BROKERS,
+    COMMITLOG,
+    CONSUME_QUEUE,
+    CONSUME_QUEUE_INTEGRITY,
+    CONSUME_QUEUE_TAILS,
+    TableSpec,
+    spark_schema,
+)
 from tests.helpers import assert_frames_equal
 
 SEGMENT = 4096  # segment size of the hand-built logs
@@ -129,29 +137,38 @@ def _record_finding(offset: int, problem: str, detail: str, broker: str = "broke
 
 
 @pytest.mark.parametrize(
-    ("processed", "findings_processed", "latest", "full", "expected"),
+    ("processed", "findings_processed", "tails_processed", "latest", "full", "expected"),
     [
-        (None, None, 0, False, ("full", None, 0)),  # first run
-        (None, None, 5, True, ("full", None, 5)),
-        (5, 5, 5, False, ("noop", 5, 5)),  # nothing new
-        (5, 5, 5, True, ("noop", 5, 5)),  # --full on processed versions changes nothing either
-        (3, 3, 5, False, ("incremental", 3, 5)),
-        (3, 3, 5, True, ("full", 3, 5)),
-        (5, 3, 5, False, ("full", 5, 5)),  # units of 4..5 committed, findings not: rebuild
-        (3, None, 5, False, ("full", 3, 5)),
+        (None, None, None, 0, False, ("full", None, 0)),  # first run
+        (None, None, None, 5, True, ("full", None, 5)),
+        (5, 5, 5, 5, False, ("noop", 5, 5)),  # nothing new
+        (5, 5, 5, 5, True, ("noop", 5, 5)),  # --full on processed versions changes nothing either
+        (3, 3, 3, 5, False, ("incremental", 3, 5)),
+        (3, 3, 3, 5, True, ("full", 3, 5)),
+        (5, 3, 3, 5, False, ("full", 5, 5)),  # units of 4..5 committed, findings not: rebuild
+        (3, None, None, 5, False, ("full", 3, 5)),
+        (5, 5, 3, 5, False, ("full", 5, 5)),  # units and findings of 4..5 committed, tails not: rebuild
+        (3, 3, None, 5, False, ("full", 3, 5)),  # a lake built before the tails table
     ],
 )
 def test_the_plan_follows_the_versions_the_outputs_record(
-    processed: int | None, findings_processed: int | None, latest: int, full: bool, expected: tuple[Any, ...]
+    processed: int | None,
+    findings_processed: int | None,
+    tails_processed: int | None,
+    latest: int,
+    full: bool,
+    expected: tuple[Any, ...],
 ) -> None:
-    plan = plan_run(processed, findings_processed, latest, full)
+    plan = plan_run(processed, findings_processed, tails_processed, latest, full)
     assert (plan.mode, plan.processed, plan.target) == expected
 
 
-@pytest.mark.parametrize(("processed", "findings_processed"), [(6, 6), (4, 6)])
-def test_outputs_ahead_of_the_commit_log_are_refused(processed: int, findings_processed: int) -> None:
+@pytest.mark.parametrize(("processed", "findings_processed", "tails_processed"), [(6, 6, 6), (4, 6, 4), (4, 4, 6)])
+def test_outputs_ahead_of_the_commit_log_are_refused(
+    processed: int, findings_processed: int, tails_processed: int
+) -> None:
     with pytest.raises(LakeError, match="it was replaced"):
-        plan_run(processed, findings_processed, 5, False)
+        plan_run(processed, findings_processed, tails_processed, 5, False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,9 +569,11 @@ def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_not
         _append_log(incremental, spark, records)
         _append_log(full, spark, records)
         assert run(spark, RebuildConfig(incremental.root, engine="bridge")).status == "SUCCEEDED"
-    assert "incremental rebuild" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # the second append follows the tails; the third goes back into queue 0 (a duplicate offset)
+    assert "incremental rebuild" in out and "checked against the tails" in out and "checked against the old" in out
     run(spark, RebuildConfig(full.root, full=True, engine="bridge"))
-    for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY):
+    for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
         assert _sorted_rows(incremental.read(spec)) == _sorted_rows(full.read(spec))
     problems = sorted(r["problem"] for r in full.read(CONSUME_QUEUE_INTEGRITY).collect())
     assert problems == ["BEYOND_SEGMENT", "CRC_MISMATCH", "DUPLICATE_QUEUE_OFFSET", "GAP"]
@@ -570,9 +589,34 @@ def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_not
     assert (quiet.status, quiet.row_counts["consume_queue"], quiet.row_counts["consume_queue_integrity"]) == (
         "SUCCEEDED", 0, 0,
     )  # fmt: skip
-    assert incremental.transaction_version(CONSUME_QUEUE, APP_ID) == empty
-    assert incremental.transaction_version(CONSUME_QUEUE_INTEGRITY, APP_ID) == empty
+    for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
+        assert incremental.transaction_version(spec, APP_ID) == empty
     assert _sorted_rows(incremental.read(CONSUME_QUEUE)) == _sorted_rows(full.read(CONSUME_QUEUE))
+
+
+@pytest.mark.spark
+def test_a_run_that_stopped_before_its_tails_is_completed_in_full_and_rewrites_them(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lake = Lake(spark, tmp_path, "bridge")
+    lake.append(BROKERS, _brokers(spark, ("broker-a", SEGMENT, T0)))
+    first, second, _ = _clean_and_corrupt_appends()
+    _append_log(lake, spark, first)
+    run(spark, RebuildConfig(tmp_path, engine="bridge"))
+    _append_log(lake, spark, second)
+    run(spark, RebuildConfig(tmp_path, engine="bridge"))
+    tails = _sorted_rows(lake.read(CONSUME_QUEUE_TAILS))
+    # the last unit of queues 0 and 1 (offsets 0..5 each), the last record of broker-a
+    last = second[-1]
+    assert [(r[0], r[3], r[4]) for r in tails] == [("LOG", None, None), ("QUEUE", 0, 5), ("QUEUE", 1, 5)]
+    assert tails[0][5:8] == (last["segment"], last["commit_log_offset"], last["store_size"])
+    shutil.rmtree(tmp_path / "consume_queue_tails")  # what a run that stopped before its tails commit leaves
+    units_version = lake.version(CONSUME_QUEUE)
+    capsys.readouterr()
+    assert run(spark, RebuildConfig(tmp_path, engine="bridge")).status == "SUCCEEDED"
+    assert "full rebuild (the tails are behind the units" in capsys.readouterr().out
+    assert lake.version(CONSUME_QUEUE) == units_version  # the units were complete: not written again
+    assert _sorted_rows(lake.read(CONSUME_QUEUE_TAILS)) == tails
 
 
 @pytest.mark.spark
@@ -635,6 +679,28 @@ def _expected_units(lake_root: Path) -> set[tuple[Any, ...]]:
     return units
 
 
+def _expected_tails(lake_root: Path) -> set[tuple[Any, ...]]:
+    """The consume_queue_tails rows recomputed in Python: each queue's greatest (queue offset,
+    commit log offset) unit, each broker's greatest (offset, size) record."""
+    version = DeltaTable(str(lake_root / "commitlog")).version()
+    queues: dict[tuple[str, str, int], tuple[int, int]] = {}
+    for unit in _expected_units(lake_root):
+        key = unit[:3]
+        queues[key] = max(queues.get(key, unit[3:5]), unit[3:5])
+    logs: dict[str, tuple[int, int, int]] = {}
+    for row in DeltaTable(str(lake_root / "commitlog")).to_pyarrow_table().to_pylist():
+        record = (row["commit_log_offset"], row["store_size"], row["segment"])
+        logs[row["broker_name"]] = max(logs.get(row["broker_name"], record), record)
+    return {("QUEUE", *k, qo, None, clo, None, version) for k, (qo, clo) in queues.items()} | {
+        ("LOG", b, None, None, None, segment, clo, size, version) for b, (clo, size, segment) in logs.items()
+    }
+
+
+def _tails_of(lake_root: Path) -> set[tuple[Any, ...]]:
+    table = DeltaTable(str(lake_root / "consume_queue_tails")).to_pyarrow_table()
+    return {tuple(r[n] for n in CONSUME_QUEUE_TAILS.column_names) for r in table.to_pylist()}
+
+
 def _units_of(lake_root: Path) -> list[tuple[Any, ...]]:
     table = DeltaTable(str(lake_root / "consume_queue")).to_pyarrow_table()
     return [tuple(r[n] for n in CONSUME_QUEUE.column_names) for r in table.to_pylist()]
@@ -670,6 +736,7 @@ def test_the_job_on_a_broker_workload_and_on_a_corrupted_copy(
     assert re.search(rf"entries written +{len(units)}\n", out) and re.search(r"findings +0\n", out)
     assert len(units) == len(set(units)) and set(units) == _expected_units(lake_root)
     assert DeltaTable(str(lake_root / "consume_queue_integrity")).to_pyarrow_table().num_rows == 0
+    assert _tails_of(lake_root) == _expected_tails(lake_root)
 
     corrupt = tmp_path / "corrupt"
     version = _corrupt_copy(lake_root, corrupt, spark)
@@ -684,7 +751,7 @@ def test_the_job_on_a_broker_workload_and_on_a_corrupted_copy(
     shutil.copytree(corrupt / "commitlog", rebuilt / "commitlog")
     shutil.copytree(corrupt / "brokers", rebuilt / "brokers")
     run(spark, RebuildConfig(rebuilt, full=True, engine="bridge"))
-    for name in ("consume_queue", "consume_queue_integrity"):
+    for name in ("consume_queue", "consume_queue_integrity", "consume_queue_tails"):
         incremental_rows = DeltaTable(str(corrupt / name)).to_pyarrow_table().to_pylist()
         full_rows = DeltaTable(str(rebuilt / name)).to_pyarrow_table().to_pylist()
         assert sorted(map(repr, incremental_rows)) == sorted(map(repr, full_rows))
