@@ -88,6 +88,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -498,18 +499,43 @@ def build_queue_bounds(records_df: DataFrame, from_time: int | None, to_time: in
     """Per queue of ``records_df``: ``min_offset``, ``next_offset`` (largest + 1), and the first
     offsets stored at or after ``from_time`` and ``to_time`` (``time_start``, ``time_end``; null
     when none is, or when the time is None)."""
+    return records_df.groupBy(*QUEUE_KEY).agg(*_bound_aggregates(from_time, to_time)).select(*QUEUE_KEY, *_BOUNDS)
 
+
+_BOUNDS = ("min_offset", "next_offset", "time_start", "time_end")
+
+
+def _bound_aggregates(from_time: int | None, to_time: int | None) -> list[Column]:
     def first_at(moment: int | None) -> Column:
         if moment is None:
             return F.lit(None).cast("long")
         return F.min(F.when(F.col("store_timestamp") >= F.lit(moment), F.col("queue_offset")))
 
-    return records_df.groupBy(*QUEUE_KEY).agg(
-        F.min("queue_offset").alias("min_offset"),
-        (F.max("queue_offset") + F.lit(1)).alias("next_offset"),
-        first_at(from_time).alias("time_start"),
-        first_at(to_time).alias("time_end"),
-    ).select(*QUEUE_KEY, "min_offset", "next_offset", "time_start", "time_end")  # fmt: skip
+    return [
+        F.min("queue_offset").alias("min_offset"), (F.max("queue_offset") + F.lit(1)).alias("next_offset"),
+        first_at(from_time).alias("time_start"), first_at(to_time).alias("time_end"),
+    ]  # fmt: skip
+
+
+# the commit log data columns a source summary reads (the broker comes from the partition values)
+SUMMARY_COLUMNS = ("topic", "queue_id", "queue_offset", "store_timestamp", "sys_flag")
+
+
+def summarize_by_file(
+    rows_df: DataFrame, topics: Sequence[TopicQueues], from_time: int | None, to_time: int | None
+) -> DataFrame:
+    """Per data file (``_file``) and queue of the source records of ``rows_df``: the queue
+    bounds of :func:`build_queue_bounds` and ``offsets``, the file's queue offsets of the queue,
+    for :meth:`Lake.read_aggregated_by_file`. Needs :data:`SUMMARY_COLUMNS`."""
+    source_df = filter_source_records(rows_df, topics)
+    return source_df.groupBy("_file", "topic", "queue_id").agg(
+        *_bound_aggregates(from_time, to_time), F.collect_list("queue_offset").alias("offsets")
+    )
+
+
+def merge_queue_bounds(summary_df: DataFrame) -> DataFrame:
+    """The :func:`build_queue_bounds` of the records summarized per file by :func:`summarize_by_file`."""
+    return summary_df.groupBy(*QUEUE_KEY).agg(*[(F.max if n == "next_offset" else F.min)(n).alias(n) for n in _BOUNDS])
 
 
 def build_backlog_starts(commits_df: DataFrame, group: str, as_of: int) -> DataFrame:
@@ -619,7 +645,8 @@ def build_ordering_report(
     Args:
         replayed_df: :data:`REPLAYED_COLUMNS`, the rows the sink holds; the replay order of a queue
             is (``replay_batch``, ``replay_sequence``).
-        expected_df: queue key and ``queue_offset`` of the source messages the report covers.
+        expected_df: queue key and ``offsets`` (array), the queue offsets of the source messages the
+            report covers; a queue's offsets may come in several rows (e.g. one per data file).
 
     Each queue's offsets are gathered in replay order (one array per queue: 8 bytes per message
     in one task). ``order_preserved``: the running hash of that sequence equals the running hash
@@ -631,7 +658,7 @@ def build_ordering_report(
     sink_df = replayed_df.groupBy(*QUEUE_KEY).agg(
         F.transform(in_replay_order, lambda row: row["queue_offset"]).alias("_replayed")
     )
-    source_df = expected_df.groupBy(*QUEUE_KEY).agg(F.collect_list("queue_offset").alias("_expected"))
+    source_df = expected_df.groupBy(*QUEUE_KEY).agg(F.flatten(F.collect_list("offsets")).alias("_expected"))
     joined_df = source_df.join(sink_df, on=list(QUEUE_KEY), how="full_outer")
     return joined_df.transform(lambda df: _report_columns(df, replay_id, run_id, sink, as_of))
 
@@ -787,8 +814,9 @@ class _Run:
     config: ReplayConfig
     commitlog_version: int
     records_df: DataFrame
-    positions_df: DataFrame
+    offsets_df: DataFrame  # queue key and offsets (array): the queue offsets of the source's records
     selection_df: DataFrame | None
+    kept_df: DataFrame  # cached while the run lasts
     progress: dict[QueueKey, Progress]
     bounds: list[QueueBounds]
 
@@ -858,11 +886,22 @@ def _prepare(lake: Lake, config: ReplayConfig) -> _Run:
             raise ValidationError("--dlq", str(config.lake), "the lake has no dlq table", "run route_dlq first")
         selection_df = build_dlq_selection(lake.read(DLQ), records_df, config.dlq_groups).cache()
         records_df = records_df.where(F.col("topic").startswith(c.DLQ_GROUP_TOPIC_PREFIX))
+        kept_df = selection_df
         positions_df = selection_df.withColumn("store_timestamp", F.lit(0).cast("long"))
+        bounds_df = build_queue_bounds(positions_df, config.from_time, config.to_time)
+        offsets_df = positions_df.groupBy(*QUEUE_KEY).agg(F.collect_list("queue_offset").alias("offsets"))
     else:
-        # narrow and read twice (bounds, then the report's expected rows): kept after one scan
-        positions_df = records_df.select(*QUEUE_KEY, "queue_offset", "store_timestamp").cache()
-    bounds_df = build_queue_bounds(positions_df, config.from_time, config.to_time)
+        # one narrow pass summarizes the source per file and queue (bounds, and the offsets the
+        # report expects), partition values attached per group rather than per record; kept, as
+        # it is read twice (bounds, then the report)
+        summarize = partial(summarize_by_file, topics=config.topics, from_time=config.from_time,
+                            to_time=config.to_time)  # fmt: skip
+        kept_df = lake.read_aggregated_by_file(COMMITLOG, SUMMARY_COLUMNS, summarize, version)
+        if config.brokers:
+            kept_df = kept_df.where(F.col("broker_name").isin(*config.brokers))
+        kept_df = kept_df.cache()
+        offsets_df = kept_df.select(*QUEUE_KEY, "offsets")
+        bounds_df = merge_queue_bounds(kept_df)
     if config.source == "backlog":
         if not lake.exists(CONSUMER_OFFSET_COMMITS):
             raise ValidationError("--group", config.group, "the lake has no consumer_offset_commits table")
@@ -871,7 +910,7 @@ def _prepare(lake: Lake, config: ReplayConfig) -> _Run:
     bounds = [QueueBounds(**{k: v for k, v in row.asDict().items() if k in QueueBounds.__dataclass_fields__})
               for row in bounds_df.collect()]  # fmt: skip
     progress = read_progress(lake, config.replay_id)
-    return _Run(lake, config, version, records_df, positions_df, selection_df, progress, bounds)
+    return _Run(lake, config, version, records_df, offsets_df, selection_df, kept_df, progress, bounds)
 
 
 def read_progress(lake: Lake, replay_id: str) -> dict[QueueKey, Progress]:
@@ -913,9 +952,7 @@ def _replay(state: _Run, job_run: JobRun, handler: ReplayHandler | None) -> Repl
         assert handler is not None
         return _replay_to_handler(state, job_run, handler)
     finally:
-        state.positions_df.unpersist()
-        if state.selection_df is not None:
-            state.selection_df.unpersist()
+        state.kept_df.unpersist()
 
 
 def _start_replay(state: _Run, ranges: list[QueueRange]) -> None:
@@ -931,12 +968,12 @@ def _ranges_df(spark: SparkSession, ranges: Sequence[QueueRange], first_batch: i
 
 
 def _expected(state: _Run, ranges: Sequence[QueueRange], from_resume: bool) -> DataFrame:
-    """Queue key and offset of the source messages the report covers: from each queue's first offset
-    (or this run's resume point) to its end."""
+    """Queue key and offsets (arrays) of the source messages the report covers: from each queue's
+    first offset (or this run's resume point) to its end."""
     report_ranges = [replace(r, resume=r.resume if from_resume else r.first) for r in ranges]
-    return filter_in_ranges(state.positions_df, _ranges_df(state.lake.spark, report_ranges, 0)).select(
-        *QUEUE_KEY, "queue_offset"
-    )
+    joined_df = state.offsets_df.join(F.broadcast(_ranges_df(state.lake.spark, report_ranges, 0)), on=list(QUEUE_KEY))
+    in_range = F.filter("offsets", lambda offset: (offset >= F.col("resume")) & (offset < F.col("end")))
+    return joined_df.select(*QUEUE_KEY, in_range.alias("offsets"))
 
 
 def _finish_report(
