@@ -254,6 +254,14 @@ class Lake:
         _check_catalog_schema(spec, _log_schema(dt), path)
         return dt.to_pyarrow_table(columns=list(spec.column_names))
 
+    def append_rows(self, name_or_spec: str | TableSpec, rows: pa.Table) -> int:
+        """Append ``rows`` to a small unpartitioned catalog table from the driver with delta-rs,
+        for both engines (one commit, no Spark job); the version committed. Errors as
+        :meth:`overwrite_rows`."""
+        version = self._write_rows(_spec(name_or_spec), rows, "append", None)
+        assert version is not None
+        return version
+
     def overwrite_rows(
         self, name_or_spec: str | TableSpec, rows: pa.Table, app_id: str, app_version: int
     ) -> int | None:
@@ -266,11 +274,11 @@ class Lake:
                 bad ``app_id``/``app_version``. Nothing is committed.
             LakeError: the table is partitioned, or the existing table does not match the catalog.
         """
-        spec = _spec(name_or_spec)
-        txn = _transaction(app_id, app_version)
-        assert txn is not None
+        return self._write_rows(_spec(name_or_spec), rows, "overwrite", _transaction(app_id, app_version))
+
+    def _write_rows(self, spec: TableSpec, rows: pa.Table, mode: str, txn: Transaction | None) -> int | None:
         if spec.partition_by:
-            raise LakeError(f"{spec.name} is partitioned: write it with Spark (Lake.overwrite)")
+            raise LakeError(f"{spec.name} is partitioned: write it with Spark (Lake.append or Lake.overwrite)")
         missing = [n for n in spec.column_names if n not in rows.column_names]
         if missing:
             raise ValidationError("rows", missing, f"columns of {spec.name!r} missing from the rows")
@@ -283,9 +291,11 @@ class Lake:
             create_table(path, spec)
         dt = open_table(path)
         _check_catalog_schema(spec, _log_schema(dt), path)
-        if _already_committed(dt, txn):
+        if txn is not None and _already_committed(dt, txn):
             return None
-        write_deltalake(path, conformed, mode="overwrite", commit_properties=CommitProperties(app_transactions=[txn]))
+        properties = CommitProperties(app_transactions=[txn]) if txn is not None else None
+        write_deltalake(path, conformed, mode="overwrite" if mode == "overwrite" else "append",
+                        commit_properties=properties)  # fmt: skip
         return open_table(path).version()
 
     def version(self, name_or_spec: str | TableSpec) -> int | None:

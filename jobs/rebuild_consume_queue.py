@@ -22,20 +22,23 @@ The integrity report lists, one row per finding (``consume_queue_integrity``):
 
 Corrupt or foreign rows are reported, never dropped: every dispatched record gets its unit.
 
-Full runs (``--full``, and the first run) overwrite both tables. Incremental runs (the default)
-read only the rows that commit log versions after the last processed one added, and check them
-against the state already built: the units of each queue from the one before the new ones (from
-``consume_queue``) and the records of each broker from the one before the new ones (from the
-commit log as of the processed version). The processed commit log version is a Delta
-application transaction (``rebuild_consume_queue``) committed with the rows of both tables, so a
-rerun with no new commit log version commits nothing. Findings already recorded are never
-withdrawn by an incremental run; a full run recomputes them all.
+Full runs (``--full``, and the first run) overwrite the three tables. Incremental runs (the
+default) read only the rows that commit log versions after the last processed one added, and
+check them against the state already built. That state is ``consume_queue_tails``: the last unit
+of every queue and the last record of every broker's log. When every new record and unit comes
+after them (the broker appends), the new rows are checked against these rows alone; otherwise
+(a new record goes back into a queue or a log) against the units of each queue from the one
+before the new ones (from ``consume_queue``) and the records of each broker from the one before
+the new ones (from the commit log as of the processed version). The processed commit log version
+is a Delta application transaction (``rebuild_consume_queue``) committed with the rows of the
+three tables, so a rerun with no new commit log version commits nothing. Findings already
+recorded are never withdrawn by an incremental run; a full run recomputes them all.
 
 The commit log is scanned once with its bodies: the records are shuffled by queue, checked there
 and written as units in the same pass, while the problems are only counted; the findings
 themselves are then computed from narrow columns (continuity), and from a second scan only when
-that count is not zero. The units commit first; a run that stops before the findings commit
-leaves ``consume_queue_integrity`` behind ``consume_queue``, and the next run rebuilds in full.
+that count is not zero. The units commit first, the tails last; a run that stops before the
+findings or the tails commit leaves them behind ``consume_queue``, and the next run rebuilds in full.
 """
 
 from __future__ import annotations
@@ -482,6 +485,7 @@ def build_continuity_findings(
     commitlog_version: int,
     context_df: DataFrame | None = None,
     digest_df: DataFrame | None = None,
+    untiled: Sequence[str] | None = None,
 ) -> DataFrame:
     """SIZE_MISMATCH findings of records whose ``store_size`` does not lead to the broker's next record.
 
@@ -493,12 +497,16 @@ def build_continuity_findings(
     ``commit_log_offset``, ``store_size`` and ``tags``.
 
     Only the brokers that :func:`build_untiled_brokers` lists (from ``digest_df``, the
-    :func:`build_log_digest` of the same rows, built when not given) are sorted record by record.
+    :func:`build_log_digest` of the same rows, built when not given; or ``untiled``, when the
+    caller has that list already) are sorted record by record.
     """
-    digest_df = digest_df if digest_df is not None else build_log_digest(records_df, context_df)
-    untiled_df = build_untiled_brokers(digest_df, segment_sizes_df)
     marked_df = _marked(records_df, context_df, ["broker_name", "commit_log_offset", "store_size"])
-    suspect_df = marked_df.join(F.broadcast(untiled_df), on="broker_name", how="left_semi")
+    if untiled is not None:
+        suspect_df = marked_df.where(F.col("broker_name").isin(*untiled))
+    else:
+        digest_df = digest_df if digest_df is not None else build_log_digest(records_df, context_df)
+        untiled_df = build_untiled_brokers(digest_df, segment_sizes_df)
+        suspect_df = marked_df.join(F.broadcast(untiled_df), on="broker_name", how="left_semi")
     window = Window.partitionBy("broker_name").orderBy("commit_log_offset", "store_size", "_new")
     next_df = with_segment_size(suspect_df, segment_sizes_df).withColumns(
         {f"_next_{n}": F.lead(n).over(window) for n in ("commit_log_offset", "store_size", "_new")}
@@ -822,8 +830,7 @@ def _incremental(lake: Lake, plan: RebuildPlan) -> tuple[RebuildSummary, Tails]:
         if not starts:  # e.g. only compaction commits: nothing to check, the versions are still read
             empty_df = lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE))
             lake.append(CONSUME_QUEUE, empty_df, APP_ID, plan.target)
-            no_findings_df = lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE_INTEGRITY))
-            return _write_findings(lake, plan, no_findings_df, {}), tails
+            return _write_findings(lake, plan, None, {}), tails
         if tails.precede(starts):
             context = "the tails of their queues and brokers (consume_queue_tails)"
             queue_context_df, log_context_df = tails.contexts(lake.spark, starts)
@@ -925,8 +932,12 @@ def _rebuild(
         tails = Tails({(b, t, q): (qo, clo) for b, t, q, qo, clo in last_units},
                       {r["broker_name"]: (r["commit_log_offset"], r["store_size"], r["segment"])
                        for r in build_log_tails(digest_df).collect()})  # fmt: skip
-        findings_df = build_continuity_findings(checked_df, sizes_df, plan.target, log_context_df, digest_df)
-        if counts is None or any(v for k, v in counts.items() if k.startswith("check")):
+        untiled = [r["broker_name"] for r in build_untiled_brokers(digest_df, sizes_df).collect()]
+        problems = counts is None or any(v for k, v in counts.items() if k.startswith("check"))
+        if not untiled and not problems:  # every log tiles and no check counted a problem: no finding
+            return _write_findings(lake, plan, None, counts), tails
+        findings_df = build_continuity_findings(checked_df, sizes_df, plan.target, log_context_df, untiled=untiled)
+        if problems:
             sized_df = with_segment_size(checked_df, sizes_df)
             ordered_df = with_queue_order(filter_dispatched(checked_df), queue_context_df)
             findings_df = findings_df.unionByName(build_findings(sized_df, record_checks(), plan.target)).unionByName(
@@ -967,16 +978,22 @@ def _segment_sizes(lake: Lake) -> DataFrame:
 
 
 def _write_findings(
-    lake: Lake, plan: RebuildPlan, findings_df: DataFrame, counts: dict[str, int] | None
+    lake: Lake, plan: RebuildPlan, findings_df: DataFrame | None, counts: dict[str, int] | None
 ) -> RebuildSummary:
-    """Commit the findings with the application transaction ``plan.target``; the run's summary."""
-    findings_df = findings_df.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        kinds = {r["problem"]: r["count"] for r in findings_df.groupBy("problem").count().collect()}
-        write = lake.overwrite if plan.mode == "full" else lake.append
-        write(CONSUME_QUEUE_INTEGRITY, findings_df, APP_ID, plan.target)
-    finally:
-        findings_df.unpersist()
+    """Commit the findings (None: there are none) with the application transaction
+    ``plan.target``; the run's summary."""
+    write = lake.overwrite if plan.mode == "full" else lake.append
+    if findings_df is None:
+        kinds: dict[str, int] = {}
+        write(CONSUME_QUEUE_INTEGRITY, lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE_INTEGRITY)),
+              APP_ID, plan.target)  # fmt: skip
+    else:
+        findings_df = findings_df.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            kinds = {r["problem"]: r["count"] for r in findings_df.groupBy("problem").count().collect()}
+            write(CONSUME_QUEUE_INTEGRITY, findings_df, APP_ID, plan.target)
+        finally:
+            findings_df.unpersist()
     counts = counts or {}
     return RebuildSummary(entries=counts.get("units", 0), queues=counts.get("queues", 0), findings=kinds)
 

@@ -589,10 +589,10 @@ def filter_in_ranges(rows_df: DataFrame, ranges_df: DataFrame) -> DataFrame:
 
 def order_within_queues(source_df: DataFrame, partitions: int) -> DataFrame:
     """``source_df`` shuffled by queue (a queue's rows in one partition) and sorted within each
-    partition by batch, queue and queue offset: no global sort, queues in parallel. Columns unchanged."""
-    return source_df.repartition(partitions, *QUEUE_KEY).sortWithinPartitions(
-        "replay_batch", *QUEUE_KEY, "queue_offset"
-    )
+    partition by batch and queue offset: no global sort, queues in parallel, each queue's rows in
+    offset order within a batch (queues sharing a partition interleave). Two long keys: the batch
+    is the sort prefix and the writer's partition key. Columns unchanged."""
+    return source_df.repartition(partitions, *QUEUE_KEY).sortWithinPartitions("replay_batch", "queue_offset")
 
 
 def build_sink_rows(ordered_df: DataFrame, replay_id: str) -> DataFrame:

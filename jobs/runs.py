@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from jobs.lake_io import Lake
 from schemas.catalog import JOB_RUNS, TableSpec, spark_schema
 
@@ -58,8 +60,11 @@ def record_run(lake: Lake, run: JobRun) -> int | None:
         "row_counts": run.row_counts,
         "message": run.message,
     }
-    df = lake.spark.createDataFrame([row], schema=spark_schema(JOB_RUNS))
-    return lake.append(JOB_RUNS, df)
+    # one row: appended from the driver (a commit, not a Spark job); maps as Arrow takes them
+    maps = {"input_versions": run.input_versions, "output_versions": run.output_versions,
+            "row_counts": run.row_counts}  # fmt: skip
+    row.update({name: list(value.items()) for name, value in maps.items()})
+    return lake.append_rows(JOB_RUNS, pa.Table.from_pylist([row], schema=JOB_RUNS.arrow_schema))
 
 
 def text_table(lines: Sequence[Sequence[str]]) -> list[str]:
