@@ -334,6 +334,64 @@ class Lake:
             LakeError: the table is missing, lacks ``up_to_version``, or differs from the catalog.
         """
         spec = _spec(name_or_spec)
+        table_dir, dt, files = self._appended(spec, after_version, up_to_version)
+        df = scan_files(self.spark, table_dir, _log_schema(dt), spec.partition_by, files)
+        _check_catalog_schema(spec, df.schema, table_dir)
+        return df.select(*spec.column_names)
+
+    def read_appended_rows(
+        self,
+        name_or_spec: str | TableSpec,
+        columns: Sequence[str],
+        after_version: int,
+        up_to_version: int | None = None,
+    ) -> pa.Table:
+        """``columns`` of the rows of :meth:`read_appended`, read on the driver with pyarrow (no
+        Spark job), partition columns typed from the log: for the narrow facts an incremental
+        job needs before it plans its Spark work. Errors as :meth:`read_appended`."""
+        spec = _spec(name_or_spec)
+        unknown = [c for c in columns if c not in spec.column_names]
+        if unknown:
+            raise ValidationError("columns", unknown, f"not columns of {spec.name!r}", f"use {spec.column_names}")
+        table_dir, _, files = self._appended(spec, after_version, up_to_version)
+        return _read_files(table_dir, files, spec, columns)
+
+    def read_max_rows(
+        self, name_or_spec: str | TableSpec, column: str, by: str, columns: Sequence[str], version: int | None = None
+    ) -> pa.Table:
+        """``columns`` of the rows holding the greatest ``column`` value of each value of partition
+        column ``by``, read on the driver with pyarrow from the files whose statistics may hold it
+        (the files with the greatest maximum of ``column``, and any file without that statistic).
+        Bridge-readable tables only; errors as :meth:`read`."""
+        spec = _spec(name_or_spec)
+        _check_version(version)
+        if by not in spec.partition_by:
+            raise ValidationError("by", by, f"not a partition column of {spec.name!r}", f"use {spec.partition_by}")
+        table_dir = local_directory(self.location(spec))
+        dt = open_table(table_dir, version)
+        check_bridge_can_read(dt, table_dir)
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        if actions.num_rows == 0:
+            return pa.schema([spec.arrow_schema.field(c) for c in columns]).empty_table()
+        values, highs = actions.column(f"partition.{by}").to_pylist(), _stat(actions, f"max.{column}")
+        best: dict[Any, Any] = {}
+        for value, high in zip(values, highs, strict=True):
+            if high is not None and (value not in best or high > best[value]):
+                best[value] = high
+        keep = [high is None or high == best.get(value) for value, high in zip(values, highs, strict=True)]
+        files = _active_files_of(actions.filter(pa.array(keep, pa.bool_())), spec.partition_by)
+        rows = _read_files(table_dir, files, spec, list(dict.fromkeys([*columns, column, by])))
+        if rows.num_rows == 0:
+            return rows.select(list(columns))
+        # the greatest value of each partition value among the rows read
+        maxima = rows.group_by(by).aggregate([(column, "max")])
+        joined = rows.join(maxima, by)
+        return joined.filter(pc.equal(joined[column], joined[f"{column}_max"])).select(list(columns))
+
+    def _appended(
+        self, spec: TableSpec, after_version: int, up_to_version: int | None
+    ) -> tuple[str, DeltaTable, pa.Table]:
+        """(table directory, table at ``up_to_version``, :func:`appended_files`) of :meth:`read_appended`."""
         _check_version(after_version)
         _check_version(up_to_version)
         table_dir = local_directory(self.location(spec))
@@ -345,10 +403,7 @@ class Lake:
             check_bridge_can_read(dt, table_dir)
         except UnsupportedTableError as err:
             raise IncrementalReadError(str(err)) from err
-        files = appended_files(table_dir, after_version, last, spec)
-        df = scan_files(self.spark, table_dir, _log_schema(dt), spec.partition_by, files)
-        _check_catalog_schema(spec, df.schema, table_dir)
-        return df.select(*spec.column_names)
+        return table_dir, dt, appended_files(table_dir, after_version, last, spec)
 
     def read_around(
         self,
@@ -768,6 +823,22 @@ def files_around(
         for value, low, high in zip(values, lows, highs, strict=True)
     ]
     return _active_files_of(actions.filter(pa.array(keep, pa.bool_())), partition_by)
+
+
+def _read_files(table_dir: str, files: pa.Table, spec: TableSpec, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the rows of ``files`` (the shape of :func:`_active_files`), read with pyarrow
+    on the driver; partition columns from the log's values, every column typed as the catalog says."""
+    schema = spec.arrow_schema
+    data_columns = [c for c in columns if c not in spec.partition_by]
+    target = pa.schema([schema.field(c) for c in columns])
+    parts = []
+    for i, path in enumerate(files.column("path").to_pylist()):
+        part = pq.read_table(file_location(table_dir, path), columns=data_columns)
+        for column in (c for c in columns if c in spec.partition_by):
+            value = files.column(f"partition.{column}")[i]
+            part = part.append_column(schema.field(column), pa.repeat(value, part.num_rows).cast(value.type))
+        parts.append(part.select(list(columns)).cast(target))
+    return pa.concat_tables(parts) if parts else target.empty_table()
 
 
 def _stat(actions: pa.Table, name: str) -> list[Any]:

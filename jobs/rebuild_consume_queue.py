@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
@@ -415,8 +416,7 @@ def build_log_digest(records_df: DataFrame, context_df: DataFrame | None = None)
     Columns: ``broker_name``, ``segment`` (the record's ``segment`` column), ``tags``, ``_first``
     (smallest offset), ``_first_size`` (its store_size), ``_end`` (greatest offset + store_size),
     ``_smallest`` (smallest store_size), ``_sum0``/``_sum1`` (sums of ``h(end) - h(offset)`` for
-    two 31-bit halves of xxhash64), ``_last`` (the greatest ``(offset, size)`` of a record).
-    :func:`build_untiled_brokers`, :func:`build_log_tails` and :func:`with_tags_code` read it.
+    two 31-bit halves of xxhash64). :func:`build_untiled_brokers` and :func:`with_tags_code` read it.
     Needs ``broker_name``, ``segment``, ``commit_log_offset``, ``store_size`` and ``tags``;
     context records (without tags) count too. :func:`digest_by_file` gives the same figures per
     data file, and :func:`merge_log_digests` merges them.
@@ -436,7 +436,7 @@ def merge_log_digests(digest_df: DataFrame) -> DataFrame:
     return digest_df.groupBy(*_DIGEST_KEYS).agg(
         F.min("_first").alias("_first"), F.min_by("_first_size", "_first").alias("_first_size"),
         F.max("_end").alias("_end"), F.min("_smallest").alias("_smallest"), F.sum("_sum0").alias("_sum0"),
-        F.sum("_sum1").alias("_sum1"), F.max("_last").alias("_last"),
+        F.sum("_sum1").alias("_sum1"),
     )  # fmt: skip
 
 
@@ -446,7 +446,6 @@ def _digest_aggregates() -> list[Column]:
         F.min(offset).alias("_first"), F.min_by("store_size", offset).alias("_first_size"), F.max(end).alias("_end"),
         F.min("store_size").alias("_smallest"),
         *[F.sum(_hash_half(end, high) - _hash_half(offset, high)).alias(f"_sum{int(high)}") for high in (False, True)],
-        F.max(F.struct(offset.alias("offset"), F.col("store_size").alias("size"))).alias("_last"),
     ]  # fmt: skip
 
 
@@ -683,6 +682,24 @@ class Tails:
                 tails.logs[r["broker_name"]] = (r["commit_log_offset"], r["store_size"], r["segment"])
         return tails
 
+    @classmethod
+    def of_rows(cls, rows: pa.Table, units: bool = True) -> Tails:
+        """The tails of commit log ``rows`` (an Arrow table read on the driver): each broker's
+        greatest ``(commit_log_offset, store_size)`` record, and with ``units`` each queue's
+        greatest ``(queue_offset, commit_log_offset)`` dispatched record. Needs
+        :data:`_LOG_TAIL_COLUMNS`, and with ``units`` also ``topic``, ``queue_id``,
+        ``queue_offset`` and ``sys_flag``."""
+        tails = cls()
+        for r in rows.to_pylist():
+            record = (r["commit_log_offset"], r["store_size"], r["segment"])
+            tails.logs[r["broker_name"]] = max(tails.logs.get(r["broker_name"], record), record)
+            dispatched = units and r["sys_flag"] & c.TRANSACTION_ROLLBACK_TYPE in (
+                c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE)  # fmt: skip
+            if dispatched:
+                key, unit = (r["broker_name"], r["topic"], r["queue_id"]), (r["queue_offset"], r["commit_log_offset"])
+                tails.queues[key] = max(tails.queues.get(key, unit), unit)
+        return tails
+
     def to_arrow(self, commitlog_version: int) -> pa.Table:
         """The ``consume_queue_tails`` rows of these tails."""
         rows = [
@@ -737,14 +754,6 @@ def build_queue_tails(units_df: DataFrame) -> DataFrame:
     return units_df.groupBy(*QUEUE_KEYS).agg(last).select(*QUEUE_KEYS, "_last.queue_offset", "_last.commit_log_offset")
 
 
-def build_log_tails(digest_df: DataFrame) -> DataFrame:
-    """Per broker of ``digest_df`` (:func:`build_log_digest`), its last record: ``broker_name``,
-    ``commit_log_offset``, ``store_size``, ``segment`` (greatest offset, then size)."""
-    last = F.max(F.struct(F.col("_last.offset").alias("commit_log_offset"), F.col("_last.size").alias("store_size"),
-                          F.col("segment"))).alias("_last")  # fmt: skip
-    return digest_df.groupBy("broker_name").agg(last).select("broker_name", "_last.*")
-
-
 def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
     """Rebuild (or extend) the consume queues, the integrity report and the tails; print and
     record the run.
@@ -790,6 +799,8 @@ def _execute(lake: Lake, plan: RebuildPlan) -> tuple[RebuildPlan, RebuildSummary
     columns = ["commit_log_offset", "store_size", "tags"]
     digest_df = merge_log_digests(lake.read_aggregated_by_file(COMMITLOG, columns, digest_by_file, plan.target))
     summary, tails = _rebuild(lake, plan, checked_df, digest_df, None, None)
+    last_records = lake.read_max_rows(COMMITLOG, "commit_log_offset", "broker_name", _LOG_TAIL_COLUMNS, plan.target)
+    tails = tails.merged(Tails.of_rows(last_records, units=False))
     lake.overwrite_rows(CONSUME_QUEUE_TAILS, tails.to_arrow(plan.target), APP_ID, plan.target)
     return plan, summary
 
@@ -806,6 +817,24 @@ class QueueStart:
     first_unit: int | None
 
 
+_START_COLUMNS = (*QUEUE_KEYS, "queue_offset", "commit_log_offset", "sys_flag", "store_size", "segment")
+_LOG_TAIL_COLUMNS = ("broker_name", "segment", "commit_log_offset", "store_size")
+
+
+def queue_starts(rows: pa.Table) -> list[QueueStart]:
+    """The :class:`QueueStart` of every queue of commit log ``rows`` (:data:`_START_COLUMNS`, an
+    Arrow table read on the driver: the new rows of an incremental run are few, and their starts
+    decide what the Spark work reads). Units are the dispatched records (:func:`is_dispatched`)."""
+    transaction_type = pc.bit_wise_and(rows["sys_flag"], c.TRANSACTION_ROLLBACK_TYPE)
+    dispatched = pc.is_in(transaction_type, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE], pa.int32()))
+    units = pc.if_else(dispatched, rows["queue_offset"], pa.scalar(None, pa.int64()))
+    keyed = rows.select(list(QUEUE_KEYS)).append_column("first_offset", rows["commit_log_offset"])
+    keyed = keyed.append_column("first_unit", units)
+    grouped = keyed.group_by(list(QUEUE_KEYS)).aggregate([("first_offset", "min"), ("first_unit", "min")])
+    return [QueueStart(r["broker_name"], r["topic"], r["queue_id"], r["first_offset_min"], r["first_unit_min"])
+            for r in grouped.to_pylist()]  # fmt: skip
+
+
 def _incremental(lake: Lake, plan: RebuildPlan) -> tuple[RebuildSummary, Tails]:
     """Read the new rows and the context they are checked against, then rebuild from them.
 
@@ -815,7 +844,7 @@ def _incremental(lake: Lake, plan: RebuildPlan) -> tuple[RebuildSummary, Tails]:
     they are persisted: every check and the units pass reuse them.
     """
     processed = plan.processed if plan.processed is not None else -1
-    tails = Tails.from_arrow(lake.read_rows(CONSUME_QUEUE_TAILS))
+    old_tails = tails = Tails.from_arrow(lake.read_rows(CONSUME_QUEUE_TAILS))
     persisted: list[DataFrame] = []
 
     def kept(df: DataFrame) -> DataFrame:
@@ -823,23 +852,23 @@ def _incremental(lake: Lake, plan: RebuildPlan) -> tuple[RebuildSummary, Tails]:
         return persisted[-1]
 
     try:
+        new_rows = lake.read_appended_rows(COMMITLOG, _START_COLUMNS, processed, plan.target)
+        starts = queue_starts(new_rows)
+        tails = tails.merged(Tails.of_rows(new_rows))
         checked_df = kept(build_checked_records(lake.read_appended(COMMITLOG, processed, plan.target)))
-        first_unit = F.min(F.when(is_dispatched(F.col("sys_flag")), F.col("queue_offset"))).alias("first_unit")
-        starts = [QueueStart(**r.asDict()) for r in checked_df.groupBy(*QUEUE_KEYS).agg(
-            F.min("commit_log_offset").alias("first_offset"), first_unit).collect()]  # fmt: skip
         if not starts:  # e.g. only compaction commits: nothing to check, the versions are still read
             empty_df = lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE))
             lake.append(CONSUME_QUEUE, empty_df, APP_ID, plan.target)
             return _write_findings(lake, plan, None, {}), tails
-        if tails.precede(starts):
+        if old_tails.precede(starts):
             context = "the tails of their queues and brokers (consume_queue_tails)"
-            queue_context_df, log_context_df = tails.contexts(lake.spark, starts)
+            queue_context_df, log_context_df = old_tails.contexts(lake.spark, starts)
         else:
             context = "the old units and records from the one before them on (they do not all follow the tails)"
             queue_context_df, log_context_df = _read_contexts(lake, starts, checked_df, processed, kept)
         digest_df = build_log_digest(checked_df, log_context_df)
-        summary, later = _rebuild(lake, plan, checked_df, digest_df, queue_context_df, log_context_df)
-        return replace(summary, context=context), tails.merged(later)
+        summary, _ = _rebuild(lake, plan, checked_df, digest_df, queue_context_df, log_context_df)
+        return replace(summary, context=context), tails
     finally:
         for df in persisted:
             df.unpersist()
@@ -907,15 +936,15 @@ def _rebuild(
     queue_context_df: DataFrame | None,
     log_context_df: DataFrame | None,
 ) -> tuple[RebuildSummary, Tails]:
-    """Write the units of ``checked_df`` while counting problems, then the findings; the tails of
-    the queues and brokers of the new rows and their contexts.
+    """Write the units of ``checked_df`` while counting problems, then the findings; the queue
+    tails (no log tails) of the queues of the new rows and their contexts.
 
     ``digest_df`` (:func:`build_log_digest` of the same records and the log context) is computed
-    once, by a narrow pass: it gives the distinct tags, the continuity check and the last record
-    of each broker. The units pass reads the records with their bodies, counts record problems,
-    shuffles the units by queue, counts queue problems, collects the last unit of each queue and
-    writes the units. The findings are the continuity findings, plus the record and queue
-    findings, recomputed only when the units pass counted one.
+    once, by a narrow pass: it gives the distinct tags and the continuity check. The units pass
+    reads the records with their bodies, counts record problems, shuffles the units by queue,
+    counts queue problems, collects the last unit of each queue and writes the units. The
+    findings are the continuity findings, plus the record and queue findings, recomputed only
+    when the units pass counted one.
     """
     sizes_df = _segment_sizes(lake)
     digest_df = digest_df.persist(StorageLevel.MEMORY_AND_DISK)
@@ -929,9 +958,7 @@ def _rebuild(
                           for r in counts.pop("tails")]  # fmt: skip
         else:  # a full run whose units were committed by a run that stopped: the table has them
             last_units = [tuple(r) for r in build_queue_tails(lake.read(CONSUME_QUEUE)).collect()]
-        tails = Tails({(b, t, q): (qo, clo) for b, t, q, qo, clo in last_units},
-                      {r["broker_name"]: (r["commit_log_offset"], r["store_size"], r["segment"])
-                       for r in build_log_tails(digest_df).collect()})  # fmt: skip
+        tails = Tails({(b, t, q): (qo, clo) for b, t, q, qo, clo in last_units}, {})
         untiled = [r["broker_name"] for r in build_untiled_brokers(digest_df, sizes_df).collect()]
         problems = counts is None or any(v for k, v in counts.items() if k.startswith("check"))
         if not untiled and not problems:  # every log tiles and no check counted a problem: no finding

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from hypothesis import given, settings
@@ -41,6 +42,7 @@ from jobs.rebuild_consume_queue import (
     main,
     merge_log_digests,
     plan_run,
+    queue_starts,
     run,
 )
 from jobs.rebuild_consume_queue import java_string_hash as spark_java_hash
@@ -161,6 +163,20 @@ def test_the_plan_follows_the_versions_the_outputs_record(
 ) -> None:
     plan = plan_run(processed, findings_processed, tails_processed, latest, full)
     assert (plan.mode, plan.processed, plan.target) == expected
+
+
+def test_queue_starts_are_the_first_record_and_the_first_unit_of_each_queue() -> None:
+    prepared, commit, rollback = c.TRANSACTION_PREPARED_TYPE, c.TRANSACTION_COMMIT_TYPE, c.TRANSACTION_ROLLBACK_TYPE
+    rows = [("broker-a", "T", 0, 7, 700, prepared), ("broker-a", "T", 0, 5, 900, 0),
+            ("broker-a", "T", 0, 6, 800, commit), ("broker-a", "T", 1, 3, 600, rollback),
+            ("broker-b", "T", 0, 0, 50, 0)]  # fmt: skip
+    names = ("broker_name", "topic", "queue_id", "queue_offset", "commit_log_offset", "sys_flag")
+    table = pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows],
+                                 schema=pa.schema([COMMITLOG.arrow_schema.field(n) for n in names]))  # fmt: skip
+    starts = sorted(queue_starts(table), key=lambda s: (s.broker_name, s.queue_id))
+    assert [(s.broker_name, s.queue_id, s.first_offset, s.first_unit) for s in starts] == [
+        ("broker-a", 0, 700, 5), ("broker-a", 1, 600, None), ("broker-b", 0, 50, 0)
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("processed", "findings_processed", "tails_processed"), [(6, 6, 6), (4, 6, 4), (4, 4, 6)])
