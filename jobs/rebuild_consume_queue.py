@@ -798,9 +798,9 @@ def _execute(lake: Lake, plan: RebuildPlan) -> tuple[RebuildPlan, RebuildSummary
     checked_df = build_checked_records(lake.read(COMMITLOG, version=plan.target))
     columns = ["commit_log_offset", "store_size", "tags"]
     digest_df = merge_log_digests(lake.read_aggregated_by_file(COMMITLOG, columns, digest_by_file, plan.target))
-    summary, tails = _rebuild(lake, plan, checked_df, digest_df, None, None)
+    summary, last_units = _rebuild(lake, plan, checked_df, digest_df, None, None)
     last_records = lake.read_max_rows(COMMITLOG, "commit_log_offset", "broker_name", _LOG_TAIL_COLUMNS, plan.target)
-    tails = tails.merged(Tails.of_rows(last_records, units=False))
+    tails = Tails(last_units, Tails.of_rows(last_records, units=False).logs)
     lake.overwrite_rows(CONSUME_QUEUE_TAILS, tails.to_arrow(plan.target), APP_ID, plan.target)
     return plan, summary
 
@@ -935,9 +935,10 @@ def _rebuild(
     digest_df: DataFrame,
     queue_context_df: DataFrame | None,
     log_context_df: DataFrame | None,
-) -> tuple[RebuildSummary, Tails]:
-    """Write the units of ``checked_df`` while counting problems, then the findings; the queue
-    tails (no log tails) of the queues of the new rows and their contexts.
+) -> tuple[RebuildSummary, dict[QueueKey, tuple[int, int]]]:
+    """Write the units of ``checked_df`` while counting problems, then the findings; the last
+    ``(queue_offset, commit_log_offset)`` unit of each queue of the new rows and their contexts
+    (the queue tails of a full run; an incremental run has them from its driver rows already).
 
     ``digest_df`` (:func:`build_log_digest` of the same records and the log context) is computed
     once, by a narrow pass: it gives the distinct tags and the continuity check. The units pass
@@ -958,11 +959,11 @@ def _rebuild(
                           for r in counts.pop("tails")]  # fmt: skip
         else:  # a full run whose units were committed by a run that stopped: the table has them
             last_units = [tuple(r) for r in build_queue_tails(lake.read(CONSUME_QUEUE)).collect()]
-        tails = Tails({(b, t, q): (qo, clo) for b, t, q, qo, clo in last_units}, {})
+        queue_tails = {(b, t, q): (qo, clo) for b, t, q, qo, clo in last_units}
         untiled = [r["broker_name"] for r in build_untiled_brokers(digest_df, sizes_df).collect()]
         problems = counts is None or any(v for k, v in counts.items() if k.startswith("check"))
         if not untiled and not problems:  # every log tiles and no check counted a problem: no finding
-            return _write_findings(lake, plan, None, counts), tails
+            return _write_findings(lake, plan, None, counts), queue_tails
         findings_df = build_continuity_findings(checked_df, sizes_df, plan.target, log_context_df, untiled=untiled)
         if problems:
             sized_df = with_segment_size(checked_df, sizes_df)
@@ -970,7 +971,7 @@ def _rebuild(
             findings_df = findings_df.unionByName(build_findings(sized_df, record_checks(), plan.target)).unionByName(
                 build_findings(ordered_df, queue_checks(), plan.target)
             )  # fmt: skip
-        return _write_findings(lake, plan, findings_df, counts), tails
+        return _write_findings(lake, plan, findings_df, counts), queue_tails
     finally:
         digest_df.unpersist()
 

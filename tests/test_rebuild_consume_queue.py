@@ -546,6 +546,26 @@ def test_read_around_reads_the_files_next_to_the_bounds_only(spark: SparkSession
     assert {r["broker_name"] for r in rows} == {"broker-a"}
 
 
+@pytest.mark.spark
+def test_read_max_rows_reads_the_greatest_rows_of_each_broker_from_their_files(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    lake = Lake(spark, tmp_path, "bridge")
+    first = _laid_out([_record(0), _record(1)])
+    _append_log(lake, spark, first)
+    second = _laid_out([_record(2)], start=first[-1]["commit_log_offset"] + first[-1]["store_size"])
+    _append_log(lake, spark, second)
+    twin = {**second[0], "body": b"longer body", "store_size": second[0]["store_size"] + 6}  # same offset
+    _append_log(lake, spark, [twin, *_laid_out([_record(0, broker="broker-b")], start=9000)])
+    columns = ["broker_name", "segment", "commit_log_offset", "store_size"]
+    rows = lake.read_max_rows(COMMITLOG, "commit_log_offset", "broker_name", columns).to_pylist()
+    got = sorted((r["broker_name"], r["segment"], r["commit_log_offset"], r["store_size"]) for r in rows)
+    offset = second[0]["commit_log_offset"]
+    assert got == [("broker-a", second[0]["segment"], offset, second[0]["store_size"]),
+                   ("broker-a", second[0]["segment"], offset, twin["store_size"]),
+                   ("broker-b", 8192, 9000, first[0]["store_size"])]  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------
 # Runs
 # ---------------------------------------------------------------------------------------------
