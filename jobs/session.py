@@ -19,6 +19,7 @@ import os
 from typing import TYPE_CHECKING
 
 from broker_model.errors import LakeError, ValidationError
+from schemas.catalog import PLAIN_ENCODED_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -50,6 +51,8 @@ BASE_CONF: dict[str, str] = {
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
     # job output is the summary the job prints; progress bars would interleave with it
     "spark.ui.showConsoleProgress": "false",
+    # Parquet's per-column dictionary switch (read by every Spark Parquet write, Delta's included)
+    **{f"spark.hadoop.parquet.enable.dictionary#{path}": "false" for path in PLAIN_ENCODED_COLUMNS},
 }
 
 DELTA_CONF: dict[str, str] = {

@@ -65,6 +65,13 @@ def _cols(*specs: tuple[str, pa.DataType, str] | tuple[str, pa.DataType, str, bo
     return tuple(Column(*spec) for spec in specs)
 
 
+# Parquet column paths (any table) whose values rarely repeat within a data file: message bodies,
+# ids, keys and property values. Writers do not dictionary-encode them: an encoder that tries
+# builds a dictionary of up to 1 MB per column chunk and then falls back to plain encoding, and a
+# writer of many small files (one per queue and batch, say) pays that attempt in every file.
+# The names mean the same in every table; map keys (property names) stay dictionary-encoded.
+PLAIN_ENCODED_COLUMNS = ("body", "raw_properties", "properties.key_value.value", "keys", "uniq_key", "msg_id")
+
 _STRING_MAP = pa.map_(pa.string(), pa.string())
 _VERSION_MAP = pa.map_(pa.string(), pa.int64())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
@@ -18,7 +19,14 @@ from pyspark.sql.types import StructField, StructType
 from broker_model.errors import LakeError, ValidationError
 from jobs.lake_io import Lake, commit_data_files, write_data_files
 from jobs.session import ENGINE_CONF, detect_engine, resolve_engine
-from schemas.catalog import COMMITLOG, CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, TableSpec, spark_schema
+from schemas.catalog import (
+    COMMITLOG,
+    CONSUME_QUEUE,
+    CONSUMER_OFFSET_COMMITS,
+    PLAIN_ENCODED_COLUMNS,
+    TableSpec,
+    spark_schema,
+)
 from tests.helpers import assert_frames_equal, canonical_rows
 
 pytestmark = pytest.mark.spark
@@ -152,6 +160,26 @@ def test_the_bridge_reads_a_delta_rs_written_table_identically(lake: Lake, spark
     read_df = lake.read("consume_queue")
 
     assert canonical_rows(read_df.toArrow()) == canonical_rows(pa.concat_tables([expected, expected.slice(0, 3)]))
+
+
+def test_message_bodies_ids_and_property_values_are_written_without_a_dictionary(
+    lake: Lake, spark: SparkSession
+) -> None:
+    # every value repeats, so that a dictionary would pay off and be kept wherever it is allowed
+    properties = [{"TAGS": "t1", "KEYS": "k", "UNIQ_KEY": f"u{i}"} for i in range(3)]
+    rows = [(*_record("broker-a", 0, 200 * i, bytes([i % 3]) * 50, properties[i % 3])[:-1], f"ID{i % 3}")
+            for i in range(200)]  # fmt: skip
+    lake.append("commitlog", _frame(spark, COMMITLOG, rows))
+
+    encodings: dict[str, set[str]] = {}
+    for file in lake.location(COMMITLOG).rglob("*.parquet"):
+        row_group = pq.ParquetFile(file).metadata.row_group(0)
+        for index in range(row_group.num_columns):
+            chunk = row_group.column(index)
+            encodings.setdefault(chunk.path_in_schema, set()).update(chunk.encodings)
+    dictionary = {path for path, found in encodings.items() if found & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}}
+    assert set(PLAIN_ENCODED_COLUMNS) <= set(encodings) - dictionary
+    assert {"topic", "born_host", "properties.key_value.key", "tags"} <= dictionary
 
 
 def test_bridge_stats_are_the_exact_bounds_of_each_file(lake: Lake, spark: SparkSession) -> None:
