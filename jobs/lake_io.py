@@ -43,7 +43,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -355,6 +355,30 @@ class Lake:
             raise ValidationError("columns", unknown, f"not columns of {spec.name!r}", f"use {spec.column_names}")
         table_dir, _, files = self._appended(spec, after_version, up_to_version)
         return _read_files(table_dir, files, spec, columns)
+
+    def iter_file_rows(
+        self,
+        name_or_spec: str | TableSpec,
+        columns: Sequence[str],
+        equal: Mapping[str, Any] | None = None,
+        version: int | None = None,
+    ) -> Iterator[pa.Table]:
+        """``columns`` of the rows of the table (at ``version``; None: the latest), read on the
+        driver with pyarrow one data file at a time (a table per file, in the log's order), only
+        the rows where each data column of ``equal`` has its value: for facts a job folds row by
+        row without holding the table. An absent table yields nothing. Bridge-readable tables
+        only; errors (raised at the call, before any file is read) as :meth:`read`."""
+        spec = _spec(name_or_spec)
+        _check_version(version)
+        unknown = [c for c in [*columns, *(equal or {})] if c not in spec.data_columns + list(spec.partition_by)]
+        if unknown:
+            raise ValidationError("columns", unknown, f"not columns of {spec.name!r}", f"use {spec.column_names}")
+        table_dir = local_directory(self.location(spec))
+        if not DeltaTable.is_deltatable(table_dir):
+            return iter(())
+        dt = open_table(table_dir, version)
+        check_bridge_can_read(dt, table_dir)
+        return _file_tables(table_dir, _active_files(dt, spec.partition_by), spec, columns, equal)
 
     def read_max_rows(
         self, name_or_spec: str | TableSpec, column: str, by: str, columns: Sequence[str], version: int | None = None
@@ -828,17 +852,25 @@ def files_around(
 def _read_files(table_dir: str, files: pa.Table, spec: TableSpec, columns: Sequence[str]) -> pa.Table:
     """``columns`` of the rows of ``files`` (the shape of :func:`_active_files`), read with pyarrow
     on the driver; partition columns from the log's values, every column typed as the catalog says."""
+    parts = list(_file_tables(table_dir, files, spec, columns))
+    return pa.concat_tables(parts) if parts else pa.schema([spec.arrow_schema.field(c) for c in columns]).empty_table()
+
+
+def _file_tables(
+    table_dir: str, files: pa.Table, spec: TableSpec, columns: Sequence[str], equal: Mapping[str, Any] | None = None
+) -> Iterator[pa.Table]:
+    """:func:`_read_files` one file at a time, each file's rows where every data column of
+    ``equal`` has its value (a filter the Parquet reader applies)."""
     schema = spec.arrow_schema
     data_columns = [c for c in columns if c not in spec.partition_by]
     target = pa.schema([schema.field(c) for c in columns])
-    parts = []
+    filters = [(column, "=", value) for column, value in (equal or {}).items()] or None
     for i, path in enumerate(files.column("path").to_pylist()):
-        part = pq.read_table(file_location(table_dir, path), columns=data_columns)
+        part = pq.read_table(file_location(table_dir, path), columns=data_columns, filters=filters)
         for column in (c for c in columns if c in spec.partition_by):
             value = files.column(f"partition.{column}")[i]
             part = part.append_column(schema.field(column), pa.repeat(value, part.num_rows).cast(value.type))
-        parts.append(part.select(list(columns)).cast(target))
-    return pa.concat_tables(parts) if parts else target.empty_table()
+        yield part.select(list(columns)).cast(target)
 
 
 def _stat(actions: pa.Table, name: str) -> list[Any]:

@@ -70,10 +70,12 @@ A file lock (``<lake>/_locks/replay-<id>.lock``) keeps two runs of one replay id
 
 **Ordering report** (``replay_report``, and printed): per source queue, the source rows covered,
 the rows replayed, first and last offsets, gaps (source offsets up to the last one replayed that
-the sink lacks), duplicates, ``order_preserved`` (a running ``xxhash64`` chain over the offsets in
-replay order equals the chain over them in source order), and ``complete``. For a Delta table or a
-broker topic it covers everything the sink holds for the replay id, read back from the sink; for a
-handler it covers what this run delivered.
+the sink lacks), duplicates, ``order_preserved`` (a running hash ``h = h * B + offset`` over the
+offsets in replay order equals the hash over them in source order), and ``complete``. For a Delta
+table or a broker topic it covers everything the sink holds for the replay id, read back from the
+sink; for a handler it covers what this run delivered. The driver computes it with numpy, reading
+the sink's coordinates file by file with pyarrow; it holds 24 bytes per replayed row (offset,
+batch, sequence) and 8 per source message.
 """
 
 from __future__ import annotations
@@ -85,13 +87,14 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -102,7 +105,7 @@ from broker_model import constants as c
 from broker_model.broker import Broker, BrokerConfig, InnerMessage
 from broker_model.codec import decompress_body, java_string_hash
 from broker_model.deltalog import append_rows, read_table
-from broker_model.errors import BrokerLockedError, LakeError, ValidationError
+from broker_model.errors import BrokerLockedError, LakeError, UnsupportedTableError, ValidationError
 from broker_model.lake_root import default_lake
 from broker_model.message import MessageQueue, validate_group, validate_name, validate_topic
 from broker_model.orderly_consumer import ConsumeOrderlyStatus
@@ -632,53 +635,83 @@ def build_replayed_from_topic(commitlog_df: DataFrame, replay_id: str, to_topic:
     )  # fmt: skip
 
 
-def _running_hash(offsets: Column) -> Column:
-    """A hash chain over an array of offsets, in array order: ``h = xxhash64(h, offset)`` from 0."""
-    return F.aggregate(offsets, F.lit(0).cast("long"), lambda chained, offset: F.xxhash64(chained, offset))
+_HASH_BASE = np.uint64(0x100000001B3)  # the running hash's multiplier: odd, so no offset is lost mod 2^64
+
+
+def running_hash(offsets: np.ndarray) -> int:
+    """The running hash of a sequence of offsets, in order: ``h = h * B + offset`` (mod 2^64) from
+    0, computed at once as the sum of ``offset_i * B^(n-1-i)``. Equal sequences hash equal; a
+    sequence hashes like its sorted copy only when it was in order (or by a 2^-64 chance)."""
+    if len(offsets) == 0:
+        return 0
+    with np.errstate(over="ignore"):
+        powers = np.cumprod(np.full(len(offsets), _HASH_BASE, dtype=np.uint64))  # B^1 .. B^n
+        powers = np.concatenate((np.ones(1, np.uint64), powers[:-1]))  # B^0 .. B^(n-1)
+        return int(np.sum(offsets.astype(np.uint64) * powers[::-1], dtype=np.uint64))
 
 
 def build_ordering_report(
-    replayed_df: DataFrame, expected_df: DataFrame, replay_id: str, run_id: str, sink: str, as_of: int
-) -> DataFrame:
-    """The ``replay_report`` rows: one per queue of ``expected_df`` or ``replayed_df``.
+    replayed: Iterable[pa.Table], expected: pa.Table, replay_id: str, run_id: str, sink: str, as_of: int
+) -> list[dict[str, Any]]:
+    """The ``replay_report`` rows, one per queue of ``expected`` or ``replayed``, sorted by queue.
 
     Args:
-        replayed_df: :data:`REPLAYED_COLUMNS`, the rows the sink holds; the replay order of a queue
-            is (``replay_batch``, ``replay_sequence``).
-        expected_df: queue key and ``offsets`` (array), the queue offsets of the source messages the
-            report covers; a queue's offsets may come in several rows (e.g. one per data file).
+        replayed: chunks (one per sink data file, say) of :data:`REPLAYED_COLUMNS`, the rows the
+            sink holds; the replay order of a queue is (``replay_batch``, ``replay_sequence``).
+        expected: queue key and ``offsets`` (a list), the queue offsets of the source messages
+            the report covers; a queue's offsets may come in several rows (e.g. one per data file).
 
-    Each queue's offsets are gathered in replay order (one array per queue: 8 bytes per message
-    in one task). ``order_preserved``: the running hash of that sequence equals the running hash
-    of the same offsets sorted (the source order). ``gaps``: expected offsets up to
-    ``last_offset`` the sink lacks. ``duplicates``: rows beyond the first of each offset.
-    ``complete``: no gap, no duplicate, order preserved, and every expected offset replayed.
+    Computed on the driver with numpy, chunk after chunk: each row leaves its offset, batch and
+    sequence (24 bytes) until its queue is reported. ``order_preserved``: the running hash of the
+    offsets in replay order equals the running hash of the same offsets sorted (the source order).
+    ``gaps``: expected offsets up to ``last_offset`` the sink lacks. ``duplicates``: rows beyond
+    the first of each offset. ``complete``: no gap, no duplicate, order preserved, and every
+    expected offset replayed.
     """
-    in_replay_order = F.array_sort(F.collect_list(F.struct("replay_batch", "replay_sequence", "queue_offset")))
-    sink_df = replayed_df.groupBy(*QUEUE_KEY).agg(
-        F.transform(in_replay_order, lambda row: row["queue_offset"]).alias("_replayed")
-    )
-    source_df = expected_df.groupBy(*QUEUE_KEY).agg(F.flatten(F.collect_list("offsets")).alias("_expected"))
-    joined_df = source_df.join(sink_df, on=list(QUEUE_KEY), how="full_outer")
-    return joined_df.transform(lambda df: _report_columns(df, replay_id, run_id, sink, as_of))
+    rows: dict[QueueKey, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    for chunk in replayed:
+        for key, columns in _by_queue(chunk, ["queue_offset", "replay_batch", "replay_sequence"]):
+            rows.setdefault(key, []).append(columns)
+    offsets: dict[QueueKey, list[np.ndarray]] = {}
+    lists = expected["offsets"]
+    flat = expected.select(list(QUEUE_KEY)).take(pc.list_parent_indices(lists))
+    for key, (values,) in _by_queue(flat.append_column("offset", pc.list_flatten(lists)), ["offset"]):
+        offsets.setdefault(key, []).append(values)
+    report = []
+    for key in sorted(rows.keys() | offsets.keys()):
+        parts = rows.pop(key, [])
+        found = [np.concatenate(c) if c else np.empty(0, np.int64) for c in zip(*parts, strict=True)] if parts else []
+        replay_order = found[0][np.lexsort((found[2], found[1]))] if found else np.empty(0, np.int64)
+        source = np.concatenate(offsets.pop(key, [np.empty(0, np.int64)]))
+        report.append(_report_row(key, replay_order, source) | {
+            "replay_id": replay_id, "run_id": run_id, "sink": sink, "report_timestamp": as_of})  # fmt: skip
+    return [{name: row[name] for name in REPLAY_REPORT.column_names} for row in report]
 
 
-def _report_columns(joined_df: DataFrame, replay_id: str, run_id: str, sink: str, as_of: int) -> DataFrame:
-    empty = F.array().cast("array<bigint>")
-    replayed, expected = F.coalesce(F.col("_replayed"), empty), F.coalesce(F.col("_expected"), empty)
-    rows, source_rows = F.size(replayed).cast("long"), F.size(expected).cast("long")
-    last = F.array_max(replayed)
-    gaps = F.size(F.filter(F.array_except(expected, replayed), lambda offset: offset <= last)).cast("long")
-    duplicates = rows - F.size(F.array_distinct(replayed)).cast("long")
-    preserved = _running_hash(replayed) == _running_hash(F.array_sort(replayed))
-    complete = (gaps == 0) & (duplicates == 0) & preserved & (rows - duplicates == source_rows)
-    return joined_df.select(
-        F.lit(replay_id).alias("replay_id"), F.lit(run_id).alias("run_id"), *QUEUE_KEY, F.lit(sink).alias("sink"),
-        source_rows.alias("source_rows"), rows.alias("rows"), F.array_min(replayed).alias("first_offset"),
-        last.alias("last_offset"), gaps.alias("gaps"), duplicates.alias("duplicates"),
-        preserved.alias("order_preserved"), complete.alias("complete"),
-        F.lit(as_of).cast("long").alias("report_timestamp"),
-    )  # fmt: skip
+def _by_queue(table: pa.Table, columns: Sequence[str]) -> Iterator[tuple[QueueKey, tuple[np.ndarray, ...]]]:
+    """Per queue key of ``table``: the key and the numeric ``columns`` of its rows as numpy
+    arrays, in table order."""
+    if table.num_rows == 0:
+        return
+    grouped = table.group_by(list(QUEUE_KEY), use_threads=False).aggregate([(c, "list") for c in columns])
+    for i in range(grouped.num_rows):
+        key = (grouped["broker_name"][i].as_py(), grouped["topic"][i].as_py(), grouped["queue_id"][i].as_py())
+        yield key, tuple(grouped[f"{c}_list"][i].values.to_numpy() for c in columns)
+
+
+def _report_row(key: QueueKey, replay_order: np.ndarray, source: np.ndarray) -> dict[str, Any]:
+    rows = len(replay_order)
+    distinct = np.unique(replay_order)
+    last = int(replay_order.max()) if rows else None
+    gaps = int(np.count_nonzero(np.setdiff1d(source, distinct) <= last)) if rows else 0
+    duplicates = rows - len(distinct)
+    preserved = running_hash(replay_order) == running_hash(np.sort(replay_order))
+    return {
+        "broker_name": key[0], "topic": key[1], "queue_id": key[2], "source_rows": len(source), "rows": rows,
+        "first_offset": int(replay_order.min()) if rows else None, "last_offset": last, "gaps": gaps,
+        "duplicates": duplicates, "order_preserved": preserved,
+        "complete": gaps == 0 and duplicates == 0 and preserved and rows - duplicates == len(source),
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -967,26 +1000,24 @@ def _ranges_df(spark: SparkSession, ranges: Sequence[QueueRange], first_batch: i
     return spark.createDataFrame(rows, schema)
 
 
-def _expected(state: _Run, ranges: Sequence[QueueRange], from_resume: bool) -> DataFrame:
-    """Queue key and offsets (arrays) of the source messages the report covers: from each queue's
-    first offset (or this run's resume point) to its end."""
+def _expected(state: _Run, ranges: Sequence[QueueRange], from_resume: bool) -> pa.Table:
+    """Queue key and offsets (lists) of the source messages the report covers: from each queue's
+    first offset (or this run's resume point) to its end; 8 bytes per message to the driver."""
     report_ranges = [replace(r, resume=r.resume if from_resume else r.first) for r in ranges]
     joined_df = state.offsets_df.join(F.broadcast(_ranges_df(state.lake.spark, report_ranges, 0)), on=list(QUEUE_KEY))
     in_range = F.filter("offsets", lambda offset: (offset >= F.col("resume")) & (offset < F.col("end")))
-    return joined_df.select(*QUEUE_KEY, in_range.alias("offsets"))
+    return joined_df.select(*QUEUE_KEY, in_range.alias("offsets")).toArrow()
 
 
 def _finish_report(
-    state: _Run, job_run: JobRun, replayed_df: DataFrame, expected_df: DataFrame, outcome: ReplayOutcome
+    state: _Run, job_run: JobRun, replayed: Iterable[pa.Table], expected: pa.Table, outcome: ReplayOutcome
 ) -> ReplayOutcome:
+    """Compute the ordering report and append it to ``replay_report`` from the driver (one commit)."""
     config = state.config
-    report_df = build_ordering_report(replayed_df, expected_df, config.replay_id, job_run.run_id, config.sink_label,
-                                      _now()).cache()  # fmt: skip
-    try:
-        outcome.report = [row.asDict() for row in report_df.orderBy(*QUEUE_KEY).collect()]
-        state.lake.append(REPLAY_REPORT, report_df)
-    finally:
-        report_df.unpersist()
+    outcome.report = build_ordering_report(replayed, expected, config.replay_id, job_run.run_id, config.sink_label,
+                                           _now())  # fmt: skip
+    if outcome.report:
+        state.lake.append_rows(REPLAY_REPORT, pa.Table.from_pylist(outcome.report, REPLAY_REPORT.arrow_schema))
     return outcome
 
 
@@ -1016,14 +1047,23 @@ def _replay_to_table(state: _Run, job_run: JobRun, path: Path) -> ReplayOutcome:
         write = _write_batches_bridge if lake.engine == "bridge" else _write_batches_delta_spark
         outcome.rows = write(lake, spec, sink_df, ranges, first_batch, outcome.batches, config)
         job_run.output_versions["sink"] = DeltaTable(str(path)).version()
-    replayed_df = build_replayed_from_sink(lake.read(spec), config.replay_id) if DeltaTable.is_deltatable(
-        str(path)) else lake.spark.createDataFrame([], _REPLAYED_SCHEMA)  # fmt: skip
-    return _finish_report(state, job_run, replayed_df, _expected(state, ranges, from_resume=False), outcome)
+    expected = _expected(state, ranges, from_resume=False)
+    return _finish_report(state, job_run, read_replayed_from_sink(lake, spec, config.replay_id), expected, outcome)
 
 
-_REPLAYED_SCHEMA = (
-    "broker_name string, topic string, queue_id int, queue_offset long, replay_batch long, replay_sequence long"
-)
+_REPLAYED_TYPES = (pa.string(), pa.string(), pa.int32(), pa.int64(), pa.int64(), pa.int64())  # of REPLAYED_COLUMNS
+
+
+def read_replayed_from_sink(lake: Lake, spec: TableSpec, replay_id: str) -> Iterator[pa.Table]:
+    """:data:`REPLAYED_COLUMNS` of a Delta sink's rows of ``replay_id``, read on the driver with
+    pyarrow one data file at a time (a sink the bridge cannot read: through Spark, as one table)."""
+    columns = ["source_broker_name", "source_topic", "source_queue_id", "source_queue_offset", "replay_batch",
+               "replay_sequence"]  # fmt: skip
+    try:
+        chunks = lake.iter_file_rows(spec, columns, {"replay_id": replay_id})
+    except UnsupportedTableError:
+        return iter([build_replayed_from_sink(lake.read(spec), replay_id).toArrow()])
+    return (chunk.rename_columns(list(REPLAYED_COLUMNS)) for chunk in chunks)
 
 
 def _write_batches_bridge(
@@ -1162,8 +1202,10 @@ def _replay_to_handler(state: _Run, job_run: JobRun, handler: ReplayHandler) -> 
                 fresh = {k: v for k, v in done.items() if k not in outcome.failed and written.get(k) != v}
                 write_progress(lake, config.replay_id, fresh)
                 written.update(fresh)
-    replayed_df = lake.spark.createDataFrame(delivered, _REPLAYED_SCHEMA)
-    return _finish_report(state, job_run, replayed_df, _expected(state, ranges, from_resume=True), outcome)
+    replayed = pa.Table.from_arrays([pa.array(column, kind) for column, kind in zip(
+        zip(*delivered, strict=True) if delivered else [[]] * 6, _REPLAYED_TYPES, strict=True)],
+        names=list(REPLAYED_COLUMNS))  # fmt: skip
+    return _finish_report(state, job_run, [replayed], _expected(state, ranges, from_resume=True), outcome)
 
 
 # -- broker topic -------------------------------------------------------------------------------
@@ -1199,8 +1241,8 @@ def _replay_to_topic(state: _Run, job_run: JobRun, to_topic: str) -> ReplayOutco
         for broker in brokers.values():
             broker.shutdown()
     log_df = lake.read(COMMITLOG, partition_filter={"broker_name": sorted(set(targets.values()))})
-    replayed_df = build_replayed_from_topic(log_df, config.replay_id, to_topic)
-    return _finish_report(state, job_run, replayed_df, _expected(state, ranges, from_resume=False), outcome)
+    replayed = build_replayed_from_topic(log_df, config.replay_id, to_topic).toArrow()
+    return _finish_report(state, job_run, [replayed], _expected(state, ranges, from_resume=False), outcome)
 
 
 def _start_brokers(root: Path, names: Sequence[str]) -> dict[str, Broker]:

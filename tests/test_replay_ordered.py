@@ -19,6 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
@@ -32,6 +34,7 @@ from broker_model.producer import select_by_hash
 from broker_model.store import MessageExt
 from jobs.lake_io import Lake
 from jobs.replay_ordered import (
+    REPLAYED_COLUMNS,
     Progress,
     QueueBounds,
     QueueRange,
@@ -51,6 +54,7 @@ from jobs.replay_ordered import (
     progress_after,
     read_progress,
     run,
+    running_hash,
     select_queue_id,
     write_progress,
 )
@@ -219,14 +223,7 @@ def test_source_rows_are_dispatched_records_in_range_numbered_by_batch(spark: Sp
     assert sorted((r["queue_offset"], r["replay_batch"]) for r in rows) == [(4, 7), (6, 8)]
 
 
-_REPLAYED_SCHEMA = (
-    "broker_name string, topic string, queue_id int, queue_offset long, replay_batch long, replay_sequence long"
-)
-_EXPECTED_SCHEMA = "broker_name string, topic string, queue_id int, offsets array<long>"
-
-
-@pytest.mark.spark
-def test_the_report_finds_gaps_duplicates_reordering_and_missing_queues(spark: SparkSession) -> None:
+def test_the_report_finds_gaps_duplicates_reordering_and_missing_queues() -> None:
     replayed = [
         *[("broker-a", "T", 0, o, o // 2, 10 + o) for o in range(4)],  # perfect
         *[("broker-a", "T", 1, o, 0, o) for o in (0, 1, 3)],  # offset 2 missing
@@ -236,11 +233,18 @@ def test_the_report_finds_gaps_duplicates_reordering_and_missing_queues(spark: S
     # queue 0's offsets in two rows, as from two data files
     expected = [("broker-a", "T", 0, [0, 1]), ("broker-a", "T", 0, [2, 3])]
     expected += [("broker-a", "T", q, list(range(4 if q != 3 else 3))) for q in range(1, 5)]
-    report_df = build_ordering_report(
-        spark.createDataFrame(replayed, _REPLAYED_SCHEMA), spark.createDataFrame(expected, _EXPECTED_SCHEMA),
-        "r1", "run-1", "table:/sink", 5,
-    )  # fmt: skip
-    rows = {r["queue_id"]: r for r in report_df.collect()}
+    columns = list(zip(*replayed, strict=True))
+    replayed_table = pa.Table.from_arrays(
+        [pa.array(c, t) for c, t in zip(columns, (pa.string(), pa.string(), pa.int32(), *[pa.int64()] * 3),
+                                        strict=True)], names=list(REPLAYED_COLUMNS))  # fmt: skip
+    expected_table = pa.Table.from_pylist(
+        [dict(zip(("broker_name", "topic", "queue_id", "offsets"), row, strict=True)) for row in expected],
+        pa.schema([("broker_name", pa.string()), ("topic", pa.string()), ("queue_id", pa.int32()),
+                   ("offsets", pa.list_(pa.int64()))]))  # fmt: skip
+    # the sink's rows in two chunks (as from two data files), each queue's rows split between them
+    chunks = [replayed_table.take(list(range(0, 14, 2))), replayed_table.take(list(range(1, 14, 2)))]
+    report = build_ordering_report(chunks, expected_table, "r1", "run-1", "table:/sink", 5)
+    rows = {r["queue_id"]: r for r in report}
     brief = {q: (r["rows"], r["first_offset"], r["last_offset"], r["gaps"], r["duplicates"], r["order_preserved"],
                  r["complete"]) for q, r in rows.items()}  # fmt: skip
     assert brief == {
@@ -250,7 +254,19 @@ def test_the_report_finds_gaps_duplicates_reordering_and_missing_queues(spark: S
         3: (3, 0, 2, 0, 0, False, False),
         4: (0, None, None, 0, 0, True, False),
     }
-    assert report_df.columns == REPLAY_REPORT.column_names
+    assert [list(r) for r in report] == [REPLAY_REPORT.column_names] * 5
+    assert [r["queue_id"] for r in report] == [0, 1, 2, 3, 4]
+    assert pa.Table.from_pylist(report, REPLAY_REPORT.arrow_schema).num_rows == 5  # the table's types fit
+
+
+def test_the_running_hash_is_the_chain_it_names() -> None:
+    offsets = np.array([5, 0, 2**40, 3], dtype=np.int64)
+    chained = 0
+    for offset in offsets.tolist():
+        chained = (chained * 0x100000001B3 + offset) % 2**64
+    assert running_hash(offsets) == chained
+    assert running_hash(np.sort(offsets)) != chained
+    assert running_hash(np.empty(0, np.int64)) == 0
 
 
 @pytest.mark.spark
