@@ -498,13 +498,6 @@ def filter_source_records(commitlog_df: DataFrame, topics: Sequence[TopicQueues]
     return dispatched.where(wanted)
 
 
-def build_queue_bounds(records_df: DataFrame, from_time: int | None, to_time: int | None) -> DataFrame:
-    """Per queue of ``records_df``: ``min_offset``, ``next_offset`` (largest + 1), and the first
-    offsets stored at or after ``from_time`` and ``to_time`` (``time_start``, ``time_end``; null
-    when none is, or when the time is None)."""
-    return records_df.groupBy(*QUEUE_KEY).agg(*_bound_aggregates(from_time, to_time)).select(*QUEUE_KEY, *_BOUNDS)
-
-
 _BOUNDS = ("min_offset", "next_offset", "time_start", "time_end")
 
 
@@ -528,7 +521,9 @@ def summarize_by_file(
     rows_df: DataFrame, topics: Sequence[TopicQueues], from_time: int | None, to_time: int | None
 ) -> DataFrame:
     """Per data file (``_file``) and queue of the source records of ``rows_df``: the queue
-    bounds of :func:`build_queue_bounds` and ``offsets``, the file's queue offsets of the queue,
+    bounds (``min_offset``, ``next_offset`` = largest + 1, and the first offsets stored at or
+    after ``from_time`` and ``to_time``: ``time_start``, ``time_end``, null when none is or the
+    time is None) and ``offsets``, the file's queue offsets of the queue,
     for :meth:`Lake.read_aggregated_by_file`. Needs :data:`SUMMARY_COLUMNS`."""
     source_df = filter_source_records(rows_df, topics)
     return source_df.groupBy("_file", "topic", "queue_id").agg(
@@ -536,9 +531,15 @@ def summarize_by_file(
     )
 
 
-def merge_queue_bounds(summary_df: DataFrame) -> DataFrame:
-    """The :func:`build_queue_bounds` of the records summarized per file by :func:`summarize_by_file`."""
-    return summary_df.groupBy(*QUEUE_KEY).agg(*[(F.max if n == "next_offset" else F.min)(n).alias(n) for n in _BOUNDS])
+def merge_queue_bounds(summary: pa.Table) -> list[QueueBounds]:
+    """The bounds of each queue of ``summary`` (rows of :func:`summarize_by_file` on the driver,
+    several per queue), sorted by queue; nulls are skipped, as Spark's ``min`` skips them."""
+    aggregates = [(n, "max" if n == "next_offset" else "min") for n in _BOUNDS]
+    merged = summary.group_by(list(QUEUE_KEY), use_threads=False).aggregate(aggregates)
+    rows = merged.to_pylist()
+    bounds = [QueueBounds(r["broker_name"], r["topic"], r["queue_id"], *[r[f"{n}_{f}"] for n, f in aggregates])
+              for r in rows]  # fmt: skip
+    return sorted(bounds, key=lambda b: (b.broker_name, b.topic, b.queue_id))
 
 
 def build_backlog_starts(commits_df: DataFrame, group: str, as_of: int) -> DataFrame:
@@ -658,8 +659,7 @@ def build_ordering_report(
     Args:
         replayed: chunks (one per sink data file, say) of :data:`REPLAYED_COLUMNS`, the rows the
             sink holds; the replay order of a queue is (``replay_batch``, ``replay_sequence``).
-        expected: queue key and ``offsets`` (a list), the queue offsets of the source messages
-            the report covers; a queue's offsets may come in several rows (e.g. one per data file).
+        expected: queue key and ``queue_offset``, one row per source message the report covers.
 
     Computed on the driver with numpy, chunk after chunk: each row leaves its offset, batch and
     sequence (24 bytes) until its queue is reported. ``order_preserved``: the running hash of the
@@ -668,21 +668,17 @@ def build_ordering_report(
     the first of each offset. ``complete``: no gap, no duplicate, order preserved, and every
     expected offset replayed.
     """
-    rows: dict[QueueKey, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    rows: dict[QueueKey, list[tuple[np.ndarray, ...]]] = {}
     for chunk in replayed:
         for key, columns in _by_queue(chunk, ["queue_offset", "replay_batch", "replay_sequence"]):
             rows.setdefault(key, []).append(columns)
-    offsets: dict[QueueKey, list[np.ndarray]] = {}
-    lists = expected["offsets"]
-    flat = expected.select(list(QUEUE_KEY)).take(pc.list_parent_indices(lists))
-    for key, (values,) in _by_queue(flat.append_column("offset", pc.list_flatten(lists)), ["offset"]):
-        offsets.setdefault(key, []).append(values)
+    offsets = {key: values for key, (values,) in _by_queue(expected, ["queue_offset"])}
     report = []
     for key in sorted(rows.keys() | offsets.keys()):
         parts = rows.pop(key, [])
         found = [np.concatenate(c) if c else np.empty(0, np.int64) for c in zip(*parts, strict=True)] if parts else []
         replay_order = found[0][np.lexsort((found[2], found[1]))] if found else np.empty(0, np.int64)
-        source = np.concatenate(offsets.pop(key, [np.empty(0, np.int64)]))
+        source = offsets.pop(key, np.empty(0, np.int64))
         report.append(_report_row(key, replay_order, source) | {
             "replay_id": replay_id, "run_id": run_id, "sink": sink, "report_timestamp": as_of})  # fmt: skip
     return [{name: row[name] for name in REPLAY_REPORT.column_names} for row in report]
@@ -701,14 +697,19 @@ def _by_queue(table: pa.Table, columns: Sequence[str]) -> Iterator[tuple[QueueKe
 
 def _report_row(key: QueueKey, replay_order: np.ndarray, source: np.ndarray) -> dict[str, Any]:
     rows = len(replay_order)
-    distinct = np.unique(replay_order)
-    last = int(replay_order.max()) if rows else None
-    gaps = int(np.count_nonzero(np.setdiff1d(source, distinct) <= last)) if rows else 0
+    ordered = np.sort(replay_order)
+    distinct = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))] if rows else ordered
+    last = int(ordered[-1]) if rows else None
+    gaps = 0
+    if rows:  # distinct source offsets up to the last one replayed, less those the sink holds
+        wanted = np.unique(source[source <= last])
+        at = np.minimum(np.searchsorted(distinct, wanted), len(distinct) - 1)
+        gaps = int(np.count_nonzero(distinct[at] != wanted))
     duplicates = rows - len(distinct)
-    preserved = running_hash(replay_order) == running_hash(np.sort(replay_order))
+    preserved = running_hash(replay_order) == running_hash(ordered)
     return {
         "broker_name": key[0], "topic": key[1], "queue_id": key[2], "source_rows": len(source), "rows": rows,
-        "first_offset": int(replay_order.min()) if rows else None, "last_offset": last, "gaps": gaps,
+        "first_offset": int(ordered[0]) if rows else None, "last_offset": last, "gaps": gaps,
         "duplicates": duplicates, "order_preserved": preserved,
         "complete": gaps == 0 and duplicates == 0 and preserved and rows - duplicates == len(source),
     }  # fmt: skip
@@ -847,9 +848,8 @@ class _Run:
     config: ReplayConfig
     commitlog_version: int
     records_df: DataFrame
-    offsets_df: DataFrame  # queue key and offsets (array): the queue offsets of the source's records
-    selection_df: DataFrame | None
-    kept_df: DataFrame  # cached while the run lasts
+    offsets: pa.Table  # queue key and offsets (list): the queue offsets of the source's records
+    selection_df: DataFrame | None  # cached while the run lasts
     progress: dict[QueueKey, Progress]
     bounds: list[QueueBounds]
 
@@ -919,31 +919,33 @@ def _prepare(lake: Lake, config: ReplayConfig) -> _Run:
             raise ValidationError("--dlq", str(config.lake), "the lake has no dlq table", "run route_dlq first")
         selection_df = build_dlq_selection(lake.read(DLQ), records_df, config.dlq_groups).cache()
         records_df = records_df.where(F.col("topic").startswith(c.DLQ_GROUP_TOPIC_PREFIX))
-        kept_df = selection_df
         positions_df = selection_df.withColumn("store_timestamp", F.lit(0).cast("long"))
-        bounds_df = build_queue_bounds(positions_df, config.from_time, config.to_time)
-        offsets_df = positions_df.groupBy(*QUEUE_KEY).agg(F.collect_list("queue_offset").alias("offsets"))
+        summary_df = positions_df.groupBy(*QUEUE_KEY).agg(
+            *_bound_aggregates(config.from_time, config.to_time), F.collect_list("queue_offset").alias("offsets"))
     else:
         # one narrow pass summarizes the source per file and queue (bounds, and the offsets the
-        # report expects), partition values attached per group rather than per record; kept, as
-        # it is read twice (bounds, then the report)
+        # report expects), partition values attached per group rather than per record
         summarize = partial(summarize_by_file, topics=config.topics, from_time=config.from_time,
                             to_time=config.to_time)  # fmt: skip
-        kept_df = lake.read_aggregated_by_file(COMMITLOG, SUMMARY_COLUMNS, summarize, version)
+        summary_df = lake.read_aggregated_by_file(COMMITLOG, SUMMARY_COLUMNS, summarize, version)
         if config.brokers:
-            kept_df = kept_df.where(F.col("broker_name").isin(*config.brokers))
-        kept_df = kept_df.cache()
-        offsets_df = kept_df.select(*QUEUE_KEY, "offsets")
-        bounds_df = merge_queue_bounds(kept_df)
+            summary_df = summary_df.where(F.col("broker_name").isin(*config.brokers))
+    # to the driver once: 8 bytes per source message, and the bounds are merged there
+    summary = summary_df.select(*QUEUE_KEY, *_BOUNDS, "offsets").toArrow()
+    bounds = merge_queue_bounds(summary)
     if config.source == "backlog":
         if not lake.exists(CONSUMER_OFFSET_COMMITS):
             raise ValidationError("--group", config.group, "the lake has no consumer_offset_commits table")
         starts_df = build_backlog_starts(lake.read(CONSUMER_OFFSET_COMMITS), config.group or "", _now())
-        bounds_df = bounds_df.join(starts_df, on=list(QUEUE_KEY), how="inner")
-    bounds = [QueueBounds(**{k: v for k, v in row.asDict().items() if k in QueueBounds.__dataclass_fields__})
-              for row in bounds_df.collect()]  # fmt: skip
+        starts = {(r["broker_name"], r["topic"], r["queue_id"]): r["committed"] for r in starts_df.collect()}
+        bounds = [replace(b, committed=starts[_key(b)]) for b in bounds if _key(b) in starts]
     progress = read_progress(lake, config.replay_id)
-    return _Run(lake, config, version, records_df, offsets_df, selection_df, kept_df, progress, bounds)
+    return _Run(lake, config, version, records_df, summary.select([*QUEUE_KEY, "offsets"]), selection_df, progress,
+                bounds)  # fmt: skip
+
+
+def _key(bound: QueueBounds) -> QueueKey:
+    return (bound.broker_name, bound.topic, bound.queue_id)
 
 
 def read_progress(lake: Lake, replay_id: str) -> dict[QueueKey, Progress]:
@@ -985,7 +987,8 @@ def _replay(state: _Run, job_run: JobRun, handler: ReplayHandler | None) -> Repl
         assert handler is not None
         return _replay_to_handler(state, job_run, handler)
     finally:
-        state.kept_df.unpersist()
+        if state.selection_df is not None:
+            state.selection_df.unpersist()
 
 
 def _start_replay(state: _Run, ranges: list[QueueRange]) -> None:
@@ -1001,12 +1004,21 @@ def _ranges_df(spark: SparkSession, ranges: Sequence[QueueRange], first_batch: i
 
 
 def _expected(state: _Run, ranges: Sequence[QueueRange], from_resume: bool) -> pa.Table:
-    """Queue key and offsets (lists) of the source messages the report covers: from each queue's
-    first offset (or this run's resume point) to its end; 8 bytes per message to the driver."""
-    report_ranges = [replace(r, resume=r.resume if from_resume else r.first) for r in ranges]
-    joined_df = state.offsets_df.join(F.broadcast(_ranges_df(state.lake.spark, report_ranges, 0)), on=list(QUEUE_KEY))
-    in_range = F.filter("offsets", lambda offset: (offset >= F.col("resume")) & (offset < F.col("end")))
-    return joined_df.select(*QUEUE_KEY, in_range.alias("offsets")).toArrow()
+    """Queue key and ``queue_offset`` of the source messages the report covers, from each queue's
+    first offset (or this run's resume point) to its end."""
+    lists = state.offsets["offsets"]
+    flat = state.offsets.select(list(QUEUE_KEY)).take(pc.list_parent_indices(lists))
+    flat = flat.append_column("queue_offset", pc.list_flatten(lists))
+    limits = pa.table({
+        "broker_name": [r.broker_name for r in ranges], "topic": [r.topic for r in ranges],
+        "queue_id": pa.array([r.queue_id for r in ranges], pa.int32()),
+        "_from": pa.array([r.resume if from_resume else r.first for r in ranges], pa.int64()),
+        "_end": pa.array([r.end for r in ranges], pa.int64()),
+    })  # fmt: skip
+    joined = flat.join(limits, list(QUEUE_KEY), join_type="inner", use_threads=False)
+    offset = joined["queue_offset"]
+    kept = pc.and_(pc.greater_equal(offset, joined["_from"]), pc.less(offset, joined["_end"]))
+    return joined.filter(kept).select([*QUEUE_KEY, "queue_offset"])
 
 
 def _finish_report(
