@@ -362,14 +362,17 @@ class Lake:
         columns: Sequence[str],
         equal: Mapping[str, Any] | None = None,
         version: int | None = None,
+        partition_filter: PartitionFilter | None = None,
     ) -> Iterator[pa.Table]:
         """``columns`` of the rows of the table (at ``version``; None: the latest), read on the
         driver with pyarrow one data file at a time (a table per file, in the log's order), only
-        the rows where each data column of ``equal`` has its value: for facts a job folds row by
-        row without holding the table. An absent table yields nothing. Bridge-readable tables
-        only; errors (raised at the call, before any file is read) as :meth:`read`."""
+        the files ``partition_filter`` keeps (see :meth:`read`) and the rows where each data
+        column of ``equal`` has its value: for facts a job folds file by file without holding the
+        table. An absent table yields nothing. Bridge-readable tables only; errors (raised at the
+        call, before any file is read) as :meth:`read`."""
         spec = _spec(name_or_spec)
         _check_version(version)
+        _check_partition_filter(partition_filter, spec.partition_by, spec.name)
         unknown = [c for c in [*columns, *(equal or {})] if c not in spec.data_columns + list(spec.partition_by)]
         if unknown:
             raise ValidationError("columns", unknown, f"not columns of {spec.name!r}", f"use {spec.column_names}")
@@ -378,7 +381,8 @@ class Lake:
             return iter(())
         dt = open_table(table_dir, version)
         check_bridge_can_read(dt, table_dir)
-        return _file_tables(table_dir, _active_files(dt, spec.partition_by), spec, columns, equal)
+        files = _prune(_active_files(dt, spec.partition_by), partition_filter)
+        return _file_tables(table_dir, files, spec, columns, equal)
 
     def read_max_rows(
         self, name_or_spec: str | TableSpec, column: str, by: str, columns: Sequence[str], version: int | None = None

@@ -140,6 +140,12 @@ def delay_millis(level: Column) -> Column:
     return F.coalesce(F.try_element_at(table, level).cast("long"), F.lit(_UNKNOWN_DELAY_LEVEL_MILLIS).cast("long"))
 
 
+def dispatched_mask(sys_flag: pa.Array | pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
+    """:func:`is_dispatched` over an Arrow column of ``sys_flag`` values, for rows read on the driver."""
+    transaction_type = pc.bit_wise_and(sys_flag, c.TRANSACTION_ROLLBACK_TYPE)
+    return pc.is_in(transaction_type, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE], pa.int32()))
+
+
 def is_dispatched(sys_flag: Column) -> Column:
     """True when the record's transaction type (``sys_flag & 12``) is NOT (0) or COMMIT (8)."""
     return sys_flag.bitwiseAND(c.TRANSACTION_ROLLBACK_TYPE).isin(c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE)
@@ -825,9 +831,7 @@ def queue_starts(rows: pa.Table) -> list[QueueStart]:
     """The :class:`QueueStart` of every queue of commit log ``rows`` (:data:`_START_COLUMNS`, an
     Arrow table read on the driver: the new rows of an incremental run are few, and their starts
     decide what the Spark work reads). Units are the dispatched records (:func:`is_dispatched`)."""
-    transaction_type = pc.bit_wise_and(rows["sys_flag"], c.TRANSACTION_ROLLBACK_TYPE)
-    dispatched = pc.is_in(transaction_type, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE], pa.int32()))
-    units = pc.if_else(dispatched, rows["queue_offset"], pa.scalar(None, pa.int64()))
+    units = pc.if_else(dispatched_mask(rows["sys_flag"]), rows["queue_offset"], pa.scalar(None, pa.int64()))
     keyed = rows.select(list(QUEUE_KEYS)).append_column("first_offset", rows["commit_log_offset"])
     keyed = keyed.append_column("first_unit", units)
     grouped = keyed.group_by(list(QUEUE_KEYS)).aggregate([("first_offset", "min"), ("first_unit", "min")])

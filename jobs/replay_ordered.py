@@ -90,7 +90,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +123,7 @@ from jobs.lake_io import (
     open_table,
     write_data_files,
 )
-from jobs.rebuild_consume_queue import is_dispatched
+from jobs.rebuild_consume_queue import dispatched_mask, is_dispatched
 from jobs.runs import JobRun, record_run
 from jobs.session import ENGINES, build_session
 from schemas.catalog import (
@@ -513,22 +512,63 @@ def _bound_aggregates(from_time: int | None, to_time: int | None) -> list[Column
     ]  # fmt: skip
 
 
-# the commit log data columns a source summary reads (the broker comes from the partition values)
-SUMMARY_COLUMNS = ("topic", "queue_id", "queue_offset", "store_timestamp", "sys_flag")
+# the commit log columns a source summary reads
+SUMMARY_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp", "sys_flag")
 
 
-def summarize_by_file(
-    rows_df: DataFrame, topics: Sequence[TopicQueues], from_time: int | None, to_time: int | None
-) -> DataFrame:
-    """Per data file (``_file``) and queue of the source records of ``rows_df``: the queue
-    bounds (``min_offset``, ``next_offset`` = largest + 1, and the first offsets stored at or
-    after ``from_time`` and ``to_time``: ``time_start``, ``time_end``, null when none is or the
-    time is None) and ``offsets``, the file's queue offsets of the queue,
-    for :meth:`Lake.read_aggregated_by_file`. Needs :data:`SUMMARY_COLUMNS`."""
-    source_df = filter_source_records(rows_df, topics)
-    return source_df.groupBy("_file", "topic", "queue_id").agg(
-        *_bound_aggregates(from_time, to_time), F.collect_list("queue_offset").alias("offsets")
-    )
+def summarize_source(
+    chunks: Iterable[pa.Table], topics: Sequence[TopicQueues], from_time: int | None, to_time: int | None
+) -> pa.Table:
+    """Per chunk of commit log rows (:data:`SUMMARY_COLUMNS`, one chunk per data file) and queue,
+    the source records' bounds: ``min_offset``, ``next_offset`` (largest + 1), the first offsets
+    stored at or after ``from_time`` and ``to_time`` (``time_start``, ``time_end``; null when none
+    is, or when the time is None), and ``offsets``, the chunk's queue offsets of the queue.
+
+    The source records are those :func:`filter_source_records` keeps. Computed on the driver with
+    pyarrow, chunk after chunk: a file's narrow columns at a time, and 8 bytes per source record.
+    """
+    parts = []
+    for rows in chunks:
+        rows = rows.filter(_source_mask(rows, topics))
+        if rows.num_rows == 0:
+            continue
+        offset, stored = rows["queue_offset"], rows["store_timestamp"]
+        for name, moment in (("time_start", from_time), ("time_end", to_time)):
+            none = pa.scalar(None, pa.int64())
+            at_or_after = pa.nulls(rows.num_rows, pa.int64()) if moment is None else pc.if_else(
+                pc.greater_equal(stored, moment), offset, none)  # fmt: skip
+            rows = rows.append_column(name, at_or_after)
+        grouped = rows.group_by(list(QUEUE_KEY), use_threads=False).aggregate([
+            ("queue_offset", "min"), ("queue_offset", "max"), ("time_start", "min"), ("time_end", "min"),
+            ("queue_offset", "list")])  # fmt: skip
+        parts.append(pa.table({
+            **{k: grouped[k] for k in QUEUE_KEY}, "min_offset": grouped["queue_offset_min"],
+            "next_offset": pc.add(grouped["queue_offset_max"], 1), "time_start": grouped["time_start_min"],
+            "time_end": grouped["time_end_min"], "offsets": grouped["queue_offset_list"],
+        }))  # fmt: skip
+    return pa.concat_tables(parts) if parts else _SUMMARY_SCHEMA.empty_table()
+
+
+_SUMMARY_SCHEMA = pa.schema([
+    ("broker_name", pa.string()), ("topic", pa.string()), ("queue_id", pa.int32()), ("min_offset", pa.int64()),
+    ("next_offset", pa.int64()), ("time_start", pa.int64()), ("time_end", pa.int64()),
+    ("offsets", pa.list_(pa.int64())),
+])  # fmt: skip
+
+
+def _source_mask(rows: pa.Table, topics: Sequence[TopicQueues]) -> pa.ChunkedArray | pa.Array:
+    """:func:`filter_source_records` over Arrow rows: dispatched records of ``topics`` (and their
+    queue ids), every dispatched record when ``topics`` is empty."""
+    mask = dispatched_mask(rows["sys_flag"])
+    if not topics:
+        return mask
+    wanted = None
+    for entry in topics:
+        term = pc.equal(rows["topic"], entry.topic)
+        if entry.queue_ids is not None:
+            term = pc.and_(term, pc.is_in(rows["queue_id"], pa.array(entry.queue_ids, pa.int32())))
+        wanted = term if wanted is None else pc.or_(wanted, term)
+    return pc.and_(mask, wanted)
 
 
 def merge_queue_bounds(summary: pa.Table) -> list[QueueBounds]:
@@ -922,16 +962,12 @@ def _prepare(lake: Lake, config: ReplayConfig) -> _Run:
         positions_df = selection_df.withColumn("store_timestamp", F.lit(0).cast("long"))
         summary_df = positions_df.groupBy(*QUEUE_KEY).agg(
             *_bound_aggregates(config.from_time, config.to_time), F.collect_list("queue_offset").alias("offsets"))
+        summary = summary_df.select(*QUEUE_KEY, *_BOUNDS, "offsets").toArrow()
     else:
-        # one narrow pass summarizes the source per file and queue (bounds, and the offsets the
-        # report expects), partition values attached per group rather than per record
-        summarize = partial(summarize_by_file, topics=config.topics, from_time=config.from_time,
-                            to_time=config.to_time)  # fmt: skip
-        summary_df = lake.read_aggregated_by_file(COMMITLOG, SUMMARY_COLUMNS, summarize, version)
-        if config.brokers:
-            summary_df = summary_df.where(F.col("broker_name").isin(*config.brokers))
-    # to the driver once: 8 bytes per source message, and the bounds are merged there
-    summary = summary_df.select(*QUEUE_KEY, *_BOUNDS, "offsets").toArrow()
+        # the source summarized per file and queue on the driver, from the narrow columns (bounds,
+        # and the offsets the report expects): no Spark job before the write
+        chunks = lake.iter_file_rows(COMMITLOG, SUMMARY_COLUMNS, version=version, partition_filter=partition_filter)
+        summary = summarize_source(chunks, config.topics, config.from_time, config.to_time)
     bounds = merge_queue_bounds(summary)
     if config.source == "backlog":
         if not lake.exists(CONSUMER_OFFSET_COMMITS):

@@ -49,6 +49,7 @@ from jobs.replay_ordered import (
     deliver,
     filter_source_records,
     format_source,
+    merge_queue_bounds,
     parse_source,
     plan_ranges,
     progress_after,
@@ -56,6 +57,7 @@ from jobs.replay_ordered import (
     run,
     running_hash,
     select_queue_id,
+    summarize_source,
     write_progress,
 )
 from schemas.catalog import COMMITLOG, CONSUMER_OFFSET_COMMITS, REPLAY_PROGRESS, REPLAY_REPORT
@@ -255,6 +257,35 @@ def test_the_report_finds_gaps_duplicates_reordering_and_missing_queues() -> Non
     assert [list(r) for r in report] == [REPLAY_REPORT.column_names] * 5
     assert [r["queue_id"] for r in report] == [0, 1, 2, 3, 4]
     assert pa.Table.from_pylist(report, REPLAY_REPORT.arrow_schema).num_rows == 5  # the table's types fit
+
+
+def test_the_source_summary_keeps_dispatched_records_of_the_topics_and_finds_the_time_bounds() -> None:
+    prepared, commit = c.TRANSACTION_PREPARED_TYPE, c.TRANSACTION_COMMIT_TYPE
+    records = [  # broker, topic, queue id, queue offset, store timestamp, sys_flag
+        *[("broker-a", "Orders", 0, o, 100 + 10 * o, 0) for o in range(6)],
+        ("broker-a", "Orders", 0, 0, 135, prepared),  # a half message: not dispatched
+        ("broker-a", "Orders", 0, 6, 170, commit),
+        *[("broker-a", "Orders", 1, o, 100 + o, 0) for o in range(3)],  # queue 1 is not asked for
+        *[("broker-b", "Orders", 0, o, 150 + o, 0) for o in range(2)],  # stored before the window ends
+        ("broker-a", "Other", 0, 0, 100, 0),
+    ]
+    names = ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp", "sys_flag")
+    types = (pa.string(), pa.string(), pa.int32(), pa.int64(), pa.int64(), pa.int32())
+    table = pa.Table.from_arrays([pa.array(col, t) for col, t in zip(zip(*records, strict=True), types, strict=True)],
+                                 names=list(names))  # fmt: skip
+    chunks = [table.slice(0, 4), table.slice(4)]  # queue broker-a/Orders/0 in both chunks, as in two files
+
+    summary = summarize_source(chunks, [TopicQueues("Orders", (0,))], from_time=125, to_time=160)
+
+    assert summary.num_rows == 3
+    assert merge_queue_bounds(summary) == [
+        QueueBounds("broker-a", "Orders", 0, 0, 7, time_start=3, time_end=6),
+        QueueBounds("broker-b", "Orders", 0, 0, 2, time_start=0, time_end=None),
+    ]
+    offsets = {}
+    for row in summary.to_pylist():
+        offsets.setdefault((row["broker_name"], row["queue_id"]), []).extend(row["offsets"])
+    assert {k: sorted(v) for k, v in offsets.items()} == {("broker-a", 0): list(range(7)), ("broker-b", 0): [0, 1]}
 
 
 def test_the_running_hash_is_the_chain_it_names() -> None:
