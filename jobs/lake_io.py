@@ -350,9 +350,7 @@ class Lake:
         Spark job), partition columns typed from the log: for the narrow facts an incremental
         job needs before it plans its Spark work. Errors as :meth:`read_appended`."""
         spec = _spec(name_or_spec)
-        unknown = [c for c in columns if c not in spec.column_names]
-        if unknown:
-            raise ValidationError("columns", unknown, f"not columns of {spec.name!r}", f"use {spec.column_names}")
+        _check_column_names(spec, "columns", columns)
         table_dir, _, files = self._appended(spec, after_version, up_to_version)
         return _read_files(table_dir, files, spec, columns)
 
@@ -373,9 +371,8 @@ class Lake:
         spec = _spec(name_or_spec)
         _check_version(version)
         _check_partition_filter(partition_filter, spec.partition_by, spec.name)
-        unknown = [c for c in [*columns, *(equal or {})] if c not in spec.data_columns + list(spec.partition_by)]
-        if unknown:
-            raise ValidationError("columns", unknown, f"not columns of {spec.name!r}", f"use {spec.column_names}")
+        _check_column_names(spec, "columns", columns)
+        _check_column_names(spec, "equal", list(equal or {}), spec.data_columns)
         table_dir = local_directory(self.location(spec))
         if not DeltaTable.is_deltatable(table_dir):
             return iter(())
@@ -395,6 +392,7 @@ class Lake:
         _check_version(version)
         if by not in spec.partition_by:
             raise ValidationError("by", by, f"not a partition column of {spec.name!r}", f"use {spec.partition_by}")
+        _check_column_names(spec, "columns", [*columns, column])
         table_dir = local_directory(self.location(spec))
         dt = open_table(table_dir, version)
         check_bridge_can_read(dt, table_dir)
@@ -851,6 +849,16 @@ def files_around(
         for value, low, high in zip(values, lows, highs, strict=True)
     ]
     return _active_files_of(actions.filter(pa.array(keep, pa.bool_())), partition_by)
+
+
+def _check_column_names(
+    spec: TableSpec, option: str, columns: Sequence[str], allowed: Sequence[str] | None = None
+) -> None:
+    """Refuse ``columns`` that are not among ``allowed`` (default: every column of ``spec``)."""
+    allowed = spec.column_names if allowed is None else allowed
+    unknown = [c for c in columns if c not in allowed]
+    if unknown:
+        raise ValidationError(option, unknown, f"not columns of {spec.name!r} here", f"use {list(allowed)}")
 
 
 def _read_files(table_dir: str, files: pa.Table, spec: TableSpec, columns: Sequence[str]) -> pa.Table:

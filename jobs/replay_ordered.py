@@ -390,6 +390,11 @@ class QueueBounds:
     time_end: int | None = None
     committed: int | None = None
 
+    @property
+    def key(self) -> QueueKey:
+        """(broker_name, topic, queue_id)."""
+        return (self.broker_name, self.topic, self.queue_id)
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -416,7 +421,7 @@ def plan_ranges(
     Deterministic; no I/O.
     """
     ranges = []
-    for bound in sorted(bounds, key=lambda b: (b.broker_name, b.topic, b.queue_id)):
+    for bound in sorted(bounds, key=lambda b: b.key):
         key = (bound.broker_name, bound.topic, bound.queue_id)
         start, end = _start_and_end(bound, config)
         known = progress.get(key)
@@ -534,9 +539,8 @@ def summarize_source(
             continue
         offset, stored = rows["queue_offset"], rows["store_timestamp"]
         for name, moment in (("time_start", from_time), ("time_end", to_time)):
-            none = pa.scalar(None, pa.int64())
             at_or_after = pa.nulls(rows.num_rows, pa.int64()) if moment is None else pc.if_else(
-                pc.greater_equal(stored, moment), offset, none)  # fmt: skip
+                pc.greater_equal(stored, moment), offset, pa.scalar(None, pa.int64()))  # fmt: skip
             rows = rows.append_column(name, at_or_after)
         grouped = rows.group_by(list(QUEUE_KEY), use_threads=False).aggregate([
             ("queue_offset", "min"), ("queue_offset", "max"), ("time_start", "min"), ("time_end", "min"),
@@ -572,14 +576,14 @@ def _source_mask(rows: pa.Table, topics: Sequence[TopicQueues]) -> pa.ChunkedArr
 
 
 def merge_queue_bounds(summary: pa.Table) -> list[QueueBounds]:
-    """The bounds of each queue of ``summary`` (rows of :func:`summarize_by_file` on the driver,
-    several per queue), sorted by queue; nulls are skipped, as Spark's ``min`` skips them."""
+    """The bounds of each queue of ``summary`` (rows of :func:`summarize_source`, several per
+    queue), sorted by queue; nulls are skipped, as Spark's ``min`` skips them."""
     aggregates = [(n, "max" if n == "next_offset" else "min") for n in _BOUNDS]
     merged = summary.group_by(list(QUEUE_KEY), use_threads=False).aggregate(aggregates)
     rows = merged.to_pylist()
     bounds = [QueueBounds(r["broker_name"], r["topic"], r["queue_id"], *[r[f"{n}_{f}"] for n, f in aggregates])
               for r in rows]  # fmt: skip
-    return sorted(bounds, key=lambda b: (b.broker_name, b.topic, b.queue_id))
+    return sorted(bounds, key=lambda b: b.key)
 
 
 def build_backlog_starts(commits_df: DataFrame, group: str, as_of: int) -> DataFrame:
@@ -715,9 +719,10 @@ def build_ordering_report(
     offsets = {key: values for key, (values,) in _by_queue(expected, ["queue_offset"])}
     report = []
     for key in sorted(rows.keys() | offsets.keys()):
-        parts = rows.pop(key, [])
-        found = [np.concatenate(c) if c else np.empty(0, np.int64) for c in zip(*parts, strict=True)] if parts else []
-        replay_order = found[0][np.lexsort((found[2], found[1]))] if found else np.empty(0, np.int64)
+        replay_order = np.empty(0, np.int64)
+        if key in rows:
+            offset, batch, sequence = (np.concatenate(column) for column in zip(*rows.pop(key), strict=True))
+            replay_order = offset[np.lexsort((sequence, batch))]
         source = offsets.pop(key, np.empty(0, np.int64))
         report.append(_report_row(key, replay_order, source) | {
             "replay_id": replay_id, "run_id": run_id, "sink": sink, "report_timestamp": as_of})  # fmt: skip
@@ -974,14 +979,10 @@ def _prepare(lake: Lake, config: ReplayConfig) -> _Run:
             raise ValidationError("--group", config.group, "the lake has no consumer_offset_commits table")
         starts_df = build_backlog_starts(lake.read(CONSUMER_OFFSET_COMMITS), config.group or "", _now())
         starts = {(r["broker_name"], r["topic"], r["queue_id"]): r["committed"] for r in starts_df.collect()}
-        bounds = [replace(b, committed=starts[_key(b)]) for b in bounds if _key(b) in starts]
+        bounds = [replace(b, committed=starts[b.key]) for b in bounds if b.key in starts]
     progress = read_progress(lake, config.replay_id)
     return _Run(lake, config, version, records_df, summary.select([*QUEUE_KEY, "offsets"]), selection_df, progress,
                 bounds)  # fmt: skip
-
-
-def _key(bound: QueueBounds) -> QueueKey:
-    return (bound.broker_name, bound.topic, bound.queue_id)
 
 
 def read_progress(lake: Lake, replay_id: str) -> dict[QueueKey, Progress]:

@@ -182,6 +182,30 @@ def test_message_bodies_ids_and_property_values_are_written_without_a_dictionary
     assert {"topic", "born_host", "properties.key_value.key", "tags"} <= dictionary
 
 
+def test_file_rows_come_one_table_per_data_file_filtered_by_partition_and_value(
+    lake: Lake, spark: SparkSession
+) -> None:
+    assert list(lake.iter_file_rows("commitlog", ["commit_log_offset"])) == []  # no table yet
+    lake.append("commitlog", _commitlog(spark))
+    files = len(list(lake.location(COMMITLOG).rglob("*.parquet")))
+    columns = ["broker_name", "segment", "commit_log_offset"]
+
+    every = list(lake.iter_file_rows("commitlog", columns))
+    of_a = list(lake.iter_file_rows("commitlog", columns, partition_filter={"broker_name": ["broker-a"]}))
+    at_200 = list(lake.iter_file_rows("commitlog", columns, equal={"commit_log_offset": 200}))
+
+    assert len(every) == files and all(t.column_names == columns for t in every)
+    assert sorted(r for t in every for r in zip(*t.to_pydict().values(), strict=True)) == [
+        ("broker b/%é", 0, 0), ("broker-a", 0, 0), ("broker-a", 0, 200), ("broker-a", 4096, 4096)]  # fmt: skip
+    assert {r["broker_name"] for t in of_a for r in t.to_pylist()} == {"broker-a"}
+    assert [r for t in at_200 for r in t.to_pylist()] == [{"broker_name": "broker-a", "segment": 0,
+                                                          "commit_log_offset": 200}]  # fmt: skip
+    with pytest.raises(ValidationError, match="equal"):
+        lake.iter_file_rows("commitlog", columns, equal={"broker_name": "broker-a"})  # a partition column
+    with pytest.raises(ValidationError, match="no_such"):
+        lake.iter_file_rows("commitlog", ["no_such"])
+
+
 def test_bridge_stats_are_the_exact_bounds_of_each_file(lake: Lake, spark: SparkSession) -> None:
     lake.append("consume_queue", _queue_units(spark, topics=("TopicA",)).coalesce(1))
 
