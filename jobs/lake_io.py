@@ -43,7 +43,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -254,13 +254,15 @@ class Lake:
         _check_catalog_schema(spec, _log_schema(dt), path)
         return dt.to_pyarrow_table(columns=list(spec.column_names))
 
-    def append_rows(self, name_or_spec: str | TableSpec, rows: pa.Table) -> int:
-        """Append ``rows`` to a small unpartitioned catalog table from the driver with delta-rs,
-        for both engines (one commit, no Spark job); the version committed. Errors as
-        :meth:`overwrite_rows`."""
-        version = self._write_rows(_spec(name_or_spec), rows, "append", None)
-        assert version is not None
-        return version
+    def append_rows(
+        self, name_or_spec: str | TableSpec, rows: pa.Table, app_id: str | None = None, app_version: int | None = None
+    ) -> int | None:
+        """Append ``rows`` to a catalog table from the driver with delta-rs, for both engines (one
+        commit, no Spark job; a partitioned table gets one file per partition value), with the
+        application transaction ``(app_id, app_version)`` when given; the version committed,
+        None when the table already holds that transaction. For rows few enough to hold on the
+        driver. Errors as :meth:`overwrite_rows`."""
+        return self._write_rows(_spec(name_or_spec), rows, "append", _transaction(app_id, app_version))
 
     def overwrite_rows(
         self, name_or_spec: str | TableSpec, rows: pa.Table, app_id: str, app_version: int
@@ -272,13 +274,14 @@ class Lake:
         Raises:
             ValidationError: ``rows`` lacks a catalog column or has a null in a NOT NULL one, or a
                 bad ``app_id``/``app_version``. Nothing is committed.
-            LakeError: the table is partitioned, or the existing table does not match the catalog.
+            LakeError: the table is partitioned (overwrite only), or the existing table does not
+                match the catalog.
         """
         return self._write_rows(_spec(name_or_spec), rows, "overwrite", _transaction(app_id, app_version))
 
     def _write_rows(self, spec: TableSpec, rows: pa.Table, mode: str, txn: Transaction | None) -> int | None:
-        if spec.partition_by:
-            raise LakeError(f"{spec.name} is partitioned: write it with Spark (Lake.append or Lake.overwrite)")
+        if spec.partition_by and mode == "overwrite":
+            raise LakeError(f"{spec.name} is partitioned: overwrite it with Spark (Lake.overwrite)")
         missing = [n for n in spec.column_names if n not in rows.column_names]
         if missing:
             raise ValidationError("rows", missing, f"columns of {spec.name!r} missing from the rows")
@@ -295,7 +298,7 @@ class Lake:
             return None
         properties = CommitProperties(app_transactions=[txn]) if txn is not None else None
         write_deltalake(path, conformed, mode="overwrite" if mode == "overwrite" else "append",
-                        commit_properties=properties)  # fmt: skip
+                        partition_by=list(spec.partition_by) or None, commit_properties=properties)  # fmt: skip
         return open_table(path).version()
 
     def version(self, name_or_spec: str | TableSpec) -> int | None:
@@ -338,6 +341,12 @@ class Lake:
         df = scan_files(self.spark, table_dir, _log_schema(dt), spec.partition_by, files)
         _check_catalog_schema(spec, df.schema, table_dir)
         return df.select(*spec.column_names)
+
+    def appended_size(self, name_or_spec: str | TableSpec, after_version: int, up_to_version: int | None = None) -> int:
+        """Bytes of the data files :meth:`read_appended` reads (their sizes in the log), to decide
+        where they are read. Errors as :meth:`read_appended`."""
+        _, _, files = self._appended(_spec(name_or_spec), after_version, up_to_version)
+        return int(sum(files.column("size_bytes").to_pylist()))
 
     def read_appended_rows(
         self,
@@ -466,38 +475,6 @@ class Lake:
         df = scan_files(self.spark, table_dir, _log_schema(dt), spec.partition_by, files)
         _check_catalog_schema(spec, df.schema, table_dir)
         return df.select(*spec.column_names)
-
-    def read_aggregated_by_file(
-        self,
-        name_or_spec: str | TableSpec,
-        columns: Sequence[str],
-        aggregate: Callable[[DataFrame], DataFrame],
-        version: int | None = None,
-    ) -> DataFrame:
-        """``aggregate`` over data columns of a catalog table keyed by file, with the table's
-        partition columns attached to its result instead of to every row.
-
-        ``aggregate`` receives ``columns`` plus ``_file`` (a string key of the row's data file) and
-        must keep ``_file`` as a grouping column; the returned frame has its other columns, then
-        the table's partition columns (typed as in the log). :meth:`read` attaches partition
-        values to every row, which costs about as much as reading a few columns; this attaches
-        them once per group, for aggregations by partition over large tables.
-
-        Raises:
-            ValidationError: a name of ``columns`` is a partition column or no column of the table.
-            LakeError, UnsupportedTableError: as :meth:`read`.
-        """
-        spec = _spec(name_or_spec)
-        _check_version(version)
-        unknown = [c for c in columns if c not in spec.data_columns]
-        if unknown:
-            raise ValidationError("columns", unknown, f"not data columns of {spec.name!r}", f"use {spec.data_columns}")
-        if self.engine != "bridge":
-            return _aggregated_by_partition(self.read(spec, version), columns, aggregate, spec)
-        table_dir = local_directory(self.location(spec))
-        dt = open_table(table_dir, version)
-        check_bridge_can_read(dt, table_dir)
-        return _aggregated_by_file(self.spark, table_dir, dt, columns, aggregate)
 
     def _write(
         self,
@@ -1043,70 +1020,6 @@ def _with_partition_values(
         for i, c in enumerate(partition_by)
     }
     return joined_df.select(*[partition_cols.get(n, F.col(n)) for n in schema.fieldNames()])
-
-
-def _aggregated_by_file(
-    spark: SparkSession,
-    table_dir: str,
-    dt: DeltaTable,
-    columns: Sequence[str],
-    aggregate: Callable[[DataFrame], DataFrame],
-) -> DataFrame:
-    """The bridge's :meth:`Lake.read_aggregated_by_file`: the raw ``_metadata.file_path`` is the
-    key of the rows; it is decoded and joined to the log's partition values after ``aggregate``."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import BooleanType, StringType, StructField, StructType
-
-    schema = _log_schema(dt)
-    partition_by = list(dt.metadata().partition_columns)
-    fields = {f.name: f for f in schema.fields}
-    files = _active_files(dt, partition_by)
-    locations = [file_location(table_dir, p) for p in files.column("path").to_pylist()]
-    if locations:
-        reader = spark.read.option("__globPaths__", "false").schema(StructType([fields[c] for c in columns]))
-        data_df = reader.parquet(*[f"file:{loc}" for loc in locations])
-        _check_scanned(data_df, locations, table_dir)
-        file_path = data_df.metadataColumn("_metadata").getField("file_path")
-        rows_df = data_df.select(*columns, file_path.alias("_file"))
-    else:
-        empty_schema = StructType([fields[c] for c in columns] + [StructField("_file", StringType())])
-        rows_df = spark.createDataFrame([], empty_schema)
-    result_df = aggregate(rows_df)
-    files_schema = StructType(
-        [StructField(_FILE_KEY, StringType()), StructField(_KNOWN, BooleanType())]
-        + [StructField(f"{_FILE_KEY}_{i}", fields[c].dataType) for i, c in enumerate(partition_by)]
-    )
-    values = [files.column(f"partition.{c}").to_pylist() for c in partition_by]
-    files_df = spark.createDataFrame(
-        [(f"file:{loc}", True, *[v[i] for v in values]) for i, loc in enumerate(locations)], files_schema
-    )
-    # as in _with_partition_values: '+' is literal in a URI path but a space to url_decode
-    keyed_df = result_df.withColumn(_FILE_KEY, F.url_decode(F.replace(F.col("_file"), F.lit("+"), F.lit("%2B"))))
-    joined_df = keyed_df.join(F.broadcast(files_df), on=_FILE_KEY, how="left")
-    unknown = F.concat(F.lit("file not in the Delta log, cannot attach partition values: "), F.col(_FILE_KEY))
-    partition_cols = [
-        F.when(F.col(_KNOWN).isNull(), F.raise_error(unknown)).otherwise(F.col(f"{_FILE_KEY}_{i}")).alias(c)
-        for i, c in enumerate(partition_by)
-    ]
-    return joined_df.select(*[c for c in result_df.columns if c != "_file"], *partition_cols)
-
-
-def _aggregated_by_partition(
-    df: DataFrame, columns: Sequence[str], aggregate: Callable[[DataFrame], DataFrame], spec: TableSpec
-) -> DataFrame:
-    """:meth:`Lake.read_aggregated_by_file` for engines whose reads carry partition values: the
-    ``_file`` key is the row's partition values as JSON, parsed back after ``aggregate``."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StructField, StructType
-
-    if not spec.partition_by:
-        return aggregate(df.select(*columns, F.lit("").alias("_file"))).drop("_file")
-    types = {f.name: f.dataType for f in df.schema.fields}
-    partition_schema = StructType([StructField(c, types[c]) for c in spec.partition_by])
-    result_df = aggregate(df.select(*columns, F.to_json(F.struct(*spec.partition_by)).alias("_file")))
-    values = F.from_json(F.col("_file"), partition_schema)
-    return result_df.select(*[c for c in result_df.columns if c != "_file"],
-                            *[values[c].alias(c) for c in spec.partition_by])  # fmt: skip
 
 
 def write_data_files(df: DataFrame, table_dir: str, partition_by: Sequence[str]) -> WrittenFiles:

@@ -34,17 +34,19 @@ is a Delta application transaction (``rebuild_consume_queue``) committed with th
 three tables, so a rerun with no new commit log version commits nothing. Findings already
 recorded are never withdrawn by an incremental run; a full run recomputes them all.
 
-The commit log is scanned once with its bodies: the records are shuffled by queue, checked there
-and written as units in the same pass, while the problems are only counted; the findings
-themselves are then computed from narrow columns (continuity), and from a second scan only when
-that count is not zero. The units commit first, the tails last; a run that stops before the
-findings or the tails commit leaves them behind ``consume_queue``, and the next run rebuilds in full.
+The continuity of every queue and broker log is checked on the driver first, from the narrow
+columns of the commit log read file by file (:mod:`jobs.log_chains`); the commit log is then
+scanned once with its bodies: each scan task writes its units sorted by queue (no shuffle) while
+the record problems are only counted. The findings themselves are computed in Spark only for the
+queues and brokers the driver suspects, and for the records when that count is not zero. The
+units commit first, the tails last; a run that stops before the findings or the tails commit
+leaves them behind ``consume_queue``, and the next run rebuilds in full.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import reduce
 from pathlib import Path
@@ -60,7 +62,9 @@ from pyspark.sql.types import StructType
 from broker_model import constants as c
 from broker_model.errors import LakeError
 from broker_model.lake_root import default_lake
+from jobs.driver_units import DRIVER_COLUMNS, Declined, consume_queue_units, has_record_problem
 from jobs.lake_io import IncrementalReadError, Lake
+from jobs.log_chains import CHAIN_COLUMNS, Chains, dispatched_mask, segment_sizes
 from jobs.runs import JobRun, record_run, table_versions
 from jobs.session import build_session
 from schemas.catalog import (
@@ -81,7 +85,6 @@ PROBLEMS = (
 
 _UINT32 = 1 << 32  # Java int arithmetic is modulo 2^32
 _INT_SIGN = 1 << 31
-_HASH_BITS = 0x7FFFFFFF  # 31-bit halves of xxhash64: sums of millions of them stay far below 2^63
 # calMsgLength with both hosts IPv4 and magic v1, without body, topic and property bytes
 _FIXED_RECORD_LENGTH = 91
 _IPV6_HOST_EXTRA = 12  # an IPv6 address takes 16 bytes instead of 4
@@ -91,7 +94,9 @@ _SEP, _KV = c.PROPERTY_SEPARATOR, c.NAME_VALUE_SEPARATOR
 _DELAY_PATTERN = f"(?:^|{_SEP}){c.PROPERTY_DELAY_TIME_LEVEL}{_KV}([^{_SEP}]+)"
 
 QUEUE_KEYS = ("broker_name", "topic", "queue_id")
-_DIGEST_KEYS = ("broker_name", "segment", "tags")
+# an increment whose new commit log files hold at most this many bytes (Parquet) is read, checked
+# and written on the driver when it is clean: a few Spark jobs would cost more than the work
+DRIVER_INCREMENT_BYTES = 256 << 20
 # units are shuffled by queue with the topic first: they then come out sorted by topic, the
 # partition column of consume_queue, and the write needs no sort of its own
 _QUEUE_PARTITION = ("topic", "broker_name", "queue_id")
@@ -140,20 +145,9 @@ def delay_millis(level: Column) -> Column:
     return F.coalesce(F.try_element_at(table, level).cast("long"), F.lit(_UNKNOWN_DELAY_LEVEL_MILLIS).cast("long"))
 
 
-def dispatched_mask(sys_flag: pa.Array | pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
-    """:func:`is_dispatched` over an Arrow column of ``sys_flag`` values, for rows read on the driver."""
-    transaction_type = pc.bit_wise_and(sys_flag, c.TRANSACTION_ROLLBACK_TYPE)
-    return pc.is_in(transaction_type, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE], pa.int32()))
-
-
 def is_dispatched(sys_flag: Column) -> Column:
     """True when the record's transaction type (``sys_flag & 12``) is NOT (0) or COMMIT (8)."""
     return sys_flag.bitwiseAND(c.TRANSACTION_ROLLBACK_TYPE).isin(c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE)
-
-
-def _hash_half(value: Column, high: bool) -> Column:
-    hashed = F.xxhash64(value)
-    return (F.shiftrightunsigned(hashed, 32) if high else hashed).bitwiseAND(_HASH_BITS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,10 +293,7 @@ def with_queue_order(units_df: DataFrame, context_df: DataFrame | None = None) -
     Adds ``_new`` (false for context units) and ``_prior_offset``, ``_prior_log_offset``,
     ``_prior_new``: the queue offset, commit log offset and ``_new`` of the unit before in the
     queue, ordered by ``(queue_offset, commit_log_offset, _new)`` (units equal on all three are
-    the same record twice, interchangeable for every check); null for a queue's first unit; and
-    ``_last_in_queue``, true for the queue's last unit in that order. The
-    shuffle puts the topic first, so the rows come out sorted by topic (the partition column of
-    ``consume_queue``) and a write of them needs no sort of its own.
+    the same record twice, interchangeable for every check); null for a queue's first unit.
 
     Args:
         units_df: units of new records (dispatched rows, with at least the queue columns).
@@ -313,10 +304,11 @@ def with_queue_order(units_df: DataFrame, context_df: DataFrame | None = None) -
     if context_df is not None:
         rows_df = rows_df.unionByName(_as_context_units(context_df, rows_df.schema))
     window = Window.partitionBy(*_QUEUE_PARTITION).orderBy("queue_offset", "commit_log_offset", "_new")
-    priors = {f"_prior_{n}": F.lag(c_).over(window)
-              for n, c_ in (("offset", "queue_offset"), ("log_offset", "commit_log_offset"), ("new", "_new"))}
-    last = F.lead("queue_offset").over(window).isNull()
-    return rows_df.repartition(*_QUEUE_PARTITION).withColumns({**priors, "_last_in_queue": last})
+    priors = {
+        f"_prior_{n}": F.lag(c_).over(window)
+        for n, c_ in (("offset", "queue_offset"), ("log_offset", "commit_log_offset"), ("new", "_new"))
+    }
+    return rows_df.repartition(*_QUEUE_PARTITION).withColumns(priors)
 
 
 def _as_context_units(context_df: DataFrame, schema: StructType) -> DataFrame:
@@ -416,81 +408,12 @@ def _count_of(condition: Column) -> Column:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_log_digest(records_df: DataFrame, context_df: DataFrame | None = None) -> DataFrame:
-    """A small summary of the records per (broker_name, segment, tags), from one pass without sort.
-
-    Columns: ``broker_name``, ``segment`` (the record's ``segment`` column), ``tags``, ``_first``
-    (smallest offset), ``_first_size`` (its store_size), ``_end`` (greatest offset + store_size),
-    ``_smallest`` (smallest store_size), ``_sum0``/``_sum1`` (sums of ``h(end) - h(offset)`` for
-    two 31-bit halves of xxhash64). :func:`build_untiled_brokers` and :func:`with_tags_code` read it.
-    Needs ``broker_name``, ``segment``, ``commit_log_offset``, ``store_size`` and ``tags``;
-    context records (without tags) count too. :func:`digest_by_file` gives the same figures per
-    data file, and :func:`merge_log_digests` merges them.
-    """
-    columns = ["broker_name", "segment", "commit_log_offset", "store_size", "tags"]
-    marked_df = _marked(records_df, context_df, columns)
-    return marked_df.groupBy(*_DIGEST_KEYS).agg(*_digest_aggregates())
-
-
-def digest_by_file(rows_df: DataFrame) -> DataFrame:
-    """:func:`build_log_digest` figures per (``_file``, tags), for :meth:`Lake.read_aggregated_by_file`."""
-    return rows_df.groupBy("_file", "tags").agg(*_digest_aggregates())
-
-
-def merge_log_digests(digest_df: DataFrame) -> DataFrame:
-    """Digests of parts of the log (e.g. files) merged per (broker_name, segment, tags)."""
-    return digest_df.groupBy(*_DIGEST_KEYS).agg(
-        F.min("_first").alias("_first"), F.min_by("_first_size", "_first").alias("_first_size"),
-        F.max("_end").alias("_end"), F.min("_smallest").alias("_smallest"), F.sum("_sum0").alias("_sum0"),
-        F.sum("_sum1").alias("_sum1"),
-    )  # fmt: skip
-
-
-def _digest_aggregates() -> list[Column]:
-    offset, end = F.col("commit_log_offset"), F.col("commit_log_offset") + F.col("store_size")
-    return [
-        F.min(offset).alias("_first"), F.min_by("store_size", offset).alias("_first_size"), F.max(end).alias("_end"),
-        F.min("store_size").alias("_smallest"),
-        *[F.sum(_hash_half(end, high) - _hash_half(offset, high)).alias(f"_sum{int(high)}") for high in (False, True)],
-    ]  # fmt: skip
-
-
-def build_untiled_brokers(digest_df: DataFrame, segment_sizes_df: DataFrame) -> DataFrame:
-    """``broker_name`` of the brokers whose records might not follow each other exactly.
-
-    From :func:`build_log_digest`, no sort of records. A segment passes when its records lie in
-    it (with room for the 8-byte blank), their sizes are positive, and they tile ``[first offset,
-    last end)`` exactly: the starts and ends telescope, ``sum(h(end) - h(offset)) == h(last end)
-    - h(first offset)`` (a broken segment passes only if 62 bits of hash sums collide, about
-    2^-62). Consecutive non-empty segments must then meet as the roll rule says. Brokers listed
-    here are checked record by record; the others have no continuity finding.
-    """
-    sized_df = with_segment_size(merge_log_digests(digest_df.withColumn("tags", F.lit(None).cast("string"))),
-                                 segment_sizes_df)  # fmt: skip
-    first, last_end = F.col("_first"), F.col("_end")
-    segment_end = F.col("segment") + F.col("segment_size")
-    inside = (first >= F.col("segment")) & (last_end + c.END_FILE_MIN_BLANK_LENGTH <= segment_end)
-    fine = (F.col("_smallest") > 0) & inside
-    for high in (False, True):
-        fine = fine & (F.col(f"_sum{int(high)}") == _hash_half(last_end, high) - _hash_half(first, high))
-    by_segment = Window.partitionBy("broker_name").orderBy("segment")
-    next_df = sized_df.withColumns(
-        {"_next_first": F.lead(first).over(by_segment), "_next_size": F.lead("_first_size").over(by_segment)}
-    )
-    next_first, next_size = F.col("_next_first"), F.col("_next_size")
-    meets = next_first.isNull() | (next_first == last_end) | (
-        (next_first == segment_end) & (last_end + next_size + c.END_FILE_MIN_BLANK_LENGTH > segment_end)
-    )
-    return next_df.where(~(fine & meets)).select("broker_name").distinct()
-
-
 def build_continuity_findings(
     records_df: DataFrame,
     segment_sizes_df: DataFrame,
     commitlog_version: int,
     context_df: DataFrame | None = None,
-    digest_df: DataFrame | None = None,
-    untiled: Sequence[str] | None = None,
+    brokers: Sequence[str] | None = None,
 ) -> DataFrame:
     """SIZE_MISMATCH findings of records whose ``store_size`` does not lead to the broker's next record.
 
@@ -499,19 +422,12 @@ def build_continuity_findings(
     its segment (``end + next size + 8 > segment end``); the broker's last record is not checked.
     ``context_df`` holds records already checked (:func:`build_log_context`): one of them is only
     checked when its next record is new. Needs ``broker_name``, ``segment``,
-    ``commit_log_offset``, ``store_size`` and ``tags``.
-
-    Only the brokers that :func:`build_untiled_brokers` lists (from ``digest_df``, the
-    :func:`build_log_digest` of the same rows, built when not given; or ``untiled``, when the
-    caller has that list already) are sorted record by record.
+    ``commit_log_offset``, ``store_size`` and ``tags``. Only the records of ``brokers`` are
+    sorted and checked (None: every broker's); the job passes the brokers its
+    :class:`~jobs.log_chains.Chains` suspect.
     """
     marked_df = _marked(records_df, context_df, ["broker_name", "commit_log_offset", "store_size"])
-    if untiled is not None:
-        suspect_df = marked_df.where(F.col("broker_name").isin(*untiled))
-    else:
-        digest_df = digest_df if digest_df is not None else build_log_digest(records_df, context_df)
-        untiled_df = build_untiled_brokers(digest_df, segment_sizes_df)
-        suspect_df = marked_df.join(F.broadcast(untiled_df), on="broker_name", how="left_semi")
+    suspect_df = marked_df if brokers is None else marked_df.where(F.col("broker_name").isin(*brokers))
     window = Window.partitionBy("broker_name").orderBy("commit_log_offset", "store_size", "_new")
     next_df = with_segment_size(suspect_df, segment_sizes_df).withColumns(
         {f"_next_{n}": F.lead(n).over(window) for n in ("commit_log_offset", "store_size", "_new")}
@@ -591,11 +507,13 @@ def _context(old_df: DataFrame, new_df: DataFrame, keys: list[str], order: list[
 
 @dataclass(frozen=True)
 class RebuildConfig:
-    """Options of ``rebuild_consume_queue``: the lake root, a full rebuild or not, the lake engine."""
+    """Options of ``rebuild_consume_queue``: the lake root, a full rebuild or not, the lake engine,
+    and the most bytes of new commit log files an incremental run reads on the driver (0: none)."""
 
     lake: Path
     full: bool = False
     engine: str = "auto"
+    driver_bytes: int = DRIVER_INCREMENT_BYTES
 
 
 @dataclass(frozen=True)
@@ -692,9 +610,9 @@ class Tails:
     def of_rows(cls, rows: pa.Table, units: bool = True) -> Tails:
         """The tails of commit log ``rows`` (an Arrow table read on the driver): each broker's
         greatest ``(commit_log_offset, store_size)`` record, and with ``units`` each queue's
-        greatest ``(queue_offset, commit_log_offset)`` dispatched record. Needs
-        :data:`_LOG_TAIL_COLUMNS`, and with ``units`` also ``topic``, ``queue_id``,
-        ``queue_offset`` and ``sys_flag``."""
+        greatest ``(queue_offset, commit_log_offset)`` dispatched record. Needs ``broker_name``,
+        ``segment``, ``commit_log_offset`` and ``store_size``, and with ``units`` also ``topic``,
+        ``queue_id``, ``queue_offset`` and ``sys_flag``."""
         tails = cls()
         for r in rows.to_pylist():
             record = (r["commit_log_offset"], r["store_size"], r["segment"])
@@ -753,13 +671,6 @@ _UNIT_CONTEXT_SCHEMA = "broker_name string, topic string, queue_id int, queue_of
 _LOG_CONTEXT_SCHEMA = "broker_name string, segment long, commit_log_offset long, store_size int"
 
 
-def build_queue_tails(units_df: DataFrame) -> DataFrame:
-    """Per queue of ``units_df`` (consume queue units), its last unit in ``(queue_offset,
-    commit_log_offset)`` order: the queue key, ``queue_offset``, ``commit_log_offset``."""
-    last = F.max(F.struct("queue_offset", "commit_log_offset")).alias("_last")
-    return units_df.groupBy(*QUEUE_KEYS).agg(last).select(*QUEUE_KEYS, "_last.queue_offset", "_last.commit_log_offset")
-
-
 def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
     """Rebuild (or extend) the consume queues, the integrity report and the tails; print and
     record the run.
@@ -780,7 +691,7 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
         print(f"{JOB}: nothing to do, {plan.reason} (lake {config.lake})")
         record_run(lake, job_run.finish("NOOP", plan.reason))
         return job_run
-    plan, summary = _execute(lake, plan)
+    plan, summary = _execute(lake, plan, config.driver_bytes)
     job_run.output_versions = table_versions(lake, [s.name for s in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY,
                                                                      CONSUME_QUEUE_TAILS)])  # fmt: skip
     job_run.row_counts = summary.row_counts()
@@ -790,23 +701,25 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
     return job_run
 
 
-def _execute(lake: Lake, plan: RebuildPlan) -> tuple[RebuildPlan, RebuildSummary]:
+def _execute(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildPlan, RebuildSummary]:
     """Run ``plan``; an incremental plan whose new rows cannot be read alone becomes a full one.
     The tails commit last, with the same application transaction as the units and findings."""
     if plan.mode == "incremental":
         try:
-            summary, tails = _incremental(lake, plan)
+            summary, tails = _incremental(lake, plan, driver_bytes)
             lake.overwrite_rows(CONSUME_QUEUE_TAILS, tails.to_arrow(plan.target), APP_ID, plan.target)
             return plan, summary
         except IncrementalReadError as err:
             print(f"{JOB}: cannot read the new commit log rows alone ({err}); rebuilding in full")
             plan = replace(plan, mode="full", reason=str(err))
+    chains = Chains(segment_sizes(lake.read_rows(BROKERS)))
+    tags: set[str | None] = set()
+    for rows in lake.iter_file_rows(COMMITLOG, [*CHAIN_COLUMNS, "tags"], version=plan.target):
+        chains.add_part(rows)
+        tags.update(pc.unique(rows["tags"]).to_pylist())
     checked_df = build_checked_records(lake.read(COMMITLOG, version=plan.target))
-    columns = ["commit_log_offset", "store_size", "tags"]
-    digest_df = merge_log_digests(lake.read_aggregated_by_file(COMMITLOG, columns, digest_by_file, plan.target))
-    summary, last_units = _rebuild(lake, plan, checked_df, digest_df, None, None)
-    last_records = lake.read_max_rows(COMMITLOG, "commit_log_offset", "broker_name", _LOG_TAIL_COLUMNS, plan.target)
-    tails = Tails(last_units, Tails.of_rows(last_records, units=False).logs)
+    summary = _rebuild(lake, plan, checked_df, chains, tags, None, None)
+    tails = Tails(chains.queue_tails(), chains.log_tails())
     lake.overwrite_rows(CONSUME_QUEUE_TAILS, tails.to_arrow(plan.target), APP_ID, plan.target)
     return plan, summary
 
@@ -823,8 +736,7 @@ class QueueStart:
     first_unit: int | None
 
 
-_START_COLUMNS = (*QUEUE_KEYS, "queue_offset", "commit_log_offset", "sys_flag", "store_size", "segment")
-_LOG_TAIL_COLUMNS = ("broker_name", "segment", "commit_log_offset", "store_size")
+_START_COLUMNS = (*CHAIN_COLUMNS, "tags")
 
 
 def queue_starts(rows: pa.Table) -> list[QueueStart]:
@@ -839,16 +751,26 @@ def queue_starts(rows: pa.Table) -> list[QueueStart]:
             for r in grouped.to_pylist()]  # fmt: skip
 
 
-def _incremental(lake: Lake, plan: RebuildPlan) -> tuple[RebuildSummary, Tails]:
+def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildSummary, Tails]:
     """Read the new rows and the context they are checked against, then rebuild from them.
 
     The context is the tails when every new row comes after them (the broker appends); else the
     old units and records next to the new ones, read from ``consume_queue`` and the commit log.
-    The new rows and the contexts are small (they grow with the new data, not with the log), so
-    they are persisted: every check and the units pass reuse them.
+    New rows in files of at most ``driver_bytes`` are read on the driver whole; when they follow
+    the tails and are clean, :func:`_driver_increment` writes them without Spark. Otherwise the
+    Spark path checks them; its new rows and contexts are small (they grow with the new data, not
+    with the log), so they are persisted: every check and the units pass reuse them.
     """
     processed = plan.processed if plan.processed is not None else -1
     old_tails = tails = Tails.from_arrow(lake.read_rows(CONSUME_QUEUE_TAILS))
+    sizes = segment_sizes(lake.read_rows(BROKERS))
+    on_driver = 0 < driver_bytes and lake.appended_size(COMMITLOG, processed, plan.target) <= driver_bytes
+    new_rows = lake.read_appended_rows(COMMITLOG, DRIVER_COLUMNS if on_driver else _START_COLUMNS, processed,
+                                       plan.target)  # fmt: skip
+    if on_driver:
+        done = _driver_increment(lake, plan, new_rows, old_tails, sizes)
+        if done is not None:
+            return done
     persisted: list[DataFrame] = []
 
     def kept(df: DataFrame) -> DataFrame:
@@ -856,26 +778,57 @@ def _incremental(lake: Lake, plan: RebuildPlan) -> tuple[RebuildSummary, Tails]:
         return persisted[-1]
 
     try:
-        new_rows = lake.read_appended_rows(COMMITLOG, _START_COLUMNS, processed, plan.target)
         starts = queue_starts(new_rows)
         tails = tails.merged(Tails.of_rows(new_rows))
         checked_df = kept(build_checked_records(lake.read_appended(COMMITLOG, processed, plan.target)))
         if not starts:  # e.g. only compaction commits: nothing to check, the versions are still read
             empty_df = lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE))
             lake.append(CONSUME_QUEUE, empty_df, APP_ID, plan.target)
-            return _write_findings(lake, plan, None, {}), tails
+            return _write_findings(lake, plan, None, RebuildSummary()), tails
+        chains = Chains(sizes)
+        chains.add_part(new_rows)
         if old_tails.precede(starts):
             context = "the tails of their queues and brokers (consume_queue_tails)"
             queue_context_df, log_context_df = old_tails.contexts(lake.spark, starts)
         else:
             context = "the old units and records from the one before them on (they do not all follow the tails)"
             queue_context_df, log_context_df = _read_contexts(lake, starts, checked_df, processed, kept)
-        digest_df = build_log_digest(checked_df, log_context_df)
-        summary, _ = _rebuild(lake, plan, checked_df, digest_df, queue_context_df, log_context_df)
+        chains.add_context_rows(None if queue_context_df is None else queue_context_df.toArrow(),
+                                log_context_df.toArrow())  # fmt: skip
+        tags = set(pc.unique(new_rows["tags"]).to_pylist())
+        summary = _rebuild(lake, plan, checked_df, chains, tags, queue_context_df, log_context_df)
         return replace(summary, context=context), tails
     finally:
         for df in persisted:
             df.unpersist()
+
+
+def _driver_increment(
+    lake: Lake, plan: RebuildPlan, rows: pa.Table, old_tails: Tails, sizes: Mapping[str, int]
+) -> tuple[RebuildSummary, Tails] | None:
+    """Check and write the new ``rows`` (:data:`~jobs.driver_units.DRIVER_COLUMNS`) on the driver,
+    without Spark: their units appended with delta-rs, an empty findings commit, each with the
+    application transaction. None (nothing written) when the rows do not all follow the tails,
+    or a queue or broker is suspect, or a record fails a check, or a row is one the driver
+    declines: the Spark path then finds what is wrong."""
+    starts = queue_starts(rows)
+    if not old_tails.precede(starts):
+        return None
+    chains = Chains(sizes)
+    chains.add_part(rows)
+    chains.add_context(old_tails.queues, old_tails.logs)
+    if chains.suspect_queues() or chains.suspect_brokers() or has_record_problem(rows, sizes):
+        return None
+    try:
+        units = consume_queue_units(rows)
+    except Declined as err:
+        print(f"{JOB}: the new rows go through Spark ({err})")
+        return None
+    lake.append_rows(CONSUME_QUEUE, units, APP_ID, plan.target)
+    lake.append_rows(CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_INTEGRITY.arrow_schema.empty_table(), APP_ID, plan.target)
+    context = "the tails of their queues and brokers (consume_queue_tails), on the driver"
+    summary = RebuildSummary(entries=chains.new_units(), queues=chains.new_queues(), context=context)
+    return summary, old_tails.merged(Tails.of_rows(rows))
 
 
 def _read_contexts(
@@ -936,70 +889,46 @@ def _rebuild(
     lake: Lake,
     plan: RebuildPlan,
     checked_df: DataFrame,
-    digest_df: DataFrame,
+    chains: Chains,
+    tags: Iterable[str | None],
     queue_context_df: DataFrame | None,
     log_context_df: DataFrame | None,
-) -> tuple[RebuildSummary, dict[QueueKey, tuple[int, int]]]:
-    """Write the units of ``checked_df`` while counting problems, then the findings; the last
-    ``(queue_offset, commit_log_offset)`` unit of each queue of the new rows and their contexts
-    (the queue tails of a full run; an incremental run has them from its driver rows already).
+) -> RebuildSummary:
+    """Write the units of ``checked_df`` while counting record problems, then the findings.
 
-    ``digest_df`` (:func:`build_log_digest` of the same records and the log context) is computed
-    once, by a narrow pass: it gives the distinct tags and the continuity check. The units pass
-    reads the records with their bodies, counts record problems, shuffles the units by queue,
-    counts queue problems, collects the last unit of each queue and writes the units. The
-    findings are the continuity findings, plus the record and queue findings, recomputed only
-    when the units pass counted one.
+    ``chains`` holds the runs of the same rows and their context (read on the driver), ``tags``
+    their distinct tags. The units pass reads the records with their bodies, counts record
+    problems, and writes the units of each scan task sorted by queue: no shuffle. The findings
+    are then computed only where something is wrong: the continuity of the brokers and the order
+    of the queues the chains suspect, and the record checks when the units pass counted a problem.
     """
     sizes_df = _segment_sizes(lake)
-    digest_df = digest_df.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        units_df, observations = _observed_units(checked_df, sizes_df, digest_df, queue_context_df)
-        write = lake.overwrite if plan.mode == "full" else lake.append
-        written = write(CONSUME_QUEUE, units_df, APP_ID, plan.target)
-        counts = {k: v for o in observations for k, v in o.get.items()} if written is not None else None
-        if counts is not None:
-            last_units = [(r["broker_name"], r["topic"], r["queue_id"], r["queue_offset"], r["commit_log_offset"])
-                          for r in counts.pop("tails")]  # fmt: skip
-        else:  # a full run whose units were committed by a run that stopped: the table has them
-            last_units = [tuple(r) for r in build_queue_tails(lake.read(CONSUME_QUEUE)).collect()]
-        queue_tails = {(b, t, q): (qo, clo) for b, t, q, qo, clo in last_units}
-        untiled = [r["broker_name"] for r in build_untiled_brokers(digest_df, sizes_df).collect()]
-        problems = counts is None or any(v for k, v in counts.items() if k.startswith("check"))
-        if not untiled and not problems:  # every log tiles and no check counted a problem: no finding
-            return _write_findings(lake, plan, None, counts), queue_tails
-        findings_df = build_continuity_findings(checked_df, sizes_df, plan.target, log_context_df, untiled=untiled)
-        if problems:
-            sized_df = with_segment_size(checked_df, sizes_df)
-            ordered_df = with_queue_order(filter_dispatched(checked_df), queue_context_df)
-            findings_df = findings_df.unionByName(build_findings(sized_df, record_checks(), plan.target)).unionByName(
-                build_findings(ordered_df, queue_checks(), plan.target)
-            )  # fmt: skip
-        return _write_findings(lake, plan, findings_df, counts), queue_tails
-    finally:
-        digest_df.unpersist()
-
-
-def _observed_units(
-    checked_df: DataFrame, sizes_df: DataFrame, digest_df: DataFrame, queue_context_df: DataFrame | None
-) -> tuple[DataFrame, list[Observation]]:
-    """The units to write, observed: record problems counted before the shuffle, queue problems
-    and the last unit of each queue (``tails``) after it; the units' tags codes come from the
-    digest's tags."""
     records = Observation(f"{JOB}-records")
     sized_df = with_segment_size(checked_df, sizes_df).observe(records, *check_counts(record_checks(), "check_r"))
+    tags_df = lake.spark.createDataFrame([(t,) for t in sorted(t for t in tags if t)], "tags string")
     unit_columns = [n for n in CONSUME_QUEUE.column_names if n != "tags_code"] + ["tags", "delay_level", "sys_flag"]
-    ordered_df = with_queue_order(filter_dispatched(sized_df).select(*unit_columns), queue_context_df)
-    queues = Observation(f"{JOB}-queues")
-    first_unit = F.col("_new") & ~F.coalesce(F.col("_prior_new"), F.lit(False))
-    observed_df = ordered_df.observe(
-        queues, *check_counts(queue_checks(), "check_q"), _count_of(F.col("_new")).alias("units"),
-        _count_of(first_unit).alias("queues"),
-        F.collect_list(F.when(F.col("_last_in_queue"), F.struct(*QUEUE_KEYS, "queue_offset", "commit_log_offset")))
-        .alias("tails"),
-    )  # fmt: skip
-    units_df = observed_df.where(F.col("_new")).transform(lambda df: with_tags_code(df, digest_df))
-    return select_consume_queue(units_df), [records, queues]
+    units_df = select_consume_queue(with_tags_code(filter_dispatched(sized_df).select(*unit_columns), tags_df))
+    write = lake.overwrite if plan.mode == "full" else lake.append
+    written = write(CONSUME_QUEUE, units_df.sortWithinPartitions(*_QUEUE_PARTITION, "queue_offset"), APP_ID,
+                    plan.target)  # fmt: skip
+    # a full run whose units were committed by a run that stopped has no counts: check every record
+    problems = written is None or any(records.get.values())
+    suspect_queues, suspect_brokers = chains.suspect_queues(), chains.suspect_brokers()
+    summary = RebuildSummary(entries=chains.new_units(), queues=chains.new_queues())
+    findings: list[DataFrame] = []
+    if suspect_brokers:
+        findings.append(
+            build_continuity_findings(checked_df, sizes_df, plan.target, log_context_df, brokers=suspect_brokers)
+        )
+    if suspect_queues:
+        keys_df = lake.spark.createDataFrame(suspect_queues, "broker_name string, topic string, queue_id int")
+        units_df = filter_dispatched(checked_df).join(F.broadcast(keys_df), list(QUEUE_KEYS), "left_semi")
+        context_df = None if queue_context_df is None else queue_context_df.join(
+            F.broadcast(keys_df), list(QUEUE_KEYS), "left_semi")  # fmt: skip
+        findings.append(build_findings(with_queue_order(units_df, context_df), queue_checks(), plan.target))
+    if problems:
+        findings.append(build_findings(with_segment_size(checked_df, sizes_df), record_checks(), plan.target))
+    return _write_findings(lake, plan, reduce(DataFrame.unionByName, findings) if findings else None, summary)
 
 
 def _segment_sizes(lake: Lake) -> DataFrame:
@@ -1010,10 +939,10 @@ def _segment_sizes(lake: Lake) -> DataFrame:
 
 
 def _write_findings(
-    lake: Lake, plan: RebuildPlan, findings_df: DataFrame | None, counts: dict[str, int] | None
+    lake: Lake, plan: RebuildPlan, findings_df: DataFrame | None, summary: RebuildSummary
 ) -> RebuildSummary:
     """Commit the findings (None: there are none) with the application transaction
-    ``plan.target``; the run's summary."""
+    ``plan.target``; ``summary`` with the count of each problem."""
     write = lake.overwrite if plan.mode == "full" else lake.append
     if findings_df is None:
         kinds: dict[str, int] = {}
@@ -1026,8 +955,7 @@ def _write_findings(
             write(CONSUME_QUEUE_INTEGRITY, findings_df, APP_ID, plan.target)
         finally:
             findings_df.unpersist()
-    counts = counts or {}
-    return RebuildSummary(entries=counts.get("units", 0), queues=counts.get("queues", 0), findings=kinds)
+    return replace(summary, findings=kinds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1039,13 +967,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="rebuild both tables from the whole commit log instead of its new versions")  # fmt: skip
     parser.add_argument("--engine", choices=["auto", "bridge", "delta-spark"], default="auto",
                         help="lake engine (auto: delta-spark when its classes load, else the bridge)")  # fmt: skip
+    parser.add_argument("--driver-limit-mb", type=_non_negative, default=DRIVER_INCREMENT_BYTES >> 20,
+                        help="an increment whose new commit log files hold at most this many MiB is checked and "
+                             "written on the driver, without Spark, when it is clean (0: always Spark; default: "
+                             "%(default)s)")  # fmt: skip
     return parser
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--driver-limit-mb must be 0 or more, not {value}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse ``argv``, build the session, run."""
     args = build_parser().parse_args(argv)
-    config = RebuildConfig(Path(args.lake), args.full, args.engine)
+    config = RebuildConfig(Path(args.lake), args.full, args.engine, args.driver_limit_mb << 20)
     spark = build_session("rmq-rebuild-consume-queue", engine=config.engine)
     job_run = run(spark, config)
     print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")

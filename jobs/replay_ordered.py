@@ -123,7 +123,8 @@ from jobs.lake_io import (
     open_table,
     write_data_files,
 )
-from jobs.rebuild_consume_queue import dispatched_mask, is_dispatched
+from jobs.log_chains import dispatched_mask
+from jobs.rebuild_consume_queue import is_dispatched
 from jobs.runs import JobRun, record_run
 from jobs.session import ENGINES, build_session
 from schemas.catalog import (
@@ -966,7 +967,8 @@ def _prepare(lake: Lake, config: ReplayConfig) -> _Run:
         records_df = records_df.where(F.col("topic").startswith(c.DLQ_GROUP_TOPIC_PREFIX))
         positions_df = selection_df.withColumn("store_timestamp", F.lit(0).cast("long"))
         summary_df = positions_df.groupBy(*QUEUE_KEY).agg(
-            *_bound_aggregates(config.from_time, config.to_time), F.collect_list("queue_offset").alias("offsets"))
+            *_bound_aggregates(config.from_time, config.to_time), F.collect_list("queue_offset").alias("offsets")
+        )
         summary = summary_df.select(*QUEUE_KEY, *_BOUNDS, "offsets").toArrow()
     else:
         # the source summarized per file and queue on the driver, from the narrow columns (bounds,

@@ -7,6 +7,8 @@ thing. Run tests write real Delta tables under tmp_path; the slow test runs the 
 
 from __future__ import annotations
 
+import itertools
+import random
 import re
 import shutil
 from collections.abc import Iterable
@@ -26,21 +28,19 @@ from broker_model.codec import body_crc, encode_properties, java_string_hash, ta
 from broker_model.errors import LakeError
 from broker_model.record import record_length
 from jobs.lake_io import IncrementalReadError, Lake
+from jobs.log_chains import CHAIN_COLUMNS, Chains
 from jobs.rebuild_consume_queue import (
     APP_ID,
+    DRIVER_INCREMENT_BYTES,
     RebuildConfig,
     build_checked_records,
     build_consume_queue,
     build_integrity_report,
     build_log_context,
-    build_log_digest,
     build_queue_context,
     build_segment_sizes,
-    build_untiled_brokers,
     delay_level,
-    digest_by_file,
     main,
-    merge_log_digests,
     plan_run,
     queue_starts,
     run,
@@ -414,39 +414,79 @@ def test_the_segment_size_is_the_latest_one_of_the_broker_else_one_gib(spark: Sp
     ]  # fmt: skip
 
 
-def _untiled(spark: SparkSession, records: list[dict[str, Any]]) -> list[str]:
-    digest_df = build_log_digest(_frame(spark, COMMITLOG, records))
-    sizes_df = build_segment_sizes(_brokers(spark, ("broker-a", SEGMENT, T0), ("broker-b", SEGMENT, T0)))
-    return sorted(r["broker_name"] for r in build_untiled_brokers(digest_df, sizes_df).collect())
+_QUEUE_PROBLEMS = ("GAP", "DUPLICATE_QUEUE_OFFSET", "NON_MONOTONIC_OFFSET")
+
+
+def _chain_scenarios() -> dict[str, list[dict[str, Any]]]:
+    """Logs of two brokers (two queues each, segment rolls), clean or broken in one way."""
+    clean = _laid_out(_record(i // 2, queue_id=i % 2, body=b"x" * 900) for i in range(10))
+    other = _laid_out(_record(i, broker="broker-b", topic="%RETRY%g", body=b"x" * 300) for i in range(12))
+    mid = clean[4]["commit_log_offset"]
+    return {
+        "clean": clean + other,
+        "a record overlaps the one before": [*clean[:3], {**clean[3], "commit_log_offset": clean[3][
+            "commit_log_offset"] - 1}, *clean[4:], *other],
+        "a segment rolled early": [*clean[:5], *_laid_out(clean[5:], start=mid + SEGMENT), *other],
+        "a record is missing": clean + other[:4] + other[5:],
+        "a queue offset is held twice": [*clean, *other[:7], {**other[7], "queue_offset": 6}, *other[8:]],
+        "a unit goes back in the log": [*clean, *other[:7], {**other[7], "queue_offset": 8},
+                                        {**other[8], "queue_offset": 7}, *other[9:]],
+        "a queue does not start at 0": [{**r, "queue_offset": r["queue_offset"] + 1} if r["queue_id"] else r
+                                        for r in clean] + other,
+        "a prepared record keeps a queue offset": [*clean, *other[:5], {**other[5], "sys_flag": 4}, *other[6:]],
+    }  # fmt: skip
+
+
+def _chain_suspects(records: list[dict[str, Any]], cuts: list[int], step: int) -> tuple[list[Any], list[str]]:
+    """The suspects of ``records`` cut into parts at ``cuts``, each part's rows in ``step`` order."""
+    schema = pa.schema([COMMITLOG.arrow_schema.field(n) for n in CHAIN_COLUMNS])
+    chains = Chains({"broker-a": SEGMENT, "broker-b": SEGMENT})
+    for start, end in zip([0, *cuts], [*cuts, len(records)], strict=True):
+        rows = [{n: r[n] for n in CHAIN_COLUMNS} for r in records[start:end][::step]]
+        chains.add_part(pa.Table.from_pylist(rows, schema))
+    return chains.suspect_queues(), chains.suspect_brokers()
 
 
 @pytest.mark.spark
-def test_only_brokers_whose_records_do_not_tile_their_segments_are_sorted(spark: SparkSession) -> None:
-    clean = _laid_out(_record(i, body=b"x" * 900) for i in range(10))
-    other = _laid_out(_record(i, broker="broker-b", body=b"x" * 900) for i in range(10))
-    assert _untiled(spark, clean + other) == []
-    overlapping = [*clean[:3], {**clean[3], "commit_log_offset": clean[3]["commit_log_offset"] - 1}, *clean[4:]]
-    assert _untiled(spark, overlapping + other) == ["broker-a"]
-    early_roll = [*clean[:5], *_laid_out(clean[5:], start=clean[4]["commit_log_offset"] + 4096)]
-    assert _untiled(spark, other + early_roll) == ["broker-a"]
-    outside = [*other[:9], {**other[9], "segment": other[9]["segment"] - SEGMENT}]  # tiles, but declared wrong
-    assert _untiled(spark, clean + outside) == ["broker-b"]
-    assert _untiled(spark, clean + other[:4] + other[5:]) == ["broker-b"]  # a record missing
+@pytest.mark.parametrize("scenario", list(_chain_scenarios()))
+def test_the_driver_chains_suspect_exactly_where_the_spark_checks_find_something(
+    spark: SparkSession, scenario: str
+) -> None:
+    records = _chain_scenarios()[scenario]
+    findings = _report(spark, records).collect()
+    queues = sorted(
+        {(f["broker_name"], f["topic"], f["queue_id"]) for f in findings if f["problem"] in _QUEUE_PROBLEMS}
+    )
+    brokers = sorted({f["broker_name"] for f in findings if f["detail"].startswith("the next record")})
+    assert (queues or brokers) if scenario.startswith("a ") else not (queues or brokers)
+    rng = random.Random(scenario)
+    # the log cut into parts (data files of consecutive records) anywhere, rows in and out of log order
+    for parts, step in itertools.product((1, 2, 3, 5, len(records)), (1, -1)):
+        cuts = sorted(rng.sample(range(1, len(records)), parts - 1))
+        assert _chain_suspects(records, cuts, step) == (queues, brokers), (cuts, step)
 
 
-@pytest.mark.spark
-def test_a_digest_by_file_merges_to_the_digest_of_the_rows(spark: SparkSession, tmp_path: Path) -> None:
-    lake = Lake(spark, tmp_path, "bridge")
-    records = _laid_out(_record(i, body=b"x" * 900, properties={"TAGS": f"t{i % 3}"}) for i in range(10))
-    records += _laid_out(_record(i, broker="broker-b") for i in range(3))
-    for part in (records[:4], records[4:8], records[8:]):
-        _append_log(lake, spark, part)
-    columns = ["commit_log_offset", "store_size", "tags"]
-    by_file_df = merge_log_digests(lake.read_aggregated_by_file(COMMITLOG, columns, digest_by_file))
-    assert by_file_df.columns == build_log_digest(lake.read(COMMITLOG)).columns
-    assert_frames_equal(by_file_df, build_log_digest(lake.read(COMMITLOG)))
-    with pytest.raises(ValueError, match="not data columns"):
-        lake.read_aggregated_by_file(COMMITLOG, ["segment"], digest_by_file)
+def test_a_context_run_needs_no_start_at_zero_and_only_seams_with_new_runs_are_checked() -> None:
+    chains = Chains({"broker-a": SEGMENT})
+    old = _laid_out(_record(i) for i in range(6))
+    last = old[5]
+    chains.add_context({("broker-a", "TopicA", 0): (5, last["commit_log_offset"])},
+                       {"broker-a": (last["commit_log_offset"], last["store_size"], last["segment"])})  # fmt: skip
+    new = _laid_out((_record(i) for i in (6, 7)), start=old[5]["commit_log_offset"] + old[5]["store_size"])
+    schema = pa.schema([COMMITLOG.arrow_schema.field(n) for n in CHAIN_COLUMNS])
+    chains.add_part(pa.Table.from_pylist([{n: r[n] for n in CHAIN_COLUMNS} for r in new], schema))
+    assert (chains.suspect_queues(), chains.suspect_brokers()) == ([], [])
+    assert (chains.new_units(), chains.new_queues()) == (2, 1)
+    assert chains.queue_tails() == {("broker-a", "TopicA", 0): (7, new[1]["commit_log_offset"])}
+    # two old units out of order are not this run's finding; a new unit after a gap is
+    chains.add_context_rows(pa.Table.from_pylist([
+        {"broker_name": "broker-a", "topic": "TopicA", "queue_id": 0, "queue_offset": 2, "commit_log_offset": 9},
+        {"broker_name": "broker-a", "topic": "TopicA", "queue_id": 0, "queue_offset": 4, "commit_log_offset": 8},
+    ]), None)  # fmt: skip
+    assert chains.suspect_queues() == []
+    gapped = _laid_out([_record(9)], start=new[1]["commit_log_offset"] + new[1]["store_size"])
+    chains.add_part(pa.Table.from_pylist([{n: r[n] for n in CHAIN_COLUMNS} for r in gapped], schema))
+    assert (chains.suspect_queues(), chains.suspect_brokers()) == ([("broker-a", "TopicA", 0)], [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -594,20 +634,29 @@ def _clean_and_corrupt_appends() -> list[list[dict[str, Any]]]:
     return [first, second, third]
 
 
-@pytest.mark.spark
-def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_nothing(
-    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    incremental, full = Lake(spark, tmp_path / "inc", "bridge"), Lake(spark, tmp_path / "full", "bridge")
-    for lake in (incremental, full):
+def _twin_lakes(spark: SparkSession, tmp_path: Path) -> tuple[Lake, Lake]:
+    """Two lakes with broker-a's 4 KiB segments: one rebuilt incrementally, one in full."""
+    lakes = Lake(spark, tmp_path / "inc", "bridge"), Lake(spark, tmp_path / "full", "bridge")
+    for lake in lakes:
         lake.append(BROKERS, _brokers(spark, ("broker-a", SEGMENT, T0)))
+    return lakes
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("driver_bytes", [0, DRIVER_INCREMENT_BYTES], ids=["spark", "driver"])
+def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_nothing(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str], driver_bytes: int
+) -> None:
+    incremental, full = _twin_lakes(spark, tmp_path)
     for records in _clean_and_corrupt_appends():
         _append_log(incremental, spark, records)
         _append_log(full, spark, records)
-        assert run(spark, RebuildConfig(incremental.root, engine="bridge")).status == "SUCCEEDED"
+        config = RebuildConfig(incremental.root, engine="bridge", driver_bytes=driver_bytes)
+        assert run(spark, config).status == "SUCCEEDED"
     out = capsys.readouterr().out
     # the second append follows the tails; the third goes back into queue 0 (a duplicate offset)
     assert "incremental rebuild" in out and "checked against the tails" in out and "checked against the old" in out
+    assert ("on the driver" in out) == bool(driver_bytes)  # the clean second append, without Spark
     run(spark, RebuildConfig(full.root, full=True, engine="bridge"))
     for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
         assert _sorted_rows(incremental.read(spec)) == _sorted_rows(full.read(spec))
@@ -616,18 +665,77 @@ def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_not
     assert incremental.transaction_version(CONSUME_QUEUE, APP_ID) == incremental.version(COMMITLOG)
 
     before = _versions(incremental)
-    again = run(spark, RebuildConfig(incremental.root, engine="bridge"))
+    again = run(spark, RebuildConfig(incremental.root, engine="bridge", driver_bytes=driver_bytes))
     assert (again.status, _versions(incremental)) == ("NOOP", before)
     assert "nothing to do" in capsys.readouterr().out
 
     empty = _append_log(incremental, spark, [])  # a commit that adds no rows (as a compaction's)
-    quiet = run(spark, RebuildConfig(incremental.root, engine="bridge"))
+    quiet = run(spark, RebuildConfig(incremental.root, engine="bridge", driver_bytes=driver_bytes))
     assert (quiet.status, quiet.row_counts["consume_queue"], quiet.row_counts["consume_queue_integrity"]) == (
         "SUCCEEDED", 0, 0,
     )  # fmt: skip
     for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
         assert incremental.transaction_version(spec, APP_ID) == empty
     assert _sorted_rows(incremental.read(CONSUME_QUEUE)) == _sorted_rows(full.read(CONSUME_QUEUE))
+
+
+def _increments() -> dict[str, list[dict[str, Any]]]:
+    """Appends after :func:`_base_log`, clean or broken in one way: the driver path writes the
+    clean ones and leaves the others to Spark."""
+    base = _base_log()
+    start = base[-1]["commit_log_offset"] + base[-1]["store_size"]
+
+    def laid(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        return _laid_out(records, start=start)
+
+    delayed = {"DELAY": "3", "TAGS": "late"}
+    clean = laid([_record(4), _record(4, queue_id=1, properties={"TAGS": "b"}), _record(5)])
+    return {
+        "clean": clean,
+        "clean, delayed and retried": laid([_record(0, topic=c.SCHEDULE_TOPIC, properties=delayed),
+                                            _record(0, topic="%RETRY%g", queue_id=0), _record(4)]),
+        "a bad body CRC": [{**clean[0], "body_crc": clean[0]["body_crc"] ^ 1}, *clean[1:]],
+        "an unknown magic code": [{**clean[0], "magic_code": 7}, *clean[1:]],
+        "a wrong segment column": [*clean[:2], {**clean[2], "segment": clean[2]["segment"] + SEGMENT}],
+        "a store size that is not the record's length": [*clean[:2], {**clean[2], "store_size": 999}],
+        "a record beyond its segment": [{**_record(4, body=b"z" * 3000), "commit_log_offset": start,
+                                         "segment": start - start % SEGMENT}],
+        "a record missing": [clean[0], clean[2]],
+        "a queue offset held twice": laid([_record(3), _record(4, queue_id=1)]),
+        "a gap": laid([_record(6), _record(4, queue_id=1)]),
+        "with a DELAY that is not a plain integer": laid([_record(0, topic=c.SCHEDULE_TOPIC,
+                                                             properties={"DELAY": " 3"})]),
+        "clean, with a prepared record": laid([_record(4, sys_flag=c.TRANSACTION_PREPARED_TYPE),
+                                               _record(4, queue_id=1)]),
+    }  # fmt: skip
+
+
+def _base_log() -> list[dict[str, Any]]:
+    return _laid_out(_record(i // 2, queue_id=i % 2, body=b"y" * 400) for i in range(8))
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("increment", list(_increments()))
+def test_an_increment_on_the_driver_gives_what_a_full_rebuild_gives(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str], increment: str
+) -> None:
+    incremental, full = _twin_lakes(spark, tmp_path)
+    for lake in (incremental, full):
+        _append_log(lake, spark, _base_log())
+    run(spark, RebuildConfig(incremental.root, engine="bridge"))
+    for lake in (incremental, full):
+        _append_log(lake, spark, _increments()[increment])
+    capsys.readouterr()
+    jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+    assert run(spark, RebuildConfig(incremental.root, engine="bridge")).status == "SUCCEEDED"
+    spark_jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup()) - jobs_before
+    on_driver = "on the driver" in capsys.readouterr().out
+    assert on_driver == increment.startswith("clean")
+    assert (spark_jobs == 0) == on_driver
+    run(spark, RebuildConfig(full.root, full=True, engine="bridge"))
+    for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
+        assert _sorted_rows(incremental.read(spec)) == _sorted_rows(full.read(spec)), spec.name
+    assert bool(incremental.read(CONSUME_QUEUE_INTEGRITY).count()) == increment.startswith(("a ", "an "))
 
 
 @pytest.mark.spark

@@ -1,0 +1,111 @@
+"""Consume queue units and record checks of a few commit log rows, computed on the driver.
+
+An incremental ``rebuild_consume_queue`` run over a small, clean increment needs no Spark job:
+the new rows are read with pyarrow, checked here and in :mod:`jobs.log_chains`, and their units
+appended with delta-rs. These functions give the same answers as the job's Spark columns
+(:func:`jobs.rebuild_consume_queue.record_checks`, :func:`~jobs.rebuild_consume_queue.with_tags_code`);
+where a row is unusual enough that they might not (a DELAY value that is not a plain integer,
+property bytes that are not UTF-8), they decline and the job takes the Spark path.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from broker_model import constants as c
+from broker_model.codec import tags_code
+from jobs.log_chains import dispatched_mask
+from schemas.catalog import CONSUME_QUEUE
+
+# the columns of the new rows the driver path reads
+DRIVER_COLUMNS = (
+    "broker_name", "segment", "topic", "queue_id", "queue_offset", "commit_log_offset", "store_size", "sys_flag",
+    "tags", "magic_code", "body_crc", "body", "raw_properties", "store_timestamp",
+)  # fmt: skip
+_FIXED_RECORD_LENGTH = 91  # calMsgLength with IPv4 hosts and magic v1, without body, topic and properties
+_IPV6_HOST_EXTRA = 12
+_DELAY = re.compile(f"(?:^|{c.PROPERTY_SEPARATOR}){c.PROPERTY_DELAY_TIME_LEVEL}{c.NAME_VALUE_SEPARATOR}"
+                    f"([^{c.PROPERTY_SEPARATOR}]+)")  # fmt: skip
+_PLAIN_INT = re.compile(r"[+-]?[0-9]+")
+_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
+
+
+class Declined(Exception):
+    """A row the driver path does not decide on exactly as the Spark columns do."""
+
+
+def has_record_problem(rows: pa.Table, segment_sizes: Mapping[str, int]) -> bool:
+    """Whether a record of ``rows`` (:data:`DRIVER_COLUMNS`) fails a check of ``record_checks``:
+    its body CRC, RocketMQ's length of its body, topic and properties (or an unknown magic
+    code), its segment column, or its end (with the 8-byte blank) beyond its segment."""
+    if rows.num_rows == 0:
+        return False
+    crcs = np.fromiter((zlib.crc32(body) & 0x7FFFFFFF for body in rows["body"].to_pylist()), np.int64, rows.num_rows)
+    if np.any(crcs != _ints(rows["body_crc"])):
+        return True
+    magic, sys_flag = _ints(rows["magic_code"]), _ints(rows["sys_flag"])
+    if not np.all((magic == c.MAGIC_CODE_V1) | (magic == c.MAGIC_CODE_V2)):
+        return True
+    length = (
+        _FIXED_RECORD_LENGTH + _ints(pc.binary_length(rows["body"])) + _ints(pc.binary_length(rows["topic"]))
+        + _ints(pc.binary_length(rows["raw_properties"])) + (magic == c.MAGIC_CODE_V2)
+        + _IPV6_HOST_EXTRA * ((sys_flag & c.BORNHOST_V6_FLAG) != 0)
+        + _IPV6_HOST_EXTRA * ((sys_flag & c.STOREHOSTADDRESS_V6_FLAG) != 0)
+    )  # fmt: skip
+    offset, size, segment = (_ints(rows[n]) for n in ("commit_log_offset", "store_size", "segment"))
+    if np.any(length != size):
+        return True
+    brokers = rows["broker_name"].to_pylist()
+    segment_size = np.array([segment_sizes.get(b, c.DEFAULT_SEGMENT_SIZE) for b in brokers], dtype=np.int64)
+    beyond = offset + size + c.END_FILE_MIN_BLANK_LENGTH > segment + segment_size
+    return bool(np.any(segment != offset - offset % segment_size) or np.any(beyond))
+
+
+def consume_queue_units(rows: pa.Table) -> pa.Table:
+    """The ``consume_queue`` rows of the dispatched records of ``rows`` (:data:`DRIVER_COLUMNS`),
+    sorted by queue and queue offset as the Spark write sorts them.
+
+    Raises:
+        Declined: a DELAY property on the schedule topic that is not a plain integer, or
+            property bytes there that are not UTF-8.
+    """
+    units = rows.filter(dispatched_mask(rows["sys_flag"]))
+    distinct = pc.unique(units["tags"])
+    hashes = np.array([tags_code(t) for t in distinct.to_pylist()], dtype=np.int64)
+    codes = hashes[_ints(pc.index_in(units["tags"], value_set=distinct, skip_nulls=False))]
+    topics = units["topic"].to_pylist()
+    for i in (i for i, topic in enumerate(topics) if topic == c.SCHEDULE_TOPIC):
+        level = _delay_level(units["raw_properties"][i].as_py())
+        if level is not None and min(level, c.MAX_DELAY_LEVEL) > 0:
+            codes[i] = units["store_timestamp"][i].as_py() + c.DELAY_LEVEL_MILLIS[min(level, c.MAX_DELAY_LEVEL) - 1]
+    table = units.select([n for n in CONSUME_QUEUE.column_names if n != "tags_code"])
+    table = table.append_column("tags_code", pa.array(codes, pa.int64()))
+    ordered = table.sort_by([("topic", "ascending"), ("broker_name", "ascending"), ("queue_id", "ascending"),
+                             ("queue_offset", "ascending"), ("commit_log_offset", "ascending")])  # fmt: skip
+    return ordered.select(CONSUME_QUEUE.column_names).cast(CONSUME_QUEUE.arrow_schema)
+
+
+def _delay_level(raw_properties: bytes) -> int | None:
+    """The DELAY level of a record's property bytes as ``delay_level`` reads it: the last entry's
+    value as an int, None when absent or beyond an int."""
+    try:
+        text = raw_properties.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise Declined("property bytes that are not UTF-8 on the schedule topic") from err
+    values = _DELAY.findall(text)
+    if not values:
+        return None
+    if not _PLAIN_INT.fullmatch(values[-1]):
+        raise Declined(f"DELAY value {values[-1]!r} is not a plain integer")
+    level = int(values[-1])
+    return level if _INT_MIN <= level <= _INT_MAX else None
+
+
+def _ints(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(column.to_numpy(), dtype=np.int64)

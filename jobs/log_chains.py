@@ -1,0 +1,272 @@
+"""Continuity of consume queues and broker logs, checked on the driver with numpy, part by part.
+
+``rebuild_consume_queue`` must know whether each queue's units and each broker's records follow
+each other. Sorting the whole log in Spark to find out costs a shuffle of every unit; the narrow
+columns this needs are a few bytes per record, so the driver reads them file by file instead and
+keeps, per data file, one :class:`Run` per queue and per broker: its first and last element and
+whether its neighbours inside the file followed each other. :class:`Chains` then joins the runs of
+all files with the same rules at the seams. A queue or broker that passes has no finding; the job
+sorts only the *suspect* ones in Spark to find what is wrong where.
+
+The rules are the job's (ROCKETMQ_FACTS 3.1, 3.2):
+
+- the units of a queue, ordered by ``(queue_offset, commit_log_offset)``, hold queue offsets
+  0, 1, 2, ... with rising commit log offsets (else GAP, DUPLICATE_QUEUE_OFFSET or
+  NON_MONOTONIC_OFFSET);
+- the records of a broker, ordered by ``(commit_log_offset, store_size)``, each lead to the next:
+  it starts where the record ends, or at the next segment when it did not fit in what the record
+  left of its segment (else SIZE_MISMATCH).
+
+A *context* run holds elements an earlier run checked already (the tails an incremental run
+starts from): it is not checked inside, and a queue whose chain starts with it need not start at 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from broker_model import constants as c
+
+QueueKey = tuple[str, str, int]  # (broker_name, topic, queue_id)
+QUEUE_KEYS = ("broker_name", "topic", "queue_id")
+# the commit log columns a part needs
+CHAIN_COLUMNS = (*QUEUE_KEYS, "queue_offset", "commit_log_offset", "store_size", "sys_flag", "segment")
+
+
+def dispatched_mask(sys_flag: pa.Array | pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
+    """Whether each record gets a consume queue unit: its transaction type (``sys_flag & 12``) is
+    NOT (0) or COMMIT (8), over an Arrow column of ``sys_flag`` values."""
+    transaction_type = pc.bit_wise_and(sys_flag, c.TRANSACTION_ROLLBACK_TYPE)
+    return pc.is_in(transaction_type, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE], pa.int32()))
+
+
+@dataclass(frozen=True)
+class Run:
+    """Consecutive elements of one queue or broker within one part, in order: ``first`` and
+    ``last`` are ``(queue_offset, commit_log_offset)`` for a queue, ``(commit_log_offset,
+    store_size, segment)`` for a broker; ``clean`` says every neighbour inside followed the one
+    before; ``count`` is the number of elements; ``context`` marks elements checked before."""
+
+    first: tuple[int, ...]
+    last: tuple[int, ...]
+    clean: bool
+    count: int
+    context: bool = False
+
+
+@dataclass
+class Chains:
+    """The runs of every queue and broker seen so far, and the verdict on each."""
+
+    segment_sizes: Mapping[str, int] = field(default_factory=dict)
+    queues: dict[QueueKey, list[Run]] = field(default_factory=dict)
+    logs: dict[str, list[Run]] = field(default_factory=dict)
+
+    def add_part(self, rows: pa.Table) -> None:
+        """Check the commit log ``rows`` of one part (:data:`CHAIN_COLUMNS`) and keep their runs."""
+        if rows.num_rows == 0:
+            return
+        units = rows.filter(dispatched_mask(rows["sys_flag"]))
+        for key, run in _queue_runs(units):
+            self.queues.setdefault(key, []).append(run)
+        for broker, run in _log_runs(rows, self.segment_sizes):
+            self.logs.setdefault(broker, []).append(run)
+
+    def add_context(
+        self, queue_tails: Mapping[QueueKey, tuple[int, int]], log_tails: Mapping[str, tuple[int, int, int]]
+    ) -> None:
+        """Elements checked by an earlier run, each a context run of its own: per queue its
+        ``(queue_offset, commit_log_offset)``, per broker its ``(commit_log_offset, store_size, segment)``."""
+        for key, unit in queue_tails.items():
+            self.queues.setdefault(key, []).append(Run(unit, unit, True, 1, context=True))
+        for broker, record in log_tails.items():
+            self.logs.setdefault(broker, []).append(Run(record, record, True, 1, context=True))
+
+    def add_context_rows(self, queue_rows: pa.Table | None, log_rows: pa.Table | None) -> None:
+        """Units (``broker_name, topic, queue_id, queue_offset, commit_log_offset``) and records
+        (``broker_name, segment, commit_log_offset, store_size``) checked by an earlier run, as
+        :meth:`add_context`: every element is a context run of its own."""
+        queue_tails: dict[QueueKey, list[tuple[int, int]]] = {}
+        for r in [] if queue_rows is None else queue_rows.to_pylist():
+            key = (r["broker_name"], r["topic"], r["queue_id"])
+            queue_tails.setdefault(key, []).append((r["queue_offset"], r["commit_log_offset"]))
+        for key, units in queue_tails.items():
+            self.queues.setdefault(key, []).extend(Run(u, u, True, 1, context=True) for u in units)
+        for r in [] if log_rows is None else log_rows.to_pylist():
+            record = (r["commit_log_offset"], r["store_size"], r["segment"])
+            self.logs.setdefault(r["broker_name"], []).append(Run(record, record, True, 1, context=True))
+
+    def suspect_queues(self) -> list[QueueKey]:
+        """The queues whose units might not hold offsets 0, 1, 2, ... with rising commit log offsets."""
+        return sorted(key for key, runs in self.queues.items() if not _queue_chain_holds(runs))
+
+    def suspect_brokers(self) -> list[str]:
+        """The brokers whose records might not each lead to the next."""
+        return sorted(
+            broker for broker, runs in self.logs.items()
+            if not _log_chain_holds(runs, self.segment_sizes.get(broker, c.DEFAULT_SEGMENT_SIZE))
+        )  # fmt: skip
+
+    def queue_tails(self) -> dict[QueueKey, tuple[int, int]]:
+        """Per queue, its greatest ``(queue_offset, commit_log_offset)`` unit."""
+        return {key: max(run.last for run in runs) for key, runs in self.queues.items()}  # type: ignore[misc]
+
+    def log_tails(self) -> dict[str, tuple[int, int, int]]:
+        """Per broker, its greatest ``(commit_log_offset, store_size, segment)`` record."""
+        return {broker: max(run.last for run in runs) for broker, runs in self.logs.items()}  # type: ignore[misc]
+
+    def new_units(self) -> int:
+        """Units in the parts (not in the context)."""
+        return sum(run.count for runs in self.queues.values() for run in runs if not run.context)
+
+    def new_queues(self) -> int:
+        """Queues with units in the parts."""
+        return sum(1 for runs in self.queues.values() if any(not run.context for run in runs))
+
+
+def segment_sizes(brokers: pa.Table) -> dict[str, int]:
+    """Per broker, the ``segment_size`` of its latest ``brokers`` row (by start time, then size)."""
+    latest: dict[str, tuple[int, int]] = {}
+    for r in brokers.select(["broker_name", "started_timestamp", "segment_size"]).to_pylist():
+        row = (r["started_timestamp"], r["segment_size"])
+        latest[r["broker_name"]] = max(latest.get(r["broker_name"], row), row)
+    return {broker: size for broker, (_, size) in latest.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs of one part
+# ---------------------------------------------------------------------------------------------
+
+
+def _queue_runs(units: pa.Table) -> Iterator[tuple[QueueKey, Run]]:
+    """One run per queue of ``units``, sorted by ``(queue_offset, commit_log_offset)``.
+
+    The broker writes a file's records in commit log order; then a stable sort by queue keeps
+    each queue's units in that order, and when they are clean it is their ``(queue_offset,
+    commit_log_offset)`` order too. Otherwise the units are sorted by those columns."""
+    if units.num_rows == 0:
+        return
+    groups = _group_codes(units, QUEUE_KEYS)
+    offset, log_offset = _numpy(units, "queue_offset"), _numpy(units, "commit_log_offset")
+    order = None
+    if _rising(log_offset):
+        order = np.argsort(groups.astype(np.uint16) if groups.max() < 1 << 16 else groups, kind="stable")
+        sorted_offset, sorted_log_offset = offset[order], log_offset[order]
+        follows = (sorted_offset[1:] == sorted_offset[:-1] + 1) & (sorted_log_offset[1:] > sorted_log_offset[:-1])
+        if not np.all(follows | (groups[order][1:] != groups[order][:-1])):
+            order = None
+    if order is None:
+        order = np.lexsort((log_offset, offset, groups))
+        sorted_offset, sorted_log_offset = offset[order], log_offset[order]
+        follows = (sorted_offset[1:] == sorted_offset[:-1] + 1) & (sorted_log_offset[1:] > sorted_log_offset[:-1])
+    yield from _runs(units, QUEUE_KEYS, order, groups[order], follows, [sorted_offset, sorted_log_offset])
+
+
+def _log_runs(rows: pa.Table, sizes: Mapping[str, int]) -> Iterator[tuple[str, Run]]:
+    """One run per broker of ``rows``, sorted by ``(commit_log_offset, store_size)`` (a file of
+    one broker in commit log order, as the broker writes it, needs no sort)."""
+    brokers = pc.dictionary_encode(rows["broker_name"].combine_chunks())
+    groups = brokers.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    sizes_by_group = np.array([sizes.get(b, c.DEFAULT_SEGMENT_SIZE) for b in brokers.dictionary.to_pylist()],
+                              dtype=np.int64)  # fmt: skip
+    offset, size, segment = (_numpy(rows, n) for n in ("commit_log_offset", "store_size", "segment"))
+    if len(brokers.dictionary) == 1 and _rising(offset):
+        order = np.arange(len(offset))
+        segment_size = np.full(len(offset), sizes_by_group[0], dtype=np.int64)
+    else:
+        order = np.lexsort((size, offset, groups))
+        groups, offset, size, segment = (a[order] for a in (groups, offset, size, segment))
+        segment_size = sizes_by_group[groups]
+    follows = _leads_to(offset[:-1], size[:-1], segment_size[:-1], offset[1:], size[1:])
+    for (broker,), run in _runs(rows, ("broker_name",), order, groups, follows, [offset, size, segment]):
+        yield broker, run
+
+
+def _rising(values: np.ndarray) -> bool:
+    """Whether ``values`` rise strictly."""
+    return bool(np.all(values[1:] > values[:-1]))
+
+
+def _leads_to(offset: Any, size: Any, segment_size: Any, next_offset: Any, next_size: Any) -> Any:
+    """Whether a record ``(offset, size)`` leads to the record at ``next_offset``: it starts where
+    the record ends, or at the next segment when it did not fit (with the 8-byte blank) in what
+    the record left of its segment. Works on numpy arrays and on ints."""
+    end = offset + size
+    segment_end = offset - offset % segment_size + segment_size
+    rolled = (next_offset == segment_end) & (end + next_size + c.END_FILE_MIN_BLANK_LENGTH > segment_end)
+    return (next_offset == end) | rolled
+
+
+def _runs(
+    rows: pa.Table,
+    keys: Sequence[str],
+    order: np.ndarray,
+    groups: np.ndarray,
+    follows: np.ndarray,
+    values: Sequence[np.ndarray],
+) -> Iterator[tuple[tuple[Any, ...], Run]]:
+    """The run of each group of sorted ``groups``; ``follows[i]`` says whether element ``i + 1``
+    follows element ``i`` (checked only within a group)."""
+    n = len(groups)
+    boundary = groups[1:] != groups[:-1]
+    starts = np.flatnonzero(np.concatenate(([True], boundary)))
+    ends = np.concatenate((starts[1:], [n])) - 1
+    broken = np.concatenate((~follows & ~boundary, [False]))
+    dirty = np.logical_or.reduceat(broken, starts)
+    key_rows = rows.select(list(keys)).take(pa.array(order[starts])).to_pylist()
+    for i, start in enumerate(starts):
+        end = ends[i]
+        first = tuple(int(v[start]) for v in values)
+        last = tuple(int(v[end]) for v in values)
+        yield tuple(key_rows[i][k] for k in keys), Run(first, last, not bool(dirty[i]), int(end - start + 1))
+
+
+def _group_codes(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """An int64 code per row, equal for rows with equal ``keys`` (dictionary codes in mixed radix)."""
+    codes = np.zeros(rows.num_rows, dtype=np.int64)
+    for name in keys:
+        encoded = pc.dictionary_encode(rows[name].combine_chunks())
+        codes = codes * len(encoded.dictionary) + encoded.indices.to_numpy(zero_copy_only=False)
+    return codes
+
+
+def _numpy(rows: pa.Table, name: str) -> np.ndarray:
+    return np.asarray(rows[name].to_numpy(), dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Seams between parts
+# ---------------------------------------------------------------------------------------------
+
+
+def _queue_chain_holds(runs: Iterable[Run]) -> bool:
+    """Every new run is clean, the chain starts at queue offset 0 (or with context), and at each
+    seam with a new run the next queue offset follows at a higher commit log offset."""
+    ordered = sorted(runs, key=lambda run: (run.first, not run.context))
+    if not all(run.clean for run in ordered):
+        return False
+    if not ordered[0].context and ordered[0].first[0] != 0:
+        return False
+    return all(
+        (before.context and after.context) or (after.first[0] == before.last[0] + 1 and after.first[1] > before.last[1])
+        for before, after in pairwise(ordered)
+    )
+
+
+def _log_chain_holds(runs: Iterable[Run], segment_size: int) -> bool:
+    """Every new run is clean and at each seam with a new run the record leads to the next."""
+    ordered = sorted(runs, key=lambda run: (run.first[:2], not run.context))
+    if not all(run.clean for run in ordered):
+        return False
+    return all(
+        (before.context and after.context)
+        or bool(_leads_to(before.last[0], before.last[1], segment_size, after.first[0], after.first[1]))
+        for before, after in pairwise(ordered)
+    )
