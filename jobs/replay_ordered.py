@@ -20,10 +20,16 @@ start of a run, from the commit log version the run reads.
 - ``--to-table PATH_OR_NAME``: a Delta table (a bare name lives under the lake root) with the
   commit log's message columns and the source coordinates of every row (``source_broker_name``,
   ``source_topic``, ``source_queue_id``, ``source_queue_offset``, ``source_commit_log_offset``),
-  ``replay_id``, and the replay order: ``replay_batch`` (the Delta application transaction version
-  of the commit that wrote the row) then ``replay_sequence`` (the row's position in the write
-  order of its batch). Each batch is one commit carrying the application transaction
-  ``(replay_id, batch)``.
+  ``replay_id``, and the replay order of each source queue: ``replay_batch`` (the Delta application
+  transaction version of the commit that wrote the row) then ``replay_sequence``, which orders a
+  queue's rows within its batch (queues are replayed in parallel: no order across queues). Each
+  batch is one commit carrying the application transaction ``(replay_id, batch)``. When the commit
+  log holds every source queue in queue order, as a broker writes it (checked on the driver from
+  the source summary, before the write), ``replay_sequence`` is the source commit log offset and
+  each Spark scan task writes its own rows, sorted by batch and sequence, with no shuffle;
+  otherwise (a corrupt or foreign log, or a DLQ source) the rows are shuffled by queue and sorted
+  by queue offset, and ``replay_sequence`` is the row's position in that write order. Each data
+  file holds its rows of a queue in replay order either way.
 - ``--to-topic T``: a topic of the broker holding each source queue (or ``--to-broker``), same queue
   id, or the queue chosen by RocketMQ's ``SelectMessageQueueByHash`` over the value of
   ``--selector-property`` (a message without it keeps its queue id modulo the queue count). The
@@ -90,6 +96,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +187,7 @@ def sink_spec(path: Path) -> TableSpec:
     coordinates = (
         CatalogColumn("replay_id", pa.string(), "name of the replay that wrote the row", False),
         CatalogColumn("replay_batch", pa.int64(), "application transaction version of the commit of the row", False),
-        CatalogColumn("replay_sequence", pa.int64(), "position of the row in its batch's write order", False),
+        CatalogColumn("replay_sequence", pa.int64(), "orders the rows of a source queue within their batch", False),
         CatalogColumn("source_broker_name", pa.string(), "broker holding the source queue", False),
         CatalogColumn("source_topic", pa.string(), "source topic", False),
         CatalogColumn("source_queue_id", pa.int32(), "source queue id", False),
@@ -519,7 +526,9 @@ def _bound_aggregates(from_time: int | None, to_time: int | None) -> list[Column
 
 
 # the commit log columns a source summary reads
-SUMMARY_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp", "sys_flag")
+SUMMARY_COLUMNS = (
+    "broker_name", "topic", "queue_id", "queue_offset", "store_timestamp", "sys_flag", "commit_log_offset",
+)  # fmt: skip
 
 
 def summarize_source(
@@ -528,7 +537,10 @@ def summarize_source(
     """Per chunk of commit log rows (:data:`SUMMARY_COLUMNS`, one chunk per data file) and queue,
     the source records' bounds: ``min_offset``, ``next_offset`` (largest + 1), the first offsets
     stored at or after ``from_time`` and ``to_time`` (``time_start``, ``time_end``; null when none
-    is, or when the time is None), and ``offsets``, the chunk's queue offsets of the queue.
+    is, or when the time is None), ``offsets``, the chunk's queue offsets of the queue, and what
+    :func:`queues_out_of_log_order` needs: the least and greatest commit log offsets
+    (``min_log_offset``, ``max_log_offset``) and ``in_log_order``, whether the queue's offsets
+    never fall as the commit log offset rises within the chunk.
 
     The source records are those :func:`filter_source_records` keeps. Computed on the driver with
     pyarrow, chunk after chunk: a file's narrow columns at a time, and 8 bytes per source record.
@@ -543,13 +555,17 @@ def summarize_source(
             at_or_after = pa.nulls(rows.num_rows, pa.int64()) if moment is None else pc.if_else(
                 pc.greater_equal(stored, moment), offset, pa.scalar(None, pa.int64()))  # fmt: skip
             rows = rows.append_column(name, at_or_after)
+        rows = rows.append_column("_falls", pa.array(_falls_in_log_order(rows), pa.bool_()))
         grouped = rows.group_by(list(QUEUE_KEY), use_threads=False).aggregate([
             ("queue_offset", "min"), ("queue_offset", "max"), ("time_start", "min"), ("time_end", "min"),
-            ("queue_offset", "list")])  # fmt: skip
+            ("queue_offset", "list"), ("commit_log_offset", "min"), ("commit_log_offset", "max"), ("_falls", "any"),
+        ])  # fmt: skip
         parts.append(pa.table({
             **{k: grouped[k] for k in QUEUE_KEY}, "min_offset": grouped["queue_offset_min"],
             "next_offset": pc.add(grouped["queue_offset_max"], 1), "time_start": grouped["time_start_min"],
             "time_end": grouped["time_end_min"], "offsets": grouped["queue_offset_list"],
+            "min_log_offset": grouped["commit_log_offset_min"], "max_log_offset": grouped["commit_log_offset_max"],
+            "in_log_order": pc.invert(grouped["_falls_any"]),
         }))  # fmt: skip
     return pa.concat_tables(parts) if parts else _SUMMARY_SCHEMA.empty_table()
 
@@ -557,8 +573,50 @@ def summarize_source(
 _SUMMARY_SCHEMA = pa.schema([
     ("broker_name", pa.string()), ("topic", pa.string()), ("queue_id", pa.int32()), ("min_offset", pa.int64()),
     ("next_offset", pa.int64()), ("time_start", pa.int64()), ("time_end", pa.int64()),
-    ("offsets", pa.list_(pa.int64())),
+    ("offsets", pa.list_(pa.int64())), ("min_log_offset", pa.int64()), ("max_log_offset", pa.int64()),
+    ("in_log_order", pa.bool_()),
 ])  # fmt: skip
+
+
+def _falls_in_log_order(rows: pa.Table) -> np.ndarray:
+    """Per row of ``rows``: whether its queue offset is below the one of the record before it in its
+    queue by ``commit_log_offset`` (ties: the same record twice, or a corrupt log; taken as falling)."""
+    groups = np.zeros(rows.num_rows, dtype=np.int64)
+    for name in QUEUE_KEY:
+        encoded = pc.dictionary_encode(rows[name].combine_chunks())
+        groups = groups * len(encoded.dictionary) + encoded.indices.to_numpy(zero_copy_only=False)
+    log_offset = np.asarray(rows["commit_log_offset"].to_numpy(), dtype=np.int64)
+    offset = np.asarray(rows["queue_offset"].to_numpy(), dtype=np.int64)
+    order = np.lexsort((log_offset, groups))
+    same_queue = groups[order][1:] == groups[order][:-1]
+    bad = same_queue & ((offset[order][1:] < offset[order][:-1]) | (log_offset[order][1:] == log_offset[order][:-1]))
+    falls = np.zeros(rows.num_rows, dtype=bool)
+    falls[order[1:]] = bad
+    return falls
+
+
+def queues_out_of_log_order(summary: pa.Table) -> list[QueueKey]:
+    """The queues of ``summary`` (rows of :func:`summarize_source`) whose records, taken in commit
+    log order, are not in queue order: a chunk where a queue offset falls, or two chunks whose
+    commit log ranges of the queue overlap or whose queue offsets fall from one to the next.
+
+    A broker writes each queue's records at rising commit log offsets, so for a log it wrote the
+    list is empty; then the commit log offset orders every queue as its queue offsets do (ties of
+    equal queue offsets by commit log offset, as the replay order breaks them)."""
+    runs: dict[QueueKey, list[tuple[int, int, int, int, bool]]] = {}
+    for r in summary.select([*QUEUE_KEY, "min_log_offset", "max_log_offset", "min_offset", "next_offset",
+                             "in_log_order"]).to_pylist():  # fmt: skip
+        key = (r["broker_name"], r["topic"], r["queue_id"])
+        runs.setdefault(key, []).append(
+            (r["min_log_offset"], r["max_log_offset"], r["min_offset"], r["next_offset"] - 1, r["in_log_order"])
+        )
+    out = []
+    for key, chunks in sorted(runs.items()):
+        chunks.sort()
+        seams = all(before[1] < after[0] and before[3] <= after[2] for before, after in pairwise(chunks))
+        if not (seams and all(chunk[4] for chunk in chunks)):
+            out.append(key)
+    return out
 
 
 def _source_mask(rows: pa.Table, topics: Sequence[TopicQueues]) -> pa.ChunkedArray | pa.Array:
@@ -636,22 +694,36 @@ def filter_in_ranges(rows_df: DataFrame, ranges_df: DataFrame) -> DataFrame:
     return rows_df.join(F.broadcast(ranges_df), on=list(QUEUE_KEY), how="inner").where(in_range)
 
 
+def order_by_log(source_df: DataFrame) -> DataFrame:
+    """``source_df`` with ``replay_sequence`` = ``commit_log_offset``, each partition sorted by
+    batch and sequence: no shuffle, every scan task writes its own rows.
+
+    Only for sources whose commit log order is each queue's order (:func:`queues_out_of_log_order`
+    found none): then the sequence orders every queue's rows of a batch by queue offset, and each
+    task's rows of a queue are in that order too. The batch is the sort prefix and the writer's
+    partition key."""
+    sequenced_df = source_df.withColumn("replay_sequence", F.col("commit_log_offset"))
+    return sequenced_df.sortWithinPartitions("replay_batch", "replay_sequence")
+
+
 def order_within_queues(source_df: DataFrame, partitions: int) -> DataFrame:
-    """``source_df`` shuffled by queue (a queue's rows in one partition) and sorted within each
-    partition by batch and queue offset: no global sort, queues in parallel, each queue's rows in
-    offset order within a batch (queues sharing a partition interleave). Two long keys: the batch
-    is the sort prefix and the writer's partition key. Columns unchanged."""
-    return source_df.repartition(partitions, *QUEUE_KEY).sortWithinPartitions("replay_batch", "queue_offset")
+    """``source_df`` shuffled by queue (a queue's rows in one partition), sorted within each
+    partition by batch, queue offset and commit log offset, with ``replay_sequence`` the row's
+    position in that order (the write order). For any source: no global sort, queues in parallel,
+    each queue's rows in offset order within a batch (queues sharing a partition interleave)."""
+    ordered_df = source_df.repartition(partitions, *QUEUE_KEY).sortWithinPartitions(
+        "replay_batch", "queue_offset", "commit_log_offset")  # fmt: skip
+    return ordered_df.withColumn("replay_sequence", F.monotonically_increasing_id())
 
 
 def build_sink_rows(ordered_df: DataFrame, replay_id: str) -> DataFrame:
-    """The Delta sink's rows of ``ordered_df`` (:func:`order_within_queues`), columns exactly the
-    sink's. ``replay_sequence`` is taken in the partition's row order, the order of the write."""
+    """The Delta sink's rows of ``ordered_df`` (:func:`order_by_log` or :func:`order_within_queues`),
+    columns exactly the sink's, in the same order."""
     renamed = {name: f"source_{name}" for name in (*QUEUE_KEY, "queue_offset", "commit_log_offset")}
     return ordered_df.select(
         F.lit(replay_id).alias("replay_id"),
         F.col("replay_batch"),
-        F.monotonically_increasing_id().alias("replay_sequence"),
+        F.col("replay_sequence"),
         *[F.col(name).alias(alias) for name, alias in renamed.items()],
         *MESSAGE_COLUMNS,
     )
@@ -898,6 +970,7 @@ class _Run:
     selection_df: DataFrame | None  # cached while the run lasts
     progress: dict[QueueKey, Progress]
     bounds: list[QueueBounds]
+    log_ordered: bool  # the commit log order of every source queue is its queue order (order_by_log)
 
 
 def run(spark: SparkSession, config: ReplayConfig) -> JobRun:
@@ -975,6 +1048,7 @@ def _prepare(lake: Lake, config: ReplayConfig) -> _Run:
         # and the offsets the report expects): no Spark job before the write
         chunks = lake.iter_file_rows(COMMITLOG, SUMMARY_COLUMNS, version=version, partition_filter=partition_filter)
         summary = summarize_source(chunks, config.topics, config.from_time, config.to_time)
+    log_ordered = config.source != "dlq" and _log_ordered(summary)
     bounds = merge_queue_bounds(summary)
     if config.source == "backlog":
         if not lake.exists(CONSUMER_OFFSET_COMMITS):
@@ -984,7 +1058,18 @@ def _prepare(lake: Lake, config: ReplayConfig) -> _Run:
         bounds = [replace(b, committed=starts[b.key]) for b in bounds if b.key in starts]
     progress = read_progress(lake, config.replay_id)
     return _Run(lake, config, version, records_df, summary.select([*QUEUE_KEY, "offsets"]), selection_df, progress,
-                bounds)  # fmt: skip
+                bounds, log_ordered)  # fmt: skip
+
+
+def _log_ordered(summary: pa.Table) -> bool:
+    """Whether every queue of ``summary`` is in queue order in the commit log; else say which are not."""
+    unordered = queues_out_of_log_order(summary)
+    if unordered:
+        named = ", ".join(SOURCE_SEPARATOR.join(map(str, key)) for key in unordered[:5])
+        more = f" and {len(unordered) - 5} more" if len(unordered) > 5 else ""
+        print(f"{JOB}: the commit log does not hold {named}{more} in queue order; every queue's rows are shuffled "
+              "and sorted by queue offset")  # fmt: skip
+    return not unordered
 
 
 def read_progress(lake: Lake, replay_id: str) -> dict[QueueKey, Progress]:
@@ -1093,8 +1178,11 @@ def _replay_to_table(state: _Run, job_run: JobRun, path: Path) -> ReplayOutcome:
     if outcome.batches:
         source_df = build_source_rows(state.records_df, _ranges_df(lake.spark, ranges, first_batch),
                                       config.batch_rows, state.selection_df)  # fmt: skip
-        partitions = min(MAX_PARTITIONS, max(1, sum(1 for r in ranges if r.pending)))
-        sink_df = build_sink_rows(order_within_queues(source_df, partitions), config.replay_id)
+        if state.log_ordered:
+            ordered_df = order_by_log(source_df)
+        else:
+            ordered_df = order_within_queues(source_df, min(MAX_PARTITIONS, max(1, sum(r.pending > 0 for r in ranges))))
+        sink_df = build_sink_rows(ordered_df, config.replay_id)
         write = _write_batches_bridge if lake.engine == "bridge" else _write_batches_delta_spark
         outcome.rows = write(lake, spec, sink_df, ranges, first_batch, outcome.batches, config)
         job_run.output_versions["sink"] = DeltaTable(str(path)).version()

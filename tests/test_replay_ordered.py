@@ -53,6 +53,7 @@ from jobs.replay_ordered import (
     parse_source,
     plan_ranges,
     progress_after,
+    queues_out_of_log_order,
     read_progress,
     run,
     running_hash,
@@ -269,15 +270,13 @@ def test_the_source_summary_keeps_dispatched_records_of_the_topics_and_finds_the
         *[("broker-b", "Orders", 0, o, 150 + o, 0) for o in range(2)],  # stored before the window ends
         ("broker-a", "Other", 0, 0, 100, 0),
     ]
-    names = ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp", "sys_flag")
-    types = (pa.string(), pa.string(), pa.int32(), pa.int64(), pa.int64(), pa.int32())
-    table = pa.Table.from_arrays([pa.array(col, t) for col, t in zip(zip(*records, strict=True), types, strict=True)],
-                                 names=list(names))  # fmt: skip
+    table = _summary_rows([(*r, 100 * i) for i, r in enumerate(records)])  # commit log offsets in list order
     chunks = [table.slice(0, 4), table.slice(4)]  # queue broker-a/Orders/0 in both chunks, as in two files
 
     summary = summarize_source(chunks, [TopicQueues("Orders", (0,))], from_time=125, to_time=160)
 
     assert summary.num_rows == 3
+    assert queues_out_of_log_order(summary) == []
     assert merge_queue_bounds(summary) == [
         QueueBounds("broker-a", "Orders", 0, 0, 7, time_start=3, time_end=6),
         QueueBounds("broker-b", "Orders", 0, 0, 2, time_start=0, time_end=None),
@@ -286,6 +285,41 @@ def test_the_source_summary_keeps_dispatched_records_of_the_topics_and_finds_the
     for row in summary.to_pylist():
         offsets.setdefault((row["broker_name"], row["queue_id"]), []).extend(row["offsets"])
     assert {k: sorted(v) for k, v in offsets.items()} == {("broker-a", 0): list(range(7)), ("broker-b", 0): [0, 1]}
+
+
+def _summary_rows(records: list[tuple[Any, ...]]) -> pa.Table:
+    """Commit log rows of :data:`SUMMARY_COLUMNS` from (broker, topic, queue id, queue offset, store
+    timestamp, sys_flag, commit log offset) tuples."""
+    names = ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp", "sys_flag", "commit_log_offset")
+    types = (pa.string(), pa.string(), pa.int32(), pa.int64(), pa.int64(), pa.int32(), pa.int64())
+    columns = [pa.array(col, t) for col, t in zip(zip(*records, strict=True), types, strict=True)]
+    return pa.Table.from_arrays(columns, names=list(names))
+
+
+@pytest.mark.parametrize(
+    ("chunks", "unordered"),
+    [
+        # (queue offset, commit log offset) of queue 0's records, per chunk (data file)
+        pytest.param([[(0, 10), (1, 20)], [(2, 30), (3, 40)]], False, id="rising across two files"),
+        pytest.param([[(2, 30), (3, 40)], [(0, 10), (1, 20)]], False, id="files listed out of log order"),
+        pytest.param([[(0, 10), (2, 20), (1, 30)]], True, id="an offset falls within a file"),
+        pytest.param([[(1, 20), (0, 10)]], False, id="a file not stored in log order but rising"),
+        pytest.param([[(0, 10), (3, 40)], [(1, 20), (2, 30)]], True, id="two files' log ranges interleave"),
+        pytest.param([[(0, 10), (2, 20)], [(1, 30), (3, 40)]], True, id="an offset falls at the seam"),
+        pytest.param([[(0, 10), (1, 10)]], True, id="two records at one commit log offset"),
+        pytest.param([[(0, 10), (0, 20), (1, 30)]], False, id="a duplicate queue offset later in the log"),
+    ],
+)
+def test_the_log_order_check_finds_queues_whose_records_are_not_in_queue_order_by_commit_log_offset(
+    chunks: list[list[tuple[int, int]]], unordered: bool
+) -> None:
+    other = [("broker-a", "Orders", 1, i, 0, 0, 1000 + i) for i in range(3)]  # a queue in order beside it
+    tables = [_summary_rows([("broker-a", "Orders", 0, o, 0, 0, log) for o, log in chunk] + (other if i else []))
+              for i, chunk in enumerate(chunks)]  # fmt: skip
+
+    summary = summarize_source(tables, [TopicQueues("Orders")], None, None)
+
+    assert queues_out_of_log_order(summary) == ([("broker-a", "Orders", 0)] if unordered else [])
 
 
 def test_the_running_hash_is_the_chain_it_names() -> None:
@@ -421,6 +455,63 @@ def test_a_table_replay_killed_after_its_first_batch_ends_with_every_message_onc
     assert job_run.status == "SUCCEEDED"
     _assert_report_complete(lake, "t1", expected)
     assert all(_in_queue_order(file) for file in _sink_files(sink))  # rows stored in replay order too
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_a_log_out_of_queue_order_is_replayed_in_queue_order_through_the_shuffle(
+    spark: SparkSession, lake: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def replay(replay_id: str) -> list[dict[str, Any]]:
+        args = ["--lake", str(lake), "--replay-id", replay_id, "--topic", "Orders:0", "--to-table",
+                str(lake / replay_id), "--batch-rows", "4", "--engine", "bridge"]  # fmt: skip
+        assert run(spark, build_config(args)).status == "SUCCEEDED"
+        columns = [*_REPLAYED, "source_commit_log_offset"]
+        return DeltaTable(str(lake / replay_id)).to_pyarrow_table(columns=columns).to_pylist()
+
+    from deltalake import DeltaTable
+
+    clean = replay("clean")  # a log the broker wrote: no shuffle, the sequence is the commit log offset
+    assert "does not hold" not in capsys.readouterr().out
+    assert all(r["replay_sequence"] == r["source_commit_log_offset"] for r in clean)
+    _swap_queue_offsets(lake, ("broker-a", "Orders", 0), 1, 2)  # offset 2 now comes before 1, in one batch
+
+    swapped = replay("swapped")
+
+    assert "does not hold broker-a/Orders/0 in queue order" in capsys.readouterr().out
+    for rows in (clean, swapped):
+        for key, offsets in _replay_orders(rows).items():
+            assert offsets == sorted(offsets) == list(range(len(offsets))), key
+    _assert_report_complete(lake, "swapped", source_offsets(lake, {"Orders"}, {0}))
+    assert all(_in_queue_order(file) for file in _sink_files(lake / "swapped"))
+
+
+_REPLAYED = ["source_broker_name", "source_topic", "source_queue_id", "source_queue_offset", "replay_batch",
+             "replay_sequence"]  # fmt: skip
+
+
+def _replay_orders(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], list[int]]:
+    """Per source queue, the queue offsets of sink ``rows`` in replay order (batch, sequence)."""
+    queues: dict[tuple[str, str, int], list[tuple[int, int, int]]] = {}
+    for r in rows:
+        key = (r["source_broker_name"], r["source_topic"], r["source_queue_id"])
+        queues.setdefault(key, []).append((r["replay_batch"], r["replay_sequence"], r["source_queue_offset"]))
+    return {key: [offset for _, _, offset in sorted(replayed)] for key, replayed in queues.items()}
+
+
+def _swap_queue_offsets(lake: Path, key: tuple[str, str, int], a: int, b: int) -> None:
+    """Rewrite the commit log with the queue offsets ``a`` and ``b`` of queue ``key`` swapped."""
+    from deltalake import DeltaTable, write_deltalake
+
+    table = DeltaTable(str(lake / COMMITLOG.path)).to_pyarrow_table()
+    in_queue = pc.and_(pc.and_(pc.equal(table["broker_name"], key[0]), pc.equal(table["topic"], key[1])),
+                       pc.equal(table["queue_id"], key[2]))  # fmt: skip
+    offset = table["queue_offset"]
+    swapped = pc.if_else(pc.and_(in_queue, pc.equal(offset, a)), b,
+                         pc.if_else(pc.and_(in_queue, pc.equal(offset, b)), a, offset))  # fmt: skip
+    table = table.set_column(table.schema.get_field_index("queue_offset"), "queue_offset", swapped)
+    write_deltalake(str(lake / COMMITLOG.path), table.cast(COMMITLOG.arrow_schema), mode="overwrite",
+                    partition_by=list(COMMITLOG.partition_by))  # fmt: skip
 
 
 def _sink_files(sink: Path) -> list[Path]:
