@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlsplit
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -370,25 +371,34 @@ class Lake:
         equal: Mapping[str, Any] | None = None,
         version: int | None = None,
         partition_filter: PartitionFilter | None = None,
+        dictionaries: Sequence[str] = (),
     ) -> Iterator[pa.Table]:
         """``columns`` of the rows of the table (at ``version``; None: the latest), read on the
         driver with pyarrow one data file at a time (a table per file, in the log's order), only
         the files ``partition_filter`` keeps (see :meth:`read`) and the rows where each data
         column of ``equal`` has its value: for facts a job folds file by file without holding the
         table. An absent table yields nothing. Bridge-readable tables only; errors (raised at the
-        call, before any file is read) as :meth:`read`."""
+        call, before any file is read) as :meth:`read`.
+
+        The string ``columns`` named in ``dictionaries`` come dictionary-encoded, one dictionary
+        per column and file: data columns from the Parquet dictionary pages as stored (no string
+        is decoded), partition columns as a one-value dictionary. For grouping by few values."""
         spec = _spec(name_or_spec)
         _check_version(version)
         _check_partition_filter(partition_filter, spec.partition_by, spec.name)
         _check_column_names(spec, "columns", columns)
         _check_column_names(spec, "equal", list(equal or {}), spec.data_columns)
+        _check_column_names(spec, "dictionaries", dictionaries, list(columns))
+        strings = [c for c in dictionaries if spec.arrow_schema.field(c).type != pa.string()]
+        if strings:
+            raise ValidationError("dictionaries", strings, "are not string columns", "name string columns only")
         table_dir = local_directory(self.location(spec))
         if not DeltaTable.is_deltatable(table_dir):
             return iter(())
         dt = open_table(table_dir, version)
         check_bridge_can_read(dt, table_dir)
         files = _prune(_active_files(dt, spec.partition_by), partition_filter)
-        return _file_tables(table_dir, files, spec, columns, equal)
+        return _file_tables(table_dir, files, spec, columns, equal, dictionaries)
 
     def read_max_rows(
         self, name_or_spec: str | TableSpec, column: str, by: str, columns: Sequence[str], version: int | None = None
@@ -846,20 +856,34 @@ def _read_files(table_dir: str, files: pa.Table, spec: TableSpec, columns: Seque
 
 
 def _file_tables(
-    table_dir: str, files: pa.Table, spec: TableSpec, columns: Sequence[str], equal: Mapping[str, Any] | None = None
+    table_dir: str,
+    files: pa.Table,
+    spec: TableSpec,
+    columns: Sequence[str],
+    equal: Mapping[str, Any] | None = None,
+    dictionaries: Sequence[str] = (),
 ) -> Iterator[pa.Table]:
     """:func:`_read_files` one file at a time, each file's rows where every data column of
-    ``equal`` has its value (a filter the Parquet reader applies)."""
+    ``equal`` has its value (a filter the Parquet reader applies); ``dictionaries`` as
+    :meth:`Lake.iter_file_rows` says."""
     schema = spec.arrow_schema
     data_columns = [c for c in columns if c not in spec.partition_by]
-    target = pa.schema([schema.field(c) for c in columns])
+    coded = pa.dictionary(pa.int32(), pa.string())
+    target = pa.schema([schema.field(c).with_type(coded) if c in dictionaries else schema.field(c) for c in columns])
     filters = [(column, "=", value) for column, value in (equal or {}).items()] or None
+    read_dictionary = [c for c in dictionaries if c in data_columns] or None
     for i, path in enumerate(files.column("path").to_pylist()):
-        part = pq.read_table(file_location(table_dir, path), columns=data_columns, filters=filters)
+        part = pq.read_table(file_location(table_dir, path), columns=data_columns, filters=filters,
+                             read_dictionary=read_dictionary)  # fmt: skip
         for column in (c for c in columns if c in spec.partition_by):
             value = files.column(f"partition.{column}")[i]
-            part = part.append_column(schema.field(column), pa.repeat(value, part.num_rows).cast(value.type))
-        yield part.select(list(columns)).cast(target)
+            if column in dictionaries:
+                indices = pa.array(np.zeros(part.num_rows, np.int32))
+                constant: pa.Array = pa.DictionaryArray.from_arrays(indices, pa.array([value.as_py()], pa.string()))
+            else:
+                constant = pa.repeat(value, part.num_rows).cast(value.type)
+            part = part.append_column(target.field(column), constant)
+        yield part.select(list(columns)).cast(target).unify_dictionaries()
 
 
 def _stat(actions: pa.Table, name: str) -> list[Any]:

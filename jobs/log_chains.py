@@ -172,12 +172,10 @@ def _queue_runs(units: pa.Table) -> Iterator[tuple[QueueKey, Run]]:
 def _log_runs(rows: pa.Table, sizes: Mapping[str, int]) -> Iterator[tuple[str, Run]]:
     """One run per broker of ``rows``, sorted by ``(commit_log_offset, store_size)`` (a file of
     one broker in commit log order, as the broker writes it, needs no sort)."""
-    brokers = pc.dictionary_encode(rows["broker_name"].combine_chunks())
-    groups = brokers.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    sizes_by_group = np.array([sizes.get(b, c.DEFAULT_SEGMENT_SIZE) for b in brokers.dictionary.to_pylist()],
-                              dtype=np.int64)  # fmt: skip
+    groups, brokers = _codes(rows["broker_name"])
+    sizes_by_group = np.array([sizes.get(b, c.DEFAULT_SEGMENT_SIZE) for b in brokers.to_pylist()], dtype=np.int64)
     offset, size, segment = (_numpy(rows, n) for n in ("commit_log_offset", "store_size", "segment"))
-    if len(brokers.dictionary) == 1 and _rising(offset):
+    if len(brokers) == 1 and _rising(offset):
         order = np.arange(len(offset))
         segment_size = np.full(len(offset), sizes_by_group[0], dtype=np.int64)
     else:
@@ -232,9 +230,22 @@ def _group_codes(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
     """An int64 code per row, equal for rows with equal ``keys`` (dictionary codes in mixed radix)."""
     codes = np.zeros(rows.num_rows, dtype=np.int64)
     for name in keys:
-        encoded = pc.dictionary_encode(rows[name].combine_chunks())
-        codes = codes * len(encoded.dictionary) + encoded.indices.to_numpy(zero_copy_only=False)
+        indices, values = _codes(rows[name])
+        codes = codes * len(values) + indices
     return codes
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
+    """(an int64 code per row, the distinct values the codes index) of a column; a column read
+    dictionary-encoded keeps its dictionary (unified across its chunks), others are encoded."""
+    if pa.types.is_dictionary(column.type):
+        encoded = column.unify_dictionaries().combine_chunks()
+        # a dictionary may hold a value twice or a value no row uses: fold it to distinct values
+        distinct = pc.unique(encoded.dictionary)
+        remap = np.asarray(pc.index_in(encoded.dictionary, value_set=distinct).to_numpy(zero_copy_only=False))
+        return remap[encoded.indices.to_numpy(zero_copy_only=False)].astype(np.int64), distinct
+    encoded = pc.dictionary_encode(column.combine_chunks())
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary
 
 
 def _numpy(rows: pa.Table, name: str) -> np.ndarray:

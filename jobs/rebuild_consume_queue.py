@@ -37,9 +37,9 @@ recorded are never withdrawn by an incremental run; a full run recomputes them a
 The continuity of every queue and broker log is checked on the driver first, from the narrow
 columns of the commit log read file by file (:mod:`jobs.log_chains`); the commit log is then
 scanned once with its bodies: each scan task writes its units sorted by queue (no shuffle) while
-the record problems are only counted. The findings themselves are computed in Spark only for the
-queues and brokers the driver suspects, and for the records when that count is not zero. The
-units commit first, the tails last; a run that stops before the findings or the tails commit
+an observation notes whether any record fails a check. The findings themselves are computed in
+Spark only for the queues and brokers the driver suspects, and for the records when one failed.
+The units commit first, the tails last; a run that stops before the findings or the tails commit
 leaves them behind ``consume_queue``, and the next run rebuilds in full.
 """
 
@@ -382,11 +382,8 @@ def build_findings(df: DataFrame, checks: list[Check], commitlog_version: int) -
                                                                                                strict=True)]))
         for problem, condition, detail, in_queue in checks
     ]  # fmt: skip
-    any_flag = F.lit(False)
-    for _, condition, _, _ in checks:
-        any_flag = any_flag | F.coalesce(condition, F.lit(False))
     return (
-        df.where(any_flag)
+        df.where(failing(checks))
         .select("broker_name", "commit_log_offset", F.explode(F.array(*flagged)).alias("_finding"))
         .where(F.col("_finding").isNotNull())
         .select("broker_name", "_finding.topic", "_finding.queue_id", "_finding.queue_offset", "commit_log_offset",
@@ -394,13 +391,12 @@ def build_findings(df: DataFrame, checks: list[Check], commitlog_version: int) -
     )  # fmt: skip
 
 
-def check_counts(checks: list[Check], prefix: str) -> list[Column]:
-    """Per check, the number of rows it flags (aggregates named ``<prefix><i>``)."""
-    return [_count_of(condition).alias(f"{prefix}{i}") for i, (_, condition, _, _) in enumerate(checks)]
-
-
-def _count_of(condition: Column) -> Column:
-    return F.sum(F.when(condition, 1).otherwise(0))
+def failing(checks: list[Check]) -> Column:
+    """Whether a row fails any of ``checks`` (a check whose condition is null does not fail)."""
+    any_flag = F.lit(False)
+    for _, condition, _, _ in checks:
+        any_flag = any_flag | F.coalesce(condition, F.lit(False))
+    return any_flag
 
 
 # ---------------------------------------------------------------------------------------------
@@ -714,7 +710,9 @@ def _execute(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildP
             plan = replace(plan, mode="full", reason=str(err))
     chains = Chains(segment_sizes(lake.read_rows(BROKERS)))
     tags: set[str | None] = set()
-    for rows in lake.iter_file_rows(COMMITLOG, [*CHAIN_COLUMNS, "tags"], version=plan.target):
+    # the strings as stored, dictionary-encoded: the chains group by them, the tags are few
+    for rows in lake.iter_file_rows(COMMITLOG, [*CHAIN_COLUMNS, "tags"], version=plan.target,
+                                    dictionaries=("broker_name", "topic", "tags")):  # fmt: skip
         chains.add_part(rows)
         tags.update(pc.unique(rows["tags"]).to_pylist())
     checked_df = build_checked_records(lake.read(COMMITLOG, version=plan.target))
@@ -900,19 +898,21 @@ def _rebuild(
     their distinct tags. The units pass reads the records with their bodies, counts record
     problems, and writes the units of each scan task sorted by queue: no shuffle. The findings
     are then computed only where something is wrong: the continuity of the brokers and the order
-    of the queues the chains suspect, and the record checks when the units pass counted a problem.
+    of the queues the chains suspect, and the record checks when the units pass saw a record fail.
     """
     sizes_df = _segment_sizes(lake)
     records = Observation(f"{JOB}-records")
-    sized_df = with_segment_size(checked_df, sizes_df).observe(records, *check_counts(record_checks(), "check_r"))
+    # one aggregate of one flag: the observation's per-row cost grows with its aggregates
+    failed = F.max(failing(record_checks()).cast("int")).alias("failed")
+    sized_df = with_segment_size(checked_df, sizes_df).observe(records, failed)
     tags_df = lake.spark.createDataFrame([(t,) for t in sorted(t for t in tags if t)], "tags string")
     unit_columns = [n for n in CONSUME_QUEUE.column_names if n != "tags_code"] + ["tags", "delay_level", "sys_flag"]
     units_df = select_consume_queue(with_tags_code(filter_dispatched(sized_df).select(*unit_columns), tags_df))
     write = lake.overwrite if plan.mode == "full" else lake.append
     written = write(CONSUME_QUEUE, units_df.sortWithinPartitions(*_QUEUE_PARTITION, "queue_offset"), APP_ID,
                     plan.target)  # fmt: skip
-    # a full run whose units were committed by a run that stopped has no counts: check every record
-    problems = written is None or any(records.get.values())
+    # a full run whose units were committed by a run that stopped has no observation: check every record
+    problems = written is None or bool(records.get["failed"])
     suspect_queues, suspect_brokers = chains.suspect_queues(), chains.suspect_brokers()
     summary = RebuildSummary(entries=chains.new_units(), queues=chains.new_queues())
     findings: list[DataFrame] = []

@@ -206,6 +206,23 @@ def test_file_rows_come_one_table_per_data_file_filtered_by_partition_and_value(
         lake.iter_file_rows("commitlog", ["no_such"])
 
 
+def test_file_rows_come_dictionary_encoded_where_asked_with_the_same_values(lake: Lake, spark: SparkSession) -> None:
+    lake.append("commitlog", _commitlog(spark))
+    columns = ["broker_name", "topic", "commit_log_offset"]
+
+    plain = list(lake.iter_file_rows("commitlog", columns))
+    coded = list(lake.iter_file_rows("commitlog", columns, dictionaries=["broker_name", "topic"]))
+
+    assert [t.to_pylist() for t in coded] == [t.to_pylist() for t in plain]
+    for table in coded:
+        assert [pa.types.is_dictionary(f.type) for f in table.schema] == [True, True, False]
+        assert table["broker_name"].chunk(0).dictionary.to_pylist() == [table["broker_name"][0].as_py()]
+    with pytest.raises(ValidationError, match="dictionaries"):
+        lake.iter_file_rows("commitlog", columns, dictionaries=["commit_log_offset"])  # not a string column
+    with pytest.raises(ValidationError, match="dictionaries"):
+        lake.iter_file_rows("commitlog", columns, dictionaries=["tags"])  # not one of the columns read
+
+
 def test_bridge_stats_are_the_exact_bounds_of_each_file(lake: Lake, spark: SparkSession) -> None:
     lake.append("consume_queue", _queue_units(spark, topics=("TopicA",)).coalesce(1))
 

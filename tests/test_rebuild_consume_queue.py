@@ -437,13 +437,21 @@ def _chain_scenarios() -> dict[str, list[dict[str, Any]]]:
     }  # fmt: skip
 
 
-def _chain_suspects(records: list[dict[str, Any]], cuts: list[int], step: int) -> tuple[list[Any], list[str]]:
-    """The suspects of ``records`` cut into parts at ``cuts``, each part's rows in ``step`` order."""
+def _chain_suspects(
+    records: list[dict[str, Any]], cuts: list[int], step: int, encoded: bool = False
+) -> tuple[list[Any], list[str]]:
+    """The suspects of ``records`` cut into parts at ``cuts``, each part's rows in ``step`` order;
+    ``encoded``: broker and topic as dictionaries holding every value twice (rows use either copy)."""
     schema = pa.schema([COMMITLOG.arrow_schema.field(n) for n in CHAIN_COLUMNS])
     chains = Chains({"broker-a": SEGMENT, "broker-b": SEGMENT})
     for start, end in zip([0, *cuts], [*cuts, len(records)], strict=True):
-        rows = [{n: r[n] for n in CHAIN_COLUMNS} for r in records[start:end][::step]]
-        chains.add_part(pa.Table.from_pylist(rows, schema))
+        rows = pa.Table.from_pylist([{n: r[n] for n in CHAIN_COLUMNS} for r in records[start:end][::step]], schema)
+        for name in ("broker_name", "topic") if encoded else ():
+            values = sorted(set(rows[name].to_pylist()))
+            indices = [values.index(v) + len(values) * (i % 2) for i, v in enumerate(rows[name].to_pylist())]
+            coded = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(values * 2, pa.string()))
+            rows = rows.set_column(rows.schema.get_field_index(name), name, coded)
+        chains.add_part(rows)
     return chains.suspect_queues(), chains.suspect_brokers()
 
 
@@ -461,9 +469,10 @@ def test_the_driver_chains_suspect_exactly_where_the_spark_checks_find_something
     assert (queues or brokers) if scenario.startswith("a ") else not (queues or brokers)
     rng = random.Random(scenario)
     # the log cut into parts (data files of consecutive records) anywhere, rows in and out of log order
-    for parts, step in itertools.product((1, 2, 3, 5, len(records)), (1, -1)):
+    # broker and topic as read from Parquet dictionaries or not
+    for parts, step, encoded in itertools.product((1, 2, 3, 5, len(records)), (1, -1), (False, True)):
         cuts = sorted(rng.sample(range(1, len(records)), parts - 1))
-        assert _chain_suspects(records, cuts, step) == (queues, brokers), (cuts, step)
+        assert _chain_suspects(records, cuts, step, encoded) == (queues, brokers), (cuts, step, encoded)
 
 
 def test_a_context_run_needs_no_start_at_zero_and_only_seams_with_new_runs_are_checked() -> None:
