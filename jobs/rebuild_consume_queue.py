@@ -571,7 +571,9 @@ def plan_run(
     if processed is not None and (tails_processed is None or tails_processed < processed):
         return RebuildPlan("full", processed, latest, "the tails are behind the units (a run stopped)")
     if processed is not None and processed >= latest:
-        return RebuildPlan("noop", processed, latest, f"commitlog version {latest} is already processed")
+        anyway = ("; the outputs are complete, so --full writes nothing (to rebuild them anyway, delete the "
+                  "consume_queue, consume_queue_integrity and consume_queue_tails tables)") if full else ""  # fmt: skip
+        return RebuildPlan("noop", processed, latest, f"commitlog version {latest} is already processed{anyway}")
     if full or processed is None:
         return RebuildPlan("full", processed, latest, "--full" if full else "first run")
     return RebuildPlan("incremental", processed, latest, f"commitlog versions {processed + 1}..{latest}")
@@ -964,7 +966,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
     parser.add_argument("--full", action="store_true",
-                        help="rebuild both tables from the whole commit log instead of its new versions")  # fmt: skip
+                        help="rebuild the tables from the whole commit log instead of its new versions (when "
+                             "the commit log has a version not processed yet)")  # fmt: skip
     parser.add_argument("--engine", choices=["auto", "bridge", "delta-spark"], default="auto",
                         help="lake engine (auto: delta-spark when its classes load, else the bridge)")  # fmt: skip
     parser.add_argument("--driver-limit-mb", type=_non_negative, default=DRIVER_INCREMENT_BYTES >> 20,

@@ -163,6 +163,7 @@ def test_the_plan_follows_the_versions_the_outputs_record(
 ) -> None:
     plan = plan_run(processed, findings_processed, tails_processed, latest, full)
     assert (plan.mode, plan.processed, plan.target) == expected
+    assert ("delete the consume_queue" in plan.reason) == (plan.mode == "noop" and full)  # says how to force it
 
 
 def test_queue_starts_are_the_first_record_and_the_first_unit_of_each_queue() -> None:
