@@ -1,20 +1,24 @@
-"""The ``compact_commitlog`` job: bin-packs the small files of sealed commit log segments.
+"""The ``compact_commitlog`` job: bin-packs the small files of the commit log's segments.
 
 The broker commits often (group commit), so each commit log segment (partition ``broker_name``,
-``segment``) ends up as many small Parquet files. Once a segment is sealed nothing is ever added
-to it again, and its files can be rewritten into a few large ones without changing a row.
+``segment``) ends up as many small Parquet files, and every reader of the log pays for each one.
+The broker only ever adds files: it never rewrites or removes one. So the files of any segment,
+the one still being written included, can be rewritten into a few large ones without changing a
+row, while the broker goes on appending beside them.
 
 What is compacted:
 
-- a segment is **sealed** when the log of the same broker has a later segment; the last segment of
-  each broker is still being written and is never touched;
-- in a sealed segment, the files smaller than ``min_file_fraction * target_file_size`` are the
-  candidates; ordered by their first ``commit_log_offset`` (from the file statistics of the Delta
-  log), they are packed greedily into bins of at most ``target_file_size`` bytes, and each bin
-  becomes one file. A bin of a single file is dropped (rewriting one file gains nothing), so a
-  segment with one file, or with one small file between large ones, is left alone;
+- in every segment, the files smaller than ``min_file_fraction * target_file_size`` are the
+  candidates. Ordered by their first ``commit_log_offset`` (from the file statistics of the
+  Delta log), the segment's files fall into runs of consecutive candidates: a file that is not one
+  (a large file, or one ``files_up_to_version`` keeps out) ends a run. Each run is packed greedily
+  into bins of at most ``target_file_size`` bytes, and each bin becomes one file. So a new file
+  never spans the offsets of a file it does not replace: the files of a segment keep disjoint
+  offset ranges, which readers use to skip files and to take the log in order file by file. A bin
+  of a single file is dropped (rewriting one file gains nothing);
 - with ``files_up_to_version`` only the files already active at that commit log version are
-  candidates (see "Incremental readers" below).
+  candidates (see "Incremental readers" below); in the segment being written, those are the
+  oldest files, so the newer ones simply follow the compacted file.
 
 How (bridge engine): the rows of a bin are read with Arrow, checked against the catalog types
 (a null in a NOT NULL column stops the run, nothing is committed), sorted by
@@ -26,12 +30,13 @@ used here because it writes every column as nullable. Then one Delta commit per 
 ``segments_per_commit`` segments, made with delta-rs: ``remove`` of the bins' files and ``add`` of
 the new files, all with ``dataChange=false``.
 
-Concurrency: the broker only ever appends, and only to its last segment, so it never touches a
-file this job removes. The commit is made against a snapshot in which every file to remove is
-checked to be active; delta-rs then checks every commit made after that snapshot before it writes
-its own log entry (put-if-absent): the broker's blind appends do not conflict and the commit lands
-after them; a concurrent compaction that removed the same files makes the commit fail. On a
-failure the new files are deleted and nothing is committed.
+Concurrency: the broker never touches a file this job removes. The commit is made against a
+snapshot in which every file to remove is checked to be active; delta-rs then checks every commit
+made after that snapshot before it writes its own log entry (put-if-absent): the broker's blind
+appends, to the segment being compacted as much as to any other, do not conflict and the commit
+lands after them; a concurrent compaction that removed the same files makes the commit fail. On a
+failure the new files are deleted and nothing is committed. A running broker notices the commit
+removed files it has indexed and reloads its index from the log.
 
 Crash safety: new files first, one atomic log entry last. A run killed before its commit leaves
 files that no version references: invisible to every reader and harmless. They, and the small
@@ -51,7 +56,10 @@ delta-spark engine: ``OPTIMIZE ... WHERE`` on the planned segments, with Delta's
 and maximum file sizes set to this job's options for the statement. Delta then bin-packs those
 partitions itself, skips single-file bins and commits ``dataChange=false`` with its own conflict
 checks; the rows of a compacted file come in the order of their source files (each in offset
-order), not re-sorted.
+order), not re-sorted. ``OPTIMIZE`` takes whole partitions, whatever ``files_up_to_version``
+says and whether or not files are adjacent, so with this engine only **sealed** segments (a later
+segment of the same broker exists: nothing is added to them any more) are planned; the segment
+each broker is writing is left alone.
 
 A run with nothing to compact commits nothing and records a NOOP run.
 """
@@ -62,7 +70,7 @@ import argparse
 import json
 import math
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
@@ -225,13 +233,16 @@ def plan_bins(
     target_file_size: int,
     min_file_fraction: float,
     eligible: Collection[str] | None = None,
+    sealed_only: bool = False,
 ) -> list[Bin]:
     """The bins to rewrite: see the module docstring for the rule.
 
     Args:
-        files: every active file of the commit log (they decide which segments are sealed).
+        files: every active file of the commit log.
         target_file_size, min_file_fraction: see :class:`CompactConfig`.
         eligible: the paths that may be compacted (see :func:`eligible_paths`); None for all.
+        sealed_only: plan only the segments that have a later segment of the same broker (the
+            delta-spark engine's rule), not the one each broker is writing.
 
     Deterministic: segments in (broker_name, segment) order, files in (first_offset, path) order
     (files without statistics last), bins in packing order.
@@ -240,14 +251,29 @@ def plan_bins(
     threshold = min_file_fraction * target_file_size
     by_segment: dict[SegmentKey, list[DataFile]] = {}
     for data_file in files:
-        allowed = eligible is None or data_file.path in eligible
-        if allowed and data_file.segment_key in sealed and data_file.size < threshold:
+        if not sealed_only or data_file.segment_key in sealed:
             by_segment.setdefault(data_file.segment_key, []).append(data_file)
+
+    def candidate(data_file: DataFile) -> bool:
+        return (eligible is None or data_file.path in eligible) and data_file.size < threshold
+
     bins: list[Bin] = []
     for key in sorted(by_segment):
         ordered = sorted(by_segment[key], key=lambda f: (f.first_offset is None, f.first_offset or 0, f.path))
-        bins.extend(Bin(key[0], key[1], tuple(group)) for group in _pack(ordered, target_file_size))
+        for run in _candidate_runs(ordered, candidate):
+            bins.extend(Bin(key[0], key[1], tuple(group)) for group in _pack(run, target_file_size))
     return [b for b in bins if len(b.files) > 1]
+
+
+def _candidate_runs(files: Sequence[DataFile], candidate: Callable[[DataFile], bool]) -> list[list[DataFile]]:
+    """The maximal runs of consecutive ``files`` that are candidates."""
+    runs: list[list[DataFile]] = [[]]
+    for data_file in files:
+        if candidate(data_file):
+            runs[-1].append(data_file)
+        elif runs[-1]:
+            runs.append([])
+    return [run for run in runs if run]
 
 
 def _pack(files: Sequence[DataFile], capacity: int) -> list[list[DataFile]]:
@@ -508,7 +534,7 @@ def compact_delta_spark(
 
 
 def run(spark: SparkSession, config: CompactConfig) -> JobRun:
-    """Compact the sealed segments of the lake's commit log; print and record the run.
+    """Compact the segments of the lake's commit log (see the module docstring); print and record the run.
 
     Returns:
         The recorded run: SUCCEEDED (``output_versions`` the commit log version after the last
@@ -532,7 +558,8 @@ def run(spark: SparkSession, config: CompactConfig) -> JobRun:
             check_bridge_can_read(dt, table_dir)
         eligible = eligible_paths(table_dir, dt, config.files_up_to_version)
         job_run.input_versions = {COMMITLOG.name: dt.version()}
-        bins = plan_bins(list_files(dt), config.target_file_size, config.min_file_fraction, eligible)
+        bins = plan_bins(list_files(dt), config.target_file_size, config.min_file_fraction, eligible,
+                         sealed_only=lake.engine != "bridge")  # fmt: skip
         if bins and lake.engine == "bridge":
             compact_bridge(table_dir, bins, config.segments_per_commit, job_run.run_id, summary)
         elif bins:
@@ -544,12 +571,12 @@ def run(spark: SparkSession, config: CompactConfig) -> JobRun:
         raise
     job_run.row_counts = summary.row_counts()
     if not bins:
-        print(f"{JOB}: nothing to do, no sealed segment has small files to pack (lake {config.lake})")
+        print(f"{JOB}: nothing to do, no segment has adjacent small files to pack (lake {config.lake})")
         record_run(lake, job_run.finish("NOOP", "nothing to compact"))
         return job_run
     job_run.output_versions = {COMMITLOG.name: open_table(table_dir).version()}
     print(
-        f"{JOB}: compacted {summary.segments_compacted} sealed segment(s) in {summary.commits} commit(s) "
+        f"{JOB}: compacted {summary.segments_compacted} segment(s) in {summary.commits} commit(s) "
         f"(lake {config.lake}, engine {lake.engine})"
     )
     print("\n".join(summary.lines()))

@@ -19,9 +19,11 @@ topic the group has offsets for, and the group's retry topic):
   ``anomaly = 'QUEUE_NOT_FOUND'`` (reported, never dropped).
 
 Idempotence: the job_runs row of each run stores the input table versions in ``input_versions``
-and T in ``message`` (``as_of=<epoch ms>; ...``). A run whose input versions and T equal those of
-the latest SUCCEEDED or NOOP run of this job, while ``consumer_offsets`` is still at the version
-that run wrote or read, writes nothing and records a NOOP run. Leaving out ``--as-of`` means
+and T in ``message`` (``as_of=<epoch ms>; ...``). A run whose inputs and T equal those of the
+latest SUCCEEDED or NOOP run of this job, while ``consumer_offsets`` is still at the version that
+run wrote or read, writes nothing and records a NOOP run. Inputs are equal at the same versions, or
+at later ones reached only by commits that change no row (:func:`jobs.runs.same_inputs`: a
+compaction, an empty commit of an application transaction). Leaving out ``--as-of`` means
 "now", a new T on every run, so such runs always write; pass ``--as-of`` for reproducible reruns.
 """
 
@@ -44,7 +46,7 @@ from broker_model.errors import LakeError
 from broker_model.lake_root import default_lake
 from broker_model.timeutil import parse_instant
 from jobs.lake_io import Lake
-from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, table_versions, text_table
+from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions, text_table
 from jobs.session import ENGINES, build_session
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS
 
@@ -294,9 +296,9 @@ def _reusable_output_version(lake: Lake, input_versions: Mapping[str, int], as_o
     previous = latest_reusable_run(lake, JOB) if current is not None else None
     if previous is None:
         return None
-    same_inputs = previous["input_versions"] == dict(input_versions)
+    unchanged = same_inputs(lake, previous["input_versions"], input_versions)
     same_output = previous["output_versions"].get(CONSUMER_OFFSETS.name) == current
-    return current if same_inputs and same_output and as_of_of_message(previous["message"]) == as_of else None
+    return current if unchanged and same_output and as_of_of_message(previous["message"]) == as_of else None
 
 
 def as_of_of_message(message: str | None) -> int | None:

@@ -343,6 +343,24 @@ class Lake:
         _check_catalog_schema(spec, df.schema, table_dir)
         return df.select(*spec.column_names)
 
+    def same_data(self, name_or_spec: str | TableSpec, version: int, later: int) -> bool:
+        """Whether versions ``version`` and ``later`` of the table hold the same rows, as its log
+        tells: the same version, or a later one reached only by commits that add and remove no file
+        with ``dataChange=true`` and change neither metadata nor protocol (a compaction, or an
+        empty commit that records an application transaction). A commit file gone from the log
+        (log cleanup) counts as a change: what it did cannot be told any more."""
+        if version == later:
+            return True
+        if later < version:
+            return False
+        table_dir = local_directory(self.location(_spec(name_or_spec)))
+        try:
+            return all(
+                _data_neutral(action) for v in range(version + 1, later + 1) for action in _commit_actions(table_dir, v)
+            )
+        except IncrementalReadError:
+            return False
+
     def appended_size(self, name_or_spec: str | TableSpec, after_version: int, up_to_version: int | None = None) -> int:
         """Bytes of the data files :meth:`read_appended` reads (their sizes in the log), to decide
         where they are read. Errors as :meth:`read_appended`."""
@@ -800,6 +818,16 @@ def _commit_actions(table_dir: str, version: int) -> list[dict[str, Any]]:
             f"the commit file {path} is gone (log cleanup); the rows added since then cannot be told apart"
         ) from None
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _data_neutral(action: Mapping[str, Any]) -> bool:
+    """Whether a log action leaves the table's rows and schema as they were."""
+    if "metaData" in action or "protocol" in action:
+        return False
+    for kind in ("add", "remove"):
+        if kind in action and action[kind].get("dataChange", True):
+            return False
+    return True
 
 
 def _collect_append(adds: dict[str, dict[str, Any]], action: dict[str, Any], version: int, table_dir: str) -> None:

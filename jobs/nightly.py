@@ -4,8 +4,8 @@ On an empty lake it first writes a demo workload through real brokers (ordered, 
 and transactional sends, several consumer groups, failing listeners, retries and dead letters).
 Then it runs, in order, each step recording its own ``job_runs`` row:
 
-1. ``compact_commitlog``: bin-packs the small files of sealed segments (only files the
-   incremental steps below have already read, so that they stay incremental);
+1. ``compact_commitlog``: bin-packs the small files of the commit log's segments (only files
+   the incremental steps below have already read, so that they stay incremental);
 2. ``rebuild_consume_queue`` (incremental);
 3. ``consumer_offsets`` as of T;
 4. ``resolve_transactions`` as of T;

@@ -54,9 +54,10 @@ since a discard record or the check limit is the more specific fact.
 
 Idempotence: the job_runs row stores the commit log version in ``input_versions`` and T and the
 check settings in ``message`` (``as_of=...; timeout_ms=...; check_max=...; reserve_ms=...``). A run
-whose input version and settings equal those of the latest SUCCEEDED or NOOP run of this job,
-while ``transaction_state`` is still at the version that run wrote or kept, writes nothing and
-records a NOOP run. Leaving out ``--as-of`` means "now", a new T on every run.
+whose inputs and settings equal those of the latest SUCCEEDED or NOOP run of this job, while
+``transaction_state`` is still at the version that run wrote or kept, writes nothing and records a
+NOOP run; inputs at later versions that only commits changing no row reached (a compaction) are
+equal (:func:`jobs.runs.same_inputs`). Leaving out ``--as-of`` means "now", a new T on every run.
 
 Incremental: the job keeps ``transaction_records``, the transaction records of the commit log
 already decoded (one row per half, final and discard record, one per half queue offset an op
@@ -99,7 +100,7 @@ from broker_model.transaction import (  # the broker's own settings, so the job 
 from jobs.consumer_offsets import iso_utc
 from jobs.extract import update_extract
 from jobs.lake_io import Lake
-from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, table_versions, text_table
+from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions, text_table
 from jobs.session import ENGINES, build_session
 from schemas.catalog import COMMITLOG, TRANSACTION_RECORDS, TRANSACTION_STATE
 
@@ -654,9 +655,9 @@ def _reusable_run(lake: Lake, input_versions: Mapping[str, int], parameters: str
     previous = latest_reusable_run(lake, JOB) if current is not None else None
     if previous is None:
         return None
-    same_inputs = previous["input_versions"] == dict(input_versions)
+    unchanged = same_inputs(lake, previous["input_versions"], input_versions)
     same_output = previous["output_versions"].get(TRANSACTION_STATE.name) == current
-    if same_inputs and same_output and parameters_of_message(previous["message"]) == parameters:
+    if unchanged and same_output and parameters_of_message(previous["message"]) == parameters:
         return current, previous["row_counts"]
     return None
 

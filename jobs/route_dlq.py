@@ -35,8 +35,10 @@ record back with a negative delay level and ``DLQ_ROUTED_BY=route_dlq``: once pe
 crashes in between, since the next run finds the record in the log. T is then the time after
 the routing (``--as-of`` is refused with ``--execute``).
 
-Idempotence: ``job_runs`` keeps the input versions and T; a run with the same ones while both
-output tables are at the versions that run left writes nothing (NOOP).
+Idempotence: ``job_runs`` keeps the input versions and T; a run with the same inputs and T while
+both output tables are at the versions that run left writes nothing (NOOP). Inputs at later
+versions that only commits changing no row reached (a compaction) are the same inputs
+(:func:`jobs.runs.same_inputs`).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from broker_model.timeutil import parse_instant
 from jobs.consumer_offsets import build_current_offsets, iso_utc
 from jobs.extract import update_extract
 from jobs.lake_io import Lake
-from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, table_versions, text_table
+from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions, text_table
 from jobs.session import ENGINES, build_session
 from schemas.catalog import (
     BROKERS,
@@ -559,7 +561,7 @@ def _reusable_run(lake: Lake, input_versions: Mapping[str, int], parameters: str
     if previous is None:
         return None
     found = _PARAMETERS.match(previous["message"] or "")
-    same = previous["input_versions"] == dict(input_versions) and previous["output_versions"] == current
+    same = same_inputs(lake, previous["input_versions"], input_versions) and previous["output_versions"] == current
     return current if same and found is not None and found.group(1) == parameters else None
 
 

@@ -96,6 +96,15 @@ def latest_reusable_run(lake: Lake, job: str) -> dict[str, Any] | None:
     return row
 
 
+def same_inputs(lake: Lake, recorded: Mapping[str, int], current: Mapping[str, int]) -> bool:
+    """Whether a run that recorded the input versions ``recorded`` read the data ``current``
+    holds: the same tables, each at the same version or at versions no commit between changed a
+    row of (:meth:`Lake.same_data`; a compaction of the commit log changes none)."""
+    return recorded.keys() == current.keys() and all(
+        lake.same_data(name, recorded[name], version) for name, version in current.items()
+    )
+
+
 def read_or_empty(lake: Lake, spec: TableSpec, versions: Mapping[str, int]) -> DataFrame:
     """``spec`` at ``versions[spec.name]``, or an empty frame with its schema when ``versions``
     has no entry (the table did not exist when the run recorded its inputs)."""

@@ -43,6 +43,7 @@ from jobs.compact_commitlog import (
 from jobs.lake_io import Lake, open_table
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
+from jobs.replay_ordered import SUMMARY_COLUMNS, queues_out_of_log_order, summarize_source
 from schemas.catalog import COMMITLOG
 from tests.helpers import canonical_rows
 
@@ -65,17 +66,24 @@ def test_sealed_segments_are_all_but_the_last_segment_of_each_broker() -> None:
     assert sealed_segments(files) == {("broker-a", 0), ("broker-a", 100)}
 
 
-def test_the_plan_packs_the_small_files_of_sealed_segments_in_offset_order() -> None:
+def test_the_plan_packs_runs_of_adjacent_small_files_in_offset_order_in_every_segment() -> None:
     files = [
         _file("s0-c", 30, first=300), _file("s0-a", 30, first=100), _file("s0-b", 50, first=200),
         _file("s0-big", 80, first=0),  # at least 0.75 * 100: left alone
         _file("s1-one", 10, segment=1000, first=1000),  # a single small file: nothing to gain
         _file("s2-a", 60, segment=2000, first=2000), _file("s2-b", 60, segment=2000, first=2100),
-        _file("open-a", 1, segment=3000), _file("open-b", 1, segment=3000),  # the last segment
+        _file("s3-a", 10, segment=3000, first=3000), _file("s3-big", 90, segment=3000, first=3100),
+        _file("s3-b", 10, segment=3000, first=3200),  # a large file between two small ones: no bin spans it
+        _file("open-a", 1, segment=4000, first=4000), _file("open-b", 1, segment=4000, first=4100),  # the last
     ]  # fmt: skip
     bins = plan_bins(files, target_file_size=100, min_file_fraction=0.75)
     # s0: a+b fill 80 of 100, c does not fit; the bin of c alone is dropped; s2: 60+60 > 100
-    assert [[f.path for f in b.files] for b in bins] == [["s0-a", "s0-b"]]
+    assert [[f.path for f in b.files] for b in bins] == [["s0-a", "s0-b"], ["open-a", "open-b"]]
+    sealed_only = plan_bins(files, target_file_size=100, min_file_fraction=0.75, sealed_only=True)
+    assert [[f.path for f in b.files] for b in sealed_only] == [["s0-a", "s0-b"]]
+    # files kept out by their version end a run as large files do
+    eligible = {"s0-a", "s0-c", "open-a", "open-b"}
+    assert [[f.path for f in b.files] for b in plan_bins(files, 100, 0.75, eligible)] == [["open-a", "open-b"]]
 
 
 def test_the_plan_puts_files_without_statistics_last_and_bins_them_too() -> None:
@@ -172,35 +180,33 @@ def _commit_actions(root: Path, version: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.spark
-def test_compaction_rewrites_sealed_segments_only_and_changes_no_row(spark: SparkSession, lake_root: Path) -> None:
+def test_compaction_rewrites_every_segment_and_changes_no_row(spark: SparkSession, lake_root: Path) -> None:
     lake = Lake(spark, lake_root, "bridge")
     rows_before, files_before, version_before = _rows(lake_root), _files_by_segment(lake_root), lake.version(COMMITLOG)
-    last = {max(k for k in files_before if k[0] == b) for b in ("broker-a", "broker-b")}
     assert all(len(files_before[k]) > 1 for k in files_before)
+    broker_schema = pq.read_schema(lake_root / "commitlog" / next(iter(files_before[("broker-a", 0)])))
 
     job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
 
     assert job_run.status == "SUCCEEDED" and lake.version(COMMITLOG) == version_before + 1
     assert _rows(lake_root) == rows_before  # every column, bodies included
     files_after = _files_by_segment(lake_root)
-    assert {k: files_after[k] for k in last} == {k: files_before[k] for k in last}  # open segments untouched
-    assert all(len(files_after[k]) == 1 for k in files_after if k not in last)
-    assert job_run.row_counts["segments_compacted"] == len(files_before) - len(last)
+    assert all(len(files) == 1 for files in files_after.values())  # the segments being written too
+    assert job_run.row_counts["segments_compacted"] == len(files_before)
     assert job_run.row_counts["files_after"] == sum(map(len, files_after.values()))
     actions = _commit_actions(lake_root, version_before + 1)
     changes = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
     assert changes and all(change["dataChange"] is False for change in changes)
-    for key in set(files_after) - last:
-        (path,) = files_after[key]
+    for (path,) in files_after.values():
         table = pq.read_table(lake_root / "commitlog" / path)
         offsets = table.column("commit_log_offset").to_pylist()
         assert offsets == sorted(offsets)
         # the broker's own schema: NOT NULL columns stay NOT NULL, so its readers concatenate both kinds
-        assert (
-            table.schema.remove_metadata()
-            == pq.read_schema(lake_root / "commitlog" / next(iter(files_before[next(iter(last))]))).remove_metadata()
-        )
+        assert table.schema.remove_metadata() == broker_schema.remove_metadata()
     assert lake.read_appended(COMMITLOG, version_before).count() == 0
+    # the log still holds every queue in queue order file by file (the replay needs no shuffle)
+    chunks = lake.iter_file_rows(COMMITLOG, SUMMARY_COLUMNS)
+    assert queues_out_of_log_order(summarize_source(chunks, [], None, None)) == []
 
     again = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
     assert again.status == "NOOP" and lake.version(COMMITLOG) == version_before + 1

@@ -223,6 +223,22 @@ def test_file_rows_come_dictionary_encoded_where_asked_with_the_same_values(lake
         lake.iter_file_rows("commitlog", columns, dictionaries=["tags"])  # not one of the columns read
 
 
+def test_versions_hold_the_same_data_when_only_compactions_and_empty_commits_lie_between(
+    lake: Lake, spark: SparkSession
+) -> None:
+    lake.append("commitlog", _commitlog(spark))  # version 1 (0 created the table)
+    lake.append("commitlog", _commitlog(spark).limit(1))  # 2: a row more, in a file of its own
+    DeltaTable(str(lake.location(COMMITLOG))).optimize.compact()  # 3: files rewritten, dataChange=false
+    lake.append_rows("commitlog", COMMITLOG.arrow_schema.empty_table(), "app", 1)  # 4: a transaction only
+    assert lake.version("commitlog") == 4
+
+    assert lake.same_data("commitlog", 2, 4) and lake.same_data("commitlog", 3, 3)
+    assert not lake.same_data("commitlog", 1, 4)  # version 2 added a row
+    assert not lake.same_data("commitlog", 4, 2)  # backwards
+    (lake.location(COMMITLOG) / "_delta_log" / f"{3:020d}.json").unlink()  # the log cleaned up
+    assert not lake.same_data("commitlog", 2, 4)
+
+
 def test_bridge_stats_are_the_exact_bounds_of_each_file(lake: Lake, spark: SparkSession) -> None:
     lake.append("consume_queue", _queue_units(spark, topics=("TopicA",)).coalesce(1))
 
