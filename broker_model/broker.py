@@ -74,6 +74,7 @@ class BrokerConfig:
     checkpoint_interval: int = 100
     fsync: bool = True
     schedule_delivery: bool = False  # run the ScheduleMessageService thread (off: call deliver_due yourself)
+    store_cache_bytes: int = 256 * 1024 * 1024  # decoded commit log files the consume side keeps in memory
     clock: Callable[[], int] = field(default=now_ms, compare=False)
 
 
@@ -315,7 +316,8 @@ class Broker:
         self.queue_next: dict[tuple[str, int], int] = {}
         self.topics: dict[str, int] = {}
         self.commits = 0
-        self.store = MessageStore(config.lake, config.broker_name, clock=config.clock)
+        self.store = MessageStore(config.lake, config.broker_name, cache_bytes=config.store_cache_bytes,
+                                  clock=config.clock)  # fmt: skip
         self.offsets = ConsumerOffsetManager(config.lake, config.broker_name, config.clock)
         self.transaction_producers: dict[str, list[Any]] = {}  # producer group -> live transactional producers
         self.rebalance_locks = RebalanceLockManager(clock=config.clock)  # orderly queue locks of this broker

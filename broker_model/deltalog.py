@@ -261,11 +261,16 @@ class AppendLog:
 
 @dataclass(frozen=True)
 class LogChange:
-    """What one commit did to data: files added and files removed (table-relative, decoded)."""
+    """What one commit did to data (paths table-relative, decoded): files added with new rows
+    (``dataChange`` adds), files a rewrite added (``dataChange=false`` adds: the same rows moved,
+    as compaction does), every file removed, and whether a removal took rows away
+    (``dataChange`` removes)."""
 
     version: int
     added: list[tuple[str, dict[str, str | None]]]
     removed: list[str]
+    rewritten: list[tuple[str, dict[str, str | None]]] = field(default_factory=list)
+    data_removed: bool = False
 
 
 class LogTail:
@@ -311,18 +316,22 @@ def latest_version(path: str | Path) -> int:
 
 def _parse_change(version: int, text: str) -> LogChange:
     added: list[tuple[str, dict[str, str | None]]] = []
+    rewritten: list[tuple[str, dict[str, str | None]]] = []
     removed: list[str] = []
+    data_removed = False
     for line in text.splitlines():
         if not line.strip():
             continue
         action = json.loads(line)
-        if "add" in action and action["add"].get("dataChange", True):
-            added.append((unquote(action["add"]["path"]), action["add"].get("partitionValues") or {}))
-        elif "add" in action:
-            removed.append("")  # a rewrite: readers that index files must reload
+        if "add" in action:
+            file = (unquote(action["add"]["path"]), action["add"].get("partitionValues") or {})
+            (added if action["add"].get("dataChange", True) else rewritten).append(file)
         elif "remove" in action:
             removed.append(unquote(action["remove"]["path"]))
-    return LogChange(version, added, removed)
+            data_removed = data_removed or action["remove"].get("dataChange", True)
+        elif "metaData" in action:
+            data_removed = True  # a new schema or a replaced table: readers start over
+    return LogChange(version, added, removed, rewritten, data_removed)
 
 
 def file_stats(data: pa.Table) -> dict[str, Any]:

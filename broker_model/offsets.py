@@ -129,7 +129,7 @@ class OffsetLedger:
                 self.load()
                 return
             changes = self._tail.poll()
-            if changes is None or any(change.removed for change in changes):
+            if changes is None or any(change.removed or change.rewritten for change in changes):
                 self.load()
                 return
             for change in changes:

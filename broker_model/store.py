@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -32,7 +34,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from broker_model import constants as c
 from broker_model.codec import decompress_body, tags_code
-from broker_model.deltalog import LogTail
+from broker_model.deltalog import LogChange, LogTail
 from broker_model.errors import ValidationError
 from schemas.catalog import COMMITLOG
 
@@ -193,11 +195,13 @@ class MessageStore:
         self.broker_name = broker_name
         self.log_poll_ms = log_poll_ms
         self.fed_locally = False  # True when a broker in this process dispatches its commits here
+        self.loads = 0  # how many times the whole log was indexed (start, and changes it could not follow)
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._lock = threading.RLock()
         self._arrival = threading.Condition(self._lock)
         self._queues: dict[tuple[str, int], _Queue] = {}
         self._files: list[str] = []  # table-relative paths; a row locator is (file id, row)
+        self._file_ids: dict[str, int] = {}  # decoded path -> file id
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._cache_bytes = cache_bytes
         self._cached = 0
@@ -214,12 +218,14 @@ class MessageStore:
         """Index the broker's whole log as of now and follow the log from there."""
         path = COMMITLOG.location(self.lake)
         with self._lock:
+            self.loads += 1
             self._undispatched.clear()
             self._half_offsets.clear()
             self._finals.clear()
             self._final_entries.clear()
             self._queues.clear()
             self._files.clear()
+            self._file_ids.clear()
             self._cache.clear()
             self._cached = 0
             try:
@@ -238,22 +244,86 @@ class MessageStore:
     def refresh(self) -> bool:
         """Index commits made since the last look (by any process); True when anything new came.
 
-        A rewrite of indexed files (compaction) or a cleaned-up log makes it reload everything.
+        A rewrite (compaction: files removed and added with ``dataChange=false``) moves rows
+        without changing them: the entries of the removed files are pointed at the same rows,
+        found by commit log offset, in the added files (:meth:`_remap`). A commit that removes rows,
+        a rewrite whose rows cannot all be found, or a cleaned-up log makes it reload everything.
         """
         with self._lock:
             if self._tail is None:
                 self.load()
                 return True
             changes = self._tail.poll()
-            if changes is None or any(change.removed for change in changes):
+            if changes is None or any(change.data_removed for change in changes):
                 self.load()
                 return True
-            files = [(path, None) for change in changes for path, values in change.added
-                     if values.get("broker_name") == self.broker_name]  # fmt: skip
-            if files:
-                self._dispatch_files(files)
+            self._drain()
+            try:
+                arrived = self._follow(changes)
+            except FileNotFoundError:  # a file of the changes is gone already (VACUUM): start over
+                self.load()
+                return True
+            if arrived:
                 self._arrival.notify_all()
-            return bool(files)
+            return arrived
+
+    def _follow(self, changes: Sequence[LogChange]) -> bool:
+        """Index the new files of ``changes`` and follow their rewrites, in log order (caller holds
+        the lock); True when new rows of this broker came. A rewrite it cannot follow reloads all."""
+        arrived = False
+        pending: list[tuple[str, pa.Table | None]] = []
+        for change in changes:
+            pending += [(path, None) for path, values in change.added if values.get("broker_name") == self.broker_name]
+            if change.removed:
+                self._dispatch_files(pending)  # first: the rewrite may have compacted them
+                arrived, pending = arrived or bool(pending), []
+                if not self._remap(change):
+                    self.load()
+                    return True
+        if pending:
+            self._dispatch_files(pending)
+            arrived = True
+        return arrived
+
+    def _remap(self, change: LogChange) -> bool:
+        """Point the entries of the files ``change`` removed at the same rows in the files it
+        added (caller holds the lock). False when an entry's commit log offset is in none of them."""
+        gone = [self._file_ids[path] for path in change.removed if path in self._file_ids]
+        if not gone:
+            return True  # another broker's files
+        located = [self._locate(path) for path, values in change.rewritten
+                   if values.get("broker_name") == self.broker_name]  # fmt: skip
+        if not located:
+            return False
+        offsets, file_ids, rows = (np.concatenate(parts) for parts in zip(*located, strict=True))
+        order = np.argsort(offsets, kind="stable")
+        offsets, file_ids, rows = offsets[order], file_ids[order], rows[order]
+        removed = np.array(gone, dtype=np.int32)
+        for queue in self._queues.values():
+            queue_files = np.frombuffer(queue.files, dtype=np.int32)
+            moved = np.isin(queue_files, removed)
+            if not moved.any():
+                continue
+            wanted = np.frombuffer(queue.offsets, dtype=np.int64)[moved]
+            at = np.minimum(np.searchsorted(offsets, wanted), len(offsets) - 1)
+            if not np.array_equal(offsets[at], wanted):
+                return False
+            queue_files[moved] = file_ids[at]
+            np.frombuffer(queue.rows, dtype=np.int32)[moved] = rows[at]
+        for file_id in gone:
+            evicted = self._cache.pop(file_id, None)
+            self._cached -= 0 if evicted is None else evicted.nbytes
+        return True
+
+    def _locate(self, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A new file id for ``path`` and, per row of the file, (commit log offset, file id, row)."""
+        file_id = len(self._files)
+        self._files.append(path)
+        self._file_ids[unquote(path)] = file_id
+        offsets = pq.read_table(COMMITLOG.location(self.lake) / path, columns=["commit_log_offset"])
+        count = offsets.num_rows
+        return (np.asarray(offsets["commit_log_offset"].to_numpy(), dtype=np.int64),
+                np.full(count, file_id, dtype=np.int32), np.arange(count, dtype=np.int32))  # fmt: skip
 
     def dispatch_commit(self, version: int, files: Sequence[tuple[str, pa.Table]]) -> None:
         """Take a commit this process just made (its files with their rows) and wake held pulls.
@@ -282,6 +352,7 @@ class MessageStore:
         for path, rows in files:
             file_id = len(self._files)
             self._files.append(path)
+            self._file_ids[unquote(path)] = file_id
             table = rows if rows is not None else self._read_file(file_id)
             if rows is not None:
                 self._remember(file_id, rows)
@@ -349,7 +420,7 @@ class MessageStore:
             queue = self._queues.get((topic, queue_id))
             if queue is None or not 0 <= queue_offset < len(queue):
                 return None
-            return self._message(queue, queue_offset, topic, decompress)
+            return self._message(topic, queue_id, queue_offset, decompress)
 
     # -- rows of files ----------------------------------------------------------------------------
 
@@ -369,8 +440,24 @@ class MessageStore:
             _, evicted = self._cache.popitem(last=False)
             self._cached -= evicted.nbytes
 
-    def _message(self, queue: _Queue, queue_offset: int, topic: str, decompress: bool = True) -> MessageExt:
-        row = self._read_file(queue.files[queue_offset]).slice(queue.rows[queue_offset], 1).to_pylist()[0]
+    def _row(self, topic: str, queue_id: int, queue_offset: int) -> dict[str, Any]:
+        """The stored record of a queue entry (caller holds the lock). When its file is gone (a
+        compaction this store has not followed yet, then a VACUUM), the log is followed and the
+        read tried again, then the whole log indexed again and tried a last time."""
+        for recover in (self.refresh, self.load, None):
+            queue = self._queues[(topic, queue_id)]
+            try:
+                rows = self._read_file(queue.files[queue_offset]).slice(queue.rows[queue_offset], 1)
+                row: dict[str, Any] = rows.to_pylist()[0]
+                return row
+            except FileNotFoundError:
+                if recover is None:
+                    raise
+                recover()
+        raise AssertionError("unreachable")
+
+    def _message(self, topic: str, queue_id: int, queue_offset: int, decompress: bool = True) -> MessageExt:
+        row = self._row(topic, queue_id, queue_offset)
         body = decompress_body(row["body"], row["sys_flag"]) if decompress else row["body"]
         return MessageExt(
             broker_name=self.broker_name, topic=topic, queue_id=row["queue_id"], queue_offset=queue_offset,
@@ -452,9 +539,11 @@ class MessageStore:
                 return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, 0, high)
             if offset > high:
                 return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, high, 0, high)
-            return self._scan(queue, topic, offset, max_msgs, sub)
+            return self._scan(queue, topic, queue_id, offset, max_msgs, sub)
 
-    def _scan(self, queue: _Queue, topic: str, offset: int, max_msgs: int, sub: Subscription) -> GetMessageResult:
+    def _scan(
+        self, queue: _Queue, topic: str, queue_id: int, offset: int, max_msgs: int, sub: Subscription
+    ) -> GetMessageResult:
         end = min(len(queue), offset + max(MAX_FILTER_SCAN, max_msgs))
         found: list[int] = []
         size = 0
@@ -467,7 +556,7 @@ class MessageStore:
                 size += queue.sizes[position]
             position += 1
         status = GetMessageStatus.FOUND if found else GetMessageStatus.NO_MATCHED_MESSAGE
-        messages = [self._message(queue, q, topic) for q in found]
+        messages = [self._message(topic, queue_id, q) for q in found]
         return GetMessageResult(status, position, 0, len(queue), messages)
 
     # -- pulls ------------------------------------------------------------------------------------

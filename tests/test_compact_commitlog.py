@@ -126,11 +126,12 @@ def test_bad_options_are_refused_before_any_work(argv: list[str], field: str) ->
 # ---------------------------------------------------------------------------------------------
 
 
-def _start(lake_root: Path) -> list[Broker]:
-    brokers = [
-        Broker(BrokerConfig(lake_root, name, store_host=host, segment_size=SEGMENT_SIZE, flush_mode="SYNC_FLUSH"))
-        for name, host in (("broker-a", "127.0.0.1:10911"), ("broker-b", "127.0.0.2:10911"))
-    ]
+def _start(lake_root: Path, store_cache_bytes: int = 256 << 20) -> list[Broker]:
+    def config(name: str, host: str) -> BrokerConfig:
+        return BrokerConfig(lake_root, name, store_host=host, segment_size=SEGMENT_SIZE, flush_mode="SYNC_FLUSH",
+                            store_cache_bytes=store_cache_bytes)  # fmt: skip
+
+    brokers = [Broker(config(*named)) for named in (("broker-a", "127.0.0.1:10911"), ("broker-b", "127.0.0.2:10911"))]
     for broker in brokers:
         broker.start().ensure_topic("Orders", 4)
     return brokers
@@ -261,6 +262,42 @@ def test_a_broker_commit_between_the_writes_and_the_commit_does_not_conflict(
             broker.shutdown()
     rows = DeltaTable(table_dir).to_pyarrow_table().select(["broker_name", "commit_log_offset"]).to_pylist()
     assert len(rows) == 246 and len({(r["broker_name"], r["commit_log_offset"]) for r in rows}) == 246
+
+
+def _queue_bodies(brokers: list[Broker]) -> dict[tuple[str, int], list[bytes]]:
+    """Every message body of every Orders queue, read through the brokers' own stores."""
+    bodies: dict[tuple[str, int], list[bytes]] = {}
+    for broker in brokers:
+        for queue_id in range(4):
+            messages = [broker.store.message_at("Orders", queue_id, q) for q in range(broker.store.max_offset(
+                "Orders", queue_id))]  # fmt: skip
+            bodies[(broker.broker_name, queue_id)] = [m.body for m in messages if m is not None]
+    return bodies
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("busy", [True, False], ids=["a broker commit follows", "the brokers stay idle"])
+def test_running_brokers_follow_a_compaction_of_their_live_segments_without_indexing_their_logs_again(
+    spark: SparkSession, lake_root: Path, busy: bool
+) -> None:
+    brokers = _start(lake_root, store_cache_bytes=1)  # about one file in memory: reads go to the files
+    try:
+        before, loads = _queue_bodies(brokers), [b.store.loads for b in brokers]
+        assert run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge")).status == "SUCCEEDED"
+        # the files the compaction replaced are deleted: the stores must find the rows in the new ones
+        DeltaTable(str(lake_root / "commitlog")).vacuum(retention_hours=0, dry_run=False,
+                                                         enforce_retention_duration=False)  # fmt: skip
+        if busy:
+            _send(brokers, 240, 4)
+
+        after = _queue_bodies(brokers)
+
+        assert [b.store.loads for b in brokers] == loads
+    finally:
+        for broker in brokers:
+            broker.shutdown()
+    assert all(after[key][: len(bodies)] == bodies for key, bodies in before.items())
+    assert sum(map(len, after.values())) == sum(map(len, before.values())) + (4 if busy else 0)
 
 
 @pytest.mark.spark
