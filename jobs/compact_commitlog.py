@@ -14,8 +14,9 @@ What is compacted:
   (a large file, or one ``files_up_to_version`` keeps out) ends a run. Each run is packed greedily
   into bins of at most ``target_file_size`` bytes, and each bin becomes one file. So a new file
   never spans the offsets of a file it does not replace: the files of a segment keep disjoint
-  offset ranges, which readers use to skip files and to take the log in order file by file. A bin
-  of a single file is dropped (rewriting one file gains nothing);
+  offset ranges, which readers use to skip files and to take the log in order file by file. Files
+  without offset statistics (other writers') are packed only among themselves. A bin of a single
+  file is dropped (rewriting one file gains nothing);
 - with ``files_up_to_version`` only the files already active at that commit log version are
   candidates (see "Incremental readers" below); in the segment being written, those are the
   oldest files, so the newer ones simply follow the compacted file.
@@ -48,9 +49,11 @@ longest pause between two runs of the incremental jobs.
 
 Incremental readers: :meth:`jobs.lake_io.Lake.read_appended` skips ``dataChange=false`` adds, so
 compacted rows never look new. A version range that both added a file and compacted it away
-cannot be read as appends (``IncrementalReadError``), and an incremental job then rebuilds in
-full; pass the commit log version the incremental jobs have processed as ``--files-up-to-version``
-(or run compaction after them) to keep them incremental.
+cannot be read as appends (``IncrementalReadError``), and an incremental job would then rebuild in
+full. So by default only the files every incremental job that has run has read are candidates
+(:data:`INCREMENTAL_READERS`: the least commit log version their application transactions
+record; a job that never ran reads the whole log on its first run anyway); with none run, every
+file is. ``--files-up-to-version`` sets that version instead.
 
 delta-spark engine: ``OPTIMIZE ... WHERE`` on the planned segments, with Delta's optimize minimum
 and maximum file sizes set to this job's options for the statement. Delta then bin-packs those
@@ -88,7 +91,7 @@ from broker_model.lake_root import default_lake
 from jobs.lake_io import Lake, check_bridge_can_read, file_location, local_directory, open_table, replace_where
 from jobs.runs import JobRun, record_run
 from jobs.session import build_session
-from schemas.catalog import COMMITLOG
+from schemas.catalog import COMMITLOG, CONSUME_QUEUE, RETRY_RECORDS, TRANSACTION_RECORDS
 
 JOB = "compact_commitlog"
 
@@ -120,7 +123,7 @@ class CompactConfig:
             in (0, 1].
         segments_per_commit: at most this many segments are rewritten per Delta commit, >= 1.
         files_up_to_version: only files active at this commit log version are candidates; None
-            for the latest version.
+            for the version the incremental jobs have read (:func:`read_up_to`).
         engine: lake engine, ``auto``, ``bridge`` or ``delta-spark``.
 
     Raises:
@@ -266,9 +269,12 @@ def plan_bins(
 
 
 def _candidate_runs(files: Sequence[DataFile], candidate: Callable[[DataFile], bool]) -> list[list[DataFile]]:
-    """The maximal runs of consecutive ``files`` that are candidates."""
+    """The maximal runs of consecutive ``files`` that are candidates; files without offset
+    statistics (placed last) never share a run with files that have them."""
     runs: list[list[DataFile]] = [[]]
     for data_file in files:
+        if runs[-1] and (runs[-1][-1].first_offset is None) != (data_file.first_offset is None):
+            runs.append([])
         if candidate(data_file):
             runs[-1].append(data_file)
         elif runs[-1]:
@@ -329,6 +335,19 @@ def list_files(dt: DeltaTable) -> list[DataFile]:
             strict=True,
         )
     ]
+
+
+# the jobs that read the commit log incrementally: (table, application transaction id) of the
+# commit log version each has read
+INCREMENTAL_READERS = ((CONSUME_QUEUE, "rebuild_consume_queue"), (TRANSACTION_RECORDS, "resolve_transactions"),
+                       (RETRY_RECORDS, "route_dlq"))  # fmt: skip
+
+
+def read_up_to(lake: Lake) -> int | None:
+    """The commit log version every incremental job that has run has read (None when none has):
+    compaction leaves later files alone, so those jobs read them as appends."""
+    versions = [lake.transaction_version(spec, app_id) for spec, app_id in INCREMENTAL_READERS]
+    return min((v for v in versions if v is not None), default=None)
 
 
 def eligible_paths(table_dir: str, dt: DeltaTable, files_up_to_version: int | None) -> frozenset[str] | None:
@@ -556,7 +575,8 @@ def run(spark: SparkSession, config: CompactConfig) -> JobRun:
         dt = open_table(table_dir)
         if lake.engine == "bridge":
             check_bridge_can_read(dt, table_dir)
-        eligible = eligible_paths(table_dir, dt, config.files_up_to_version)
+        up_to = config.files_up_to_version if config.files_up_to_version is not None else read_up_to(lake)
+        eligible = eligible_paths(table_dir, dt, up_to)
         job_run.input_versions = {COMMITLOG.name: dt.version()}
         bins = plan_bins(list_files(dt), config.target_file_size, config.min_file_fraction, eligible,
                          sealed_only=lake.engine != "bridge")  # fmt: skip
@@ -617,8 +637,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--files-up-to-version",
         type=int,
         default=None,
-        help="only compact files already in this commit log version (e.g. the version the "
-        "incremental jobs have processed); default: the latest",
+        help="only compact files already in this commit log version; default: the version every "
+        "incremental job that has run has read (all files when none has run)",
     )
     parser.add_argument(
         "--engine",

@@ -236,16 +236,22 @@ def _group_codes(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
-    """(an int64 code per row, the distinct values the codes index) of a column; a column read
-    dictionary-encoded keeps its dictionary (unified across its chunks), others are encoded."""
+    """(an int64 code per row, the values the codes index) of a column; a column read
+    dictionary-encoded keeps its dictionary (unified across its chunks), others are encoded. A
+    null (a foreign row: the catalog's columns are NOT NULL) gets a code of its own, after the
+    values, and a null joins the values."""
     if pa.types.is_dictionary(column.type):
         encoded = column.unify_dictionaries().combine_chunks()
-        # a dictionary may hold a value twice or a value no row uses: fold it to distinct values
-        distinct = pc.unique(encoded.dictionary)
-        remap = np.asarray(pc.index_in(encoded.dictionary, value_set=distinct).to_numpy(zero_copy_only=False))
-        return remap[encoded.indices.to_numpy(zero_copy_only=False)].astype(np.int64), distinct
-    encoded = pc.dictionary_encode(column.combine_chunks())
-    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary
+    else:
+        encoded = pc.dictionary_encode(column.combine_chunks())
+    # a dictionary may hold a value twice or a value no row uses: fold it to distinct values
+    values = pc.unique(encoded.dictionary)
+    remap = np.asarray(pc.index_in(encoded.dictionary, value_set=values).to_numpy(zero_copy_only=False), np.int64)
+    remap = np.append(remap, len(values))  # the code of a null
+    indices = pc.fill_null(encoded.indices, len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+    if column.null_count:
+        values = pa.concat_arrays([values, pa.nulls(1, values.type)])
+    return remap[indices], values
 
 
 def _numpy(rows: pa.Table, name: str) -> np.ndarray:

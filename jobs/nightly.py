@@ -43,13 +43,10 @@ from jobs.runs import JobRun, record_run, table_versions, text_table
 from jobs.session import ENGINES, build_session
 from schemas.catalog import (
     COMMITLOG,
-    CONSUME_QUEUE,
     CONSUMER_OFFSET_COMMITS,
     DLQ_REDRIVES,
-    RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
     TABLES,
-    TRANSACTION_RECORDS,
     TableSpec,
 )
 
@@ -63,9 +60,6 @@ DATA_TIMES: tuple[tuple[TableSpec, str], ...] = (
     (SUBSCRIPTION_GROUP, "updated_timestamp"),
     (DLQ_REDRIVES, "updated_timestamp"),
 )
-# the incremental steps: (table, application transaction id) of the commit log version each has read
-INCREMENTAL_READERS = ((CONSUME_QUEUE, "rebuild_consume_queue"), (TRANSACTION_RECORDS, "resolve_transactions"),
-                       (RETRY_RECORDS, "route_dlq"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -148,13 +142,6 @@ def data_time(lake: Lake) -> int | None:
     return newest
 
 
-def read_up_to(lake: Lake) -> int | None:
-    """The commit log version every incremental step has read (None when one has not run yet):
-    compaction leaves later files alone, so the steps read them as appends."""
-    versions = [lake.transaction_version(spec, app_id) for spec, app_id in INCREMENTAL_READERS]
-    return None if any(v is None for v in versions) else min(v for v in versions if v is not None)
-
-
 def run(spark: SparkSession, config: NightlyConfig) -> JobRun:
     """Run the pipeline on ``config.lake`` (module docstring); print each step's output and a
     summary with the report's path; record and return the nightly run.
@@ -197,8 +184,8 @@ def _compact(spark: SparkSession, config: NightlyConfig, as_of: int) -> JobRun:
     from jobs.compact_commitlog import CompactConfig
     from jobs.compact_commitlog import run as compact
 
-    lake = Lake(spark, config.lake, config.engine)
-    return compact(spark, CompactConfig(config.lake, files_up_to_version=read_up_to(lake), engine=config.engine))
+    # by default compaction leaves the files an incremental step has not read yet
+    return compact(spark, CompactConfig(config.lake, engine=config.engine))
 
 
 def _rebuild(spark: SparkSession, config: NightlyConfig, as_of: int) -> JobRun:

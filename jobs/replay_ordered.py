@@ -29,7 +29,8 @@ start of a run, from the commit log version the run reads.
   each Spark scan task writes its own rows, sorted by batch and sequence, with no shuffle;
   otherwise (a corrupt or foreign log, or a DLQ source) the rows are shuffled by queue and sorted
   by queue offset, and ``replay_sequence`` is the row's position in that write order. Each data
-  file holds its rows of a queue in replay order either way.
+  file holds its rows of a queue in replay order either way. A row of the sink is identified by
+  ``replay_id`` and its source coordinates (``replay_sequence`` may repeat across brokers).
 - ``--to-topic T``: a topic of the broker holding each source queue (or ``--to-broker``), same queue
   id, or the queue chosen by RocketMQ's ``SelectMessageQueueByHash`` over the value of
   ``--selector-property`` (a message without it keeps its queue id modulo the queue count). The
@@ -1048,7 +1049,8 @@ def _prepare(lake: Lake, config: ReplayConfig) -> _Run:
         # and the offsets the report expects): no Spark job before the write
         chunks = lake.iter_file_rows(COMMITLOG, SUMMARY_COLUMNS, version=version, partition_filter=partition_filter)
         summary = summarize_source(chunks, config.topics, config.from_time, config.to_time)
-    log_ordered = config.source != "dlq" and _log_ordered(summary)
+    # only a Delta sink writes with Spark; handlers and topics take the rows to the driver in order
+    log_ordered = config.to_table is not None and config.source != "dlq" and _log_ordered(summary)
     bounds = merge_queue_bounds(summary)
     if config.source == "backlog":
         if not lake.exists(CONSUMER_OFFSET_COMMITS):
@@ -1067,8 +1069,9 @@ def _log_ordered(summary: pa.Table) -> bool:
     if unordered:
         named = ", ".join(SOURCE_SEPARATOR.join(map(str, key)) for key in unordered[:5])
         more = f" and {len(unordered) - 5} more" if len(unordered) > 5 else ""
-        print(f"{JOB}: the commit log does not hold {named}{more} in queue order; every queue's rows are shuffled "
-              "and sorted by queue offset")  # fmt: skip
+        print(f"{JOB}: the commit log's data files do not hold {named}{more} in queue order file after file (a "
+              "corrupt or foreign log, or files whose offset ranges overlap); the rows are shuffled by queue and "
+              "sorted by queue offset")  # fmt: skip
     return not unordered
 
 

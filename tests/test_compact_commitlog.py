@@ -86,15 +86,16 @@ def test_the_plan_packs_runs_of_adjacent_small_files_in_offset_order_in_every_se
     assert [[f.path for f in b.files] for b in plan_bins(files, 100, 0.75, eligible)] == [["open-a", "open-b"]]
 
 
-def test_the_plan_puts_files_without_statistics_last_and_bins_them_too() -> None:
+def test_the_plan_puts_files_without_statistics_last_and_bins_them_among_themselves() -> None:
     files = [
         _file("x", 10, first=None),
+        _file("w", 10, first=None),
         _file("y", 10, first=50),
         _file("z", 10, first=10),
         _file("next", 1, segment=9),
     ]
     bins = plan_bins(files, target_file_size=1000, min_file_fraction=0.5)
-    assert [[f.path for f in b.files] for b in bins] == [["z", "y", "x"]]
+    assert [[f.path for f in b.files] for b in bins] == [["z", "y"], ["w", "x"]]
 
 
 def test_batches_never_split_a_segment_across_commits() -> None:
@@ -237,6 +238,30 @@ def test_the_incremental_rebuild_after_compaction_and_new_messages_processes_onl
     units = canonical_rows(DeltaTable(str(lake_root / "consume_queue")).to_pyarrow_table())
     assert len(units) == len(units_before) + 12 and set(map(repr, units_before)) <= set(map(repr, units))
     assert with_new.row_counts["consume_queue_integrity"] == 0
+
+
+@pytest.mark.spark
+def test_by_default_compaction_leaves_the_files_an_incremental_job_has_not_read(
+    spark: SparkSession, lake_root: Path
+) -> None:
+    assert rebuild(spark, RebuildConfig(lake_root, engine="bridge")).status == "SUCCEEDED"
+    read = Lake(spark, lake_root, "bridge").version(COMMITLOG)
+    brokers = _start(lake_root)
+    try:
+        _send(brokers, 240, 12)  # twelve new files in the live segments; the other readers never ran
+    finally:
+        for broker in brokers:
+            broker.shutdown()
+    new_files = {f.path for f in list_files(open_table(str(lake_root / "commitlog")))} - {
+        f.path for f in list_files(open_table(str(lake_root / "commitlog"), read))}  # fmt: skip
+
+    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+
+    assert job_run.status == "SUCCEEDED" and len(new_files) == 12
+    assert new_files <= {f.path for f in list_files(open_table(str(lake_root / "commitlog")))}
+    with_new = rebuild(spark, RebuildConfig(lake_root, engine="bridge"))
+    assert with_new.message is not None and with_new.message.startswith("incremental")
+    assert with_new.row_counts["consume_queue"] == 12
 
 
 @pytest.mark.spark

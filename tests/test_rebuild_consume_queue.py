@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from hypothesis import given, settings
@@ -474,6 +475,23 @@ def test_the_driver_chains_suspect_exactly_where_the_spark_checks_find_something
     for parts, step, encoded in itertools.product((1, 2, 3, 5, len(records)), (1, -1), (False, True)):
         cuts = sorted(rng.sample(range(1, len(records)), parts - 1))
         assert _chain_suspects(records, cuts, step, encoded) == (queues, brokers), (cuts, step, encoded)
+
+
+@pytest.mark.parametrize("encoded", [False, True], ids=["plain", "dictionary"])
+def test_a_foreign_row_without_a_topic_is_a_queue_of_its_own_to_the_chains(encoded: bool) -> None:
+    records = _laid_out(_record(i) for i in range(4))
+    records[2] = {**records[2], "topic": None, "queue_offset": 0}
+    schema = pa.schema([COMMITLOG.arrow_schema.field(n).with_nullable(True) for n in CHAIN_COLUMNS])
+    rows = pa.Table.from_pylist([{n: r[n] for n in CHAIN_COLUMNS} for r in records], schema)
+    if encoded:
+        rows = rows.set_column(rows.schema.get_field_index("topic"), "topic", pc.dictionary_encode(rows["topic"]))
+    chains = Chains({"broker-a": SEGMENT})
+
+    chains.add_part(rows)
+
+    assert chains.queue_tails() == {("broker-a", "TopicA", 0): (3, records[3]["commit_log_offset"]),
+                                    ("broker-a", None, 0): (0, records[2]["commit_log_offset"])}  # fmt: skip
+    assert chains.suspect_queues() == [("broker-a", "TopicA", 0)]  # its offset 2 is the foreign row's
 
 
 def test_a_context_run_needs_no_start_at_zero_and_only_seams_with_new_runs_are_checked() -> None:
