@@ -1,6 +1,6 @@
 """replay_ordered into a Delta table against its floor, in one run.
 
-    python benchmarks/replay.py [--messages 2000000] [--batch-rows 10000] [--seed 1] [--keep DIR]
+    python benchmarks/replay.py [--messages 2000000] [--batch-rows 10000] [--seed 1] [--repeat 3] [--keep DIR]
 
 1. Writes ``--messages`` messages through two real ASYNC_FLUSH brokers into topic ``Replay``
    (8 queues on each broker: 16 queues), as ``send_batch`` calls of 1,000 messages with
@@ -12,8 +12,9 @@
    topic) and writes the sink's columns to a Delta table through the same Lake I/O, with no
    ordering, batches, progress or report.
 
-Replay and floor run alternately, twice each; the faster run of each counts (the first runs in a
-JVM also pay for compiling code). Target: replay <= 2 x floor.
+Replay and floor run alternately, ``--repeat`` times each (default 3); the fastest run of each
+counts (the first runs in a JVM also pay for compiling code, so each side needs warm samples).
+Target: replay <= 2 x floor.
 """
 
 from __future__ import annotations
@@ -110,17 +111,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=2_000_000)
     parser.add_argument("--batch-rows", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of the floor and the replay each")
     parser.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir)")
     args = parser.parse_args(argv)
     root = args.keep or Path(tempfile.mkdtemp(prefix="replay-bench-"))
     try:
-        return _bench(root.absolute(), args.messages, args.batch_rows, args.seed)
+        return _bench(root.absolute(), args.messages, args.batch_rows, args.seed, max(1, args.repeat))
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _bench(root: Path, messages: int, batch_rows: int, seed: int) -> int:
+def _bench(root: Path, messages: int, batch_rows: int, seed: int, repeat: int) -> int:
     lake = root / "lake"
     if not (lake / COMMITLOG.path).exists():
         seconds = write_messages(lake, messages, seed)
@@ -128,9 +130,10 @@ def _bench(root: Path, messages: int, batch_rows: int, seed: int) -> int:
     spark = build_session("bench-replay", master="local[*]", engine="bridge", extra_conf=SPARK_CONF)
     spark.sparkContext.setLogLevel("ERROR")
     Lake(spark, lake, "bridge").read(COMMITLOG).select(F.sum("store_size")).collect()  # warm-up
-    floors, replays = [], []
+    floors: list[float] = []
+    replays: list[float] = []
     rows = 0
-    for attempt in range(2):
+    for attempt in range(repeat):
         floors.append(time_floor(spark, lake, root / "floor"))
         replay_id = f"bench-{time.time_ns()}"  # a new replay each time: a kept lake holds the old ones' progress
         seconds, rows = time_replay(spark, lake, root / f"sink-{attempt}", replay_id, batch_rows)
@@ -140,10 +143,11 @@ def _bench(root: Path, messages: int, batch_rows: int, seed: int) -> int:
     batches = -(-rows // (2 * QUEUES_PER_BROKER * batch_rows))
     print(f"\n{rows:,} messages over {2 * QUEUES_PER_BROKER} queues, {os.cpu_count()} cores, "
           f"--batch-rows {batch_rows} (about {batches} batches)")  # fmt: skip
-    print(f"  {'replay into a Delta table, best of 2':<48}{replay:>8.1f} s  {rows / replay:>10,.0f} msg/s   "
-          f"({replays[0]:.1f} s then {replays[1]:.1f} s)")  # fmt: skip
-    print(f"  {'floor (read the rows, write the columns)':<48}{floor:>8.1f} s  {rows / floor:>10,.0f} msg/s   "
-          f"({floors[0]:.1f} s then {floors[1]:.1f} s)")  # fmt: skip
+    runs = {name: ", ".join(f"{s:.1f} s" for s in values) for name, values in (("replay", replays), ("floor", floors))}
+    print(f"  {f'replay into a Delta table, best of {repeat}':<52}{replay:>8.1f} s  {rows / replay:>10,.0f} msg/s   "
+          f"({runs['replay']})")  # fmt: skip
+    print(f"  {f'floor (read the rows, write them), best of {repeat}':<52}{floor:>8.1f} s  "
+          f"{rows / floor:>10,.0f} msg/s   ({runs['floor']})")  # fmt: skip
     print(f"  replay / floor  {replay / floor:5.2f}   (target <= 2.00)")
     return 0
 
