@@ -36,8 +36,9 @@ snapshot in which every file to remove is checked to be active; delta-rs then ch
 made after that snapshot before it writes its own log entry (put-if-absent): the broker's blind
 appends, to the segment being compacted as much as to any other, do not conflict and the commit
 lands after them; a concurrent compaction that removed the same files makes the commit fail. On a
-failure the new files are deleted and nothing is committed. A running broker notices the commit
-removed files it has indexed and reloads its index from the log.
+failure the new files are deleted and nothing is committed. A running broker's consume side points
+its entries of the removed files at the same rows in the new ones (found by commit log offset),
+without indexing its log again.
 
 Crash safety: new files first, one atomic log entry last. A run killed before its commit leaves
 files that no version references: invisible to every reader and harmless. They, and the small

@@ -153,7 +153,7 @@ def _queue_runs(units: pa.Table) -> Iterator[tuple[QueueKey, Run]]:
     commit_log_offset)`` order too. Otherwise the units are sorted by those columns."""
     if units.num_rows == 0:
         return
-    groups = _group_codes(units, QUEUE_KEYS)
+    groups = group_codes(units, QUEUE_KEYS)
     offset, log_offset = _numpy(units, "queue_offset"), _numpy(units, "commit_log_offset")
     order = None
     if _rising(log_offset):
@@ -226,8 +226,9 @@ def _runs(
         yield tuple(key_rows[i][k] for k in keys), Run(first, last, not bool(dirty[i]), int(end - start + 1))
 
 
-def _group_codes(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
-    """An int64 code per row, equal for rows with equal ``keys`` (dictionary codes in mixed radix)."""
+def group_codes(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """An int64 code per row, equal for rows with equal ``keys`` (dictionary codes in mixed radix;
+    plain or dictionary-encoded string columns, a null a value of its own)."""
     codes = np.zeros(rows.num_rows, dtype=np.int64)
     for name in keys:
         indices, values = _codes(rows[name])

@@ -546,6 +546,10 @@ class RebuildSummary:
         return [*checked, *[f"  {name:<26}{count:>12}" for name, count in [*counts, *kinds]]]
 
 
+# what a user does to have the job build its outputs again from the whole commit log
+_DELETE_OUTPUTS = "delete the consume_queue, consume_queue_integrity and consume_queue_tails tables"
+
+
 def plan_run(
     processed: int | None, findings_processed: int | None, tails_processed: int | None, latest: int, full: bool
 ) -> RebuildPlan:
@@ -563,17 +567,17 @@ def plan_run(
     if built > latest:
         raise LakeError(
             f"consume_queue was built from commitlog version {built}, but the commitlog is at version "
-            f"{latest}: it was replaced; delete the consume_queue, consume_queue_integrity and "
-            "consume_queue_tails tables and run again"
+            f"{latest}: it was replaced; {_DELETE_OUTPUTS} and run again"
         )
     if processed is not None and (findings_processed is None or findings_processed < processed):
         return RebuildPlan("full", processed, latest, "the findings are behind the units (a run stopped)")
     if processed is not None and (tails_processed is None or tails_processed < processed):
         return RebuildPlan("full", processed, latest, "the tails are behind the units (a run stopped)")
     if processed is not None and processed >= latest:
-        anyway = ("; the outputs are complete, so --full writes nothing (to rebuild them anyway, delete the "
-                  "consume_queue, consume_queue_integrity and consume_queue_tails tables)") if full else ""  # fmt: skip
-        return RebuildPlan("noop", processed, latest, f"commitlog version {latest} is already processed{anyway}")
+        reason = f"commitlog version {latest} is already processed"
+        if full:
+            reason += f"; the outputs are complete, so --full writes nothing (to build them anyway, {_DELETE_OUTPUTS})"
+        return RebuildPlan("noop", processed, latest, reason)
     if full or processed is None:
         return RebuildPlan("full", processed, latest, "--full" if full else "first run")
     return RebuildPlan("incremental", processed, latest, f"commitlog versions {processed + 1}..{latest}")

@@ -131,7 +131,7 @@ from jobs.lake_io import (
     open_table,
     write_data_files,
 )
-from jobs.log_chains import dispatched_mask
+from jobs.log_chains import dispatched_mask, group_codes
 from jobs.rebuild_consume_queue import is_dispatched
 from jobs.runs import JobRun, record_run
 from jobs.session import ENGINES, build_session
@@ -582,10 +582,7 @@ _SUMMARY_SCHEMA = pa.schema([
 def _falls_in_log_order(rows: pa.Table) -> np.ndarray:
     """Per row of ``rows``: whether its queue offset is below the one of the record before it in its
     queue by ``commit_log_offset`` (ties: the same record twice, or a corrupt log; taken as falling)."""
-    groups = np.zeros(rows.num_rows, dtype=np.int64)
-    for name in QUEUE_KEY:
-        encoded = pc.dictionary_encode(rows[name].combine_chunks())
-        groups = groups * len(encoded.dictionary) + encoded.indices.to_numpy(zero_copy_only=False)
+    groups = group_codes(rows, QUEUE_KEY)
     log_offset = np.asarray(rows["commit_log_offset"].to_numpy(), dtype=np.int64)
     offset = np.asarray(rows["queue_offset"].to_numpy(), dtype=np.int64)
     order = np.lexsort((log_offset, groups))

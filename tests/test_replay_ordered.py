@@ -446,12 +446,7 @@ def test_a_table_replay_killed_after_its_first_batch_ends_with_every_message_onc
     job_run = run(spark, build_config(args))
 
     expected = {k: [o for o in v if 2 <= o < 32] for k, v in source_offsets(lake, {"Orders"}).items()}
-    rows = _sink_rows(sink)
-    replayed: dict[tuple[str, str, int], list[tuple[int, int, int]]] = {}
-    for row in rows:
-        key = (row["source_broker_name"], row["source_topic"], row["source_queue_id"])
-        replayed.setdefault(key, []).append((row["replay_batch"], row["replay_sequence"], row["source_queue_offset"]))
-    assert {k: [o for _, _, o in sorted(v)] for k, v in replayed.items()} == expected
+    assert _replay_orders(_sink_rows(sink)) == expected
     assert job_run.status == "SUCCEEDED"
     _assert_report_complete(lake, "t1", expected)
     assert all(_in_queue_order(file) for file in _sink_files(sink))  # rows stored in replay order too
@@ -460,34 +455,30 @@ def test_a_table_replay_killed_after_its_first_batch_ends_with_every_message_onc
 @pytest.mark.slow
 @pytest.mark.spark
 def test_a_log_out_of_queue_order_is_replayed_in_queue_order_through_the_shuffle(
-    spark: SparkSession, lake: Path, capsys: pytest.CaptureFixture[str]
+    spark: SparkSession, lake: Path, capsys: pytest.CaptureFixture[str], handler_out: Path
 ) -> None:
-    def replay(replay_id: str) -> list[dict[str, Any]]:
-        args = ["--lake", str(lake), "--replay-id", replay_id, "--topic", "Orders:0", "--to-table",
-                str(lake / replay_id), "--batch-rows", "4", "--engine", "bridge"]  # fmt: skip
+    def replay(replay_id: str, *sink: str) -> None:
+        args = ["--lake", str(lake), "--replay-id", replay_id, "--topic", "Orders:0", *sink, "--batch-rows", "4",
+                "--engine", "bridge"]  # fmt: skip
         assert run(spark, build_config(args)).status == "SUCCEEDED"
-        columns = [*_REPLAYED, "source_commit_log_offset"]
-        return DeltaTable(str(lake / replay_id)).to_pyarrow_table(columns=columns).to_pylist()
 
-    from deltalake import DeltaTable
-
-    clean = replay("clean")  # a log the broker wrote: no shuffle, the sequence is the commit log offset
+    replay("clean", "--to-table", str(lake / "clean"))  # a log the broker wrote: no shuffle
     assert "do not hold" not in capsys.readouterr().out
+    clean = _sink_rows(lake / "clean", "source_commit_log_offset")
     assert all(r["replay_sequence"] == r["source_commit_log_offset"] for r in clean)
     _swap_queue_offsets(lake, ("broker-a", "Orders", 0), 1, 2)  # offset 2 now comes before 1, in one batch
 
-    swapped = replay("swapped")
+    replay("swapped", "--to-table", str(lake / "swapped"))
+    fell_back = capsys.readouterr().out
+    replay("handled", "--handler", "tests.replay_handlers:record")  # the driver orders a handler's rows itself
 
-    assert "do not hold broker-a/Orders/0 in queue order" in capsys.readouterr().out
-    for rows in (clean, swapped):
-        for key, offsets in _replay_orders(rows).items():
-            assert offsets == sorted(offsets) == list(range(len(offsets))), key
-    _assert_report_complete(lake, "swapped", source_offsets(lake, {"Orders"}, {0}))
+    assert "do not hold broker-a/Orders/0 in queue order" in fell_back
+    assert "do not hold" not in capsys.readouterr().out
+    expected = source_offsets(lake, {"Orders"}, {0})
+    for orders in (_replay_orders(clean), _replay_orders(_sink_rows(lake / "swapped")), _handled(handler_out)):
+        assert orders == expected  # each queue in queue order: 0, 1, 2, ...
+    _assert_report_complete(lake, "swapped", expected)
     assert all(_in_queue_order(file) for file in _sink_files(lake / "swapped"))
-
-
-_REPLAYED = ["source_broker_name", "source_topic", "source_queue_id", "source_queue_offset", "replay_batch",
-             "replay_sequence"]  # fmt: skip
 
 
 def _replay_orders(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], list[int]]:
@@ -541,11 +532,12 @@ def _sink_version(sink: Path, replay_id: str) -> int | None:
     return DeltaTable(str(sink)).transaction_version(replay_id) if DeltaTable.is_deltatable(str(sink)) else None
 
 
-def _sink_rows(sink: Path) -> list[dict[str, Any]]:
+def _sink_rows(sink: Path, *extra: str) -> list[dict[str, Any]]:
+    """The sink's rows: source queue and offset, batch and sequence, and the ``extra`` columns."""
     from deltalake import DeltaTable
 
     columns = ["source_broker_name", "source_topic", "source_queue_id", "source_queue_offset", "replay_batch",
-               "replay_sequence"]  # fmt: skip
+               "replay_sequence", *extra]  # fmt: skip
     return DeltaTable(str(sink)).to_pyarrow_table(columns=columns).to_pylist()
 
 
