@@ -100,9 +100,12 @@ def main() -> None:
         rows = [
             ("(a) send_batch 1000 x 256 B, SYNC_FLUSH", *bench_batches(root, args.batches, "SYNC_FLUSH"), "100,000"),
             ("(a) send_batch 1000 x 256 B, ASYNC_FLUSH", *bench_batches(root, args.batches, "ASYNC_FLUSH"), "100,000"),
-            (f"(b) {args.threads} threads single sends, SYNC_FLUSH",
-             *bench_threads(root, args.threads, args.per_thread), "10,000"),
-        ]  # fmt: skip
+            (
+                f"(b) {args.threads} threads single sends, SYNC_FLUSH",
+                *bench_threads(root, args.threads, args.per_thread),
+                "10,000",
+            ),
+        ]
     print(f"{'case':<46}{'msg/s':>10}{'floor msg/s':>13}{'ratio':>7}{'commits':>9}{'target':>10}")
     for name, rate, floor, commits, target in rows:
         print(f"{name:<46}{rate:>10,.0f}{floor:>13,.0f}{rate / floor:>7.2f}{commits:>9}{target:>10}")

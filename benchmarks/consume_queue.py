@@ -49,9 +49,21 @@ BATCH = 1000
 BODY_BYTES = 200
 # the commit log columns rebuild_consume_queue reads (with_tags_code, with_record_checks, CHECKED_COLUMNS)
 JOB_INPUTS = (
-    "broker_name", "segment", "commit_log_offset", "store_size", "magic_code", "body_crc", "queue_id",
-    "queue_offset", "sys_flag", "store_timestamp", "body", "topic", "raw_properties", "tags",
-)  # fmt: skip
+    "broker_name",
+    "segment",
+    "commit_log_offset",
+    "store_size",
+    "magic_code",
+    "body_crc",
+    "queue_id",
+    "queue_offset",
+    "sys_flag",
+    "store_timestamp",
+    "body",
+    "topic",
+    "raw_properties",
+    "tags",
+)
 SPARK_CONF = {
     "spark.driver.memory": "4g",
     "spark.ui.enabled": "false",
@@ -75,8 +87,10 @@ def write_messages(lake: Path, messages: int, seed: int, first_key: int = 0) -> 
         for index, start in enumerate(range(0, messages, BATCH)):
             topic, _, tags, _ = TOPICS[index % len(TOPICS)]
             keys = range(first_key + start, first_key + min(start + BATCH, messages))
-            batch = [Message.create(topic, rng.randbytes(BODY_BYTES), tags=rng.choice(tags) or None, keys=f"k{k}")
-                     for k in keys]  # fmt: skip
+            batch = [
+                Message.create(topic, rng.randbytes(BODY_BYTES), tags=rng.choice(tags) or None, keys=f"k{k}")
+                for k in keys
+            ]
             producer.send_batch(batch)
         for broker in brokers:
             broker.flush()
@@ -107,11 +121,18 @@ def time_job(spark: SparkSession, lake: Path, full: bool) -> float:
 def floor_units(commitlog_df: DataFrame) -> DataFrame:
     """The consume queue's columns straight from the job's inputs: no dispatch rule, no hash, no
     checks; ``tags_code`` sums what the other inputs hold so that Spark must decode them all."""
-    touched = (F.length("body") + F.length("raw_properties") + F.coalesce(F.length("tags"), F.lit(0))
-               + F.col("magic_code") + F.col("body_crc") + F.col("sys_flag") + F.col("segment"))  # fmt: skip
-    return commitlog_df.select(*JOB_INPUTS).select(*[
-        touched.cast("long").alias(n) if n == "tags_code" else F.col(n) for n in CONSUME_QUEUE.column_names
-    ])  # fmt: skip
+    touched = (
+        F.length("body")
+        + F.length("raw_properties")
+        + F.coalesce(F.length("tags"), F.lit(0))
+        + F.col("magic_code")
+        + F.col("body_crc")
+        + F.col("sys_flag")
+        + F.col("segment")
+    )
+    return commitlog_df.select(*JOB_INPUTS).select(
+        *[touched.cast("long").alias(n) if n == "tags_code" else F.col(n) for n in CONSUME_QUEUE.column_names]
+    )
 
 
 def time_floor(spark: SparkSession, lake: Path, floor_root: Path) -> float:
@@ -202,11 +223,13 @@ def delta_files(table_dir: Path) -> pa.Table:
     """The active files of a Delta table: absolute ``location`` and typed partition values."""
     actions = pa.table(DeltaTable(str(table_dir)).get_add_actions(flatten=True))
     locations = [f"{table_dir}/{unquote(p)}" for p in actions.column("path").to_pylist()]
-    return pa.table({
-        "location": pa.array(locations, pa.string()),
-        "broker_name": actions.column("partition.broker_name"),
-        "segment": actions.column("partition.segment"),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "location": pa.array(locations, pa.string()),
+            "broker_name": actions.column("partition.broker_name"),
+            "segment": actions.column("partition.segment"),
+        }
+    )
 
 
 def time_peer(lake: Path, out_dir: Path, segment_size: int) -> tuple[float, float, int, int]:
@@ -244,10 +267,14 @@ def job_digest(lake: Path) -> tuple[int, int, int]:
     table_dir = lake / CONSUME_QUEUE.path
     actions = pa.table(DeltaTable(str(table_dir)).get_add_actions(flatten=True))
     listing = ", ".join(f"'{table_dir}/{unquote(p)}'" for p in actions.column("path").to_pylist())
-    row = duckdb.connect().execute(
-        "SELECT count(*), sum(tags_code), sum(commit_log_offset::HUGEINT * queue_offset) "
-        f"FROM read_parquet([{listing}])"
-    ).fetchone()
+    row = (
+        duckdb.connect()
+        .execute(
+            "SELECT count(*), sum(tags_code), sum(commit_log_offset::HUGEINT * queue_offset) "
+            f"FROM read_parquet([{listing}])"
+        )
+        .fetchone()
+    )
     assert row is not None
     return int(row[0]), int(row[1] or 0), int(row[2] or 0)
 
@@ -276,8 +303,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _bench(root: Path, messages: int, seed: int, repeat: int) -> int:
     lake = root / "lake"
     write_seconds = write_messages(lake, messages, seed)
-    print(f"workload: {messages:,} messages in {write_seconds:.1f} s ({messages / write_seconds:,.0f} msg/s), "
-          f"{len(list((lake / 'commitlog' / '_delta_log').glob('*.json')))} commits", flush=True)  # fmt: skip
+    print(
+        f"workload: {messages:,} messages in {write_seconds:.1f} s ({messages / write_seconds:,.0f} msg/s), "
+        f"{len(list((lake / 'commitlog' / '_delta_log').glob('*.json')))} commits",
+        flush=True,
+    )
     spark = build_session("bench-consume-queue", master="local[*]", engine="bridge", extra_conf=SPARK_CONF)
     spark.sparkContext.setLogLevel("ERROR")
     Lake(spark, lake, "bridge").read(COMMITLOG).select("store_size").agg(F.sum("store_size")).collect()  # warm-up
@@ -301,7 +331,7 @@ def _bench(root: Path, messages: int, seed: int, repeat: int) -> int:
         ("DuckDB peer: consume queue, one query", units_s, f"{peer_units:,} units, same as the job: {agree}"),
         ("DuckDB peer: integrity checks (no CRC)", checks_s, f"{peer_findings} findings"),
         (f"incremental after {new:,} new messages (1 %)", incremental, f"written in {new_write_seconds:.1f} s"),
-    ]  # fmt: skip
+    ]
     print(f"\n{messages:,} messages, {spark_cores()} cores")
     for name, seconds, note in rows:
         print(f"  {name:<52}{seconds:>8.1f} s   {note}")

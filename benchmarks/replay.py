@@ -64,8 +64,9 @@ def write_messages(lake: Path, messages: int, seed: int) -> float:
     try:
         for start in range(0, messages, BATCH):
             keys = range(start, min(start + BATCH, messages))
-            batch = [Message.create(TOPIC, rng.randbytes(BODY_BYTES), tags=rng.choice(TAGS), keys=f"k{k}")
-                     for k in keys]  # fmt: skip
+            batch = [
+                Message.create(TOPIC, rng.randbytes(BODY_BYTES), tags=rng.choice(TAGS), keys=f"k{k}") for k in keys
+            ]
             producer.send_batch(batch)
         for broker in brokers:
             broker.flush()
@@ -78,8 +79,9 @@ def write_messages(lake: Path, messages: int, seed: int) -> float:
 def time_replay(spark: SparkSession, lake: Path, sink: Path, replay_id: str, batch_rows: int) -> tuple[float, int]:
     """(seconds, rows) of one replay_ordered run into a fresh Delta table (report printed)."""
     shutil.rmtree(sink, ignore_errors=True)
-    config = ReplayConfig(replay_id, lake, "queues", topics=(TopicQueues(TOPIC),), to_table=sink,
-                          batch_rows=batch_rows, engine="bridge")  # fmt: skip
+    config = ReplayConfig(
+        replay_id, lake, "queues", topics=(TopicQueues(TOPIC),), to_table=sink, batch_rows=batch_rows, engine="bridge"
+    )
     started = time.perf_counter()
     job_run = run(spark, config)
     elapsed = time.perf_counter() - started
@@ -94,13 +96,16 @@ def time_floor(spark: SparkSession, lake: Path, sink: Path) -> float:
     log = Lake(spark, lake, "bridge")
     records_df = log.read(COMMITLOG).where(is_dispatched(F.col("sys_flag")) & (F.col("topic") == F.lit(TOPIC)))
     floor_df = records_df.select(
-        F.lit("floor").alias("replay_id"), F.lit(0).cast("long").alias("replay_batch"),
-        F.lit(0).cast("long").alias("replay_sequence"), F.col("broker_name").alias("source_broker_name"),
-        F.col("topic").alias("source_topic"), F.col("queue_id").alias("source_queue_id"),
+        F.lit("floor").alias("replay_id"),
+        F.lit(0).cast("long").alias("replay_batch"),
+        F.lit(0).cast("long").alias("replay_sequence"),
+        F.col("broker_name").alias("source_broker_name"),
+        F.col("topic").alias("source_topic"),
+        F.col("queue_id").alias("source_queue_id"),
         F.col("queue_offset").alias("source_queue_offset"),
         F.col("commit_log_offset").alias("source_commit_log_offset"),
         *MESSAGE_COLUMNS,
-    )  # fmt: skip
+    )
     log.overwrite(sink_spec(sink), floor_df)
     return time.perf_counter() - started
 
@@ -141,13 +146,19 @@ def _bench(root: Path, messages: int, batch_rows: int, seed: int, repeat: int) -
     spark.stop()
     floor, replay = min(floors), min(replays)
     batches = -(-rows // (2 * QUEUES_PER_BROKER * batch_rows))
-    print(f"\n{rows:,} messages over {2 * QUEUES_PER_BROKER} queues, {os.cpu_count()} cores, "
-          f"--batch-rows {batch_rows} (about {batches} batches)")  # fmt: skip
+    print(
+        f"\n{rows:,} messages over {2 * QUEUES_PER_BROKER} queues, {os.cpu_count()} cores, "
+        f"--batch-rows {batch_rows} (about {batches} batches)"
+    )
     runs = {name: ", ".join(f"{s:.1f} s" for s in values) for name, values in (("replay", replays), ("floor", floors))}
-    print(f"  {f'replay into a Delta table, best of {repeat}':<52}{replay:>8.1f} s  {rows / replay:>10,.0f} msg/s   "
-          f"({runs['replay']})")  # fmt: skip
-    print(f"  {f'floor (read the rows, write them), best of {repeat}':<52}{floor:>8.1f} s  "
-          f"{rows / floor:>10,.0f} msg/s   ({runs['floor']})")  # fmt: skip
+    print(
+        f"  {f'replay into a Delta table, best of {repeat}':<52}{replay:>8.1f} s  {rows / replay:>10,.0f} msg/s   "
+        f"({runs['replay']})"
+    )
+    print(
+        f"  {f'floor (read the rows, write them), best of {repeat}':<52}{floor:>8.1f} s  "
+        f"{rows / floor:>10,.0f} msg/s   ({runs['floor']})"
+    )
     print(f"  replay / floor  {replay / floor:5.2f}   (target <= 2.00)")
     return 0
 

@@ -107,8 +107,7 @@ OFFSET_GROUP = "cg-orders"  # the group that commits once more per queue before 
 ENGINE = "bridge"  # the engine benchmarks/consume_queue.py measures
 # the UI stays on (unlike consume_queue.py) because its REST API times each stage; port 0: any free port
 CONF = {**SPARK_CONF, "spark.ui.enabled": "true", "spark.ui.port": "0"}
-JOBS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq",
-        "report")  # fmt: skip
+JOBS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq", "report")
 NO_PEER = {
     "compact_commitlog": "n/a: a Delta commit of remove/add actions (dataChange=false) is no SQL query",
     "resolve_transactions": "n/a: half/op/final/discard linking with copies, anomalies and 6 states is no "
@@ -117,9 +116,20 @@ NO_PEER = {
     "report": "n/a: an HTML page with matplotlib plots",
 }
 ROUTE_DLQ_LOG_COLUMNS = (
-    "broker_name", "topic", "queue_id", "queue_offset", "commit_log_offset", "msg_id", "uniq_key", "keys",
-    "properties", "reconsume_times", "born_timestamp", "store_timestamp", "body",
-)  # fmt: skip
+    "broker_name",
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "commit_log_offset",
+    "msg_id",
+    "uniq_key",
+    "keys",
+    "properties",
+    "reconsume_times",
+    "born_timestamp",
+    "store_timestamp",
+    "body",
+)
 REPORT_LOG_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "sys_flag", "store_timestamp", "store_size")
 
 
@@ -142,16 +152,27 @@ def now_ms() -> int:
 def write_lake(lake: Path, messages: int, seed: int) -> dict[str, Any]:
     """Feature traffic, then the bulk (module docstring); what was written and how long it took."""
     started = time.perf_counter()
-    report = run_workload(lake, FEATURE_MESSAGES, seed, segment_size=segment_size(messages), consumers=True,
-                          transactions=TRANSACTIONS, retries=True)  # fmt: skip
+    report = run_workload(
+        lake,
+        FEATURE_MESSAGES,
+        seed,
+        segment_size=segment_size(messages),
+        consumers=True,
+        transactions=TRANSACTIONS,
+        retries=True,
+    )
     feature_seconds = time.perf_counter() - started
     bulk_seconds = write_messages(lake, messages, seed)
     return {
-        "feature_messages": report.messages, "feature_seconds": round(feature_seconds, 2),
-        "consumed": dict(report.consumed), "transactions": dict(report.transactions),
-        "retries": dict(report.retries), "bulk_messages": messages, "bulk_seconds": round(bulk_seconds, 2),
+        "feature_messages": report.messages,
+        "feature_seconds": round(feature_seconds, 2),
+        "consumed": dict(report.consumed),
+        "transactions": dict(report.transactions),
+        "retries": dict(report.retries),
+        "bulk_messages": messages,
+        "bulk_seconds": round(bulk_seconds, 2),
         "segment_size": segment_size(messages),
-    }  # fmt: skip
+    }
 
 
 def append_increment(lake: Path, messages: int, seed: int) -> dict[str, Any]:
@@ -160,11 +181,17 @@ def append_increment(lake: Path, messages: int, seed: int) -> dict[str, Any]:
     new = max(1, messages // 100)
     started = time.perf_counter()
     write_messages(lake, new, seed + 1, first_key=messages)
-    report = run_workload(lake, NEW_FEATURE_MESSAGES, seed + 1, consumers=False, transactions=NEW_TRANSACTIONS,
-                          retries=False)  # fmt: skip
+    report = run_workload(
+        lake, NEW_FEATURE_MESSAGES, seed + 1, consumers=False, transactions=NEW_TRANSACTIONS, retries=False
+    )
     commits = commit_offsets(lake)
-    return {"bulk_messages": new, "feature_messages": report.messages, "transactions": dict(report.transactions),
-            "offset_commits": commits, "seconds": round(time.perf_counter() - started, 2)}  # fmt: skip
+    return {
+        "bulk_messages": new,
+        "feature_messages": report.messages,
+        "transactions": dict(report.transactions),
+        "offset_commits": commits,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
 
 
 def commit_offsets(lake: Path) -> int:
@@ -217,11 +244,12 @@ def job_call(name: str, lake: Path, full: bool, as_of: int, root: Path, up_to: i
         "compact_commitlog": lambda s: run_compact(s, CompactConfig(lake, files_up_to_version=up_to, engine=ENGINE)),
         "rebuild_consume_queue": lambda s: run_rebuild(s, RebuildConfig(lake, full=full, engine=ENGINE)),
         "consumer_offsets": lambda s: run_offsets(s, ConsumerOffsetsConfig(lake, as_of, engine=ENGINE)),
-        "resolve_transactions": lambda s: run_resolve(s, ResolveTransactionsConfig(lake, as_of, engine=ENGINE,
-                                                                                    full=full)),
+        "resolve_transactions": lambda s: run_resolve(
+            s, ResolveTransactionsConfig(lake, as_of, engine=ENGINE, full=full)
+        ),
         "route_dlq": lambda s: run_route(s, RouteDlqConfig(lake, as_of, full=full, engine=ENGINE)),
         "report": lambda s: run_report(s, ReportConfig(lake, as_of, out=root / "reports" / mode, engine=ENGINE)),
-    }  # fmt: skip
+    }
     return configs[name]
 
 
@@ -265,27 +293,39 @@ def touched(df: DataFrame, columns: Sequence[str]) -> Column:
 
 FLOORS: dict[str, tuple[tuple[tuple[TableSpec, tuple[str, ...]], ...], tuple[TableSpec, ...]]] = {
     "consumer_offsets": (
-        ((CONSUMER_OFFSET_COMMITS, ("group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp",
-                                    "source")),
-         (CONSUME_QUEUE, ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp"))),
+        (
+            (
+                CONSUMER_OFFSET_COMMITS,
+                ("group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp", "source"),
+            ),
+            (CONSUME_QUEUE, ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp")),
+        ),
         (CONSUMER_OFFSETS,),
     ),
     "resolve_transactions": (((COMMITLOG, TRANSACTION_INPUTS),), (TRANSACTION_RECORDS, TRANSACTION_STATE)),
     "route_dlq": (
-        ((COMMITLOG, ROUTE_DLQ_LOG_COLUMNS), (SUBSCRIPTION_GROUP, tuple(SUBSCRIPTION_GROUP.column_names)),
-         (CONSUMER_OFFSET_COMMITS, tuple(CONSUMER_OFFSET_COMMITS.column_names)),
-         (BROKERS, tuple(BROKERS.column_names)), (DLQ_REDRIVES, tuple(DLQ_REDRIVES.column_names))),
+        (
+            (COMMITLOG, ROUTE_DLQ_LOG_COLUMNS),
+            (SUBSCRIPTION_GROUP, tuple(SUBSCRIPTION_GROUP.column_names)),
+            (CONSUMER_OFFSET_COMMITS, tuple(CONSUMER_OFFSET_COMMITS.column_names)),
+            (BROKERS, tuple(BROKERS.column_names)),
+            (DLQ_REDRIVES, tuple(DLQ_REDRIVES.column_names)),
+        ),
         (RETRY_RECORDS, RETRY_CHAINS, DLQ),
     ),
     "report": (
-        ((CONSUMER_OFFSETS, tuple(CONSUMER_OFFSETS.column_names)),
-         (CONSUMER_OFFSET_COMMITS, tuple(CONSUMER_OFFSET_COMMITS.column_names)), (COMMITLOG, REPORT_LOG_COLUMNS),
-         (TRANSACTION_STATE, tuple(TRANSACTION_STATE.column_names)), (DLQ, tuple(DLQ.column_names)),
-         (CONSUME_QUEUE_INTEGRITY, tuple(CONSUME_QUEUE_INTEGRITY.column_names)),
-         (JOB_RUNS, tuple(JOB_RUNS.column_names))),
+        (
+            (CONSUMER_OFFSETS, tuple(CONSUMER_OFFSETS.column_names)),
+            (CONSUMER_OFFSET_COMMITS, tuple(CONSUMER_OFFSET_COMMITS.column_names)),
+            (COMMITLOG, REPORT_LOG_COLUMNS),
+            (TRANSACTION_STATE, tuple(TRANSACTION_STATE.column_names)),
+            (DLQ, tuple(DLQ.column_names)),
+            (CONSUME_QUEUE_INTEGRITY, tuple(CONSUME_QUEUE_INTEGRITY.column_names)),
+            (JOB_RUNS, tuple(JOB_RUNS.column_names)),
+        ),
         (),
     ),
-}  # fmt: skip
+}
 
 
 def time_scan_floor(spark: SparkSession, name: str, lake: Path, floor_root: Path) -> float:
@@ -312,8 +352,9 @@ def compaction_bins(lake: Path, up_to: int | None) -> list[Bin]:
     table_dir = str(lake / COMMITLOG.path)
     dt = DeltaTable(table_dir)
     config = CompactConfig(lake)
-    return plan_bins(list_files(dt), config.target_file_size, config.min_file_fraction,
-                     eligible_paths(table_dir, dt, up_to))  # fmt: skip
+    return plan_bins(
+        list_files(dt), config.target_file_size, config.min_file_fraction, eligible_paths(table_dir, dt, up_to)
+    )
 
 
 def time_compaction_floor(lake: Path, bins: Sequence[Bin], floor_dir: Path) -> float:
@@ -406,8 +447,12 @@ def time_offsets_peer(lake: Path, out: Path, as_of: int) -> tuple[float, bool]:
     cq_files = active_files(lake / CONSUME_QUEUE.path, CONSUME_QUEUE.partition_by)
     commit_files = active_files(lake / CONSUMER_OFFSET_COMMITS.path, ())
     con.register("cq_files", cq_files)
-    sql = (OFFSETS_SQL.replace("$cq_files", listing(cq_files)).replace("$commit_files", listing(commit_files))
-           .replace("$as_of", str(as_of)).replace("$out", str(out)))  # fmt: skip
+    sql = (
+        OFFSETS_SQL.replace("$cq_files", listing(cq_files))
+        .replace("$commit_files", listing(commit_files))
+        .replace("$as_of", str(as_of))
+        .replace("$out", str(out))
+    )
     started = time.perf_counter()
     con.execute(sql)
     seconds = time.perf_counter() - started
@@ -448,12 +493,16 @@ def spark_time(spark: SparkSession, group: str) -> tuple[float, list[dict[str, A
         reached = max(reached, end)
     ids = {s for j in jobs for s in j["stageIds"]}
     mine = [
-        {"name": s["name"].split(" at ")[0] + " at " + Path(s["name"].split(" at ")[-1]).name,
-         "seconds": round(_instant(s["completionTime"]) - _instant(s["submissionTime"]), 2),
-         "tasks": s["numTasks"], "input_bytes": s.get("inputBytes", 0),
-         "shuffle_write_bytes": s.get("shuffleWriteBytes", 0)}
-        for s in stages if s["stageId"] in ids and "completionTime" in s
-    ]  # fmt: skip
+        {
+            "name": s["name"].split(" at ")[0] + " at " + Path(s["name"].split(" at ")[-1]).name,
+            "seconds": round(_instant(s["completionTime"]) - _instant(s["submissionTime"]), 2),
+            "tasks": s["numTasks"],
+            "input_bytes": s.get("inputBytes", 0),
+            "shuffle_write_bytes": s.get("shuffleWriteBytes", 0),
+        }
+        for s in stages
+        if s["stageId"] in ids and "completionTime" in s
+    ]
     return seconds, sorted(mine, key=lambda s: -s["seconds"])
 
 
@@ -502,10 +551,13 @@ def _bench(root: Path, messages: int, seed: int, json_path: Path) -> int:
     spark.stop()
     print_table(rows, messages, written, increment)
     figures = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"), "messages": messages,
-        "machine": machine(), "lake": written, "increment": increment,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "messages": messages,
+        "machine": machine(),
+        "lake": written,
+        "increment": increment,
         "rows": [{k: v for k, v in vars(r).items()} for r in rows],
-    }  # fmt: skip
+    }
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(figures, indent=2, default=str))
     print(f"\nfigures: {json_path}")
@@ -534,8 +586,9 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, segment:
             row.floor = time_scan_floor(spark, name, lake, root / "floor" / name)
         if name == "consumer_offsets":
             row.peer, same = time_offsets_peer(lake, root / "peer" / name / "offsets.parquet", as_of)
-            notes.append(f"{row.row_counts.get(CONSUMER_OFFSETS.name, 0) if row.row_counts else 0} rows, "
-                         f"peer same: {same}")  # fmt: skip
+            notes.append(
+                f"{row.row_counts.get(CONSUMER_OFFSETS.name, 0) if row.row_counts else 0} rows, peer same: {same}"
+            )
         if name in NO_PEER:
             notes.append(f"peer {NO_PEER[name]}")
         row.notes = "; ".join(notes)
@@ -543,8 +596,9 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, segment:
     return rows
 
 
-def _incremental_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, processed: int,
-                      full: dict[str, float]) -> list[Measured]:  # fmt: skip
+def _incremental_runs(
+    spark: SparkSession, lake: Path, root: Path, logs: Path, processed: int, full: dict[str, float]
+) -> list[Measured]:
     as_of = now_ms()
     rows: list[Measured] = []
     for name in JOBS:
@@ -560,8 +614,11 @@ def _incremental_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, p
 def machine() -> dict[str, Any]:
     """Cores, memory and load of this machine."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {"cores": os.cpu_count() or 1, "memory_gib": round(memory / 2**30, 1),
-            "load_average": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+    return {
+        "cores": os.cpu_count() or 1,
+        "memory_gib": round(memory / 2**30, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def _fmt(value: float | None, spec: str = ".1f") -> str:
@@ -571,25 +628,33 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
 def print_table(rows: Sequence[Measured], messages: int, written: dict[str, Any], increment: dict[str, Any]) -> None:
     """The table of every job and mode, and what dominates the slowest job."""
     facts = machine()
-    print(f"\n{messages:,} bulk + {written['feature_messages']:,} feature messages, {TRANSACTIONS:,} transactions, "
-          f"segments of {written['segment_size'] >> 20} MiB; increment {increment['bulk_messages']:,} + "
-          f"{increment['feature_messages']:,} messages, {NEW_TRANSACTIONS} transactions, "
-          f"{increment['offset_commits']} offset commits; {facts['cores']} cores, {facts['memory_gib']} GiB, "
-          f"load {facts['load_average']}")  # fmt: skip
+    print(
+        f"\n{messages:,} bulk + {written['feature_messages']:,} feature messages, {TRANSACTIONS:,} transactions, "
+        f"segments of {written['segment_size'] >> 20} MiB; increment {increment['bulk_messages']:,} + "
+        f"{increment['feature_messages']:,} messages, {NEW_TRANSACTIONS} transactions, "
+        f"{increment['offset_commits']} offset commits; {facts['cores']} cores, {facts['memory_gib']} GiB, "
+        f"load {facts['load_average']}"
+    )
     header = f"{'job':<22}{'mode':<12}{'seconds':>9}{'floor s':>9}{'peer s':>9}{'job/floor':>10}{'job/peer':>10}  notes"
     print(header)
     print("-" * len(header))
     for r in rows:
         ratio_floor = r.seconds / r.floor if r.floor else None
         ratio_peer = r.seconds / r.peer if r.peer else None
-        print(f"{r.job:<22}{r.mode:<12}{r.seconds:>9.1f}{_fmt(r.floor):>9}{_fmt(r.peer):>9}"
-              f"{_fmt(ratio_floor, '.2f'):>10}{_fmt(ratio_peer, '.2f'):>10}  {r.notes}")  # fmt: skip
+        print(
+            f"{r.job:<22}{r.mode:<12}{r.seconds:>9.1f}{_fmt(r.floor):>9}{_fmt(r.peer):>9}"
+            f"{_fmt(ratio_floor, '.2f'):>10}{_fmt(ratio_peer, '.2f'):>10}  {r.notes}"
+        )
     slowest = max(rows, key=lambda r: r.seconds)
-    print(f"\nslowest: {slowest.job} ({slowest.mode}) {slowest.seconds:.1f} s, of which a Spark job "
-          f"ran during {_fmt(slowest.spark_seconds)} s; its longest stages:")  # fmt: skip
+    print(
+        f"\nslowest: {slowest.job} ({slowest.mode}) {slowest.seconds:.1f} s, of which a Spark job "
+        f"ran during {_fmt(slowest.spark_seconds)} s; its longest stages:"
+    )
     for stage in (slowest.stages or [])[:5]:
-        print(f"  {stage['seconds']:>7.1f} s  {stage['tasks']:>4} tasks  in {stage['input_bytes'] / 2**20:>8.1f} MiB  "
-              f"shuffle {stage['shuffle_write_bytes'] / 2**20:>8.1f} MiB  {stage['name']}")  # fmt: skip
+        print(
+            f"  {stage['seconds']:>7.1f} s  {stage['tasks']:>4} tasks  in {stage['input_bytes'] / 2**20:>8.1f} MiB  "
+            f"shuffle {stage['shuffle_write_bytes'] / 2**20:>8.1f} MiB  {stage['name']}"
+        )
 
 
 if __name__ == "__main__":

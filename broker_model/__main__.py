@@ -16,10 +16,16 @@ def _workload(args: argparse.Namespace) -> int:
     from broker_model.workload import run_workload
 
     report = run_workload(
-        Path(args.lake), args.messages, args.seed, brokers=args.brokers, threads=args.threads,
-        segment_size=args.segment_size, flush_mode=args.flush_mode, transactions=args.transactions,
+        Path(args.lake),
+        args.messages,
+        args.seed,
+        brokers=args.brokers,
+        threads=args.threads,
+        segment_size=args.segment_size,
+        flush_mode=args.flush_mode,
+        transactions=args.transactions,
         retries=args.retries,
-    )  # fmt: skip
+    )
     print(f"workload seed {args.seed} into {args.lake}: {report.summary()}")
     return 0
 
@@ -36,11 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     workload.add_argument("--threads", type=int, default=4, help="producer threads")
     workload.add_argument("--segment-size", type=int, default=None, help="commit log segment size in bytes")
     workload.add_argument("--flush-mode", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], default="ASYNC_FLUSH")
-    workload.add_argument("--transactions", type=int, default=0,
-                          help="transactional sends with random outcomes, then check rounds")  # fmt: skip
-    workload.add_argument("--retries", action="store_true",
-                          help="push consumer groups with failing listeners: retries, delays and dead letters "
-                               "on a simulated clock")  # fmt: skip
+    workload.add_argument(
+        "--transactions", type=int, default=0, help="transactional sends with random outcomes, then check rounds"
+    )
+    workload.add_argument(
+        "--retries",
+        action="store_true",
+        help="push consumer groups with failing listeners: retries, delays and dead letters on a simulated clock",
+    )
     workload.set_defaults(func=_workload)
     add_import_export_commands(commands)
     return parser

@@ -262,13 +262,21 @@ class _Columns:
 
 
 _RECORD_FIELDS = {
-    "store_size": "sizes", "magic_code": "magic_codes", "body_crc": "body_crcs", "queue_id": "queue_ids",
-    "sys_flag": "sys_flags", "born_host": "born_hosts", "topic": "topics", "raw_properties": "raw_properties",
-}  # fmt: skip
+    "store_size": "sizes",
+    "magic_code": "magic_codes",
+    "body_crc": "body_crcs",
+    "queue_id": "queue_ids",
+    "sys_flag": "sys_flags",
+    "born_host": "born_hosts",
+    "topic": "topics",
+    "raw_properties": "raw_properties",
+}
 _MESSAGE_FIELDS = ("flag", "born_timestamp", "reconsume_times", "prepared_transaction_offset", "body")
 _PROPERTY_FIELDS = {
-    "tags": c.PROPERTY_TAGS, "keys": c.PROPERTY_KEYS, "uniq_key": c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
-}  # fmt: skip
+    "tags": c.PROPERTY_TAGS,
+    "keys": c.PROPERTY_KEYS,
+    "uniq_key": c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+}
 
 
 def _record_column(records: _Prepared, name: str) -> list[Any]:
@@ -316,8 +324,9 @@ class Broker:
         self.queue_next: dict[tuple[str, int], int] = {}
         self.topics: dict[str, int] = {}
         self.commits = 0
-        self.store = MessageStore(config.lake, config.broker_name, cache_bytes=config.store_cache_bytes,
-                                  clock=config.clock)  # fmt: skip
+        self.store = MessageStore(
+            config.lake, config.broker_name, cache_bytes=config.store_cache_bytes, clock=config.clock
+        )
         self.offsets = ConsumerOffsetManager(config.lake, config.broker_name, config.clock)
         self.transaction_producers: dict[str, list[Any]] = {}  # producer group -> live transactional producers
         self.rebalance_locks = RebalanceLockManager(clock=config.clock)  # orderly queue locks of this broker
@@ -444,9 +453,11 @@ class Broker:
         for queue in wanted:
             if queue.broker_name != self.broker_name:
                 raise ValidationError(
-                    "queue.broker_name", queue.broker_name, f"is not this broker ({self.broker_name!r})",
+                    "queue.broker_name",
+                    queue.broker_name,
+                    f"is not this broker ({self.broker_name!r})",
                     "lock each queue on the broker that holds it",
-                )  # fmt: skip
+                )
         return wanted
 
     def heartbeat(self, group: str, client_id: str, now: int | None = None) -> bool:
@@ -482,7 +493,8 @@ class Broker:
             size = int(mine.sort_by([("started_timestamp", "descending")])["segment_size"][0].as_py())
             if self.config.segment_size not in (None, size):
                 raise ValidationError(
-                    "segment_size", self.config.segment_size,
+                    "segment_size",
+                    self.config.segment_size,
                     f"broker {self.broker_name!r} already writes segments of {size} bytes",
                     "omit segment_size or pass the stored size",
                 )
@@ -530,9 +542,12 @@ class Broker:
         if not 1 <= queue_nums <= 1024:
             raise ValidationError("queue_nums", queue_nums, "must be in [1, 1024]")
         row = {
-            "broker_name": [self.broker_name], "topic": [topic], "queue_nums": [queue_nums],
-            "perm": [c.PERM_READ | c.PERM_WRITE], "updated_timestamp": [self._clock()],
-        }  # fmt: skip
+            "broker_name": [self.broker_name],
+            "topic": [topic],
+            "queue_nums": [queue_nums],
+            "perm": [c.PERM_READ | c.PERM_WRITE],
+            "updated_timestamp": [self._clock()],
+        }
         append_rows(self.config.lake, TOPIC_CONFIG, pa.table(row))
         with self._lock:
             self.topics[topic] = queue_nums
@@ -555,9 +570,15 @@ class Broker:
         return self.queue_next.get((topic, queue_id), 0)
 
     def pull(
-        self, topic: str, queue_id: int, offset: int, max_msgs: int = 32, tag_expression: str | None = "*",
-        suspend_timeout_ms: int = 0, long_polling: bool = True,
-    ) -> PullResult:  # fmt: skip
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int = 32,
+        tag_expression: str | None = "*",
+        suspend_timeout_ms: int = 0,
+        long_polling: bool = True,
+    ) -> PullResult:
         """Pull from one of this broker's queues (see :meth:`MessageStore.pull`); the queue must
         be committed to be visible, as RocketMQ only serves dispatched messages."""
         result = self.store.pull(topic, queue_id, offset, max_msgs, tag_expression, suspend_timeout_ms, long_polling)
@@ -611,10 +632,16 @@ class Broker:
         with self._subscription_lock:
             self._subscription_groups = groups
 
-    def consumer_send_back(self, group: str, commit_log_offset: int, delay_level: int = 0,
-                           max_reconsume_times: int | None = None, reconsume_times: int | None = None,
-                           origin_msg_id: str | None = None,
-                           properties: Mapping[str, str] | None = None) -> PutResult:  # fmt: skip
+    def consumer_send_back(
+        self,
+        group: str,
+        commit_log_offset: int,
+        delay_level: int = 0,
+        max_reconsume_times: int | None = None,
+        reconsume_times: int | None = None,
+        origin_msg_id: str | None = None,
+        properties: Mapping[str, str] | None = None,
+    ) -> PutResult:
         """``CONSUMER_SEND_MSG_BACK``: store again a message a consumer of ``group`` failed on, as a
         retry or as a dead letter (FACTS 7.3, RocketMQ 5.3).
 
@@ -647,8 +674,11 @@ class Broker:
             BrokerError, CommitFailedError: as :meth:`put_messages`.
         """
         validate_name(group, "group", c.GROUP_MAX_LENGTH)
-        for name, value in (("delay_level", delay_level), ("max_reconsume_times", max_reconsume_times),
-                            ("reconsume_times", reconsume_times)):  # fmt: skip
+        for name, value in (
+            ("delay_level", delay_level),
+            ("max_reconsume_times", max_reconsume_times),
+            ("reconsume_times", reconsume_times),
+        ):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ValidationError(name, value, "must be an int")
         if reconsume_times is not None and reconsume_times < 0:
@@ -673,10 +703,19 @@ class Broker:
             self._ensure_send_back_topic(topic, config.retry_queue_nums)
             copied[c.PROPERTY_DELAY_TIME_LEVEL] = str(delay_level or c.FIRST_RETRY_DELAY_LEVEL + times)
         host_bits = c.BORNHOST_V6_FLAG | c.STOREHOSTADDRESS_V6_FLAG  # the put sets them for this record
-        return self.put_message(InnerMessage(
-            topic, queue_id, original.body, copied, original.flag, original.sys_flag & ~host_bits,
-            original.born_timestamp, original.born_host, times + 1,
-        ))  # fmt: skip
+        return self.put_message(
+            InnerMessage(
+                topic,
+                queue_id,
+                original.body,
+                copied,
+                original.flag,
+                original.sys_flag & ~host_bits,
+                original.born_timestamp,
+                original.born_host,
+                times + 1,
+            )
+        )
 
     def _ensure_send_back_topic(self, topic: str, queue_nums: int) -> None:
         """``createTopicInSendMessageBackMethod``; a retry topic with fewer queues than the group
@@ -715,9 +754,11 @@ class Broker:
             found = self._search_queues(commit_log_offset)
         if found is None:
             raise ValidationError(
-                "commit_log_offset", commit_log_offset, f"no message is stored there on broker {self.broker_name!r}",
+                "commit_log_offset",
+                commit_log_offset,
+                f"no message is stored there on broker {self.broker_name!r}",
                 "pass the commit_log_offset of a message pulled from this broker",
-            )  # fmt: skip
+            )
         return found
 
     def _search_queues(self, commit_log_offset: int) -> MessageExt | None:
@@ -782,9 +823,14 @@ class Broker:
                     f"broker {self.broker_name!r}: commit failed, message not stored: {group.error}"
                 ) from group.error
         return PutResult(
-            self.broker_name, records.topics[0], records.queue_ids[0], tuple(placed["queue_offset"]),
-            tuple(placed["commit_log_offset"]), tuple(placed["msg_id"]), store_timestamp,
-        )  # fmt: skip
+            self.broker_name,
+            records.topics[0],
+            records.queue_ids[0],
+            tuple(placed["queue_offset"]),
+            tuple(placed["commit_log_offset"]),
+            tuple(placed["msg_id"]),
+            store_timestamp,
+        )
 
     def flush(self) -> None:
         """Wait until everything put so far is committed.
@@ -823,9 +869,17 @@ class Broker:
             for m, h, mg, t, r in zip(messages, hosts, magics, topics, raw, strict=True)
         ]
         records = _Prepared(
-            messages, topics, [r[1] for r in routed], properties, raw, [h[0] for h in hosts], sys_flags, magics,
-            sizes, [zlib.crc32(m.body) & 0x7FFFFFFF for m in messages],
-        )  # fmt: skip
+            messages,
+            topics,
+            [r[1] for r in routed],
+            properties,
+            raw,
+            [h[0] for h in hosts],
+            sys_flags,
+            magics,
+            sizes,
+            [zlib.crc32(m.body) & 0x7FFFFFFF for m in messages],
+        )
         self._check_sizes(records)
         return records
 
@@ -897,9 +951,11 @@ class Broker:
             queue_offsets.append(queue_offset)
         prefix, pack = self._msg_id_prefix, _LONG.pack
         return {
-            "segment": segments, "commit_log_offset": offsets, "queue_offset": queue_offsets,
+            "segment": segments,
+            "commit_log_offset": offsets,
+            "queue_offset": queue_offsets,
             "msg_id": [(prefix + pack(o)).hex().upper() for o in offsets],
-        }  # fmt: skip
+        }
 
     # -- the committer ----------------------------------------------------------------------------
 
@@ -991,8 +1047,10 @@ def default_queue_nums(topic: str) -> int:
     if topic == c.SCHEDULE_TOPIC:
         return c.SCHEDULE_TOPIC_QUEUE_NUMS
     if topic.startswith((c.RETRY_GROUP_TOPIC_PREFIX, c.DLQ_GROUP_TOPIC_PREFIX)) or topic in (
-        c.RMQ_SYS_TRANS_HALF_TOPIC, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, c.TRANS_CHECK_MAX_TIME_TOPIC,
-    ):  # fmt: skip
+        c.RMQ_SYS_TRANS_HALF_TOPIC,
+        c.RMQ_SYS_TRANS_OP_HALF_TOPIC,
+        c.TRANS_CHECK_MAX_TIME_TOPIC,
+    ):
         return 1
     return c.DEFAULT_TOPIC_QUEUE_NUMS
 
@@ -1010,9 +1068,7 @@ def recover_offsets(log: pa.Table) -> tuple[int, int, dict[tuple[str, int], int]
     transaction = pc.bit_wise_and(log["sys_flag"], c.TRANSACTION_ROLLBACK_TYPE)
     dispatched = log.filter(pc.is_in(transaction, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE])))
     queues = dispatched.group_by(["topic", "queue_id"]).aggregate([("queue_offset", "max")])
-    queue_next = {
-        (r["topic"], r["queue_id"]): r["queue_offset_max"] + 1 for r in queues.to_pylist()
-    }
+    queue_next = {(r["topic"], r["queue_id"]): r["queue_offset_max"] + 1 for r in queues.to_pylist()}
     return next_offset, segment, queue_next
 
 

@@ -61,15 +61,44 @@ PROPERTY_TRANSACTION_ID: Final = "__transactionId__"
 # MessageConst.STRING_HASH_SET: names a user property may not take (Message.putUserProperty).
 RESERVED_PROPERTY_NAMES: Final = frozenset(
     {
-        "TRACE_ON", "MSG_REGION", "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC",
-        "REAL_QID", "TRAN_MSG", "PGROUP", "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID",
-        "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG", "RECONSUME_TIME",
-        "UNIQ_KEY", "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "TRAN_PREPARED_QUEUE_OFFSET",
-        "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS", "INSTANCE_ID",
-        "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER",
-        "MSG_TYPE", "INNER_MULTI_DISPATCH", "INNER_MULTI_QUEUE_OFFSET", "__transactionId__",
+        "TRACE_ON",
+        "MSG_REGION",
+        "KEYS",
+        "TAGS",
+        "WAIT",
+        "DELAY",
+        "RETRY_TOPIC",
+        "REAL_TOPIC",
+        "REAL_QID",
+        "TRAN_MSG",
+        "PGROUP",
+        "MIN_OFFSET",
+        "MAX_OFFSET",
+        "BUYER_ID",
+        "ORIGIN_MESSAGE_ID",
+        "TRANSFER_FLAG",
+        "CORRECTION_FLAG",
+        "MQ2_FLAG",
+        "RECONSUME_TIME",
+        "UNIQ_KEY",
+        "MAX_RECONSUME_TIMES",
+        "CONSUME_START_TIME",
+        "TRAN_PREPARED_QUEUE_OFFSET",
+        "TRANSACTION_CHECK_TIMES",
+        "CHECK_IMMUNITY_TIME_IN_SECONDS",
+        "INSTANCE_ID",
+        "CORRELATION_ID",
+        "REPLY_TO_CLIENT",
+        "TTL",
+        "ARRIVE_TIME",
+        "PUSH_REPLY_TIME",
+        "CLUSTER",
+        "MSG_TYPE",
+        "INNER_MULTI_DISPATCH",
+        "INNER_MULTI_QUEUE_OFFSET",
+        "__transactionId__",
     }
-)  # fmt: skip
+)
 
 # -- topics --------------------------------------------------------------------------------------
 TOPIC_MAX_LENGTH: Final = 127
@@ -117,9 +146,25 @@ PERM_INHERIT: Final = 1
 
 # messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", level i at [i-1]
 DELAY_LEVEL_MILLIS: Final = (
-    1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000, 300000,
-    360000, 420000, 480000, 540000, 600000, 1200000, 1800000, 3600000, 7200000,
-)  # fmt: skip
+    1000,
+    5000,
+    10000,
+    30000,
+    60000,
+    120000,
+    180000,
+    240000,
+    300000,
+    360000,
+    420000,
+    480000,
+    540000,
+    600000,
+    1200000,
+    1800000,
+    3600000,
+    7200000,
+)
 MAX_DELAY_LEVEL: Final = len(DELAY_LEVEL_MILLIS)
 
 # -- producer ------------------------------------------------------------------------------------

@@ -41,8 +41,9 @@ class PullConsumer:
         self.client_id = client_id or f"127.0.0.1@{os.getpid()}"
         self.offset_store: RemoteBrokerOffsetStore | LocalFileOffsetStore
         if message_model == "CLUSTERING":
-            self.offset_store = RemoteBrokerOffsetStore({n: b.offsets for n, b in self.brokers.items()}, group,
-                                                        self.client_id)  # fmt: skip
+            self.offset_store = RemoteBrokerOffsetStore(
+                {n: b.offsets for n, b in self.brokers.items()}, group, self.client_id
+            )
         else:
             if offset_dir is None:
                 raise ValidationError("offset_dir", offset_dir, "a broadcasting consumer keeps offsets in local files")
@@ -57,9 +58,13 @@ class PullConsumer:
         )
 
     def pull(
-        self, queue: MessageQueue, offset: int, max_nums: int = 32, tag_expression: str = "*",
+        self,
+        queue: MessageQueue,
+        offset: int,
+        max_nums: int = 32,
+        tag_expression: str = "*",
         suspend_timeout_ms: int = 0,
-    ) -> PullResult:  # fmt: skip
+    ) -> PullResult:
         """Pull from ``queue`` at ``offset`` (held up to ``suspend_timeout_ms`` when nothing is new)."""
         broker = self.brokers.get(queue.broker_name)
         if broker is None:

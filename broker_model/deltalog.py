@@ -50,8 +50,11 @@ def ensure_table(lake_root: str | Path, spec: TableSpec) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     try:
         DeltaTable.create(
-            str(path), schema=spec.arrow_schema, partition_by=list(spec.partition_by) or None,
-            mode="ignore", name=spec.name,
+            str(path),
+            schema=spec.arrow_schema,
+            partition_by=list(spec.partition_by) or None,
+            mode="ignore",
+            name=spec.name,
         )
     except Exception as exc:  # a concurrent creator won: fine if the table is there now
         if not DeltaTable.is_deltatable(str(path)):
@@ -79,8 +82,10 @@ def append_rows(lake_root: str | Path, spec: TableSpec, rows: pa.Table) -> None:
     """Append a small table of rows with delta-rs (for rare writes such as configuration)."""
     path = ensure_table(lake_root, spec)
     write_deltalake(
-        str(path), rows.select(spec.column_names).cast(spec.arrow_schema),
-        mode="append", partition_by=list(spec.partition_by) or None,
+        str(path),
+        rows.select(spec.column_names).cast(spec.arrow_schema),
+        mode="append",
+        partition_by=list(spec.partition_by) or None,
     )
 
 

@@ -110,13 +110,9 @@ def validate_name(value: str, field_name: str, max_length: int) -> None:
     if not value or not value.strip():
         raise ValidationError(field_name, value, "is blank", f"give a {field_name} name")
     if len(value) > max_length:
-        raise ValidationError(
-            field_name, value, f"is longer than {field_name} max length {max_length}", "shorten it"
-        )
+        raise ValidationError(field_name, value, f"is longer than {field_name} max length {max_length}", "shorten it")
     if not _VALID_NAME.match(value):
-        raise ValidationError(
-            field_name, value, "contains illegal characters", "use only letters, digits and %|_-"
-        )
+        raise ValidationError(field_name, value, "contains illegal characters", "use only letters, digits and %|_-")
 
 
 def validate_topic(topic: str) -> None:
@@ -138,9 +134,7 @@ def validate_send_topic(topic: str) -> None:
     """
     validate_topic(topic)
     if topic in c.NOT_ALLOWED_SEND_TOPICS or topic.startswith(c.SYSTEM_TOPIC_PREFIX):
-        raise ValidationError(
-            "topic", topic, f"Sending message to topic[{topic}] is forbidden", "send to a user topic"
-        )
+        raise ValidationError("topic", topic, f"Sending message to topic[{topic}] is forbidden", "send to a user topic")
 
 
 def validate_message(message: Message, max_message_size: int = c.MAX_MESSAGE_SIZE) -> None:
@@ -163,9 +157,11 @@ def _check_content(message: Message, max_message_size: int, where: str) -> None:
         raise ValidationError(f"{where}body", body, "is empty", "send at least one byte")
     if len(body) > max_message_size:
         raise ValidationError(
-            f"{where}body", f"<{len(body)} bytes>", f"is over the max message size {max_message_size}",
+            f"{where}body",
+            f"<{len(body)} bytes>",
+            f"is over the max message size {max_message_size}",
             "split the message or raise max_message_size",
-        )  # fmt: skip
+        )
     if not -(2**31) <= message.flag < 2**31:
         raise ValidationError(f"{where}flag", message.flag, "does not fit a 32-bit int")
     level = message.properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
@@ -201,11 +197,11 @@ def validate_batch(messages: Iterable[Message], max_message_size: int = c.MAX_ME
             )
         if message.topic != first.topic:
             raise ValidationError(
-                f"messages[{index}].topic", message.topic,
-                f"differs from the batch's topic {first.topic!r}", "send one batch per topic",
+                f"messages[{index}].topic",
+                message.topic,
+                f"differs from the batch's topic {first.topic!r}",
+                "send one batch per topic",
             )
         if message.wait_store_msg_ok != first.wait_store_msg_ok:
-            raise ValidationError(
-                f"messages[{index}].WAIT", message.wait_store_msg_ok, "differs within the batch"
-            )
+            raise ValidationError(f"messages[{index}].WAIT", message.wait_store_msg_ok, "differs within the batch")
     return batch

@@ -145,14 +145,18 @@ class OrderlyConsumerConfig:
         if self.message_model == "BROADCASTING" and self.offset_dir is None:
             raise ValidationError("offset_dir", None, "a broadcasting consumer keeps offsets in local files")
         if self.consume_from_where not in (
-            "CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP",
-        ):  # fmt: skip
+            "CONSUME_FROM_LAST_OFFSET",
+            "CONSUME_FROM_FIRST_OFFSET",
+            "CONSUME_FROM_TIMESTAMP",
+        ):
             raise ValidationError("consume_from_where", self.consume_from_where, "is not a ConsumeFromWhere value")
         ranges = {
-            "consume_message_batch_max_size": (1, 1024), "pull_batch_size": (1, 1024),
-            "pull_threshold_for_queue": (1, 65535), "pull_threshold_size_for_queue_mib": (1, 1024),
+            "consume_message_batch_max_size": (1, 1024),
+            "pull_batch_size": (1, 1024),
+            "pull_threshold_for_queue": (1, 65535),
+            "pull_threshold_size_for_queue_mib": (1, 1024),
             "consume_thread_max": (1, 1000),
-        }  # fmt: skip
+        }
         for name, (low, high) in ranges.items():
             value = getattr(self, name)
             if not low <= value <= high:
@@ -160,9 +164,14 @@ class OrderlyConsumerConfig:
         if self.max_reconsume_times < -1:
             raise ValidationError("max_reconsume_times", self.max_reconsume_times, "must be -1 (unlimited) or >= 0")
         positive = (
-            "lock_interval_ms", "client_lock_max_live_time_ms", "rebalance_interval_ms", "heartbeat_interval_ms",
-            "persist_offset_interval_ms", "max_time_consume_continuously_ms", "pull_idle_delay_ms",
-        )  # fmt: skip
+            "lock_interval_ms",
+            "client_lock_max_live_time_ms",
+            "rebalance_interval_ms",
+            "heartbeat_interval_ms",
+            "persist_offset_interval_ms",
+            "max_time_consume_continuously_ms",
+            "pull_idle_delay_ms",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValidationError(name, getattr(self, name), "must be positive")
@@ -451,9 +460,11 @@ class OrderlyPushConsumer:
         self.persist_offsets()
 
     def _schedule(
-        self, due: int, action: Callable[[int], object] | None = None,
+        self,
+        due: int,
+        action: Callable[[int], object] | None = None,
         consume: tuple[ProcessQueue, MessageQueue] | None = None,
-    ) -> _Task:  # fmt: skip
+    ) -> _Task:
         task = _Task(due, next(self._seq), action, consume)
         with self._timers:
             if self._stopping:
@@ -733,8 +744,13 @@ class OrderlyPushConsumer:
                 request.next_offset = offset
         broker = self.brokers[queue.broker_name]
         try:
-            result = broker.pull(queue.topic, queue.queue_id, request.next_offset, self.config.pull_batch_size,
-                                 self.subscriptions.get(queue.topic, "*"))  # fmt: skip
+            result = broker.pull(
+                queue.topic,
+                queue.queue_id,
+                request.next_offset,
+                self.config.pull_batch_size,
+                self.subscriptions.get(queue.topic, "*"),
+            )
         except Exception:  # an unreadable log or a stopped broker: retried, as after a failed RPC
             again(c.PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
             return
@@ -818,9 +834,14 @@ class OrderlyPushConsumer:
         return status
 
     def _process_result(
-        self, messages: list[MessageExt], status: ConsumeOrderlyStatus, context: ConsumeOrderlyContext,
-        pq: ProcessQueue, queue: MessageQueue, now: int,
-    ) -> bool:  # fmt: skip
+        self,
+        messages: list[MessageExt],
+        status: ConsumeOrderlyStatus,
+        context: ConsumeOrderlyContext,
+        pq: ProcessQueue,
+        queue: MessageQueue,
+        now: int,
+    ) -> bool:
         """``processConsumeResult``: commit, roll back or suspend; True to go on consuming."""
         suspend = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
         commit_offset = -1
@@ -871,10 +892,13 @@ class OrderlyPushConsumer:
         origin = message.properties.get(c.PROPERTY_ORIGIN_MESSAGE_ID) or message.uniq_key or message.msg_id
         try:
             broker.consumer_send_back(
-                self.group, message.commit_log_offset, delay_level=-1,
-                max_reconsume_times=self.max_reconsume_times(), reconsume_times=message.reconsume_times,
+                self.group,
+                message.commit_log_offset,
+                delay_level=-1,
+                max_reconsume_times=self.max_reconsume_times(),
+                reconsume_times=message.reconsume_times,
                 origin_msg_id=origin,
-            )  # fmt: skip
+            )
         except Exception as error:  # the message is suspended and tried again, as in RocketMQ
             self.last_listener_error = error
             return False

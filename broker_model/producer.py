@@ -261,9 +261,15 @@ class Producer:
             body = zlib.compress(body, c.COMPRESS_LEVEL)
             sys_flag |= c.COMPRESSED_FLAG | c.COMPRESSION_ZLIB_TYPE
         return InnerMessage(
-            topic=queue.topic, queue_id=queue.queue_id, body=body, properties=properties,
-            flag=message.flag, sys_flag=sys_flag, born_timestamp=self._clock(), born_host=self.born_host,
-        )  # fmt: skip
+            topic=queue.topic,
+            queue_id=queue.queue_id,
+            body=body,
+            properties=properties,
+            flag=message.flag,
+            sys_flag=sys_flag,
+            born_timestamp=self._clock(),
+            born_host=self.born_host,
+        )
 
 
 def _send_result(queue: MessageQueue, inner: list[InnerMessage], put: PutResult) -> SendResult:

@@ -257,9 +257,10 @@ class PushConsumer:
         wanted: set[MessageQueue] = set()
         for topic in self.subscriptions:
             queues = sorted(
-                MessageQueue(name, topic, q) for name, broker in self.brokers.items()
+                MessageQueue(name, topic, q)
+                for name, broker in self.brokers.items()
                 for q in range(broker.queue_nums(topic) or 0)
-            )  # fmt: skip
+            )
             if queues:
                 wanted.update(self.allocate(topic, queues) if self.allocate is not None else queues)
         with self._queues_lock:
@@ -418,8 +419,9 @@ class PushConsumer:
         broker = self.brokers[queue.broker_name]
         subscription = self.subscriptions[queue.topic]
         try:
-            result = broker.pull(queue.topic, queue.queue_id, process_queue.next_offset, self.pull_batch_size,
-                                 subscription.expression)  # fmt: skip
+            result = broker.pull(
+                queue.topic, queue.queue_id, process_queue.next_offset, self.pull_batch_size, subscription.expression
+            )
         except RmqLakeError:
             _log.exception("pull of %s failed", queue)
             return []
@@ -461,9 +463,13 @@ class PushConsumer:
         return len(messages)
 
     def _process_result(
-        self, status: ConsumeConcurrentlyStatus, context: ConsumeConcurrentlyContext, messages: list[MessageExt],
-        process_queue: ProcessQueue, queue: MessageQueue,
-    ) -> None:  # fmt: skip
+        self,
+        status: ConsumeConcurrentlyStatus,
+        context: ConsumeConcurrentlyContext,
+        messages: list[MessageExt],
+        process_queue: ProcessQueue,
+        queue: MessageQueue,
+    ) -> None:
         """``processConsumeResult``: send failures back (or drop them when broadcasting), then
         commit the process-queue offset."""
         ack_index = -1  # RECONSUME_LATER, or anything else a listener returned
@@ -494,8 +500,13 @@ class PushConsumer:
         broker = self.brokers[context.message_queue.broker_name]
         limit = None if self.max_reconsume_times < 0 else self.max_reconsume_times
         try:
-            broker.consumer_send_back(self.group, message.commit_log_offset, context.delay_level_when_next_consume,
-                                      limit, origin_msg_id=message.uniq_key or message.msg_id)  # fmt: skip
+            broker.consumer_send_back(
+                self.group,
+                message.commit_log_offset,
+                context.delay_level_when_next_consume,
+                limit,
+                origin_msg_id=message.uniq_key or message.msg_id,
+            )
         except RmqLakeError:
             _log.warning("send-back of %s failed", message.msg_id, exc_info=True)
             return False

@@ -60,8 +60,15 @@ def encode_record(row: dict[str, Any]) -> bytes:
     v2 = row["magic_code"] == c.MAGIC_CODE_V2
     parts = [
         _HEAD.pack(
-            row["store_size"], row["magic_code"], row["body_crc"], row["queue_id"], row["flag"],
-            row["queue_offset"], row["commit_log_offset"], row["sys_flag"], row["born_timestamp"],
+            row["store_size"],
+            row["magic_code"],
+            row["body_crc"],
+            row["queue_id"],
+            row["flag"],
+            row["queue_offset"],
+            row["commit_log_offset"],
+            row["sys_flag"],
+            row["born_timestamp"],
         ),
         born.to_bytes(),
         _STORE_TS.pack(row["store_timestamp"]),
@@ -107,14 +114,15 @@ def decode_record(
     except (struct.error, UnicodeDecodeError, ValueError, IndexError) as exc:
         raise CorruptRecordError(source, position, f"undecodable record: {exc}") from None
     expected = record_length(
-        len(row["body"]), len(row["topic"].encode("utf-8")), len(row["raw_properties"]),
-        bool(row["sys_flag"] & c.BORNHOST_V6_FLAG), bool(row["sys_flag"] & c.STOREHOSTADDRESS_V6_FLAG),
+        len(row["body"]),
+        len(row["topic"].encode("utf-8")),
+        len(row["raw_properties"]),
+        bool(row["sys_flag"] & c.BORNHOST_V6_FLAG),
+        bool(row["sys_flag"] & c.STOREHOSTADDRESS_V6_FLAG),
         row["magic_code"] == c.MAGIC_CODE_V2,
-    )  # fmt: skip
+    )
     if expected != row["store_size"]:
-        raise CorruptRecordError(
-            source, position, f"TOTALSIZE {row['store_size']} but the fields add up to {expected}"
-        )
+        raise CorruptRecordError(source, position, f"TOTALSIZE {row['store_size']} but the fields add up to {expected}")
     if check_crc and body_crc(row["body"]) != row["body_crc"]:
         raise CorruptRecordError(
             source, position, f"body CRC {row['body_crc']} but the body's CRC is {body_crc(row['body'])}"

@@ -27,8 +27,16 @@ from broker_model.offsets import OffsetCommit, OffsetLedger, QueueKey
 from broker_model.store import MessageStore
 from schemas.catalog import CONSUMER_OFFSET_COMMITS, TOPIC_CONFIG
 
-STRATEGIES = ("to_earliest", "to_latest", "to_offset", "shift_by", "to_timestamp", "to_datetime", "by_duration",
-              "from_file")  # fmt: skip
+STRATEGIES = (
+    "to_earliest",
+    "to_latest",
+    "to_offset",
+    "shift_by",
+    "to_timestamp",
+    "to_datetime",
+    "by_duration",
+    "from_file",
+)
 
 
 @dataclass(frozen=True)
@@ -131,8 +139,12 @@ class ResetTool:
         committed = [key for key in self.ledger.keys() if key[0] == group]
         if not committed:
             known = sorted({key[0] for key in self.ledger.keys()})
-            raise ValidationError("group", group, "has no committed offset on any broker of this lake",
-                                  f"check the name; groups with offsets: {known}")  # fmt: skip
+            raise ValidationError(
+                "group",
+                group,
+                "has no committed offset on any broker of this lake",
+                f"check the name; groups with offsets: {known}",
+            )
         if all_topics:
             topics = [TopicSelection(t) for t in sorted({key[2] for key in committed})]
         if not topics:
@@ -142,8 +154,12 @@ class ResetTool:
         for selection in topics:
             brokers = layout.get(selection.topic)
             if not brokers:
-                raise ValidationError("topic", selection.topic, "does not exist on any broker of this lake",
-                                      f"known topics: {sorted(layout)}")  # fmt: skip
+                raise ValidationError(
+                    "topic",
+                    selection.topic,
+                    "does not exist on any broker of this lake",
+                    f"known topics: {sorted(layout)}",
+                )
             for broker_name, queue_nums in sorted(brokers.items()):
                 ids = selection.queue_ids if selection.queue_ids is not None else tuple(range(queue_nums))
                 queues.extend((broker_name, selection.topic, q) for q in ids if q < queue_nums)
@@ -173,9 +189,16 @@ class ResetTool:
         return PlanRow(group, broker_name, topic, queue_id, current, target, low, high, note)
 
     def _wanted(
-        self, store: MessageStore, group: str, broker_name: str, topic: str, queue_id: int, current: int, low: int,
+        self,
+        store: MessageStore,
+        group: str,
+        broker_name: str,
+        topic: str,
+        queue_id: int,
+        current: int,
+        low: int,
         strategy: Strategy,
-    ) -> tuple[int, str]:  # fmt: skip
+    ) -> tuple[int, str]:
         kind = strategy.kind
         if kind == "to_earliest":
             return low, ""
@@ -201,9 +224,11 @@ class ResetTool:
         for group, broker_name, topic, queue_id in strategy.file_targets:
             if (broker_name, topic, queue_id) not in planned:
                 raise ValidationError(
-                    "from_file", f"{group or '*'},{broker_name},{topic},{queue_id}",
-                    "names a queue outside the chosen groups and topics", "add its topic with --topic",
-                )  # fmt: skip
+                    "from_file",
+                    f"{group or '*'},{broker_name},{topic},{queue_id}",
+                    "names a queue outside the chosen groups and topics",
+                    "add its topic with --topic",
+                )
 
     def execute(self, plan: Sequence[PlanRow], reason: str | None, operator: str | None = None) -> str | None:
         """Write every moving row of ``plan`` in one atomic commit; return the reset id (None
@@ -215,8 +240,17 @@ class ResetTool:
         who = operator or f"{getpass.getuser()}@{socket.gethostname()}"
         self.ledger.refresh()
         commits = [
-            OffsetCommit(*_key(row), row.target, self.ledger.next_timestamp(_key(row)), "reset", None, reset_id,
-                         row.current, reason, who)
+            OffsetCommit(
+                *_key(row),
+                row.target,
+                self.ledger.next_timestamp(_key(row)),
+                "reset",
+                None,
+                reset_id,
+                row.current,
+                reason,
+                who,
+            )
             for row in moving
         ]
         self.ledger.append(commits)
@@ -279,27 +313,54 @@ def read_targets_file(path: str | Path) -> dict[tuple[str | None, str, str, int]
         offset_column = "target_offset" if "target_offset" in columns else "offset"
         missing = {"broker_name", "topic", "queue_id", offset_column} - columns
         if missing:
-            raise ValidationError("from_file", str(path), f"lacks the columns {sorted(missing)}",
-                                  "write a header: broker_name,topic,queue_id,target_offset[,group]")  # fmt: skip
+            raise ValidationError(
+                "from_file",
+                str(path),
+                f"lacks the columns {sorted(missing)}",
+                "write a header: broker_name,topic,queue_id,target_offset[,group]",
+            )
         for line, row in enumerate(reader, start=2):
             try:
                 key = (row.get("group") or None, row["broker_name"], row["topic"], int(row["queue_id"]))
                 targets[key] = int(row[offset_column])
             except (TypeError, ValueError):
-                raise ValidationError("from_file", f"{path}:{line}", f"bad row {row}",
-                                      "queue_id and the offset must be integers") from None  # fmt: skip
+                raise ValidationError(
+                    "from_file", f"{path}:{line}", f"bad row {row}", "queue_id and the offset must be integers"
+                ) from None
     return targets
 
 
-PLAN_COLUMNS = ("group", "broker_name", "topic", "queue_id", "current_offset", "target_offset", "min_offset",
-                "max_offset", "redelivered", "skipped", "note")  # fmt: skip
+PLAN_COLUMNS = (
+    "group",
+    "broker_name",
+    "topic",
+    "queue_id",
+    "current_offset",
+    "target_offset",
+    "min_offset",
+    "max_offset",
+    "redelivered",
+    "skipped",
+    "note",
+)
 
 
 def plan_records(plan: Iterable[PlanRow]) -> list[tuple[object, ...]]:
     """The plan as rows of :data:`PLAN_COLUMNS`."""
     return [
-        (r.group, r.broker_name, r.topic, r.queue_id, r.current, r.target, r.min_offset, r.max_offset, r.redelivered,
-         r.skipped, r.note)
+        (
+            r.group,
+            r.broker_name,
+            r.topic,
+            r.queue_id,
+            r.current,
+            r.target,
+            r.min_offset,
+            r.max_offset,
+            r.redelivered,
+            r.skipped,
+            r.note,
+        )
         for r in plan
     ]
 

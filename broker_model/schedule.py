@@ -114,10 +114,16 @@ def restore_message(entry: MessageExt) -> InnerMessage | None:
         properties.pop(key, None)
     properties[c.PROPERTY_WAIT_STORE_MSG_OK] = "false"
     return InnerMessage(
-        topic=real_topic, queue_id=int(real_queue), body=entry.body, properties=properties, flag=entry.flag,
-        sys_flag=entry.sys_flag & ~_HOST_BITS, born_timestamp=entry.born_timestamp, born_host=entry.born_host,
+        topic=real_topic,
+        queue_id=int(real_queue),
+        body=entry.body,
+        properties=properties,
+        flag=entry.flag,
+        sys_flag=entry.sys_flag & ~_HOST_BITS,
+        born_timestamp=entry.born_timestamp,
+        born_host=entry.born_host,
         reconsume_times=entry.reconsume_times,
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -144,9 +150,14 @@ class ScheduleMessageService:
     """
 
     def __init__(
-        self, broker: Broker, *, path: str | Path | None = None, batch_size: int = DELIVER_BATCH_SIZE,
-        interval_ms: int = c.SCHEDULE_DELAY_FOR_A_WHILE_MS, first_delay_ms: int = c.SCHEDULE_FIRST_DELAY_MS,
-    ) -> None:  # fmt: skip
+        self,
+        broker: Broker,
+        *,
+        path: str | Path | None = None,
+        batch_size: int = DELIVER_BATCH_SIZE,
+        interval_ms: int = c.SCHEDULE_DELAY_FOR_A_WHILE_MS,
+        first_delay_ms: int = c.SCHEDULE_FIRST_DELAY_MS,
+    ) -> None:
         if batch_size < 1:
             raise ValidationError("batch_size", batch_size, "must be at least 1")
         self.broker = broker
@@ -234,8 +245,11 @@ class ScheduleMessageService:
             if record is None or record.commit_log_offset < log_offset:
                 return False
             if (record.uniq_key, record.born_timestamp, record.body_crc, record.reconsume_times) == (
-                entry.uniq_key, entry.born_timestamp, entry.body_crc, entry.reconsume_times,
-            ) and c.PROPERTY_REAL_TOPIC in record.properties:  # fmt: skip
+                entry.uniq_key,
+                entry.born_timestamp,
+                entry.body_crc,
+                entry.reconsume_times,
+            ) and c.PROPERTY_REAL_TOPIC in record.properties:
                 return True
             position -= 1
         return False
@@ -285,8 +299,12 @@ class ScheduleMessageService:
                 break
             copy = restore_message(entry)
             if copy is None:
-                _log.warning("dropped schedule entry %s of level %s: real topic %r", position, level,
-                             entry.properties.get(c.PROPERTY_REAL_TOPIC))  # fmt: skip
+                _log.warning(
+                    "dropped schedule entry %s of level %s: real topic %r",
+                    position,
+                    level,
+                    entry.properties.get(c.PROPERTY_REAL_TOPIC),
+                )
                 report.dropped.append((level, position))
             else:
                 copies.append(copy)

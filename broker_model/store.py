@@ -44,8 +44,19 @@ MAX_FILTER_SCAN = 16000 // 20  # maxFilterMessageSize / CQ unit size: units scan
 BROKER_SUSPEND_MAX_TIME_MS = 15000  # the client's suspend timeout
 SHORT_POLLING_TIME_MS = 1000  # shortPollingTimeMills: the hold when long polling is off
 LONG_POLLING_CHECK_MS = 5000  # the hold service re-checks held pulls this often
-_INDEX_COLUMNS = ["commit_log_offset", "store_size", "topic", "queue_id", "queue_offset", "sys_flag", "tags",
-                  "store_timestamp", "properties", "uniq_key", "prepared_transaction_offset"]  # fmt: skip
+_INDEX_COLUMNS = [
+    "commit_log_offset",
+    "store_size",
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "sys_flag",
+    "tags",
+    "store_timestamp",
+    "properties",
+    "uniq_key",
+    "prepared_transaction_offset",
+]
 
 
 class GetMessageStatus(Enum):
@@ -235,8 +246,11 @@ class MessageStore:
                 return self
             version = table.version()
             actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
-            paths = [p for p, b in zip(actions["path"], actions["partition.broker_name"], strict=True)
-                     if b == self.broker_name]  # fmt: skip
+            paths = [
+                p
+                for p, b in zip(actions["path"], actions["partition.broker_name"], strict=True)
+                if b == self.broker_name
+            ]
             self._dispatch_files([(p, None) for p in paths])
             self._tail = LogTail(path, version)
         return self
@@ -291,8 +305,9 @@ class MessageStore:
         gone = [self._file_ids[path] for path in change.removed if path in self._file_ids]
         if not gone:
             return True  # another broker's files
-        located = [self._locate(path) for path, values in change.rewritten
-                   if values.get("broker_name") == self.broker_name]  # fmt: skip
+        located = [
+            self._locate(path) for path, values in change.rewritten if values.get("broker_name") == self.broker_name
+        ]
         if not located:
             return False
         offsets, file_ids, rows = (np.concatenate(parts) for parts in zip(*located, strict=True))
@@ -322,8 +337,11 @@ class MessageStore:
         self._file_ids[unquote(path)] = file_id
         offsets = pq.read_table(COMMITLOG.location(self.lake) / path, columns=["commit_log_offset"])
         count = offsets.num_rows
-        return (np.asarray(offsets["commit_log_offset"].to_numpy(), dtype=np.int64),
-                np.full(count, file_id, dtype=np.int32), np.arange(count, dtype=np.int32))  # fmt: skip
+        return (
+            np.asarray(offsets["commit_log_offset"].to_numpy(), dtype=np.int64),
+            np.full(count, file_id, dtype=np.int32),
+            np.arange(count, dtype=np.int32),
+        )
 
     def dispatch_commit(self, version: int, files: Sequence[tuple[str, pa.Table]]) -> None:
         """Take a commit this process just made (its files with their rows) and wake held pulls.
@@ -460,14 +478,25 @@ class MessageStore:
         row = self._row(topic, queue_id, queue_offset)
         body = decompress_body(row["body"], row["sys_flag"]) if decompress else row["body"]
         return MessageExt(
-            broker_name=self.broker_name, topic=topic, queue_id=row["queue_id"], queue_offset=queue_offset,
-            commit_log_offset=row["commit_log_offset"], store_size=row["store_size"],
-            body=body, flag=row["flag"], sys_flag=row["sys_flag"],
-            properties=dict(row["properties"]), born_timestamp=row["born_timestamp"], born_host=row["born_host"],
-            store_timestamp=row["store_timestamp"], store_host=row["store_host"],
-            reconsume_times=row["reconsume_times"], prepared_transaction_offset=row["prepared_transaction_offset"],
-            body_crc=row["body_crc"], msg_id=row["msg_id"],
-        )  # fmt: skip
+            broker_name=self.broker_name,
+            topic=topic,
+            queue_id=row["queue_id"],
+            queue_offset=queue_offset,
+            commit_log_offset=row["commit_log_offset"],
+            store_size=row["store_size"],
+            body=body,
+            flag=row["flag"],
+            sys_flag=row["sys_flag"],
+            properties=dict(row["properties"]),
+            born_timestamp=row["born_timestamp"],
+            born_host=row["born_host"],
+            store_timestamp=row["store_timestamp"],
+            store_host=row["store_host"],
+            reconsume_times=row["reconsume_times"],
+            prepared_transaction_offset=row["prepared_transaction_offset"],
+            body_crc=row["body_crc"],
+            msg_id=row["msg_id"],
+        )
 
     # -- queries ----------------------------------------------------------------------------------
 
@@ -515,9 +544,13 @@ class MessageStore:
             return low
 
     def get_message(
-        self, topic: str, queue_id: int, offset: int, max_msgs: int = MAX_TRANSFER_COUNT,
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int = MAX_TRANSFER_COUNT,
         subscription: Subscription | None = None,
-    ) -> GetMessageResult:  # fmt: skip
+    ) -> GetMessageResult:
         """``DefaultMessageStore.getMessage``: read up to ``max_msgs`` matching messages.
 
         Scans at most ``max(800, max_msgs)`` units; a batch ends at ``max_msgs`` messages or
@@ -562,9 +595,15 @@ class MessageStore:
     # -- pulls ------------------------------------------------------------------------------------
 
     def pull(
-        self, topic: str, queue_id: int, offset: int, max_msgs: int = MAX_TRANSFER_COUNT,
-        tag_expression: str | None = "*", suspend_timeout_ms: int = 0, long_polling: bool = True,
-    ) -> PullResult:  # fmt: skip
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int = MAX_TRANSFER_COUNT,
+        tag_expression: str | None = "*",
+        suspend_timeout_ms: int = 0,
+        long_polling: bool = True,
+    ) -> PullResult:
         """A pull as a consumer sees it: the broker read, long polling, then the client's tag check.
 
         With ``suspend_timeout_ms > 0`` a pull that finds no new message (offset at the queue's

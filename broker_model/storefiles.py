@@ -48,10 +48,24 @@ _FILE_NAME = re.compile(r"^[0-9]{20}$")  # UtilAll.offset2FileName: %020d of the
 _MAX_OFFSET = 2**63 - 1  # offsets are Java longs
 # the commitlog columns encode_record reads
 _RECORD_COLUMNS: Final = (
-    "commit_log_offset", "store_size", "magic_code", "body_crc", "queue_id", "flag", "queue_offset",
-    "sys_flag", "born_timestamp", "born_host", "store_timestamp", "store_host", "reconsume_times",
-    "prepared_transaction_offset", "body", "topic", "raw_properties",
-)  # fmt: skip
+    "commit_log_offset",
+    "store_size",
+    "magic_code",
+    "body_crc",
+    "queue_id",
+    "flag",
+    "queue_offset",
+    "sys_flag",
+    "born_timestamp",
+    "born_host",
+    "store_timestamp",
+    "store_host",
+    "reconsume_times",
+    "prepared_transaction_offset",
+    "body",
+    "topic",
+    "raw_properties",
+)
 
 
 @dataclass(frozen=True)
@@ -279,9 +293,19 @@ def import_commitlog(
         version = log.commit(writer.adds, operation="IMPORT", info={"operationParameters": params})
         log.wait_for_checkpoint()
     return ImportReport(
-        broker_name, len(files), scan.segments, scan.records, scan.bytes, files[0].size, scan.first_offset,
-        scan.last_offset, scan.end_offset, {t: q + 1 for t, q in sorted(scan.queue_max.items())}, store_host, version,
-    )  # fmt: skip
+        broker_name,
+        len(files),
+        scan.segments,
+        scan.records,
+        scan.bytes,
+        files[0].size,
+        scan.first_offset,
+        scan.last_offset,
+        scan.end_offset,
+        {t: q + 1 for t, q in sorted(scan.queue_max.items())},
+        store_host,
+        version,
+    )
 
 
 def _refuse_existing_records(lake: Path, broker_name: str) -> None:
@@ -289,9 +313,11 @@ def _refuse_existing_records(lake: Path, broker_name: str) -> None:
     segments = table.partitions(file_pruning_predicate=[("broker_name", "=", broker_name)])
     if any(p["broker_name"] == broker_name for p in segments):
         raise ValidationError(
-            "broker_name", broker_name, f"already has records in the commitlog table ({len(segments)} segments)",
+            "broker_name",
+            broker_name,
+            f"already has records in the commitlog table ({len(segments)} segments)",
             "import under a new broker name (a broker's log can only be imported once)",
-        )  # fmt: skip
+        )
 
 
 @dataclass
@@ -374,17 +400,19 @@ def _decode_at(data: memoryview, segment_file: SegmentFile, position: int, magic
     source = str(segment_file.path)
     if magic not in (c.MAGIC_CODE_V1, c.MAGIC_CODE_V2):
         raise CorruptRecordError(
-            source, position,
+            source,
+            position,
             f"magic code {magic} (0x{magic & 0xFFFFFFFF:08X}) is neither a message (v1 0xDAA320A7, "
             "v2 0xDAA320AB) nor a blank marker (0xCBD43194), and TOTALSIZE/MAGIC are not zero",
-        )  # fmt: skip
+        )
     row = decode_record(data, position, source)
     expected = segment_file.base + position
     if row["commit_log_offset"] != expected:
         raise CorruptRecordError(
-            source, position,
+            source,
+            position,
             f"physical offset field {row['commit_log_offset']} at position {position}; expected {expected}",
-        )  # fmt: skip
+        )
     left = segment_file.size - position - row["store_size"]
     if left < c.END_FILE_MIN_BLANK_LENGTH:
         raise CorruptRecordError(
@@ -446,17 +474,22 @@ def _register_broker(
 ) -> None:
     now = now_ms()
     broker = {
-        "broker_name": [broker_name], "store_host": [store_host], "segment_size": [segment_size],
-        "flush_mode": ["ASYNC_FLUSH"], "started_timestamp": [now], "process": [f"{os.getpid()}@{socket.gethostname()}"],
-    }  # fmt: skip
+        "broker_name": [broker_name],
+        "store_host": [store_host],
+        "segment_size": [segment_size],
+        "flush_mode": ["ASYNC_FLUSH"],
+        "started_timestamp": [now],
+        "process": [f"{os.getpid()}@{socket.gethostname()}"],
+    }
     append_rows(lake, BROKERS, pa.table(broker))
     topics = sorted(queue_max)
     config = {
-        "broker_name": [broker_name] * len(topics), "topic": topics,
+        "broker_name": [broker_name] * len(topics),
+        "topic": topics,
         "queue_nums": pa.array([queue_max[t] + 1 for t in topics], pa.int32()),
         "perm": pa.array([c.PERM_READ | c.PERM_WRITE] * len(topics), pa.int32()),
         "updated_timestamp": [now] * len(topics),
-    }  # fmt: skip
+    }
     append_rows(lake, TOPIC_CONFIG, pa.table(config))
 
 
@@ -487,10 +520,13 @@ def export_commitlog(lake: Path, broker_name: str, out_dir: Path) -> ExportRepor
         table = DeltaTable(str(COMMITLOG.location(lake)))
     except TableNotFoundError:
         return ExportReport(broker_name, out_dir, 0, 0, 0, segment_size, None, None, None)
-    segments = sorted({
-        int(p["segment"]) for p in table.partitions(file_pruning_predicate=[("broker_name", "=", broker_name)])
-        if p["broker_name"] == broker_name
-    })  # fmt: skip
+    segments = sorted(
+        {
+            int(p["segment"])
+            for p in table.partitions(file_pruning_predicate=[("broker_name", "=", broker_name)])
+            if p["broker_name"] == broker_name
+        }
+    )
     exporter = _Exporter(table, broker_name, out_dir, segment_size)
     try:
         for index, segment in enumerate(segments):
@@ -500,9 +536,16 @@ def export_commitlog(lake: Path, broker_name: str, out_dir: Path) -> ExportRepor
             path.unlink(missing_ok=True)
         raise
     return ExportReport(
-        broker_name, out_dir, len(exporter.written), exporter.records, exporter.bytes, segment_size,
-        exporter.first_offset, exporter.end_offset, table.version(),
-    )  # fmt: skip
+        broker_name,
+        out_dir,
+        len(exporter.written),
+        exporter.records,
+        exporter.bytes,
+        segment_size,
+        exporter.first_offset,
+        exporter.end_offset,
+        table.version(),
+    )
 
 
 def broker_segment_size(lake: Path, broker_name: str) -> int:
@@ -573,10 +616,11 @@ class _Exporter:
             )
         if self.previous_segment is not None and segment != self.previous_segment + self.segment_size:
             raise CorruptRecordError(
-                source, segment,
+                source,
+                segment,
                 f"segment {segment} follows segment {self.previous_segment}; segment "
                 f"{self.previous_segment + self.segment_size} is missing",
-            )  # fmt: skip
+            )
 
     def _write_records(self, handle: BinaryIO, rows: pa.Table, segment: int, source: str) -> int:
         """Write the segment's rows (sorted by offset) from byte 0; return the end offset."""

@@ -33,9 +33,11 @@ def parse_instant(text: str, field: str = "as_of") -> int:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise ValidationError(
-            field, text, "is neither epoch milliseconds nor an ISO-8601 date-time",
+            field,
+            text,
+            "is neither epoch milliseconds nor an ISO-8601 date-time",
             "write e.g. 1795315023721 or 2026-11-22T02:00:00Z",
-        ) from None  # fmt: skip
+        ) from None
     if moment.tzinfo is None:
         raise ValidationError(
             field, text, "has no time zone", "add one, e.g. Z or +08:00: the machine's zone is never assumed"
@@ -53,9 +55,11 @@ def parse_duration(text: str, field: str = "duration") -> int:
     match = _DURATION.match(text.strip().upper())
     if match is None or not any(match.groupdict().values()):
         raise ValidationError(
-            field, text, "is not an ISO-8601 duration of weeks, days, hours, minutes or seconds",
+            field,
+            text,
+            "is not an ISO-8601 duration of weeks, days, hours, minutes or seconds",
             "write e.g. P1DT2H or PT30M",
-        )  # fmt: skip
+        )
     total = 0.0
     for unit, amount in match.groupdict().items():
         if amount:

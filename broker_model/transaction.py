@@ -114,8 +114,9 @@ def _half_message(broker: Broker, request: EndTransactionRequest) -> MessageExt:
     if half.properties.get(c.PROPERTY_PRODUCER_GROUP) != request.producer_group:
         raise TransactionError(f"The producer group wrong: producer_group={request.producer_group!r}")
     if half.queue_offset != request.tran_state_table_offset:
-        raise TransactionError(f"The transaction state table offset wrong: "
-                               f"tran_state_table_offset={request.tran_state_table_offset!r}")  # fmt: skip
+        raise TransactionError(
+            f"The transaction state table offset wrong: tran_state_table_offset={request.tran_state_table_offset!r}"
+        )
     if half.commit_log_offset != request.commit_log_offset:
         raise TransactionError(f"The commit log offset wrong: commit_log_offset={request.commit_log_offset!r}")
     _reject_outside_immunity(broker, half, request)
@@ -135,8 +136,10 @@ def _reject_outside_immunity(broker: Broker, half: MessageExt, request: EndTrans
         return
     limit = max(int(immunity) * 1000, TRANSACTION_TIMEOUT_MS)
     if broker.config.clock() - half.born_timestamp > limit:
-        raise TransactionError(f"ILLEGAL_OPERATION: the half message is past its immunity time ({limit} ms); "
-                               "it is ended by a check-back only")  # fmt: skip
+        raise TransactionError(
+            f"ILLEGAL_OPERATION: the half message is past its immunity time ({limit} ms); "
+            "it is ended by a check-back only"
+        )
 
 
 def _final_message(half: MessageExt, prepared_offset: int) -> InnerMessage:
@@ -144,22 +147,31 @@ def _final_message(half: MessageExt, prepared_offset: int) -> InnerMessage:
     stored properties keep REAL_TOPIC, REAL_QID and TRAN_MSG (computed before they are cleared)."""
     properties = dict(half.properties)
     properties.pop(c.PROPERTY_DELAY_TIME_LEVEL, None)
-    sys_flag = (half.sys_flag & ~c.TRANSACTION_ROLLBACK_TYPE & ~c.BORNHOST_V6_FLAG & ~c.STOREHOSTADDRESS_V6_FLAG)
+    sys_flag = half.sys_flag & ~c.TRANSACTION_ROLLBACK_TYPE & ~c.BORNHOST_V6_FLAG & ~c.STOREHOSTADDRESS_V6_FLAG
     return InnerMessage(
-        topic=properties[c.PROPERTY_REAL_TOPIC], queue_id=int(properties[c.PROPERTY_REAL_QUEUE_ID]),
-        body=half.body, properties=properties, flag=half.flag,
-        sys_flag=sys_flag | c.TRANSACTION_COMMIT_TYPE, born_timestamp=half.born_timestamp, born_host=half.born_host,
-        reconsume_times=half.reconsume_times, prepared_transaction_offset=prepared_offset,
-    )  # fmt: skip
+        topic=properties[c.PROPERTY_REAL_TOPIC],
+        queue_id=int(properties[c.PROPERTY_REAL_QUEUE_ID]),
+        body=half.body,
+        properties=properties,
+        flag=half.flag,
+        sys_flag=sys_flag | c.TRANSACTION_COMMIT_TYPE,
+        born_timestamp=half.born_timestamp,
+        born_host=half.born_host,
+        reconsume_times=half.reconsume_times,
+        prepared_transaction_offset=prepared_offset,
+    )
 
 
 def _op_message(broker: Broker, half_queue_offset: int, queue_id: int) -> InnerMessage:
     """The op (remove) message of one half queue offset (seed 003: one op per end)."""
     return InnerMessage(
-        topic=c.RMQ_SYS_TRANS_OP_HALF_TOPIC, queue_id=queue_id, body=str(half_queue_offset).encode(),
+        topic=c.RMQ_SYS_TRANS_OP_HALF_TOPIC,
+        queue_id=queue_id,
+        body=str(half_queue_offset).encode(),
         properties={c.PROPERTY_WAIT_STORE_MSG_OK: "true", c.PROPERTY_TAGS: REMOVE_TAG},
-        born_timestamp=broker.config.clock(), born_host=broker.store_host,
-    )  # fmt: skip
+        born_timestamp=broker.config.clock(),
+        born_host=broker.store_host,
+    )
 
 
 def parse_op_body(body: bytes) -> list[int]:
@@ -256,9 +268,13 @@ class TransactionCheckService:
     explicit ``now``; :meth:`start` runs rounds every ``interval_ms`` on the broker's clock."""
 
     def __init__(
-        self, broker: Broker, timeout_ms: int = TRANSACTION_TIMEOUT_MS, check_max: int = TRANSACTION_CHECK_MAX,
-        interval_ms: int = TRANSACTION_CHECK_INTERVAL_MS, reserved_ms: int = FILE_RESERVED_MS,
-    ) -> None:  # fmt: skip
+        self,
+        broker: Broker,
+        timeout_ms: int = TRANSACTION_TIMEOUT_MS,
+        check_max: int = TRANSACTION_CHECK_MAX,
+        interval_ms: int = TRANSACTION_CHECK_INTERVAL_MS,
+        reserved_ms: int = FILE_RESERVED_MS,
+    ) -> None:
         self.broker = broker
         self.timeout_ms = timeout_ms
         self.check_max = check_max
@@ -348,9 +364,15 @@ class TransactionCheckService:
             checks = max(int(r.properties.get(c.PROPERTY_TRANSACTION_CHECK_TIMES, "0") or 0) for r in records)
             state = self._state(original, first_op is not None, bool(finals), uniq_key in discarded, checks, as_of)
             views[uniq_key] = TransactionView(
-                self.broker.broker_name, uniq_key, original.properties.get(c.PROPERTY_PRODUCER_GROUP),
-                original.queue_offset, state, checks, first_op, finals[0] if finals else None,
-            )  # fmt: skip
+                self.broker.broker_name,
+                uniq_key,
+                original.properties.get(c.PROPERTY_PRODUCER_GROUP),
+                original.queue_offset,
+                state,
+                checks,
+                first_op,
+                finals[0] if finals else None,
+            )
         return views
 
     def _queue(self, topic: str, as_of: int) -> list[MessageExt]:
@@ -390,8 +412,9 @@ class TransactionCheckService:
                     done_ops.append(position)
             position += 1
 
-    def _process(self, half: MessageExt, now: int, report: CheckReport, remove: dict[int, int],
-                 done_ops: list[int]) -> bool:  # fmt: skip
+    def _process(
+        self, half: MessageExt, now: int, report: CheckReport, remove: dict[int, int], done_ops: list[int]
+    ) -> bool:
         """Handle one unresolved half message; False stops the round (the message is too new)."""
         age = now - half.born_timestamp
         uniq_key = half.uniq_key or ""
@@ -443,10 +466,18 @@ class TransactionCheckService:
         properties = dict(half.properties)
         properties[c.PROPERTY_TRANSACTION_CHECK_TIMES] = str(check_times)
         properties[c.PROPERTY_WAIT_STORE_MSG_OK] = "false"
-        result = self.broker.put_message(InnerMessage(
-            c.RMQ_SYS_TRANS_HALF_TOPIC, 0, half.body, properties, 0, _plain_flag(half.sys_flag),
-            half.born_timestamp, half.born_host,
-        ))  # fmt: skip
+        result = self.broker.put_message(
+            InnerMessage(
+                c.RMQ_SYS_TRANS_HALF_TOPIC,
+                0,
+                half.body,
+                properties,
+                0,
+                _plain_flag(half.sys_flag),
+                half.born_timestamp,
+                half.born_host,
+            )
+        )
         self.broker.flush()  # the check-back names the copy, which must be readable
         return self.broker.store.message_at(c.RMQ_SYS_TRANS_HALF_TOPIC, 0, result.queue_offsets[0])
 
@@ -456,19 +487,36 @@ class TransactionCheckService:
         properties = dict(half.properties)
         properties[c.PROPERTY_TRANSACTION_CHECK_TIMES] = str(check_times)
         properties[c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET] = prepared
-        self.broker.put_message(InnerMessage(
-            c.RMQ_SYS_TRANS_HALF_TOPIC, 0, half.body, properties, 0, _plain_flag(half.sys_flag),
-            half.born_timestamp, half.born_host,
-        ))  # fmt: skip
+        self.broker.put_message(
+            InnerMessage(
+                c.RMQ_SYS_TRANS_HALF_TOPIC,
+                0,
+                half.body,
+                properties,
+                0,
+                _plain_flag(half.sys_flag),
+                half.born_timestamp,
+                half.born_host,
+            )
+        )
 
     def _discard(self, half: MessageExt) -> None:
         """``resolveDiscardMsg``: a copy in TRANS_CHECK_MAX_TIME_TOPIC queue 0."""
         properties = dict(half.properties)
         self.broker.ensure_topic(c.TRANS_CHECK_MAX_TIME_TOPIC, 1)
-        self.broker.put_message(InnerMessage(
-            c.TRANS_CHECK_MAX_TIME_TOPIC, 0, half.body, properties, half.flag, _plain_flag(half.sys_flag),
-            half.born_timestamp, half.born_host, half.reconsume_times,
-        ))  # fmt: skip
+        self.broker.put_message(
+            InnerMessage(
+                c.TRANS_CHECK_MAX_TIME_TOPIC,
+                0,
+                half.body,
+                properties,
+                half.flag,
+                _plain_flag(half.sys_flag),
+                half.born_timestamp,
+                half.born_host,
+                half.reconsume_times,
+            )
+        )
 
 
 def _plain_flag(sys_flag: int) -> int:

@@ -113,17 +113,24 @@ def _message(
 
 
 def start_brokers(
-    lake: Path, count: int, segment_size: int | None = None, flush_mode: FlushMode = "ASYNC_FLUSH",
+    lake: Path,
+    count: int,
+    segment_size: int | None = None,
+    flush_mode: FlushMode = "ASYNC_FLUSH",
     clock: Callable[[], int] = now_ms,
-) -> list[Broker]:  # fmt: skip
+) -> list[Broker]:
     """Start ``count`` brokers named broker-a, broker-b, ... with the demo topics created."""
     brokers = []
     for index in range(count):
         name = f"broker-{chr(ord('a') + index)}"
         config = BrokerConfig(
-            lake=lake, broker_name=name, store_host=f"127.0.0.{index + 1}:10911",
-            segment_size=segment_size, flush_mode=flush_mode, clock=clock,
-        )  # fmt: skip
+            lake=lake,
+            broker_name=name,
+            store_host=f"127.0.0.{index + 1}:10911",
+            segment_size=segment_size,
+            flush_mode=flush_mode,
+            clock=clock,
+        )
         broker = Broker(config).start()
         for topic, queues, _, _ in TOPICS:
             broker.ensure_topic(topic, queues)
@@ -230,9 +237,12 @@ def run_consumers(brokers: Sequence[Broker], seed: int, offset_dir: Path) -> Cou
     for plan in CONSUMER_GROUPS:
         for client in range(plan.clients):
             consumer = PullConsumer(
-                brokers, plan.group, message_model=plan.message_model,  # type: ignore[arg-type]
-                client_id=f"127.0.0.{10 + client}@workload", offset_dir=offset_dir,
-            )  # fmt: skip
+                brokers,
+                plan.group,
+                message_model=plan.message_model,  # type: ignore[arg-type]
+                client_id=f"127.0.0.{10 + client}@workload",
+                offset_dir=offset_dir,
+            )
             for queue in consumer.queues(plan.topic):
                 if plan.group == "cg-orders" and rng.random() < 0.3:
                     continue  # a queue this group never consumes
@@ -339,12 +349,17 @@ def run_retries(
                 broker.update_subscription_group(config)
     consumers = [
         PushConsumer(
-            brokers, plan.group, FlakyListener(plan, seed), {plan.topic: "*"},
+            brokers,
+            plan.group,
+            FlakyListener(plan, seed),
+            {plan.topic: "*"},
             message_model=plan.message_model,  # type: ignore[arg-type]
-            client_id=f"127.0.0.30@{plan.group}", offset_dir=offset_dir, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+            client_id=f"127.0.0.30@{plan.group}",
+            offset_dir=offset_dir,
+            consume_from_where="CONSUME_FROM_FIRST_OFFSET",
         )
         for plan in RETRY_GROUPS
-    ]  # fmt: skip
+    ]
     services = [ScheduleMessageService(broker) for broker in brokers]
     for _ in range(max_rounds):
         while sum(consumer.poll_once() for consumer in consumers):
@@ -406,8 +421,13 @@ def run_transactions(brokers: Sequence[Broker], count: int, seed: int, rounds: i
         outcome = rng.choices(TX_OUTCOMES, weights=TX_WEIGHTS)[0]
         biz_id = f"tx-{seed}-{index}"
         listener.outcomes[biz_id] = outcome
-        message = Message.create(TX_TOPIC, f'{{"payment": "{biz_id}"}}'.encode(), tags="captured",
-                                 keys=[biz_id], user_properties={"bizId": biz_id})  # fmt: skip
+        message = Message.create(
+            TX_TOPIC,
+            f'{{"payment": "{biz_id}"}}'.encode(),
+            tags="captured",
+            keys=[biz_id],
+            user_properties={"bizId": biz_id},
+        )
         producer.send_message_in_transaction(message)
         sent[outcome] += 1
     services = [TransactionCheckService(broker) for broker in brokers]

@@ -340,8 +340,11 @@ def list_files(dt: DeltaTable) -> list[DataFile]:
 
 # the jobs that read the commit log incrementally: (table, application transaction id) of the
 # commit log version each has read
-INCREMENTAL_READERS = ((CONSUME_QUEUE, "rebuild_consume_queue"), (TRANSACTION_RECORDS, "resolve_transactions"),
-                       (RETRY_RECORDS, "route_dlq"))  # fmt: skip
+INCREMENTAL_READERS = (
+    (CONSUME_QUEUE, "rebuild_consume_queue"),
+    (TRANSACTION_RECORDS, "resolve_transactions"),
+    (RETRY_RECORDS, "route_dlq"),
+)
 
 
 def read_up_to(lake: Lake) -> int | None:
@@ -579,8 +582,13 @@ def run(spark: SparkSession, config: CompactConfig) -> JobRun:
         up_to = config.files_up_to_version if config.files_up_to_version is not None else read_up_to(lake)
         eligible = eligible_paths(table_dir, dt, up_to)
         job_run.input_versions = {COMMITLOG.name: dt.version()}
-        bins = plan_bins(list_files(dt), config.target_file_size, config.min_file_fraction, eligible,
-                         sealed_only=lake.engine != "bridge")  # fmt: skip
+        bins = plan_bins(
+            list_files(dt),
+            config.target_file_size,
+            config.min_file_fraction,
+            eligible,
+            sealed_only=lake.engine != "bridge",
+        )
         if bins and lake.engine == "bridge":
             compact_bridge(table_dir, bins, config.segments_per_commit, job_run.run_id, summary)
         elif bins:

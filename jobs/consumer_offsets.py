@@ -376,15 +376,25 @@ def iso_utc(epoch_ms: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``consumer_offsets``."""
-    parser = argparse.ArgumentParser(prog=JOB, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
-    parser.add_argument("--as-of", help="time T: epoch ms or ISO-8601 with a zone, e.g. 2026-11-22T02:00:00Z "
-                        "(default: now)")  # fmt: skip
-    parser.add_argument("--group", action="append", default=[],
-                        help="print only this group (repeatable); the table always holds every group")  # fmt: skip
-    parser.add_argument("--engine", choices=list(ENGINES), default="auto",
-                        help="lake engine (auto: delta-spark when its classes load, else the bridge)")  # fmt: skip
+    parser.add_argument(
+        "--as-of", help="time T: epoch ms or ISO-8601 with a zone, e.g. 2026-11-22T02:00:00Z (default: now)"
+    )
+    parser.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        help="print only this group (repeatable); the table always holds every group",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=list(ENGINES),
+        default="auto",
+        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
+    )
     return parser
 
 

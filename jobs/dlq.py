@@ -70,14 +70,30 @@ PROPERTY_DLQ_MSG_ID = "DLQ_MSG_ID"  # on a redriven message: offset message id o
 PROPERTY_REDRIVE_REQUEST_ID = "REDRIVE_REQUEST_ID"  # on a redriven message: the request that sent it
 # Properties of a dead letter that describe its send-back, delay or transaction path, not the
 # message; a redriven message is a fresh send, so they are left out (the broker sets CLUSTER).
-STRIPPED_PROPERTIES = frozenset({
-    c.PROPERTY_RETRY_TOPIC, c.PROPERTY_ORIGIN_MESSAGE_ID, c.PROPERTY_DELAY_TIME_LEVEL, c.PROPERTY_REAL_TOPIC,
-    c.PROPERTY_REAL_QUEUE_ID, c.PROPERTY_RECONSUME_TIME, c.PROPERTY_MAX_RECONSUME_TIMES,
-    c.PROPERTY_WAIT_STORE_MSG_OK, c.PROPERTY_CLUSTER, c.PROPERTY_CONSUME_START_TIMESTAMP, c.PROPERTY_MIN_OFFSET,
-    c.PROPERTY_MAX_OFFSET, c.PROPERTY_TRANSACTION_PREPARED, c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET,
-    c.PROPERTY_TRANSACTION_CHECK_TIMES, c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, c.PROPERTY_TRANSACTION_ID,
-    c.PROPERTY_TIMER_DELIVER_MS, c.PROPERTY_TIMER_DELAY_SEC, PROPERTY_ROUTED_BY,
-})  # fmt: skip
+STRIPPED_PROPERTIES = frozenset(
+    {
+        c.PROPERTY_RETRY_TOPIC,
+        c.PROPERTY_ORIGIN_MESSAGE_ID,
+        c.PROPERTY_DELAY_TIME_LEVEL,
+        c.PROPERTY_REAL_TOPIC,
+        c.PROPERTY_REAL_QUEUE_ID,
+        c.PROPERTY_RECONSUME_TIME,
+        c.PROPERTY_MAX_RECONSUME_TIMES,
+        c.PROPERTY_WAIT_STORE_MSG_OK,
+        c.PROPERTY_CLUSTER,
+        c.PROPERTY_CONSUME_START_TIMESTAMP,
+        c.PROPERTY_MIN_OFFSET,
+        c.PROPERTY_MAX_OFFSET,
+        c.PROPERTY_TRANSACTION_PREPARED,
+        c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET,
+        c.PROPERTY_TRANSACTION_CHECK_TIMES,
+        c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+        c.PROPERTY_TRANSACTION_ID,
+        c.PROPERTY_TIMER_DELIVER_MS,
+        c.PROPERTY_TIMER_DELAY_SEC,
+        PROPERTY_ROUTED_BY,
+    }
+)
 PENDING, SENT = "PENDING", "SENT"  # dlq_redrives states
 SEND, SKIP, CHECK = "SEND", "SKIP", "CHECK"  # dry-run actions: new, already SENT, PENDING to look for
 SENT_NOW, SKIPPED, RECOVERED = "SENT", "SKIPPED", "RECOVERED"  # outcomes of an executed redrive
@@ -193,8 +209,19 @@ def summary(df: DataFrame, as_of: Instant | None = None) -> DataFrame:
         ValidationError: a bad ``as_of``, or ``df`` lacks a ``dlq`` column.
     """
     moment = time.time_ns() // 1_000_000 if as_of is None else _instant(as_of, "as_of")
-    missing = [name for name in ("group", "origin_topic", "reason", "dlq_timestamp", "attempts",
-                                 "first_failure_timestamp", "redrive_state") if name not in df.columns]  # fmt: skip
+    missing = [
+        name
+        for name in (
+            "group",
+            "origin_topic",
+            "reason",
+            "dlq_timestamp",
+            "attempts",
+            "first_failure_timestamp",
+            "redrive_state",
+        )
+        if name not in df.columns
+    ]
     if missing:
         raise ValidationError("df", missing, "these dlq columns are missing", "pass rows of dlq.load(spark)")
     return build_summary(df, moment)
@@ -219,12 +246,23 @@ def build_summary(dlq_df: DataFrame, as_of: int) -> DataFrame:
         .agg(
             F.count(F.lit(1)).alias("dead_letters"),
             F.count_if(F.coalesce(F.col("redrive_state").startswith(SENT + " "), F.lit(False))).alias("redriven"),
-            F.min("_died").alias("oldest_timestamp"), F.max("_died").alias("newest_timestamp"), *buckets,
+            F.min("_died").alias("oldest_timestamp"),
+            F.max("_died").alias("newest_timestamp"),
+            *buckets,
         )
-        .select("group", "origin_topic", "reason", "dead_letters", "redriven", "oldest_timestamp", "newest_timestamp",
-                *[name for name, _, _ in AGE_BUCKETS], F.lit(as_of).cast("long").alias("as_of"))
+        .select(
+            "group",
+            "origin_topic",
+            "reason",
+            "dead_letters",
+            "redriven",
+            "oldest_timestamp",
+            "newest_timestamp",
+            *[name for name, _, _ in AGE_BUCKETS],
+            F.lit(as_of).cast("long").alias("as_of"),
+        )
         .orderBy("group", "origin_topic", "reason")
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,12 +287,20 @@ def show(
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         raise ValidationError("max_body_bytes", max_body_bytes, "must be an int >= 1")
     lake_ = _lake(spark, lake)
-    rows = [r.asDict(recursive=True) for r in _read_dlq(lake_)
-            .where((F.col("msg_id") == F.lit(wanted)) | (F.col("uniq_key") == F.lit(wanted)))
-            .orderBy("broker_name", "msg_id", "group").collect()]  # fmt: skip
+    rows = [
+        r.asDict(recursive=True)
+        for r in _read_dlq(lake_)
+        .where((F.col("msg_id") == F.lit(wanted)) | (F.col("uniq_key") == F.lit(wanted)))
+        .orderBy("broker_name", "msg_id", "group")
+        .collect()
+    ]
     if not rows:
-        raise ValidationError("msg_id", msg_id, f"is no dead letter's msg_id or uniq_key in lake {str(lake_.root)!r}",
-                              "list them with dlq.load(spark)")  # fmt: skip
+        raise ValidationError(
+            "msg_id",
+            msg_id,
+            f"is no dead letter's msg_id or uniq_key in lake {str(lake_.root)!r}",
+            "list them with dlq.load(spark)",
+        )
     redrives = _redrive_rows(lake_, [(r["broker_name"], r["msg_id"]) for r in rows])
     for index, row in enumerate(rows):
         stored = _stored_flags(lake_, row["broker_name"], row["msg_id"])
@@ -275,14 +321,22 @@ def format_dead_letter(
     properties = dict(row["properties"] or {})
     flag, sys_flag = stored if stored is not None else (None, 0)
     fields = [
-        ("msg_id", row["msg_id"]), ("broker_name", row["broker_name"]), ("group", row["group"]),
-        ("origin_topic", row["origin_topic"]), ("origin_msg_id", row["origin_msg_id"]), ("uniq_key", row["uniq_key"]),
-        ("keys", properties.get(c.PROPERTY_KEYS)), ("tags", properties.get(c.PROPERTY_TAGS)),
-        ("reason", row["reason"]), ("reconsume_times", row["reconsume_times"]),
-        ("first_failure", _time(row["first_failure_timestamp"])), ("dlq_time", _time(row["dlq_timestamp"])),
-        ("flag", flag), ("sys_flag", sys_flag if stored is not None else None),
+        ("msg_id", row["msg_id"]),
+        ("broker_name", row["broker_name"]),
+        ("group", row["group"]),
+        ("origin_topic", row["origin_topic"]),
+        ("origin_msg_id", row["origin_msg_id"]),
+        ("uniq_key", row["uniq_key"]),
+        ("keys", properties.get(c.PROPERTY_KEYS)),
+        ("tags", properties.get(c.PROPERTY_TAGS)),
+        ("reason", row["reason"]),
+        ("reconsume_times", row["reconsume_times"]),
+        ("first_failure", _time(row["first_failure_timestamp"])),
+        ("dlq_time", _time(row["dlq_timestamp"])),
+        ("flag", flag),
+        ("sys_flag", sys_flag if stored is not None else None),
         ("redrive_state", row["redrive_state"]),
-    ]  # fmt: skip
+    ]
     lines = [f"dead letter {row['msg_id']}"]
     lines += _table([(f"  {name}", "-" if value is None else str(value)) for name, value in fields])
     lines.append(f"properties ({len(properties)})")
@@ -291,10 +345,13 @@ def format_dead_letter(
     lines += format_history(row)
     if redrives:
         lines.append(f"redrives ({len(redrives)})")
-        lines += _table([("  #Time", "#Request", "#State", "#New Msg Id")] + [
-            (f"  {_time(r['updated_timestamp'])}", r["request_id"], r["state"], r["new_msg_id"] or "-")
-            for r in sorted(redrives, key=lambda r: (r["updated_timestamp"], r["state"], r["request_id"]))
-        ])  # fmt: skip
+        lines += _table(
+            [("  #Time", "#Request", "#State", "#New Msg Id")]
+            + [
+                (f"  {_time(r['updated_timestamp'])}", r["request_id"], r["state"], r["new_msg_id"] or "-")
+                for r in sorted(redrives, key=lambda r: (r["updated_timestamp"], r["state"], r["request_id"]))
+            ]
+        )
     return lines
 
 
@@ -429,8 +486,12 @@ def redrive(
             since ``route_dlq``) also stops the run before anything is written.
     """
     if not isinstance(request_id, str) or not _REQUEST_ID.match(request_id):
-        raise ValidationError("request_id", request_id, "must be 1-128 letters, digits or ._:@/- (not first)",
-                              "name the request, e.g. 'fix-1234'")  # fmt: skip
+        raise ValidationError(
+            "request_id",
+            request_id,
+            "must be 1-128 letters, digits or ._:@/- (not first)",
+            "name the request, e.g. 'fix-1234'",
+        )
     keys = _selected_keys(selection)
     lake_ = _lake(spark, lake)
     chosen = _resolve(lake_, keys)
@@ -454,8 +515,10 @@ def format_plan(request_id: str, rows: Sequence[Mapping[str, Any]], executed: bo
     figures = ", ".join(f"{action} {counts.get(action, 0)}" for action in order)
     head = f"redrive {request_id!r} {'executed' if executed else 'dry run'}: {len(rows)} dead letter(s): {figures}"
     header = ("#Action", "#Broker", "#Msg Id", "#Group", "#Target Topic", "#New Msg Id")
-    shown = [(r["action"], r["broker_name"], r["msg_id"], r["group"], r["target_topic"], r["new_msg_id"] or "-")
-             for r in rows[:PLAN_LINES]]  # fmt: skip
+    shown = [
+        (r["action"], r["broker_name"], r["msg_id"], r["group"], r["target_topic"], r["new_msg_id"] or "-")
+        for r in rows[:PLAN_LINES]
+    ]
     lines = [head, *_table([header, *shown])]
     if len(rows) > PLAN_LINES:
         lines.append(f"... {len(rows) - PLAN_LINES} more (the returned DataFrame has them all)")
@@ -480,8 +543,10 @@ def _selected_keys(selection: DataFrame | Sequence[str] | str) -> list[tuple[str
                 "selection", selection.columns, "has no msg_id column", "pass rows of dlq.load(spark)"
             )
         columns = ["broker_name", "msg_id"] if "broker_name" in selection.columns else ["msg_id"]
-        pairs = [(r["broker_name"] if len(columns) == 2 else None, r["msg_id"])
-                 for r in selection.select(*columns).distinct().collect()]  # fmt: skip
+        pairs = [
+            (r["broker_name"] if len(columns) == 2 else None, r["msg_id"])
+            for r in selection.select(*columns).distinct().collect()
+        ]
     elif isinstance(selection, str):
         pairs = [(None, selection)]
     elif isinstance(selection, Iterable):
@@ -502,22 +567,38 @@ def _resolve(lake: Lake, keys: Sequence[tuple[str | None, str]]) -> list[_Item]:
     """
     ids = sorted({msg_id for _, msg_id in keys})
     found: dict[str, list[dict[str, Any]]] = {}
-    for row in (_read_dlq(lake).where(F.col("msg_id").isin(ids))
-                .select("broker_name", "msg_id", "group", "origin_topic", "reason").collect()):  # fmt: skip
+    for row in (
+        _read_dlq(lake)
+        .where(F.col("msg_id").isin(ids))
+        .select("broker_name", "msg_id", "group", "origin_topic", "reason")
+        .collect()
+    ):
         found.setdefault(row["msg_id"], []).append(row.asDict())
     unknown = [msg_id for broker, msg_id in keys if not _matching(found.get(msg_id, []), broker)]
     if unknown:
-        raise ValidationError("selection", unknown[:10], f"{len(unknown)} id(s) are no dead letter of lake "
-                              f"{str(lake.root)!r}", "choose rows of dlq.load(spark)")  # fmt: skip
+        raise ValidationError(
+            "selection",
+            unknown[:10],
+            f"{len(unknown)} id(s) are no dead letter of lake {str(lake.root)!r}",
+            "choose rows of dlq.load(spark)",
+        )
     ambiguous = [msg_id for broker, msg_id in keys if len(_matching(found[msg_id], broker)) > 1]
     if ambiguous:
-        raise ValidationError("selection", ambiguous[:10], "each names dead letters on several brokers",
-                              "pass dlq rows (with broker_name) instead of bare ids")  # fmt: skip
+        raise ValidationError(
+            "selection",
+            ambiguous[:10],
+            "each names dead letters on several brokers",
+            "pass dlq rows (with broker_name) instead of bare ids",
+        )
     rows = [_matching(found[msg_id], broker)[0] for broker, msg_id in keys]
     waiting = [r["msg_id"] for r in rows if r["reason"] == POLICY_NOT_WRITTEN]
     if waiting:
-        raise ValidationError("selection", waiting[:10], f"{len(waiting)} are {POLICY_NOT_WRITTEN}: retry records, "
-                              "not dead letters yet", "run route_dlq --execute first, or leave them out")  # fmt: skip
+        raise ValidationError(
+            "selection",
+            waiting[:10],
+            f"{len(waiting)} are {POLICY_NOT_WRITTEN}: retry records, not dead letters yet",
+            "run route_dlq --execute first, or leave them out",
+        )
     orphans = [r["msg_id"] for r in rows if not r["origin_topic"]]
     if orphans:
         raise ValidationError("selection", orphans[:10], "have no origin_topic to send to", "leave them out")
@@ -532,13 +613,16 @@ def _ledger(lake: Lake, request_id: str, items: Sequence[_Item]) -> dict[tuple[s
     """Latest ``dlq_redrives`` row of ``request_id`` per (broker_name, msg_id) of ``items``."""
     if not lake.exists(DLQ_REDRIVES):
         return {}
-    latest = F.max_by(F.struct("state", "updated_timestamp", "new_broker_name", "new_msg_id"),
-                      F.struct("updated_timestamp", "state")).alias("latest")  # fmt: skip
+    latest = F.max_by(
+        F.struct("state", "updated_timestamp", "new_broker_name", "new_msg_id"), F.struct("updated_timestamp", "state")
+    ).alias("latest")
     rows = (
         lake.read(DLQ_REDRIVES)
         .where((F.col("request_id") == F.lit(request_id)) & F.col("msg_id").isin(sorted({i.msg_id for i in items})))
-        .groupBy("broker_name", "msg_id").agg(latest).collect()
-    )  # fmt: skip
+        .groupBy("broker_name", "msg_id")
+        .agg(latest)
+        .collect()
+    )
     return {(r["broker_name"], r["msg_id"]): r["latest"].asDict() for r in rows}
 
 
@@ -546,8 +630,16 @@ def _with_ledger(item: _Item, ledger: Mapping[tuple[str, str], Mapping[str, Any]
     row = ledger.get((item.broker_name, item.msg_id))
     if row is None:
         return item
-    return _Item(item.broker_name, item.msg_id, item.group, item.target_topic, row["state"],
-                 row["updated_timestamp"], row["new_broker_name"], row["new_msg_id"])  # fmt: skip
+    return _Item(
+        item.broker_name,
+        item.msg_id,
+        item.group,
+        item.target_topic,
+        row["state"],
+        row["updated_timestamp"],
+        row["new_broker_name"],
+        row["new_msg_id"],
+    )
 
 
 def _dry_run_action(item: _Item) -> str:
@@ -555,9 +647,16 @@ def _dry_run_action(item: _Item) -> str:
 
 
 def _result_row(request_id: str, item: _Item, action: str) -> dict[str, Any]:
-    return {"request_id": request_id, "broker_name": item.broker_name, "msg_id": item.msg_id, "group": item.group,
-            "target_topic": item.target_topic, "action": action, "new_broker_name": item.new_broker_name,
-            "new_msg_id": item.new_msg_id}  # fmt: skip
+    return {
+        "request_id": request_id,
+        "broker_name": item.broker_name,
+        "msg_id": item.msg_id,
+        "group": item.group,
+        "target_topic": item.target_topic,
+        "action": action,
+        "new_broker_name": item.new_broker_name,
+        "new_msg_id": item.new_msg_id,
+    }
 
 
 def _execute(
@@ -580,9 +679,15 @@ def _execute(
                 result = producers[item.broker_name].send(message)
                 new_broker = result.message_queue.broker_name
                 outcome[(item.broker_name, item.msg_id)] = _Item(
-                    item.broker_name, item.msg_id, item.group, item.target_topic, SENT, None, new_broker,
+                    item.broker_name,
+                    item.msg_id,
+                    item.group,
+                    item.target_topic,
+                    SENT,
+                    None,
+                    new_broker,
                     result.offset_msg_id,
-                )  # fmt: skip
+                )
                 if on_sent is not None:
                     on_sent(Redriven(request_id, item.broker_name, item.msg_id, new_broker, result.offset_msg_id))
         finally:
@@ -617,8 +722,10 @@ def _start_brokers(lake: Lake, names: Sequence[str]) -> dict[str, Broker]:
             try:
                 started[name] = Broker(config).start()
             except BrokerError as err:
-                raise LakeError(f"cannot redrive through broker {name!r}: {err}; stop that broker and redrive again "
-                                "(nothing was written)") from err  # fmt: skip
+                raise LakeError(
+                    f"cannot redrive through broker {name!r}: {err}; stop that broker and redrive again "
+                    "(nothing was written)"
+                ) from err
     except BaseException:
         for broker in started.values():
             broker.shutdown()
@@ -655,8 +762,9 @@ def _find_redriven(
             if message.properties.get(PROPERTY_REDRIVE_REQUEST_ID) != request_id or dead not in wanted:
                 continue
             item = wanted.pop(dead)
-            found[(broker_name, dead)] = _Item(item.broker_name, item.msg_id, item.group, item.target_topic, SENT,
-                                               None, broker_name, message.msg_id)  # fmt: skip
+            found[(broker_name, dead)] = _Item(
+                item.broker_name, item.msg_id, item.group, item.target_topic, SENT, None, broker_name, message.msg_id
+            )
     return found
 
 
@@ -679,8 +787,10 @@ def _redrive_message(store: MessageStore, item: _Item, request_id: str) -> Messa
     """
     dead = _dead_letter(store, c.DLQ_GROUP_TOPIC_PREFIX + item.group, decode_msg_id(item.msg_id)[1])
     if dead is None or dead.msg_id != item.msg_id:
-        raise LakeError(f"dead letter {item.msg_id} is not in {c.DLQ_GROUP_TOPIC_PREFIX + item.group} on broker "
-                        f"{item.broker_name!r}; run route_dlq and choose again (nothing was written)")  # fmt: skip
+        raise LakeError(
+            f"dead letter {item.msg_id} is not in {c.DLQ_GROUP_TOPIC_PREFIX + item.group} on broker "
+            f"{item.broker_name!r}; run route_dlq and choose again (nothing was written)"
+        )
     properties = {k: v for k, v in dead.properties.items() if k not in STRIPPED_PROPERTIES}
     properties[PROPERTY_DLQ_MSG_ID] = item.msg_id
     properties[PROPERTY_REDRIVE_REQUEST_ID] = request_id
@@ -710,13 +820,20 @@ def _append_ledger(lake: Lake, request_id: str, entries: Sequence[tuple[_Item, s
     now = time.time_ns() // 1_000_000
     operator = f"{getpass.getuser()}@{socket.gethostname()}"
     rows = [
-        {"request_id": request_id, "broker_name": item.broker_name, "msg_id": item.msg_id, "group": item.group,
-         "target_topic": item.target_topic, "state": state,
-         "new_msg_id": item.new_msg_id if state == SENT else None,
-         "new_broker_name": item.new_broker_name if state == SENT else None,
-         "updated_timestamp": now, "operator": operator}
+        {
+            "request_id": request_id,
+            "broker_name": item.broker_name,
+            "msg_id": item.msg_id,
+            "group": item.group,
+            "target_topic": item.target_topic,
+            "state": state,
+            "new_msg_id": item.new_msg_id if state == SENT else None,
+            "new_broker_name": item.new_broker_name if state == SENT else None,
+            "updated_timestamp": now,
+            "operator": operator,
+        }
         for item, state in entries
-    ]  # fmt: skip
+    ]
     if lake.append(DLQ_REDRIVES, lake.spark.createDataFrame(rows, spark_schema(DLQ_REDRIVES))) is None:
         raise LakeError("the dlq_redrives commit was skipped; run the redrive again")
 
@@ -732,8 +849,9 @@ def _lake(spark: SparkSession, lake: str | Path | None) -> Lake:
 
 def _read_dlq(lake: Lake) -> DataFrame:
     if not lake.exists(DLQ):
-        raise LakeError(f"lake {str(lake.root)!r} has no dlq table; build it with: "
-                        f"python -m jobs route_dlq --lake {lake.root}")  # fmt: skip
+        raise LakeError(
+            f"lake {str(lake.root)!r} has no dlq table; build it with: python -m jobs route_dlq --lake {lake.root}"
+        )
     return lake.read(DLQ)
 
 
@@ -751,8 +869,9 @@ def _stored_flags(lake: Lake, broker_name: str, msg_id: str) -> tuple[int, int] 
     partition values and the files' offset statistics leave a file or two to open, where a
     Spark scan would list every file of the segment.
     """
-    brokers = read_table(lake.root, BROKERS, ["broker_name", "segment_size", "started_timestamp"],
-                         [("broker_name", "=", broker_name)]).to_pylist()  # fmt: skip
+    brokers = read_table(
+        lake.root, BROKERS, ["broker_name", "segment_size", "started_timestamp"], [("broker_name", "=", broker_name)]
+    ).to_pylist()
     offset = decode_msg_id(msg_id)[1]
     filters: list[tuple[str, str, Any]] = [("broker_name", "=", broker_name), ("commit_log_offset", "=", offset)]
     if brokers:
@@ -783,8 +902,12 @@ def _instant(value: Instant, field: str) -> int:
 
 def _hex_id(value: object, field: str) -> str:
     if not isinstance(value, str) or not _HEX_ID.match(value.strip()):
-        raise ValidationError(field, value, "is not a message id (32 or 56 hex characters)",
-                              "copy msg_id or uniq_key from dlq.load(spark)")  # fmt: skip
+        raise ValidationError(
+            field,
+            value,
+            "is not a message id (32 or 56 hex characters)",
+            "copy msg_id or uniq_key from dlq.load(spark)",
+        )
     return value.strip().upper()
 
 

@@ -25,13 +25,26 @@ from schemas.catalog import CONSUME_QUEUE
 
 # the columns of the new rows the driver path reads
 DRIVER_COLUMNS = (
-    "broker_name", "segment", "topic", "queue_id", "queue_offset", "commit_log_offset", "store_size", "sys_flag",
-    "tags", "magic_code", "body_crc", "body", "raw_properties", "store_timestamp",
-)  # fmt: skip
+    "broker_name",
+    "segment",
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "commit_log_offset",
+    "store_size",
+    "sys_flag",
+    "tags",
+    "magic_code",
+    "body_crc",
+    "body",
+    "raw_properties",
+    "store_timestamp",
+)
 _FIXED_RECORD_LENGTH = 91  # calMsgLength with IPv4 hosts and magic v1, without body, topic and properties
 _IPV6_HOST_EXTRA = 12
-_DELAY = re.compile(f"(?:^|{c.PROPERTY_SEPARATOR}){c.PROPERTY_DELAY_TIME_LEVEL}{c.NAME_VALUE_SEPARATOR}"
-                    f"([^{c.PROPERTY_SEPARATOR}]+)")  # fmt: skip
+_DELAY = re.compile(
+    f"(?:^|{c.PROPERTY_SEPARATOR}){c.PROPERTY_DELAY_TIME_LEVEL}{c.NAME_VALUE_SEPARATOR}([^{c.PROPERTY_SEPARATOR}]+)"
+)
 _PLAIN_INT = re.compile(r"[+-]?[0-9]+")
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -53,11 +66,14 @@ def has_record_problem(rows: pa.Table, segment_sizes: Mapping[str, int]) -> bool
     if not np.all((magic == c.MAGIC_CODE_V1) | (magic == c.MAGIC_CODE_V2)):
         return True
     length = (
-        _FIXED_RECORD_LENGTH + _ints(pc.binary_length(rows["body"])) + _ints(pc.binary_length(rows["topic"]))
-        + _ints(pc.binary_length(rows["raw_properties"])) + (magic == c.MAGIC_CODE_V2)
+        _FIXED_RECORD_LENGTH
+        + _ints(pc.binary_length(rows["body"]))
+        + _ints(pc.binary_length(rows["topic"]))
+        + _ints(pc.binary_length(rows["raw_properties"]))
+        + (magic == c.MAGIC_CODE_V2)
         + _IPV6_HOST_EXTRA * ((sys_flag & c.BORNHOST_V6_FLAG) != 0)
         + _IPV6_HOST_EXTRA * ((sys_flag & c.STOREHOSTADDRESS_V6_FLAG) != 0)
-    )  # fmt: skip
+    )
     offset, size, segment = (_ints(rows[n]) for n in ("commit_log_offset", "store_size", "segment"))
     if np.any(length != size):
         return True
@@ -86,8 +102,15 @@ def consume_queue_units(rows: pa.Table) -> pa.Table:
             codes[i] = units["store_timestamp"][i].as_py() + c.DELAY_LEVEL_MILLIS[min(level, c.MAX_DELAY_LEVEL) - 1]
     table = units.select([n for n in CONSUME_QUEUE.column_names if n != "tags_code"])
     table = table.append_column("tags_code", pa.array(codes, pa.int64()))
-    ordered = table.sort_by([("topic", "ascending"), ("broker_name", "ascending"), ("queue_id", "ascending"),
-                             ("queue_offset", "ascending"), ("commit_log_offset", "ascending")])  # fmt: skip
+    ordered = table.sort_by(
+        [
+            ("topic", "ascending"),
+            ("broker_name", "ascending"),
+            ("queue_id", "ascending"),
+            ("queue_offset", "ascending"),
+            ("commit_log_offset", "ascending"),
+        ]
+    )
     return ordered.select(CONSUME_QUEUE.column_names).cast(CONSUME_QUEUE.arrow_schema)
 
 

@@ -298,8 +298,13 @@ class Lake:
         if txn is not None and _already_committed(dt, txn):
             return None
         properties = CommitProperties(app_transactions=[txn]) if txn is not None else None
-        write_deltalake(path, conformed, mode="overwrite" if mode == "overwrite" else "append",
-                        partition_by=list(spec.partition_by) or None, commit_properties=properties)  # fmt: skip
+        write_deltalake(
+            path,
+            conformed,
+            mode="overwrite" if mode == "overwrite" else "append",
+            partition_by=list(spec.partition_by) or None,
+            commit_properties=properties,
+        )
         return open_table(path).version()
 
     def version(self, name_or_spec: str | TableSpec) -> int | None:
@@ -901,8 +906,9 @@ def _file_tables(
     filters = [(column, "=", value) for column, value in (equal or {}).items()] or None
     read_dictionary = [c for c in dictionaries if c in data_columns] or None
     for i, path in enumerate(files.column("path").to_pylist()):
-        part = pq.read_table(file_location(table_dir, path), columns=data_columns, filters=filters,
-                             read_dictionary=read_dictionary)  # fmt: skip
+        part = pq.read_table(
+            file_location(table_dir, path), columns=data_columns, filters=filters, read_dictionary=read_dictionary
+        )
         for column in (c for c in columns if c in spec.partition_by):
             value = files.column(f"partition.{column}")[i]
             if column in dictionaries:

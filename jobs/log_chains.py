@@ -110,9 +110,10 @@ class Chains:
     def suspect_brokers(self) -> list[str]:
         """The brokers whose records might not each lead to the next."""
         return sorted(
-            broker for broker, runs in self.logs.items()
+            broker
+            for broker, runs in self.logs.items()
             if not _log_chain_holds(runs, self.segment_sizes.get(broker, c.DEFAULT_SEGMENT_SIZE))
-        )  # fmt: skip
+        )
 
     def queue_tails(self) -> dict[QueueKey, tuple[int, int]]:
         """Per queue, its greatest ``(queue_offset, commit_log_offset)`` unit."""

@@ -51,8 +51,14 @@ from schemas.catalog import (
 )
 
 JOB = "nightly"
-STEPS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq",
-         "report")  # fmt: skip
+STEPS = (
+    "compact_commitlog",
+    "rebuild_consume_queue",
+    "consumer_offsets",
+    "resolve_transactions",
+    "route_dlq",
+    "report",
+)
 # the newest time of each input's rows, read from the Delta log's per-file statistics
 DATA_TIMES: tuple[tuple[TableSpec, str], ...] = (
     (COMMITLOG, "store_timestamp"),
@@ -106,9 +112,10 @@ def build_broker_summary(commitlog_df: DataFrame) -> DataFrame:
             F.min("store_timestamp").alias("first_store_timestamp"),
             F.max("store_timestamp").alias("last_store_timestamp"),
         )
-        .select("broker_name", "messages", "bytes", "segments", "topics",
-                "first_store_timestamp", "last_store_timestamp")
-    )  # fmt: skip
+        .select(
+            "broker_name", "messages", "bytes", "segments", "topics", "first_store_timestamp", "last_store_timestamp"
+        )
+    )
 
 
 def build_topic_summary(commitlog_df: DataFrame) -> DataFrame:
@@ -154,8 +161,14 @@ def run(spark: SparkSession, config: NightlyConfig) -> JobRun:
     if not lake.exists(COMMITLOG) or lake.read(COMMITLOG).limit(1).count() == 0:
         from broker_model.workload import run_workload
 
-        report = run_workload(config.lake, config.demo_messages, config.seed, consumers=True,
-                              transactions=config.demo_transactions, retries=True)  # fmt: skip
+        report = run_workload(
+            config.lake,
+            config.demo_messages,
+            config.seed,
+            consumers=True,
+            transactions=config.demo_transactions,
+            retries=True,
+        )
         print(f"empty lake: wrote a demo workload, {report.summary()}")
     as_of = config.as_of if config.as_of is not None else data_time(lake) or time.time_ns() // 1_000_000
     print(f"{JOB}: lake {config.lake} (engine {lake.engine}), as of {iso_utc(as_of)} ({as_of})")
@@ -224,15 +237,18 @@ def _report(spark: SparkSession, config: NightlyConfig, as_of: int) -> JobRun:
 
 
 _STEP_RUNNERS: dict[str, Callable[[SparkSession, NightlyConfig, int], JobRun]] = {
-    "compact_commitlog": _compact, "rebuild_consume_queue": _rebuild, "consumer_offsets": _offsets,
-    "resolve_transactions": _transactions, "route_dlq": _dlq, "report": _report,
-}  # fmt: skip
+    "compact_commitlog": _compact,
+    "rebuild_consume_queue": _rebuild,
+    "consumer_offsets": _offsets,
+    "resolve_transactions": _transactions,
+    "route_dlq": _dlq,
+    "report": _report,
+}
 
 
 def _print_steps(done: Sequence[tuple[str, JobRun]]) -> None:
     rows = [("#Step", "#Status", "#Seconds", "#Figures")]
-    rows += [(step, run.status, f"{(run.duration_ms or 0) / 1000:.1f}", _figures(run.row_counts))
-             for step, run in done]  # fmt: skip
+    rows += [(step, run.status, f"{(run.duration_ms or 0) / 1000:.1f}", _figures(run.row_counts)) for step, run in done]
     print(f"{JOB} steps")
     print("\n".join("  " + line for line in text_table(rows)))
 
@@ -255,18 +271,26 @@ def _print_frame(title: str, df: DataFrame) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``nightly``."""
-    parser = argparse.ArgumentParser(prog=JOB, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
-    parser.add_argument("--as-of", help="T for every step: epoch ms or ISO-8601 with a zone (default: the time "
-                        "of the lake's latest data)")  # fmt: skip
+    parser.add_argument(
+        "--as-of",
+        help="T for every step: epoch ms or ISO-8601 with a zone (default: the time of the lake's latest data)",
+    )
     parser.add_argument("--out", help="directory of the report (default: <lake>/../reports/<UTC date of T>)")
-    parser.add_argument("--demo-messages", type=int, default=20_000,
-                        help="messages of the demo workload written into an empty lake")  # fmt: skip
+    parser.add_argument(
+        "--demo-messages", type=int, default=20_000, help="messages of the demo workload written into an empty lake"
+    )
     parser.add_argument("--demo-transactions", type=int, default=300, help="transactions of the demo workload")
     parser.add_argument("--seed", type=int, default=1, help="seed of the demo workload")
-    parser.add_argument("--engine", choices=list(ENGINES), default="auto",
-                        help="lake engine (auto: delta-spark when its classes load, else the bridge)")  # fmt: skip
+    parser.add_argument(
+        "--engine",
+        choices=list(ENGINES),
+        default="auto",
+        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
+    )
     return parser
 
 
@@ -279,8 +303,9 @@ def build_config(argv: Sequence[str] | None = None) -> NightlyConfig:
     args = build_parser().parse_args(argv)
     as_of = parse_instant(args.as_of, "--as-of") if args.as_of is not None else None
     out = Path(args.out) if args.out else None
-    return NightlyConfig(Path(args.lake), as_of, args.demo_messages, args.demo_transactions, args.seed, out,
-                         args.engine)  # fmt: skip
+    return NightlyConfig(
+        Path(args.lake), as_of, args.demo_messages, args.demo_transactions, args.seed, out, args.engine
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

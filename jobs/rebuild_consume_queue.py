@@ -80,8 +80,13 @@ JOB = "rebuild_consume_queue"
 APP_ID = JOB  # the Delta application transaction id; its version is the commit log version processed
 
 PROBLEMS = (
-    "GAP", "DUPLICATE_QUEUE_OFFSET", "NON_MONOTONIC_OFFSET", "CRC_MISMATCH", "SIZE_MISMATCH", "BEYOND_SEGMENT",
-)  # fmt: skip
+    "GAP",
+    "DUPLICATE_QUEUE_OFFSET",
+    "NON_MONOTONIC_OFFSET",
+    "CRC_MISMATCH",
+    "SIZE_MISMATCH",
+    "BEYOND_SEGMENT",
+)
 
 _UINT32 = 1 << 32  # Java int arithmetic is modulo 2^32
 _INT_SIGN = 1 << 31
@@ -101,10 +106,22 @@ DRIVER_INCREMENT_BYTES = 256 << 20
 # partition column of consume_queue, and the write needs no sort of its own
 _QUEUE_PARTITION = ("topic", "broker_name", "queue_id")
 CHECKED_COLUMNS = (
-    "broker_name", "segment", "topic", "queue_id", "queue_offset", "commit_log_offset", "store_size",
-    "magic_code", "body_crc", "sys_flag", "store_timestamp", "tags", "delay_level", "computed_body_crc",
+    "broker_name",
+    "segment",
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "commit_log_offset",
+    "store_size",
+    "magic_code",
+    "body_crc",
+    "sys_flag",
+    "store_timestamp",
+    "tags",
+    "delay_level",
+    "computed_body_crc",
     "computed_store_size",
-)  # fmt: skip
+)
 
 Check = tuple[str, Column, Column, bool]  # problem, condition, detail, whether the finding names a queue unit
 
@@ -176,11 +193,12 @@ def with_tags_code(records_df: DataFrame, tags_df: DataFrame | None = None) -> D
     tags of ``records_df`` are used; a tags value missing from ``tags_df`` gets code 0.
     """
     codes_df = (
-        (records_df if tags_df is None else tags_df).select(F.col("tags").alias("_tags"))
+        (records_df if tags_df is None else tags_df)
+        .select(F.col("tags").alias("_tags"))
         .where(F.length("_tags") > 0)
         .distinct()
         .select("_tags", java_string_hash(F.col("_tags")).alias("_tags_hash"))
-    )  # fmt: skip
+    )
     coded_df = records_df.join(F.broadcast(codes_df), F.col("tags") == F.col("_tags"), how="left")
     raw_level = F.col("delay_level")
     level = F.when(raw_level > c.MAX_DELAY_LEVEL, F.lit(c.MAX_DELAY_LEVEL)).otherwise(raw_level)
@@ -228,10 +246,12 @@ def with_record_checks(commitlog_df: DataFrame) -> DataFrame:
     sys_flag = F.col("sys_flag")
     magic = F.col("magic_code")
     ipv6_bytes = sum(
-        (F.when(sys_flag.bitwiseAND(bit) != 0, _IPV6_HOST_EXTRA).otherwise(0)
-         for bit in (c.BORNHOST_V6_FLAG, c.STOREHOSTADDRESS_V6_FLAG)),
+        (
+            F.when(sys_flag.bitwiseAND(bit) != 0, _IPV6_HOST_EXTRA).otherwise(0)
+            for bit in (c.BORNHOST_V6_FLAG, c.STOREHOSTADDRESS_V6_FLAG)
+        ),
         F.lit(0),
-    )  # fmt: skip
+    )
     topic_length_bytes = F.when(magic == c.MAGIC_CODE_V1, 0).when(magic == c.MAGIC_CODE_V2, 1)
     variable = F.length("body") + F.octet_length("topic") + F.length("raw_properties")
     size = F.lit(_FIXED_RECORD_LENGTH).cast("long") + variable.cast("long") + ipv6_bytes + topic_length_bytes
@@ -269,22 +289,54 @@ def record_checks() -> list[Check]:
     base = offset - offset % segment_size
     end = offset + size
     return [
-        ("CRC_MISMATCH", F.col("computed_body_crc") != F.col("body_crc"),
-         F.format_string("body_crc %d, but the body's CRC-32 & 0x7FFFFFFF is %d", "body_crc", "computed_body_crc"),
-         False),
-        ("SIZE_MISMATCH", computed_size.isNull(),
-         F.format_string(f"magic_code %d is neither v1 ({c.MAGIC_CODE_V1}) nor v2 ({c.MAGIC_CODE_V2}): "
-                         "the record length cannot be checked", "magic_code"), False),
-        ("SIZE_MISMATCH", computed_size != size,
-         F.format_string("store_size %d, but RocketMQ's length of this body, topic and properties is %d",
-                         size, computed_size), False),
-        ("BEYOND_SEGMENT", segment != base,
-         F.format_string("segment %d, but offset %d lies in the segment at %d (segments of %d bytes)",
-                         segment, offset, base, segment_size), False),
-        ("BEYOND_SEGMENT", end + c.END_FILE_MIN_BLANK_LENGTH > segment + segment_size,
-         F.format_string("the record ends at %d, leaving less than the 8-byte blank before the end of "
-                         "segment %d at %d", end, segment, segment + segment_size), False),
-    ]  # fmt: skip
+        (
+            "CRC_MISMATCH",
+            F.col("computed_body_crc") != F.col("body_crc"),
+            F.format_string("body_crc %d, but the body's CRC-32 & 0x7FFFFFFF is %d", "body_crc", "computed_body_crc"),
+            False,
+        ),
+        (
+            "SIZE_MISMATCH",
+            computed_size.isNull(),
+            F.format_string(
+                f"magic_code %d is neither v1 ({c.MAGIC_CODE_V1}) nor v2 ({c.MAGIC_CODE_V2}): "
+                "the record length cannot be checked",
+                "magic_code",
+            ),
+            False,
+        ),
+        (
+            "SIZE_MISMATCH",
+            computed_size != size,
+            F.format_string(
+                "store_size %d, but RocketMQ's length of this body, topic and properties is %d", size, computed_size
+            ),
+            False,
+        ),
+        (
+            "BEYOND_SEGMENT",
+            segment != base,
+            F.format_string(
+                "segment %d, but offset %d lies in the segment at %d (segments of %d bytes)",
+                segment,
+                offset,
+                base,
+                segment_size,
+            ),
+            False,
+        ),
+        (
+            "BEYOND_SEGMENT",
+            end + c.END_FILE_MIN_BLANK_LENGTH > segment + segment_size,
+            F.format_string(
+                "the record ends at %d, leaving less than the 8-byte blank before the end of segment %d at %d",
+                end,
+                segment,
+                segment + segment_size,
+            ),
+            False,
+        ),
+    ]
 
 
 def with_queue_order(units_df: DataFrame, context_df: DataFrame | None = None) -> DataFrame:
@@ -316,8 +368,9 @@ def _as_context_units(context_df: DataFrame, schema: StructType) -> DataFrame:
     present = set(context_df.columns)
     columns = [
         F.col(f.name) if f.name in present else F.lit(None).cast(f.dataType).alias(f.name)
-        for f in schema.fields if f.name != "_new"
-    ]  # fmt: skip
+        for f in schema.fields
+        if f.name != "_new"
+    ]
     return context_df.select(*columns, F.lit(False).alias("_new"))
 
 
@@ -328,16 +381,36 @@ def queue_checks() -> list[Check]:
     prior_offset, prior_log_offset = F.col("_prior_offset"), F.col("_prior_log_offset")
     checked = F.col("_new") | F.coalesce(F.col("_prior_new"), F.lit(False))
     return [
-        ("GAP", checked & prior_offset.isNull() & (offset != 0),
-         F.format_string("the queue starts at queue offset %d: offsets 0..%d are missing", offset, offset - 1), True),
-        ("GAP", checked & (offset > prior_offset + 1),
-         F.format_string("queue offsets %d..%d are missing", prior_offset + 1, offset - 1), True),
-        ("DUPLICATE_QUEUE_OFFSET", checked & (offset == prior_offset),
-         F.format_string("queue offset %d is also held by commit log offset %d", offset, prior_log_offset), True),
-        ("NON_MONOTONIC_OFFSET", checked & (offset > prior_offset) & (log_offset <= prior_log_offset),
-         F.format_string("commit log offset %d is not above %d, the one of queue offset %d",
-                         log_offset, prior_log_offset, prior_offset), True),
-    ]  # fmt: skip
+        (
+            "GAP",
+            checked & prior_offset.isNull() & (offset != 0),
+            F.format_string("the queue starts at queue offset %d: offsets 0..%d are missing", offset, offset - 1),
+            True,
+        ),
+        (
+            "GAP",
+            checked & (offset > prior_offset + 1),
+            F.format_string("queue offsets %d..%d are missing", prior_offset + 1, offset - 1),
+            True,
+        ),
+        (
+            "DUPLICATE_QUEUE_OFFSET",
+            checked & (offset == prior_offset),
+            F.format_string("queue offset %d is also held by commit log offset %d", offset, prior_log_offset),
+            True,
+        ),
+        (
+            "NON_MONOTONIC_OFFSET",
+            checked & (offset > prior_offset) & (log_offset <= prior_log_offset),
+            F.format_string(
+                "commit log offset %d is not above %d, the one of queue offset %d",
+                log_offset,
+                prior_log_offset,
+                prior_offset,
+            ),
+            True,
+        ),
+    ]
 
 
 def build_integrity_report(
@@ -366,10 +439,13 @@ def build_integrity_report(
     sized_df = with_segment_size(checked_df, segment_sizes_df)
     return (
         build_findings(sized_df, record_checks(), commitlog_version)
-        .unionByName(build_findings(with_queue_order(filter_dispatched(checked_df), queue_context_df),
-                                    queue_checks(), commitlog_version))
+        .unionByName(
+            build_findings(
+                with_queue_order(filter_dispatched(checked_df), queue_context_df), queue_checks(), commitlog_version
+            )
+        )
         .unionByName(build_continuity_findings(checked_df, segment_sizes_df, commitlog_version, log_context_df))
-    )  # fmt: skip
+    )
 
 
 def build_findings(df: DataFrame, checks: list[Check], commitlog_version: int) -> DataFrame:
@@ -377,18 +453,31 @@ def build_findings(df: DataFrame, checks: list[Check], commitlog_version: int) -
     names = ("topic", "queue_id", "queue_offset")
     null_queue = [F.lit(None).cast("string"), F.lit(None).cast("int"), F.lit(None).cast("long")]
     flagged = [
-        F.when(condition, F.struct(F.lit(problem).alias("problem"), detail.alias("detail"),
-                                   *[(F.col(n) if in_queue else v).alias(n) for n, v in zip(names, null_queue,
-                                                                                               strict=True)]))
+        F.when(
+            condition,
+            F.struct(
+                F.lit(problem).alias("problem"),
+                detail.alias("detail"),
+                *[(F.col(n) if in_queue else v).alias(n) for n, v in zip(names, null_queue, strict=True)],
+            ),
+        )
         for problem, condition, detail, in_queue in checks
-    ]  # fmt: skip
+    ]
     return (
         df.where(failing(checks))
         .select("broker_name", "commit_log_offset", F.explode(F.array(*flagged)).alias("_finding"))
         .where(F.col("_finding").isNotNull())
-        .select("broker_name", "_finding.topic", "_finding.queue_id", "_finding.queue_offset", "commit_log_offset",
-                "_finding.problem", "_finding.detail", F.lit(commitlog_version).cast("long").alias("commitlog_version"))
-    )  # fmt: skip
+        .select(
+            "broker_name",
+            "_finding.topic",
+            "_finding.queue_id",
+            "_finding.queue_offset",
+            "commit_log_offset",
+            "_finding.problem",
+            "_finding.detail",
+            F.lit(commitlog_version).cast("long").alias("commitlog_version"),
+        )
+    )
 
 
 def failing(checks: list[Check]) -> Column:
@@ -436,12 +525,17 @@ def build_continuity_findings(
     bad = (F.col("_new") | F.col("_next__new")) & ~((next_offset == end) | rolled)
     detail = F.when(
         next_offset == segment_end,
-        F.format_string("the next record starts the next segment at %d though %d bytes fitted after the end "
-                        "of this one at %d", segment_end, next_size, end),
+        F.format_string(
+            "the next record starts the next segment at %d though %d bytes fitted after the end of this one at %d",
+            segment_end,
+            next_size,
+            end,
+        ),
     ).otherwise(
-        F.format_string("the next record starts at %d, not at %d (offset %d + store_size %d)",
-                        next_offset, end, offset, size)
-    )  # fmt: skip
+        F.format_string(
+            "the next record starts at %d, not at %d (offset %d + store_size %d)", next_offset, end, offset, size
+        )
+    )
     return build_findings(next_df, [("SIZE_MISMATCH", bad, detail, False)], commitlog_version)
 
 
@@ -535,8 +629,12 @@ class RebuildSummary:
 
     def row_counts(self) -> dict[str, int]:
         """The ``job_runs.row_counts`` of the run."""
-        return {"consume_queue": self.entries, "queues": self.queues,
-                "consume_queue_integrity": sum(self.findings.values()), **self.findings}  # fmt: skip
+        return {
+            "consume_queue": self.entries,
+            "queues": self.queues,
+            "consume_queue_integrity": sum(self.findings.values()),
+            **self.findings,
+        }
 
     def lines(self) -> list[str]:
         """The summary printed on stdout."""
@@ -620,7 +718,9 @@ class Tails:
             record = (r["commit_log_offset"], r["store_size"], r["segment"])
             tails.logs[r["broker_name"]] = max(tails.logs.get(r["broker_name"], record), record)
             dispatched = units and r["sys_flag"] & c.TRANSACTION_ROLLBACK_TYPE in (
-                c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE)  # fmt: skip
+                c.TRANSACTION_NOT_TYPE,
+                c.TRANSACTION_COMMIT_TYPE,
+            )
             if dispatched:
                 key, unit = (r["broker_name"], r["topic"], r["queue_id"]), (r["queue_offset"], r["commit_log_offset"])
                 tails.queues[key] = max(tails.queues.get(key, unit), unit)
@@ -629,14 +729,32 @@ class Tails:
     def to_arrow(self, commitlog_version: int) -> pa.Table:
         """The ``consume_queue_tails`` rows of these tails."""
         rows = [
-            {"kind": "QUEUE", "broker_name": b, "topic": t, "queue_id": q, "queue_offset": qo, "segment": None,
-             "commit_log_offset": clo, "store_size": None, "commitlog_version": commitlog_version}
+            {
+                "kind": "QUEUE",
+                "broker_name": b,
+                "topic": t,
+                "queue_id": q,
+                "queue_offset": qo,
+                "segment": None,
+                "commit_log_offset": clo,
+                "store_size": None,
+                "commitlog_version": commitlog_version,
+            }
             for (b, t, q), (qo, clo) in sorted(self.queues.items())
         ] + [
-            {"kind": "LOG", "broker_name": b, "topic": None, "queue_id": None, "queue_offset": None,
-             "segment": segment, "commit_log_offset": clo, "store_size": size, "commitlog_version": commitlog_version}
+            {
+                "kind": "LOG",
+                "broker_name": b,
+                "topic": None,
+                "queue_id": None,
+                "queue_offset": None,
+                "segment": segment,
+                "commit_log_offset": clo,
+                "store_size": size,
+                "commitlog_version": commitlog_version,
+            }
             for b, (clo, size, segment) in sorted(self.logs.items())
-        ]  # fmt: skip
+        ]
         return pa.Table.from_pylist(rows, schema=CONSUME_QUEUE_TAILS.arrow_schema)
 
     def merged(self, later: Tails) -> Tails:
@@ -685,8 +803,9 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
     latest = lake.version(COMMITLOG)
     if latest is None:
         raise LakeError(f"no commitlog table under {config.lake}; write a workload first (python -m broker_model)")
-    units, findings, tails = (lake.transaction_version(spec, APP_ID)
-                              for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS))  # fmt: skip
+    units, findings, tails = (
+        lake.transaction_version(spec, APP_ID) for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS)
+    )
     plan = plan_run(units, findings, tails, latest, config.full)
     job_run.input_versions = {COMMITLOG.name: plan.target}
     if plan.mode == "noop":
@@ -694,8 +813,9 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
         record_run(lake, job_run.finish("NOOP", plan.reason))
         return job_run
     plan, summary = _execute(lake, plan, config.driver_bytes)
-    job_run.output_versions = table_versions(lake, [s.name for s in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY,
-                                                                     CONSUME_QUEUE_TAILS)])  # fmt: skip
+    job_run.output_versions = table_versions(
+        lake, [s.name for s in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS)]
+    )
     job_run.row_counts = summary.row_counts()
     print(f"{JOB}: {plan.mode} rebuild ({plan.reason}) up to commitlog version {plan.target} (lake {config.lake})")
     print("\n".join(summary.lines()))
@@ -717,8 +837,9 @@ def _execute(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildP
     chains = Chains(segment_sizes(lake.read_rows(BROKERS)))
     tags: set[str | None] = set()
     # the strings as stored, dictionary-encoded: the chains group by them, the tags are few
-    for rows in lake.iter_file_rows(COMMITLOG, [*CHAIN_COLUMNS, "tags"], version=plan.target,
-                                    dictionaries=("broker_name", "topic", "tags")):  # fmt: skip
+    for rows in lake.iter_file_rows(
+        COMMITLOG, [*CHAIN_COLUMNS, "tags"], version=plan.target, dictionaries=("broker_name", "topic", "tags")
+    ):
         chains.add_part(rows)
         tags.update(pc.unique(rows["tags"]).to_pylist())
     checked_df = build_checked_records(lake.read(COMMITLOG, version=plan.target))
@@ -751,8 +872,10 @@ def queue_starts(rows: pa.Table) -> list[QueueStart]:
     keyed = rows.select(list(QUEUE_KEYS)).append_column("first_offset", rows["commit_log_offset"])
     keyed = keyed.append_column("first_unit", units)
     grouped = keyed.group_by(list(QUEUE_KEYS)).aggregate([("first_offset", "min"), ("first_unit", "min")])
-    return [QueueStart(r["broker_name"], r["topic"], r["queue_id"], r["first_offset_min"], r["first_unit_min"])
-            for r in grouped.to_pylist()]  # fmt: skip
+    return [
+        QueueStart(r["broker_name"], r["topic"], r["queue_id"], r["first_offset_min"], r["first_unit_min"])
+        for r in grouped.to_pylist()
+    ]
 
 
 def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildSummary, Tails]:
@@ -769,8 +892,9 @@ def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[Rebu
     old_tails = tails = Tails.from_arrow(lake.read_rows(CONSUME_QUEUE_TAILS))
     sizes = segment_sizes(lake.read_rows(BROKERS))
     on_driver = 0 < driver_bytes and lake.appended_size(COMMITLOG, processed, plan.target) <= driver_bytes
-    new_rows = lake.read_appended_rows(COMMITLOG, DRIVER_COLUMNS if on_driver else _START_COLUMNS, processed,
-                                       plan.target)  # fmt: skip
+    new_rows = lake.read_appended_rows(
+        COMMITLOG, DRIVER_COLUMNS if on_driver else _START_COLUMNS, processed, plan.target
+    )
     if on_driver:
         done = _driver_increment(lake, plan, new_rows, old_tails, sizes)
         if done is not None:
@@ -797,8 +921,9 @@ def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[Rebu
         else:
             context = "the old units and records from the one before them on (they do not all follow the tails)"
             queue_context_df, log_context_df = _read_contexts(lake, starts, checked_df, processed, kept)
-        chains.add_context_rows(None if queue_context_df is None else queue_context_df.toArrow(),
-                                log_context_df.toArrow())  # fmt: skip
+        chains.add_context_rows(
+            None if queue_context_df is None else queue_context_df.toArrow(), log_context_df.toArrow()
+        )
         tags = set(pc.unique(new_rows["tags"]).to_pylist())
         summary = _rebuild(lake, plan, checked_df, chains, tags, queue_context_df, log_context_df)
         return replace(summary, context=context), tails
@@ -857,8 +982,10 @@ def _queue_context(lake: Lake, queues: list[QueueStart], units_df: DataFrame, ch
     """The :func:`build_queue_context` of the new units, from ``units_df``: per queue, the units
     from queue offset ``first_unit - 1`` on (see :func:`_read_queue_units`). Queues where that unit
     is missing (a gap before the new units) are read whole."""
-    found = {(r["broker_name"], r["topic"], r["queue_id"]) for r in units_df.where(
-        _at_offset(queues, "before")).select(*QUEUE_KEYS).distinct().collect()}  # fmt: skip
+    found = {
+        (r["broker_name"], r["topic"], r["queue_id"])
+        for r in units_df.where(_at_offset(queues, "before")).select(*QUEUE_KEYS).distinct().collect()
+    }
     gapped = [q for q in queues if q.first_unit and (q.broker_name, q.topic, q.queue_id) not in found]
     if gapped:
         units_df = units_df.unionByName(_read_queue_units(lake, gapped, "head"))
@@ -872,9 +999,10 @@ def _read_queue_units(lake: Lake, queues: list[QueueStart], part: str) -> DataFr
     topics = sorted({q.topic for q in queues})
     reads = [
         lake.read(CONSUME_QUEUE, partition_filter={"topic": [topic]}).where(
-            _at_offset([q for q in queues if q.topic == topic], part))
+            _at_offset([q for q in queues if q.topic == topic], part)
+        )
         for topic in topics
-    ]  # fmt: skip
+    ]
     return reduce(DataFrame.unionByName, reads)
 
 
@@ -915,8 +1043,9 @@ def _rebuild(
     unit_columns = [n for n in CONSUME_QUEUE.column_names if n != "tags_code"] + ["tags", "delay_level", "sys_flag"]
     units_df = select_consume_queue(with_tags_code(filter_dispatched(sized_df).select(*unit_columns), tags_df))
     write = lake.overwrite if plan.mode == "full" else lake.append
-    written = write(CONSUME_QUEUE, units_df.sortWithinPartitions(*_QUEUE_PARTITION, "queue_offset"), APP_ID,
-                    plan.target)  # fmt: skip
+    written = write(
+        CONSUME_QUEUE, units_df.sortWithinPartitions(*_QUEUE_PARTITION, "queue_offset"), APP_ID, plan.target
+    )
     # a full run whose units were committed by a run that stopped has no observation: check every record
     problems = written is None or bool(records.get["failed"])
     suspect_queues, suspect_brokers = chains.suspect_queues(), chains.suspect_brokers()
@@ -929,8 +1058,11 @@ def _rebuild(
     if suspect_queues:
         keys_df = lake.spark.createDataFrame(suspect_queues, "broker_name string, topic string, queue_id int")
         units_df = filter_dispatched(checked_df).join(F.broadcast(keys_df), list(QUEUE_KEYS), "left_semi")
-        context_df = None if queue_context_df is None else queue_context_df.join(
-            F.broadcast(keys_df), list(QUEUE_KEYS), "left_semi")  # fmt: skip
+        context_df = (
+            None
+            if queue_context_df is None
+            else queue_context_df.join(F.broadcast(keys_df), list(QUEUE_KEYS), "left_semi")
+        )
         findings.append(build_findings(with_queue_order(units_df, context_df), queue_checks(), plan.target))
     if problems:
         findings.append(build_findings(with_segment_size(checked_df, sizes_df), record_checks(), plan.target))
@@ -952,8 +1084,12 @@ def _write_findings(
     write = lake.overwrite if plan.mode == "full" else lake.append
     if findings_df is None:
         kinds: dict[str, int] = {}
-        write(CONSUME_QUEUE_INTEGRITY, lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE_INTEGRITY)),
-              APP_ID, plan.target)  # fmt: skip
+        write(
+            CONSUME_QUEUE_INTEGRITY,
+            lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE_INTEGRITY)),
+            APP_ID,
+            plan.target,
+        )
     else:
         findings_df = findings_df.persist(StorageLevel.MEMORY_AND_DISK)
         try:
@@ -966,18 +1102,30 @@ def _write_findings(
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``rebuild_consume_queue``."""
-    parser = argparse.ArgumentParser(prog=JOB, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
-    parser.add_argument("--full", action="store_true",
-                        help="rebuild the tables from the whole commit log instead of its new versions (when "
-                             "the commit log has a version not processed yet)")  # fmt: skip
-    parser.add_argument("--engine", choices=["auto", "bridge", "delta-spark"], default="auto",
-                        help="lake engine (auto: delta-spark when its classes load, else the bridge)")  # fmt: skip
-    parser.add_argument("--driver-limit-mb", type=_non_negative, default=DRIVER_INCREMENT_BYTES >> 20,
-                        help="an increment whose new commit log files hold at most this many MiB is checked and "
-                             "written on the driver, without Spark, when it is clean (0: always Spark; default: "
-                             "%(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="rebuild the tables from the whole commit log instead of its new versions (when "
+        "the commit log has a version not processed yet)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=["auto", "bridge", "delta-spark"],
+        default="auto",
+        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
+    )
+    parser.add_argument(
+        "--driver-limit-mb",
+        type=_non_negative,
+        default=DRIVER_INCREMENT_BYTES >> 20,
+        help="an increment whose new commit log files hold at most this many MiB is checked and "
+        "written on the driver, without Spark, when it is clean (0: always Spark; default: "
+        "%(default)s)",
+    )
     return parser
 
 

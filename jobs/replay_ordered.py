@@ -163,14 +163,30 @@ _BATCH_DIR = "replay_batch_dir"  # the staging directory key of a batch's files 
 _REPLAY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # a replayed message is delivered now, as a plain message: no delay, no transaction markers
 _DROPPED_PROPERTIES = (
-    c.PROPERTY_DELAY_TIME_LEVEL, c.PROPERTY_REAL_TOPIC, c.PROPERTY_REAL_QUEUE_ID, c.PROPERTY_TRANSACTION_PREPARED,
-)  # fmt: skip
+    c.PROPERTY_DELAY_TIME_LEVEL,
+    c.PROPERTY_REAL_TOPIC,
+    c.PROPERTY_REAL_QUEUE_ID,
+    c.PROPERTY_TRANSACTION_PREPARED,
+)
 _KEPT_SYS_FLAG = c.COMPRESSED_FLAG | c.COMPRESSION_TYPE_MASK | c.MULTI_TAGS_FLAG
 # the commit log columns a Delta sink row carries, besides its source coordinates
 MESSAGE_COLUMNS = (
-    "store_size", "body_crc", "flag", "sys_flag", "born_timestamp", "born_host", "store_timestamp", "store_host",
-    "reconsume_times", "body", "properties", "tags", "keys", "uniq_key", "msg_id",
-)  # fmt: skip
+    "store_size",
+    "body_crc",
+    "flag",
+    "sys_flag",
+    "born_timestamp",
+    "born_host",
+    "store_timestamp",
+    "store_host",
+    "reconsume_times",
+    "body",
+    "properties",
+    "tags",
+    "keys",
+    "uniq_key",
+    "msg_id",
+)
 SOURCE_COLUMNS = (*QUEUE_KEY, "queue_offset", "commit_log_offset", *MESSAGE_COLUMNS)
 REPLAYED_COLUMNS = (*QUEUE_KEY, "queue_offset", "replay_batch", "replay_sequence")
 
@@ -268,8 +284,12 @@ class ReplayConfig:
     def _check_source(self) -> None:
         if self.source not in SOURCES:
             raise ValidationError("source", self.source, "unknown source", f"use one of {list(SOURCES)}")
-        given = (("--from-offset", self.from_offset), ("--to-offset", self.to_offset),
-                 ("--from-time", self.from_time), ("--to-time", self.to_time))  # fmt: skip
+        given = (
+            ("--from-offset", self.from_offset),
+            ("--to-offset", self.to_offset),
+            ("--from-time", self.from_time),
+            ("--to-time", self.to_time),
+        )
         ranged = [name for name, value in given if value is not None]
         if self.source == "queues" and not self.topics:
             raise ValidationError("--topic", None, "no source topic", "pass --topic T or --topic T:0,1")
@@ -300,8 +320,11 @@ class ReplayConfig:
             raise ValidationError(name, high, f"is not after the start {low}", "the end is exclusive")
 
     def _check_sink(self) -> None:
-        sinks = [n for n, v in (("--to-topic", self.to_topic), ("--to-table", self.to_table),
-                                ("--handler", self.handler)) if v is not None]  # fmt: skip
+        sinks = [
+            n
+            for n, v in (("--to-topic", self.to_topic), ("--to-table", self.to_table), ("--handler", self.handler))
+            if v is not None
+        ]
         if len(sinks) != 1:
             raise ValidationError("sink", sinks, "give exactly one sink", "--to-topic, --to-table or --handler")
         if self.to_topic is None and (self.selector_property is not None or self.to_broker is not None):
@@ -521,15 +544,23 @@ def _bound_aggregates(from_time: int | None, to_time: int | None) -> list[Column
         return F.min(F.when(F.col("store_timestamp") >= F.lit(moment), F.col("queue_offset")))
 
     return [
-        F.min("queue_offset").alias("min_offset"), (F.max("queue_offset") + F.lit(1)).alias("next_offset"),
-        first_at(from_time).alias("time_start"), first_at(to_time).alias("time_end"),
-    ]  # fmt: skip
+        F.min("queue_offset").alias("min_offset"),
+        (F.max("queue_offset") + F.lit(1)).alias("next_offset"),
+        first_at(from_time).alias("time_start"),
+        first_at(to_time).alias("time_end"),
+    ]
 
 
 # the commit log columns a source summary reads
 SUMMARY_COLUMNS = (
-    "broker_name", "topic", "queue_id", "queue_offset", "store_timestamp", "sys_flag", "commit_log_offset",
-)  # fmt: skip
+    "broker_name",
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "store_timestamp",
+    "sys_flag",
+    "commit_log_offset",
+)
 
 
 def summarize_source(
@@ -553,30 +584,58 @@ def summarize_source(
             continue
         offset, stored = rows["queue_offset"], rows["store_timestamp"]
         for name, moment in (("time_start", from_time), ("time_end", to_time)):
-            at_or_after = pa.nulls(rows.num_rows, pa.int64()) if moment is None else pc.if_else(
-                pc.greater_equal(stored, moment), offset, pa.scalar(None, pa.int64()))  # fmt: skip
+            at_or_after = (
+                pa.nulls(rows.num_rows, pa.int64())
+                if moment is None
+                else pc.if_else(pc.greater_equal(stored, moment), offset, pa.scalar(None, pa.int64()))
+            )
             rows = rows.append_column(name, at_or_after)
         rows = rows.append_column("_falls", pa.array(_falls_in_log_order(rows), pa.bool_()))
-        grouped = rows.group_by(list(QUEUE_KEY), use_threads=False).aggregate([
-            ("queue_offset", "min"), ("queue_offset", "max"), ("time_start", "min"), ("time_end", "min"),
-            ("queue_offset", "list"), ("commit_log_offset", "min"), ("commit_log_offset", "max"), ("_falls", "any"),
-        ])  # fmt: skip
-        parts.append(pa.table({
-            **{k: grouped[k] for k in QUEUE_KEY}, "min_offset": grouped["queue_offset_min"],
-            "next_offset": pc.add(grouped["queue_offset_max"], 1), "time_start": grouped["time_start_min"],
-            "time_end": grouped["time_end_min"], "offsets": grouped["queue_offset_list"],
-            "min_log_offset": grouped["commit_log_offset_min"], "max_log_offset": grouped["commit_log_offset_max"],
-            "in_log_order": pc.invert(grouped["_falls_any"]),
-        }))  # fmt: skip
+        grouped = rows.group_by(list(QUEUE_KEY), use_threads=False).aggregate(
+            [
+                ("queue_offset", "min"),
+                ("queue_offset", "max"),
+                ("time_start", "min"),
+                ("time_end", "min"),
+                ("queue_offset", "list"),
+                ("commit_log_offset", "min"),
+                ("commit_log_offset", "max"),
+                ("_falls", "any"),
+            ]
+        )
+        parts.append(
+            pa.table(
+                {
+                    **{k: grouped[k] for k in QUEUE_KEY},
+                    "min_offset": grouped["queue_offset_min"],
+                    "next_offset": pc.add(grouped["queue_offset_max"], 1),
+                    "time_start": grouped["time_start_min"],
+                    "time_end": grouped["time_end_min"],
+                    "offsets": grouped["queue_offset_list"],
+                    "min_log_offset": grouped["commit_log_offset_min"],
+                    "max_log_offset": grouped["commit_log_offset_max"],
+                    "in_log_order": pc.invert(grouped["_falls_any"]),
+                }
+            )
+        )
     return pa.concat_tables(parts) if parts else _SUMMARY_SCHEMA.empty_table()
 
 
-_SUMMARY_SCHEMA = pa.schema([
-    ("broker_name", pa.string()), ("topic", pa.string()), ("queue_id", pa.int32()), ("min_offset", pa.int64()),
-    ("next_offset", pa.int64()), ("time_start", pa.int64()), ("time_end", pa.int64()),
-    ("offsets", pa.list_(pa.int64())), ("min_log_offset", pa.int64()), ("max_log_offset", pa.int64()),
-    ("in_log_order", pa.bool_()),
-])  # fmt: skip
+_SUMMARY_SCHEMA = pa.schema(
+    [
+        ("broker_name", pa.string()),
+        ("topic", pa.string()),
+        ("queue_id", pa.int32()),
+        ("min_offset", pa.int64()),
+        ("next_offset", pa.int64()),
+        ("time_start", pa.int64()),
+        ("time_end", pa.int64()),
+        ("offsets", pa.list_(pa.int64())),
+        ("min_log_offset", pa.int64()),
+        ("max_log_offset", pa.int64()),
+        ("in_log_order", pa.bool_()),
+    ]
+)
 
 
 def _falls_in_log_order(rows: pa.Table) -> np.ndarray:
@@ -602,8 +661,9 @@ def queues_out_of_log_order(summary: pa.Table) -> list[QueueKey]:
     list is empty; then the commit log offset orders every queue as its queue offsets do (ties of
     equal queue offsets by commit log offset, as the replay order breaks them)."""
     runs: dict[QueueKey, list[tuple[int, int, int, int, bool]]] = {}
-    for r in summary.select([*QUEUE_KEY, "min_log_offset", "max_log_offset", "min_offset", "next_offset",
-                             "in_log_order"]).to_pylist():  # fmt: skip
+    for r in summary.select(
+        [*QUEUE_KEY, "min_log_offset", "max_log_offset", "min_offset", "next_offset", "in_log_order"]
+    ).to_pylist():
         key = (r["broker_name"], r["topic"], r["queue_id"])
         runs.setdefault(key, []).append(
             (r["min_log_offset"], r["max_log_offset"], r["min_offset"], r["next_offset"] - 1, r["in_log_order"])
@@ -638,8 +698,9 @@ def merge_queue_bounds(summary: pa.Table) -> list[QueueBounds]:
     aggregates = [(n, "max" if n == "next_offset" else "min") for n in _BOUNDS]
     merged = summary.group_by(list(QUEUE_KEY), use_threads=False).aggregate(aggregates)
     rows = merged.to_pylist()
-    bounds = [QueueBounds(r["broker_name"], r["topic"], r["queue_id"], *[r[f"{n}_{f}"] for n, f in aggregates])
-              for r in rows]  # fmt: skip
+    bounds = [
+        QueueBounds(r["broker_name"], r["topic"], r["queue_id"], *[r[f"{n}_{f}"] for n, f in aggregates]) for r in rows
+    ]
     return sorted(bounds, key=lambda b: b.key)
 
 
@@ -710,7 +771,8 @@ def order_within_queues(source_df: DataFrame, partitions: int) -> DataFrame:
     position in that order (the write order). For any source: no global sort, queues in parallel,
     each queue's rows in offset order within a batch (queues sharing a partition interleave)."""
     ordered_df = source_df.repartition(partitions, *QUEUE_KEY).sortWithinPartitions(
-        "replay_batch", "queue_offset", "commit_log_offset")  # fmt: skip
+        "replay_batch", "queue_offset", "commit_log_offset"
+    )
     return ordered_df.withColumn("replay_sequence", F.monotonically_increasing_id())
 
 
@@ -730,10 +792,13 @@ def build_sink_rows(ordered_df: DataFrame, replay_id: str) -> DataFrame:
 def build_replayed_from_sink(sink_df: DataFrame, replay_id: str) -> DataFrame:
     """:data:`REPLAYED_COLUMNS` of a Delta sink's rows of ``replay_id``."""
     return sink_df.where(F.col("replay_id") == F.lit(replay_id)).select(
-        F.col("source_broker_name").alias("broker_name"), F.col("source_topic").alias("topic"),
-        F.col("source_queue_id").alias("queue_id"), F.col("source_queue_offset").alias("queue_offset"),
-        "replay_batch", "replay_sequence",
-    )  # fmt: skip
+        F.col("source_broker_name").alias("broker_name"),
+        F.col("source_topic").alias("topic"),
+        F.col("source_queue_id").alias("queue_id"),
+        F.col("source_queue_offset").alias("queue_offset"),
+        "replay_batch",
+        "replay_sequence",
+    )
 
 
 def build_replayed_from_topic(commitlog_df: DataFrame, replay_id: str, to_topic: str) -> DataFrame:
@@ -745,10 +810,13 @@ def build_replayed_from_topic(commitlog_df: DataFrame, replay_id: str, to_topic:
     )
     parts = F.split(F.element_at(F.col("properties"), F.lit(REPLAY_SOURCE_PROPERTY)), SOURCE_SEPARATOR)
     return commitlog_df.where(mine).select(
-        parts.getItem(0).alias("broker_name"), parts.getItem(1).alias("topic"),
-        parts.getItem(2).cast("int").alias("queue_id"), parts.getItem(3).cast("long").alias("queue_offset"),
-        F.lit(0).cast("long").alias("replay_batch"), F.col("commit_log_offset").alias("replay_sequence"),
-    )  # fmt: skip
+        parts.getItem(0).alias("broker_name"),
+        parts.getItem(1).alias("topic"),
+        parts.getItem(2).cast("int").alias("queue_id"),
+        parts.getItem(3).cast("long").alias("queue_offset"),
+        F.lit(0).cast("long").alias("replay_batch"),
+        F.col("commit_log_offset").alias("replay_sequence"),
+    )
 
 
 _HASH_BASE = np.uint64(0x100000001B3)  # the running hash's multiplier: odd, so no offset is lost mod 2^64
@@ -795,8 +863,10 @@ def build_ordering_report(
             offset, batch, sequence = (np.concatenate(column) for column in zip(*rows.pop(key), strict=True))
             replay_order = offset[np.lexsort((sequence, batch))]
         source = offsets.pop(key, np.empty(0, np.int64))
-        report.append(_report_row(key, replay_order, source) | {
-            "replay_id": replay_id, "run_id": run_id, "sink": sink, "report_timestamp": as_of})  # fmt: skip
+        report.append(
+            _report_row(key, replay_order, source)
+            | {"replay_id": replay_id, "run_id": run_id, "sink": sink, "report_timestamp": as_of}
+        )
     return [{name: row[name] for name in REPLAY_REPORT.column_names} for row in report]
 
 
@@ -824,11 +894,18 @@ def _report_row(key: QueueKey, replay_order: np.ndarray, source: np.ndarray) -> 
     duplicates = rows - len(distinct)
     preserved = running_hash(replay_order) == running_hash(ordered)
     return {
-        "broker_name": key[0], "topic": key[1], "queue_id": key[2], "source_rows": len(source), "rows": rows,
-        "first_offset": int(ordered[0]) if rows else None, "last_offset": last, "gaps": gaps,
-        "duplicates": duplicates, "order_preserved": preserved,
+        "broker_name": key[0],
+        "topic": key[1],
+        "queue_id": key[2],
+        "source_rows": len(source),
+        "rows": rows,
+        "first_offset": int(ordered[0]) if rows else None,
+        "last_offset": last,
+        "gaps": gaps,
+        "duplicates": duplicates,
+        "order_preserved": preserved,
         "complete": gaps == 0 and duplicates == 0 and preserved and rows - duplicates == len(source),
-    }  # fmt: skip
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -880,8 +957,11 @@ def status_of(answer: Any) -> ConsumeOrderlyStatus:
 def suspend_seconds(context: ReplayContext) -> float:
     """The wait before a batch is delivered again: the context's time or 1000 ms, clamped to
     [10, 30000] ms as the orderly consumer does."""
-    millis = c.SUSPEND_CURRENT_QUEUE_TIME_MS if context.suspend_current_queue_time_millis == -1 else (
-        context.suspend_current_queue_time_millis)  # fmt: skip
+    millis = (
+        c.SUSPEND_CURRENT_QUEUE_TIME_MS
+        if context.suspend_current_queue_time_millis == -1
+        else (context.suspend_current_queue_time_millis)
+    )
     return min(max(millis, c.SUSPEND_TIME_MIN_MS), c.SUSPEND_TIME_MAX_MS) / 1000
 
 
@@ -929,9 +1009,11 @@ class ReplayLock:
             holder = handle.read().strip() or "unknown"
             handle.close()
             raise ValidationError(
-                "--replay-id", self.replay_id, f"is being replayed by another process ({holder})",
+                "--replay-id",
+                self.replay_id,
+                f"is being replayed by another process ({holder})",
                 "wait for it to end or kill it, then run again",
-            ) from None  # fmt: skip
+            ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}@{socket.gethostname()}\n")
@@ -1017,9 +1099,11 @@ def _check_sink_table(path: Path) -> None:
     actual = pa.schema(DeltaTable(str(path)).schema().to_arrow())
     if [(f.name, str(f.type)) for f in actual] != [(f.name, str(f.type)) for f in expected]:
         raise ValidationError(
-            "--to-table", str(path), "is a Delta table with other columns than a replay sink",
+            "--to-table",
+            str(path),
+            "is a Delta table with other columns than a replay sink",
             "replay into a new table",
-        )  # fmt: skip
+        )
 
 
 def _prepare(lake: Lake, config: ReplayConfig) -> _Run:
@@ -1056,8 +1140,17 @@ def _prepare(lake: Lake, config: ReplayConfig) -> _Run:
         starts = {(r["broker_name"], r["topic"], r["queue_id"]): r["committed"] for r in starts_df.collect()}
         bounds = [replace(b, committed=starts[b.key]) for b in bounds if b.key in starts]
     progress = read_progress(lake, config.replay_id)
-    return _Run(lake, config, version, records_df, summary.select([*QUEUE_KEY, "offsets"]), selection_df, progress,
-                bounds, log_ordered)  # fmt: skip
+    return _Run(
+        lake,
+        config,
+        version,
+        records_df,
+        summary.select([*QUEUE_KEY, "offsets"]),
+        selection_df,
+        progress,
+        bounds,
+        log_ordered,
+    )
 
 
 def _log_ordered(summary: pa.Table) -> bool:
@@ -1066,9 +1159,11 @@ def _log_ordered(summary: pa.Table) -> bool:
     if unordered:
         named = ", ".join(SOURCE_SEPARATOR.join(map(str, key)) for key in unordered[:5])
         more = f" and {len(unordered) - 5} more" if len(unordered) > 5 else ""
-        print(f"{JOB}: the commit log's data files do not hold {named}{more} in queue order file after file (a "
-              "corrupt or foreign log, or files whose offset ranges overlap); the rows are shuffled by queue and "
-              "sorted by queue offset")  # fmt: skip
+        print(
+            f"{JOB}: the commit log's data files do not hold {named}{more} in queue order file after file (a "
+            "corrupt or foreign log, or files whose offset ranges overlap); the rows are shuffled by queue and "
+            "sorted by queue offset"
+        )
     return not unordered
 
 
@@ -1076,8 +1171,11 @@ def read_progress(lake: Lake, replay_id: str) -> dict[QueueKey, Progress]:
     """The progress of every queue of ``replay_id`` (empty when the table does not exist); a small
     table, read from the driver with delta-rs as it is written."""
     rows = read_table(lake.root, REPLAY_PROGRESS)
-    rows = rows.filter(pc.equal(rows["replay_id"], replay_id)).group_by(list(QUEUE_KEY)).aggregate(
-        [("last_offset", "min"), ("last_offset", "max"), ("updated_timestamp", "max")])  # fmt: skip
+    rows = (
+        rows.filter(pc.equal(rows["replay_id"], replay_id))
+        .group_by(list(QUEUE_KEY))
+        .aggregate([("last_offset", "min"), ("last_offset", "max"), ("updated_timestamp", "max")])
+    )
     return {
         (r["broker_name"], r["topic"], r["queue_id"]): Progress(
             r["last_offset_min"] + 1, r["last_offset_max"], r["updated_timestamp_max"]
@@ -1092,10 +1190,13 @@ def write_progress(lake: Lake, replay_id: str, last_offsets: Mapping[QueueKey, i
         return
     keys = sorted(last_offsets)
     columns = {
-        "replay_id": [replay_id] * len(keys), "broker_name": [k[0] for k in keys], "topic": [k[1] for k in keys],
-        "queue_id": [k[2] for k in keys], "last_offset": [last_offsets[k] for k in keys],
+        "replay_id": [replay_id] * len(keys),
+        "broker_name": [k[0] for k in keys],
+        "topic": [k[1] for k in keys],
+        "queue_id": [k[2] for k in keys],
+        "last_offset": [last_offsets[k] for k in keys],
         "updated_timestamp": [_now()] * len(keys),
-    }  # fmt: skip
+    }
     # a few rows per batch: appended from the driver with delta-rs (as the broker appends its small
     # tables), so that a batch's progress costs a commit, not a Spark job
     append_rows(lake.root, REPLAY_PROGRESS, pa.table(columns, schema=REPLAY_PROGRESS.arrow_schema))
@@ -1133,12 +1234,15 @@ def _expected(state: _Run, ranges: Sequence[QueueRange], from_resume: bool) -> p
     lists = state.offsets["offsets"]
     flat = state.offsets.select(list(QUEUE_KEY)).take(pc.list_parent_indices(lists))
     flat = flat.append_column("queue_offset", pc.list_flatten(lists))
-    limits = pa.table({
-        "broker_name": [r.broker_name for r in ranges], "topic": [r.topic for r in ranges],
-        "queue_id": pa.array([r.queue_id for r in ranges], pa.int32()),
-        "_from": pa.array([r.resume if from_resume else r.first for r in ranges], pa.int64()),
-        "_end": pa.array([r.end for r in ranges], pa.int64()),
-    })  # fmt: skip
+    limits = pa.table(
+        {
+            "broker_name": [r.broker_name for r in ranges],
+            "topic": [r.topic for r in ranges],
+            "queue_id": pa.array([r.queue_id for r in ranges], pa.int32()),
+            "_from": pa.array([r.resume if from_resume else r.first for r in ranges], pa.int64()),
+            "_end": pa.array([r.end for r in ranges], pa.int64()),
+        }
+    )
     joined = flat.join(limits, list(QUEUE_KEY), join_type="inner", use_threads=False)
     offset = joined["queue_offset"]
     kept = pc.and_(pc.greater_equal(offset, joined["_from"]), pc.less(offset, joined["_end"]))
@@ -1150,8 +1254,9 @@ def _finish_report(
 ) -> ReplayOutcome:
     """Compute the ordering report and append it to ``replay_report`` from the driver (one commit)."""
     config = state.config
-    outcome.report = build_ordering_report(replayed, expected, config.replay_id, job_run.run_id, config.sink_label,
-                                           _now())  # fmt: skip
+    outcome.report = build_ordering_report(
+        replayed, expected, config.replay_id, job_run.run_id, config.sink_label, _now()
+    )
     if outcome.report:
         state.lake.append_rows(REPLAY_REPORT, pa.Table.from_pylist(outcome.report, REPLAY_REPORT.arrow_schema))
     return outcome
@@ -1168,16 +1273,20 @@ def _replay_to_table(state: _Run, job_run: JobRun, path: Path) -> ReplayOutcome:
     )
     sink_last: dict[QueueKey, int] = {}
     if committed is not None:
-        last_df = build_replayed_from_sink(lake.read(spec), config.replay_id).groupBy(*QUEUE_KEY).agg(
-            F.max("queue_offset").alias("last"))  # fmt: skip
+        last_df = (
+            build_replayed_from_sink(lake.read(spec), config.replay_id)
+            .groupBy(*QUEUE_KEY)
+            .agg(F.max("queue_offset").alias("last"))
+        )
         sink_last = {(r["broker_name"], r["topic"], r["queue_id"]): r["last"] for r in last_df.collect()}
     ranges = plan_ranges(state.bounds, config, state.progress, sink_last)
     _start_replay(state, ranges)
     first_batch = 0 if committed is None else committed + 1
     outcome = ReplayOutcome(batches=batch_count(ranges, config.batch_rows))
     if outcome.batches:
-        source_df = build_source_rows(state.records_df, _ranges_df(lake.spark, ranges, first_batch),
-                                      config.batch_rows, state.selection_df)  # fmt: skip
+        source_df = build_source_rows(
+            state.records_df, _ranges_df(lake.spark, ranges, first_batch), config.batch_rows, state.selection_df
+        )
         if state.log_ordered:
             ordered_df = order_by_log(source_df)
         else:
@@ -1196,8 +1305,14 @@ _REPLAYED_TYPES = (pa.string(), pa.string(), pa.int32(), pa.int64(), pa.int64(),
 def read_replayed_from_sink(lake: Lake, spec: TableSpec, replay_id: str) -> Iterator[pa.Table]:
     """:data:`REPLAYED_COLUMNS` of a Delta sink's rows of ``replay_id``, read on the driver with
     pyarrow one data file at a time (a sink the bridge cannot read: through Spark, as one table)."""
-    columns = ["source_broker_name", "source_topic", "source_queue_id", "source_queue_offset", "replay_batch",
-               "replay_sequence"]  # fmt: skip
+    columns = [
+        "source_broker_name",
+        "source_topic",
+        "source_queue_id",
+        "source_queue_offset",
+        "replay_batch",
+        "replay_sequence",
+    ]
     try:
         chunks = lake.iter_file_rows(spec, columns, {"replay_id": replay_id})
     except UnsupportedTableError:
@@ -1206,9 +1321,14 @@ def read_replayed_from_sink(lake: Lake, spec: TableSpec, replay_id: str) -> Iter
 
 
 def _write_batches_bridge(
-    lake: Lake, spec: TableSpec, sink_df: DataFrame, ranges: Sequence[QueueRange], first_batch: int, batches: int,
+    lake: Lake,
+    spec: TableSpec,
+    sink_df: DataFrame,
+    ranges: Sequence[QueueRange],
+    first_batch: int,
+    batches: int,
     config: ReplayConfig,
-) -> int:  # fmt: skip
+) -> int:
     """One Spark pass writes every batch's files (invisible until committed), then each batch is
     committed with its application transaction and its progress written after; the rows committed."""
     table_dir = local_directory(spec.path)
@@ -1230,8 +1350,9 @@ def _write_batches_bridge(
         for index in range(batches):
             files = by_batch.pop(first_batch + index, [])
             if files:
-                _commit_batch(table_dir, WrittenFiles(written.directory, tuple(files)), config.replay_id,
-                              first_batch + index)  # fmt: skip
+                _commit_batch(
+                    table_dir, WrittenFiles(written.directory, tuple(files)), config.replay_id, first_batch + index
+                )
                 rows += sum(_num_records(f) for f in files)
             write_progress(lake, config.replay_id, progress_after(ranges, index + 1, config.batch_rows))
     finally:
@@ -1259,9 +1380,14 @@ def _num_records(file: WrittenFile) -> int:
 
 
 def _write_batches_delta_spark(
-    lake: Lake, spec: TableSpec, sink_df: DataFrame, ranges: Sequence[QueueRange], first_batch: int, batches: int,
+    lake: Lake,
+    spec: TableSpec,
+    sink_df: DataFrame,
+    ranges: Sequence[QueueRange],
+    first_batch: int,
+    batches: int,
     config: ReplayConfig,
-) -> int:  # fmt: skip
+) -> int:
     """One write per batch through :meth:`Lake.append` with the application transaction (Delta's
     own writer keeps no staged files between commits); the rows written."""
     rows = 0
@@ -1301,13 +1427,25 @@ def driver_batches(source_df: DataFrame) -> Iterator[tuple[int, dict[QueueKey, l
 def message_of(row: Row) -> MessageExt:
     """A source row as the message a handler receives (body decompressed)."""
     return MessageExt(
-        broker_name=row["broker_name"], topic=row["topic"], queue_id=row["queue_id"], queue_offset=row["queue_offset"],
-        commit_log_offset=row["commit_log_offset"], store_size=row["store_size"],
-        body=decompress_body(bytes(row["body"]), row["sys_flag"]), flag=row["flag"], sys_flag=row["sys_flag"],
-        properties=dict(row["properties"] or {}), born_timestamp=row["born_timestamp"], born_host=row["born_host"],
-        store_timestamp=row["store_timestamp"], store_host=row["store_host"], reconsume_times=row["reconsume_times"],
-        prepared_transaction_offset=0, body_crc=row["body_crc"], msg_id=row["msg_id"],
-    )  # fmt: skip
+        broker_name=row["broker_name"],
+        topic=row["topic"],
+        queue_id=row["queue_id"],
+        queue_offset=row["queue_offset"],
+        commit_log_offset=row["commit_log_offset"],
+        store_size=row["store_size"],
+        body=decompress_body(bytes(row["body"]), row["sys_flag"]),
+        flag=row["flag"],
+        sys_flag=row["sys_flag"],
+        properties=dict(row["properties"] or {}),
+        born_timestamp=row["born_timestamp"],
+        born_host=row["born_host"],
+        store_timestamp=row["store_timestamp"],
+        store_host=row["store_host"],
+        reconsume_times=row["reconsume_times"],
+        prepared_transaction_offset=0,
+        body_crc=row["body_crc"],
+        msg_id=row["msg_id"],
+    )
 
 
 # -- handler ------------------------------------------------------------------------------------
@@ -1320,15 +1458,20 @@ def _replay_to_handler(state: _Run, job_run: JobRun, handler: ReplayHandler) -> 
     outcome = ReplayOutcome(batches=batch_count(ranges, config.batch_rows))
     delivered: list[tuple[str, str, int, int, int, int]] = []
     if outcome.batches:
-        source_df = build_source_rows(state.records_df, _ranges_df(lake.spark, ranges, 0), config.batch_rows,
-                                      state.selection_df)  # fmt: skip
+        source_df = build_source_rows(
+            state.records_df, _ranges_df(lake.spark, ranges, 0), config.batch_rows, state.selection_df
+        )
         written: dict[QueueKey, int] = {}
         workers = max(1, min(8, sum(1 for r in ranges if r.pending)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replay-handler") as pool:
             for batch, queues in driver_batches(source_df):
                 live = {key: rows for key, rows in queues.items() if key not in outcome.failed}
-                futures = {key: pool.submit(deliver, handler, [message_of(r) for r in rows], config.replay_id, batch,
-                                            config.max_attempts) for key, rows in live.items()}  # fmt: skip
+                futures = {
+                    key: pool.submit(
+                        deliver, handler, [message_of(r) for r in rows], config.replay_id, batch, config.max_attempts
+                    )
+                    for key, rows in live.items()
+                }
                 for key, future in futures.items():
                     failure = future.result()
                     if failure is not None:
@@ -1341,9 +1484,15 @@ def _replay_to_handler(state: _Run, job_run: JobRun, handler: ReplayHandler) -> 
                 fresh = {k: v for k, v in done.items() if k not in outcome.failed and written.get(k) != v}
                 write_progress(lake, config.replay_id, fresh)
                 written.update(fresh)
-    replayed = pa.Table.from_arrays([pa.array(column, kind) for column, kind in zip(
-        zip(*delivered, strict=True) if delivered else [[]] * 6, _REPLAYED_TYPES, strict=True)],
-        names=list(REPLAYED_COLUMNS))  # fmt: skip
+    replayed = pa.Table.from_arrays(
+        [
+            pa.array(column, kind)
+            for column, kind in zip(
+                zip(*delivered, strict=True) if delivered else [[]] * 6, _REPLAYED_TYPES, strict=True
+            )
+        ],
+        names=list(REPLAYED_COLUMNS),
+    )
     return _finish_report(state, job_run, [replayed], _expected(state, ranges, from_resume=True), outcome)
 
 
@@ -1357,20 +1506,36 @@ def _replay_to_topic(state: _Run, job_run: JobRun, to_topic: str) -> ReplayOutco
     try:
         queue_nums = _prepare_target_topic(brokers, state.bounds, targets, to_topic, config.selector_property)
         probe = plan_ranges(state.bounds, config, state.progress)
-        found = find_replayed(brokers, probe, targets, to_topic, config.replay_id, state.progress, queue_nums,
-                              config.selector_property is not None)  # fmt: skip
+        found = find_replayed(
+            brokers,
+            probe,
+            targets,
+            to_topic,
+            config.replay_id,
+            state.progress,
+            queue_nums,
+            config.selector_property is not None,
+        )
         ranges = plan_ranges(state.bounds, config, state.progress, found)
         _start_replay(state, ranges)
         outcome = ReplayOutcome(batches=batch_count(ranges, config.batch_rows))
         if outcome.batches:
-            source_df = build_source_rows(state.records_df, _ranges_df(lake.spark, ranges, 0), config.batch_rows,
-                                          state.selection_df)  # fmt: skip
+            source_df = build_source_rows(
+                state.records_df, _ranges_df(lake.spark, ranges, 0), config.batch_rows, state.selection_df
+            )
             for batch, queues in driver_batches(source_df):
                 for key, rows in queues.items():
                     broker = brokers[targets[key[0]]]
                     for row in rows:
-                        broker.put_message(target_message(row, to_topic, config.replay_id, config.selector_property,
-                                                          queue_nums[broker.broker_name]))  # fmt: skip
+                        broker.put_message(
+                            target_message(
+                                row,
+                                to_topic,
+                                config.replay_id,
+                                config.selector_property,
+                                queue_nums[broker.broker_name],
+                            )
+                        )
                     outcome.rows += len(rows)
                 for broker in brokers.values():
                     broker.flush()
@@ -1407,9 +1572,12 @@ def _start_brokers(root: Path, names: Sequence[str]) -> dict[str, Broker]:
 
 
 def _prepare_target_topic(
-    brokers: Mapping[str, Broker], bounds: Sequence[QueueBounds], targets: Mapping[str, str], to_topic: str,
+    brokers: Mapping[str, Broker],
+    bounds: Sequence[QueueBounds],
+    targets: Mapping[str, str],
+    to_topic: str,
     selector_property: str | None,
-) -> dict[str, int]:  # fmt: skip
+) -> dict[str, int]:
     """Create (or, for same queue ids, grow) the target topic on every target broker; its queue
     count per broker."""
     needed: dict[str, int] = {}
@@ -1434,18 +1602,33 @@ def target_message(
     key = (row["broker_name"], row["topic"], row["queue_id"])
     properties[REPLAY_ID_PROPERTY] = replay_id
     properties[REPLAY_SOURCE_PROPERTY] = format_source(key, row["queue_offset"])
-    queue_id = row["queue_id"] if selector_property is None else select_queue_id(
-        properties.get(selector_property), row["queue_id"], queue_nums)  # fmt: skip
+    queue_id = (
+        row["queue_id"]
+        if selector_property is None
+        else select_queue_id(properties.get(selector_property), row["queue_id"], queue_nums)
+    )
     return InnerMessage(
-        topic=to_topic, queue_id=queue_id, body=bytes(row["body"]), properties=properties, flag=row["flag"],
-        sys_flag=row["sys_flag"] & _KEPT_SYS_FLAG, born_timestamp=row["born_timestamp"], born_host=row["born_host"],
-    )  # fmt: skip
+        topic=to_topic,
+        queue_id=queue_id,
+        body=bytes(row["body"]),
+        properties=properties,
+        flag=row["flag"],
+        sys_flag=row["sys_flag"] & _KEPT_SYS_FLAG,
+        born_timestamp=row["born_timestamp"],
+        born_host=row["born_host"],
+    )
 
 
 def find_replayed(
-    brokers: Mapping[str, Broker], ranges: Sequence[QueueRange], targets: Mapping[str, str], to_topic: str,
-    replay_id: str, progress: Mapping[QueueKey, Progress], queue_nums: Mapping[str, int], selector: bool,
-) -> dict[QueueKey, int]:  # fmt: skip
+    brokers: Mapping[str, Broker],
+    ranges: Sequence[QueueRange],
+    targets: Mapping[str, str],
+    to_topic: str,
+    replay_id: str,
+    progress: Mapping[QueueKey, Progress],
+    queue_nums: Mapping[str, int],
+    selector: bool,
+) -> dict[QueueKey, int]:
     """The last source offset per source queue that the target queues already hold for
     ``replay_id``, read from each target queue's messages stored since the source queues' last
     progress row (less :data:`TAIL_SCAN_MARGIN_MS`). Queues without progress were never sent."""
@@ -1478,15 +1661,31 @@ def find_replayed(
 # The printed report
 # ---------------------------------------------------------------------------------------------
 
-_REPORT_HEADER = ("broker_name", "topic", "queue_id", "source_rows", "rows", "first_offset", "last_offset", "gaps",
-                  "duplicates", "order_preserved", "complete")  # fmt: skip
+_REPORT_HEADER = (
+    "broker_name",
+    "topic",
+    "queue_id",
+    "source_rows",
+    "rows",
+    "first_offset",
+    "last_offset",
+    "gaps",
+    "duplicates",
+    "order_preserved",
+    "complete",
+)
 
 
 def format_report(rows: Sequence[Mapping[str, Any]], replay_id: str, sink: str) -> list[str]:
     """The ordering report as printed: a header line, one line per queue, a total line."""
     lines = [f"ordering report of replay {replay_id!r} into {sink}: {len(rows)} queues"]
-    cells = [_REPORT_HEADER] + [tuple("-" if row[n] is None else str(row[n]).lower() if isinstance(row[n], bool)
-                                      else str(row[n]) for n in _REPORT_HEADER) for row in rows]  # fmt: skip
+    cells = [_REPORT_HEADER] + [
+        tuple(
+            "-" if row[n] is None else str(row[n]).lower() if isinstance(row[n], bool) else str(row[n])
+            for n in _REPORT_HEADER
+        )
+        for row in rows
+    ]
     widths = [max(len(line[i]) for line in cells) for i in range(len(_REPORT_HEADER))]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in cells]
     total = sum(int(row["rows"]) for row in rows)
@@ -1507,8 +1706,9 @@ def _now() -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``replay_ordered``."""
-    parser = argparse.ArgumentParser(prog=JOB, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--replay-id", required=True, help="name of the replay ([A-Za-z0-9_.-], up to 64)")
     parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
     source = parser.add_argument_group("source (one of --topic, --group, --dlq)")
@@ -1527,14 +1727,24 @@ def build_parser() -> argparse.ArgumentParser:
     sink.add_argument("--to-broker", help="target broker (default: the source queue's broker)")
     sink.add_argument("--to-table", help="replay into a Delta table: a path, or a name under the lake root")
     sink.add_argument("--handler", help="module:function called per queue and batch in order")
-    parser.add_argument("--batch-rows", type=int, default=DEFAULT_BATCH_ROWS,
-                        help="queue offsets per queue and batch: the progress granularity "
-                        f"(default {DEFAULT_BATCH_ROWS})")  # fmt: skip
-    parser.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
-                        help="handler deliveries of a batch before its queue fails "
-                        f"(default {DEFAULT_MAX_ATTEMPTS})")  # fmt: skip
-    parser.add_argument("--engine", choices=list(ENGINES), default="auto",
-                        help="lake engine (auto: delta-spark when its classes load, else the bridge)")  # fmt: skip
+    parser.add_argument(
+        "--batch-rows",
+        type=int,
+        default=DEFAULT_BATCH_ROWS,
+        help=f"queue offsets per queue and batch: the progress granularity (default {DEFAULT_BATCH_ROWS})",
+    )
+    parser.add_argument(
+        "--max-attempts",
+        type=int,
+        default=DEFAULT_MAX_ATTEMPTS,
+        help=f"handler deliveries of a batch before its queue fails (default {DEFAULT_MAX_ATTEMPTS})",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=list(ENGINES),
+        default="auto",
+        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
+    )
     return parser
 
 
@@ -1546,22 +1756,36 @@ def build_config(argv: Sequence[str] | None = None) -> ReplayConfig:
         SystemExit: argparse usage errors and ``--help``.
     """
     args = build_parser().parse_args(argv)
-    chosen = [name for name, given in (("--topic", bool(args.topic)), ("--group", args.group is not None),
-                                       ("--dlq", args.dlq)) if given]  # fmt: skip
+    chosen = [
+        name
+        for name, given in (("--topic", bool(args.topic)), ("--group", args.group is not None), ("--dlq", args.dlq))
+        if given
+    ]
     if len(chosen) != 1:
         raise ValidationError("source", chosen, "give exactly one source", "--topic, --group or --dlq")
     source = {"--topic": "queues", "--group": "backlog", "--dlq": "dlq"}[chosen[0]]
     lake = Path(args.lake)
     return ReplayConfig(
-        replay_id=args.replay_id, lake=lake, source=source, topics=tuple(parse_topic(t) for t in args.topic),
-        brokers=tuple(args.broker), from_offset=args.from_offset, to_offset=args.to_offset,
+        replay_id=args.replay_id,
+        lake=lake,
+        source=source,
+        topics=tuple(parse_topic(t) for t in args.topic),
+        brokers=tuple(args.broker),
+        from_offset=args.from_offset,
+        to_offset=args.to_offset,
         from_time=None if args.from_time is None else parse_instant(args.from_time, "--from-time"),
         to_time=None if args.to_time is None else parse_instant(args.to_time, "--to-time"),
-        group=args.group, dlq_groups=tuple(args.dlq_group), to_topic=args.to_topic,
-        selector_property=args.selector_property, to_broker=args.to_broker,
+        group=args.group,
+        dlq_groups=tuple(args.dlq_group),
+        to_topic=args.to_topic,
+        selector_property=args.selector_property,
+        to_broker=args.to_broker,
         to_table=None if args.to_table is None else resolve_sink_path(lake, args.to_table),
-        handler=args.handler, batch_rows=args.batch_rows, max_attempts=args.max_attempts, engine=args.engine,
-    )  # fmt: skip
+        handler=args.handler,
+        batch_rows=args.batch_rows,
+        max_attempts=args.max_attempts,
+        engine=args.engine,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

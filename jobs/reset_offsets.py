@@ -55,8 +55,9 @@ class ResetConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``reset_offsets``."""
-    parser = argparse.ArgumentParser(prog="reset_offsets", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="reset_offsets", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
     parser.add_argument("--group", action="append", default=[], help="consumer group (repeatable)")
     parser.add_argument("--topic", action="append", default=[], help="TOPIC or TOPIC:0,1 (repeatable)")
@@ -97,9 +98,16 @@ def config_from_args(args: argparse.Namespace, now: int) -> ResetConfig:
     elif args.from_file is not None:
         strategy = Strategy("from_file", file_targets=read_targets_file(args.from_file))
     return ResetConfig(
-        Path(args.lake), tuple(args.group), tuple(TopicSelection.parse(t) for t in args.topic), args.all_topics,
-        strategy, args.undo, args.execute, Path(args.export) if args.export else None, args.reason,
-    )  # fmt: skip
+        Path(args.lake),
+        tuple(args.group),
+        tuple(TopicSelection.parse(t) for t in args.topic),
+        args.all_topics,
+        strategy,
+        args.undo,
+        args.execute,
+        Path(args.export) if args.export else None,
+        args.reason,
+    )
 
 
 def run(config: ResetConfig) -> list[PlanRow]:
@@ -123,8 +131,10 @@ def run(config: ResetConfig) -> list[PlanRow]:
         print("nothing to move: every offset is already at its target")
     elif config.execute:
         reset_id = tool.execute(plan, reason)
-        print(f"executed reset {reset_id}: {sum(r.moves for r in plan)} queue(s) moved"
-              f" (undo with --undo {reset_id} --execute)")  # fmt: skip
+        print(
+            f"executed reset {reset_id}: {sum(r.moves for r in plan)} queue(s) moved"
+            f" (undo with --undo {reset_id} --execute)"
+        )
     else:
         print("dry run: nothing written (add --execute to apply)")
     return plan
@@ -132,13 +142,15 @@ def run(config: ResetConfig) -> list[PlanRow]:
 
 def _print_plan(plan: Sequence[PlanRow]) -> None:
     records = [tuple(str(v) for v in record) for record in plan_records(plan)]
-    widths = [max(len(name), *(len(r[i]) for r in records)) if records else len(name)
-              for i, name in enumerate(PLAN_COLUMNS)]  # fmt: skip
+    widths = [
+        max(len(name), *(len(r[i]) for r in records)) if records else len(name) for i, name in enumerate(PLAN_COLUMNS)
+    ]
     print("  ".join(name.ljust(w) for name, w in zip(PLAN_COLUMNS, widths, strict=True)).rstrip())
     for record in records:
         print("  ".join(value.ljust(w) for value, w in zip(record, widths, strict=True)).rstrip())
-    print(f"total: {sum(r.redelivered for r in plan)} message(s) delivered again, "
-          f"{sum(r.skipped for r in plan)} skipped")  # fmt: skip
+    print(
+        f"total: {sum(r.redelivered for r in plan)} message(s) delivered again, {sum(r.skipped for r in plan)} skipped"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -113,41 +113,95 @@ UNKNOWN_OFFSET = -1  # an offset the log does not give (op without half, op entr
 NO_IMMUNITY = -1  # getLong's "not a number": CHECK_IMMUNITY_TIME_IN_SECONDS then falls back to the timeout
 
 COMMITTED, ROLLED_BACK, DISCARDED, EXPIRED, PENDING, CHECK_DUE = (
-    "COMMITTED", "ROLLED_BACK", "DISCARDED", "EXPIRED", "PENDING", "CHECK_DUE",
-)  # fmt: skip
+    "COMMITTED",
+    "ROLLED_BACK",
+    "DISCARDED",
+    "EXPIRED",
+    "PENDING",
+    "CHECK_DUE",
+)
 STATES = (COMMITTED, ROLLED_BACK, DISCARDED, EXPIRED, PENDING, CHECK_DUE)  # precedence order
 OP_WITHOUT_HALF, FINAL_WITHOUT_OP, DOUBLE_COMMIT, OP_ON_REPUT_COPY, DUPLICATE_HALF = (
-    "OP_WITHOUT_HALF", "FINAL_WITHOUT_OP", "DOUBLE_COMMIT", "OP_ON_REPUT_COPY", "DUPLICATE_HALF",
-)  # fmt: skip
+    "OP_WITHOUT_HALF",
+    "FINAL_WITHOUT_OP",
+    "DOUBLE_COMMIT",
+    "OP_ON_REPUT_COPY",
+    "DUPLICATE_HALF",
+)
 ANOMALIES = (OP_WITHOUT_HALF, FINAL_WITHOUT_OP, DOUBLE_COMMIT, OP_ON_REPUT_COPY, DUPLICATE_HALF)  # fixed order
 
 TRANSACTION_KEY = ("broker_name", "half_commit_log_offset")
 HALF_COLUMNS = (
-    "broker_name", "queue_id", "queue_offset", "commit_log_offset", "born_timestamp", "store_timestamp",
-    "producer_group", "uniq_key", "real_topic", "real_queue_id", "check_times", "prepared_queue_offset",
-    "has_check_immunity", "check_immunity_ms",
-)  # fmt: skip
+    "broker_name",
+    "queue_id",
+    "queue_offset",
+    "commit_log_offset",
+    "born_timestamp",
+    "store_timestamp",
+    "producer_group",
+    "uniq_key",
+    "real_topic",
+    "real_queue_id",
+    "check_times",
+    "prepared_queue_offset",
+    "has_check_immunity",
+    "check_immunity_ms",
+)
 OP_COLUMNS = (
-    "broker_name", "queue_id", "op_queue_offset", "op_commit_log_offset", "store_timestamp", "removes",
+    "broker_name",
+    "queue_id",
+    "op_queue_offset",
+    "op_commit_log_offset",
+    "store_timestamp",
+    "removes",
     "half_queue_offset",
-)  # fmt: skip
+)
 FINAL_COLUMNS = (
-    "broker_name", "final_commit_log_offset", "prepared_transaction_offset", "topic", "queue_id",
-    "store_timestamp", "producer_group", "uniq_key",
-)  # fmt: skip
+    "broker_name",
+    "final_commit_log_offset",
+    "prepared_transaction_offset",
+    "topic",
+    "queue_id",
+    "store_timestamp",
+    "producer_group",
+    "uniq_key",
+)
 DISCARD_COLUMNS = (
-    "broker_name", "discard_commit_log_offset", "store_timestamp", "producer_group", "uniq_key", "check_times",
-)  # fmt: skip
+    "broker_name",
+    "discard_commit_log_offset",
+    "store_timestamp",
+    "producer_group",
+    "uniq_key",
+    "check_times",
+)
 # what a transaction row takes from its original half record
 ORIGINAL_COLUMNS = (
-    *TRANSACTION_KEY, "queue_offset", "producer_group", "uniq_key", "real_topic", "real_queue_id", "born_timestamp",
-    "has_check_immunity", "check_immunity_ms",
-)  # fmt: skip
+    *TRANSACTION_KEY,
+    "queue_offset",
+    "producer_group",
+    "uniq_key",
+    "real_topic",
+    "real_queue_id",
+    "born_timestamp",
+    "has_check_immunity",
+    "check_immunity_ms",
+)
 # the commit log columns build_transaction_records reads
 RECORD_COLUMNS = (
-    "broker_name", "queue_id", "queue_offset", "commit_log_offset", "sys_flag", "born_timestamp",
-    "store_timestamp", "prepared_transaction_offset", "body", "topic", "properties", "tags", "uniq_key",
-)  # fmt: skip
+    "broker_name",
+    "queue_id",
+    "queue_offset",
+    "commit_log_offset",
+    "sys_flag",
+    "born_timestamp",
+    "store_timestamp",
+    "prepared_transaction_offset",
+    "body",
+    "topic",
+    "properties",
+    "tags",
+    "uniq_key",
+)
 
 _PARAMETERS = re.compile(r"^(as_of=-?\d+; timeout_ms=\d+; check_max=\d+; reserve_ms=\d+)(?:;|$)")
 
@@ -222,9 +276,10 @@ def is_final_record() -> Column:
     retries and the dead letter of a committed message keep the COMMIT type.)"""
     topic = F.col("topic")
     copied = (
-        topic.startswith(c.RETRY_GROUP_TOPIC_PREFIX) | topic.startswith(c.DLQ_GROUP_TOPIC_PREFIX)
+        topic.startswith(c.RETRY_GROUP_TOPIC_PREFIX)
+        | topic.startswith(c.DLQ_GROUP_TOPIC_PREFIX)
         | (topic == F.lit(c.SCHEDULE_TOPIC))
-    )  # fmt: skip
+    )
     return (transaction_type(F.col("sys_flag")) == F.lit(c.TRANSACTION_COMMIT_TYPE)) & ~copied
 
 
@@ -270,9 +325,11 @@ def build_transaction_records(commitlog_df: DataFrame) -> DataFrame:
         Exactly the catalog columns of ``transaction_records``.
     """
     kind = (
-        F.when(is_half_record(), F.lit(HALF)).when(is_op_record(), F.lit(OP))
-        .when(is_discard_record(), F.lit(DISCARD)).when(is_final_record(), F.lit(FINAL))
-    )  # fmt: skip
+        F.when(is_half_record(), F.lit(HALF))
+        .when(is_op_record(), F.lit(OP))
+        .when(is_discard_record(), F.lit(DISCARD))
+        .when(is_final_record(), F.lit(FINAL))
+    )
     immunity_seconds = _property(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS).try_cast("long")
     immunity_ms = F.when(immunity_seconds != F.lit(NO_IMMUNITY), F.try_multiply(immunity_seconds, F.lit(1000)))
     entries = F.filter(F.split(F.decode(F.col("body"), "UTF-8"), OFFSET_SEPARATOR), lambda e: e != F.lit(""))
@@ -280,25 +337,37 @@ def build_transaction_records(commitlog_df: DataFrame) -> DataFrame:
     has_check_times = is_half | (F.col("kind") == F.lit(DISCARD))
     entry = F.col("entry")
     kinded_df = commitlog_df.select(*RECORD_COLUMNS, kind.alias("kind")).where(F.col("kind").isNotNull())
-    return kinded_df.select(
-        "*", F.explode_outer(F.when(is_op, entries)).alias("entry")
-    ).select(
-        "kind", "broker_name", "queue_id", "queue_offset", "commit_log_offset", "born_timestamp",
-        "store_timestamp", "topic",
-        _property(c.PROPERTY_PRODUCER_GROUP).alias("producer_group"),
-        "uniq_key",
-        F.when(is_half, _property(c.PROPERTY_REAL_TOPIC)).alias("real_topic"),
-        F.when(is_half, _property(c.PROPERTY_REAL_QUEUE_ID).try_cast("int")).alias("real_queue_id"),
-        F.when(has_check_times, _property(c.PROPERTY_TRANSACTION_CHECK_TIMES).try_cast("int")).alias("check_times"),
-        F.when(is_half, _property(c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET).try_cast("long"))
-        .alias("prepared_queue_offset"),
-        F.when(is_half, _property(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS).isNotNull()).alias("has_check_immunity"),
-        F.when(is_half, immunity_ms).cast("long").alias("check_immunity_ms"),
-        F.when(is_op, removes()).alias("removes"),
-        F.when(entry.isNotNull(), F.coalesce(entry.try_cast("long"), F.lit(UNKNOWN_OFFSET))).cast("long")
-        .alias("half_queue_offset"),
-        F.when(is_final, F.col("prepared_transaction_offset")).alias("prepared_transaction_offset"),
-    ).select(*TRANSACTION_RECORDS.column_names)  # fmt: skip
+    return (
+        kinded_df.select("*", F.explode_outer(F.when(is_op, entries)).alias("entry"))
+        .select(
+            "kind",
+            "broker_name",
+            "queue_id",
+            "queue_offset",
+            "commit_log_offset",
+            "born_timestamp",
+            "store_timestamp",
+            "topic",
+            _property(c.PROPERTY_PRODUCER_GROUP).alias("producer_group"),
+            "uniq_key",
+            F.when(is_half, _property(c.PROPERTY_REAL_TOPIC)).alias("real_topic"),
+            F.when(is_half, _property(c.PROPERTY_REAL_QUEUE_ID).try_cast("int")).alias("real_queue_id"),
+            F.when(has_check_times, _property(c.PROPERTY_TRANSACTION_CHECK_TIMES).try_cast("int")).alias("check_times"),
+            F.when(is_half, _property(c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET).try_cast("long")).alias(
+                "prepared_queue_offset"
+            ),
+            F.when(is_half, _property(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS).isNotNull()).alias(
+                "has_check_immunity"
+            ),
+            F.when(is_half, immunity_ms).cast("long").alias("check_immunity_ms"),
+            F.when(is_op, removes()).alias("removes"),
+            F.when(entry.isNotNull(), F.coalesce(entry.try_cast("long"), F.lit(UNKNOWN_OFFSET)))
+            .cast("long")
+            .alias("half_queue_offset"),
+            F.when(is_final, F.col("prepared_transaction_offset")).alias("prepared_transaction_offset"),
+        )
+        .select(*TRANSACTION_RECORDS.column_names)
+    )
 
 
 def _of_kind(records_df: DataFrame, kind: str, columns: Sequence[str | Column]) -> DataFrame:
@@ -312,8 +381,10 @@ def halves_of(records_df: DataFrame) -> DataFrame:
 
 def ops_of(records_df: DataFrame) -> DataFrame:
     """The op rows of ``transaction_records`` rows, as :func:`build_ops` gives them."""
-    op_offsets = [F.col("queue_offset").alias("op_queue_offset"),
-                  F.col("commit_log_offset").alias("op_commit_log_offset")]  # fmt: skip
+    op_offsets = [
+        F.col("queue_offset").alias("op_queue_offset"),
+        F.col("commit_log_offset").alias("op_commit_log_offset"),
+    ]
     return _of_kind(records_df, OP, ["broker_name", "queue_id", *op_offsets, *OP_COLUMNS[4:]])
 
 
@@ -413,14 +484,21 @@ def build_transaction_state(
         .join(_discarded(originals_df, discards_df, as_of), on=list(TRANSACTION_KEY), how="left")
     )
     states_df = resolved_df.select(
-        "broker_name", "producer_group", "uniq_key",
+        "broker_name",
+        "producer_group",
+        "uniq_key",
         F.col("queue_offset").alias("half_queue_offset"),
-        "half_commit_log_offset", "real_topic", "real_queue_id",
+        "half_commit_log_offset",
+        "real_topic",
+        "real_queue_id",
         _state(as_of, timeout_ms, check_max, reserve_ms).alias("state"),
-        "check_times", "op_queue_offset", "final_commit_log_offset", "born_timestamp",
+        "check_times",
+        "op_queue_offset",
+        "final_commit_log_offset",
+        "born_timestamp",
         F.lit(as_of).cast("long").alias("as_of"),
         _anomaly().alias("anomaly"),
-    )  # fmt: skip
+    )
     return states_df.unionByName(_ops_without_half(halves_df, removing_ops_df, as_of)).select(
         *TRANSACTION_STATE.column_names
     )
@@ -455,9 +533,12 @@ def _copies_summary(halves_df: DataFrame) -> DataFrame:
 def _members(halves_df: DataFrame) -> DataFrame:
     """Every half record as a member of its transaction, keyed by its queue position."""
     return halves_df.select(
-        "broker_name", "queue_id", F.col("queue_offset").alias("half_queue_offset"),
-        "half_commit_log_offset", "is_copy",
-    )  # fmt: skip
+        "broker_name",
+        "queue_id",
+        F.col("queue_offset").alias("half_queue_offset"),
+        "half_commit_log_offset",
+        "is_copy",
+    )
 
 
 def _first_ops(halves_df: DataFrame, removing_ops_df: DataFrame) -> DataFrame:
@@ -506,18 +587,21 @@ def _ops_without_half(halves_df: DataFrame, removing_ops_df: DataFrame, as_of: i
         .agg(F.min("op_queue_offset").alias("op_queue_offset"))
         .select(
             "broker_name",
-            null_string.alias("producer_group"), null_string.alias("uniq_key"),
+            null_string.alias("producer_group"),
+            null_string.alias("uniq_key"),
             "half_queue_offset",
             F.lit(UNKNOWN_OFFSET).cast("long").alias("half_commit_log_offset"),
-            null_string.alias("real_topic"), F.lit(None).cast("int").alias("real_queue_id"),
+            null_string.alias("real_topic"),
+            F.lit(None).cast("int").alias("real_queue_id"),
             F.lit(ROLLED_BACK).alias("state"),
             F.lit(None).cast("int").alias("check_times"),
             "op_queue_offset",
-            null_long.alias("final_commit_log_offset"), null_long.alias("born_timestamp"),
+            null_long.alias("final_commit_log_offset"),
+            null_long.alias("born_timestamp"),
             F.lit(as_of).cast("long").alias("as_of"),
             F.lit(OP_WITHOUT_HALF).alias("anomaly"),
         )
-    )  # fmt: skip
+    )
 
 
 def _state(as_of: int, timeout_ms: int, check_max: int, reserve_ms: int) -> Column:
@@ -620,9 +704,15 @@ def _compute_and_write(lake: Lake, job_run: JobRun, config: ResolveTransactionsC
     records_df = records_df.where(F.col("store_timestamp") <= F.lit(config.as_of)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         state_df = build_transaction_state(
-            halves_of(records_df), ops_of(records_df), finals_of(records_df), discards_of(records_df),
-            config.as_of, config.timeout_ms, config.check_max, config.reserve_ms,
-        )  # fmt: skip
+            halves_of(records_df),
+            ops_of(records_df),
+            finals_of(records_df),
+            discards_of(records_df),
+            config.as_of,
+            config.timeout_ms,
+            config.check_max,
+            config.reserve_ms,
+        )
         version = lake.overwrite(TRANSACTION_STATE, state_df)
         job_run.row_counts.update(_record_counts(records_df))
     finally:
@@ -684,8 +774,7 @@ def summarize(state_df: DataFrame, as_of: int, show: int) -> TransactionSummary:
 # The printed summary
 # ---------------------------------------------------------------------------------------------
 
-_DUE_HEADER = ("#Broker Name", "#Producer Group", "#Uniq Key", "#Real Topic", "#QID", "#Half Offset", "#Checks",
-               "#Age")  # fmt: skip
+_DUE_HEADER = ("#Broker Name", "#Producer Group", "#Uniq Key", "#Real Topic", "#QID", "#Half Offset", "#Checks", "#Age")
 
 
 def format_summary(summary: TransactionSummary) -> list[str]:
@@ -744,23 +833,44 @@ def format_age(millis: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``resolve_transactions``."""
-    parser = argparse.ArgumentParser(prog=JOB, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
-    parser.add_argument("--as-of", help="time T: epoch ms or ISO-8601 with a zone, e.g. 2026-11-22T02:00:00Z "
-                        "(default: now)")  # fmt: skip
-    parser.add_argument("--timeout-ms", type=int, default=TRANSACTION_TIMEOUT_MS,
-                        help=f"broker transactionTimeOut, ms (default {TRANSACTION_TIMEOUT_MS})")  # fmt: skip
-    parser.add_argument("--check-max", type=int, default=TRANSACTION_CHECK_MAX,
-                        help=f"broker transactionCheckMax (default {TRANSACTION_CHECK_MAX})")  # fmt: skip
-    parser.add_argument("--reserve-ms", type=int, default=FILE_RESERVED_MS,
-                        help=f"broker file reserve time, ms (default {FILE_RESERVED_MS}, 72 h)")  # fmt: skip
+    parser.add_argument(
+        "--as-of", help="time T: epoch ms or ISO-8601 with a zone, e.g. 2026-11-22T02:00:00Z (default: now)"
+    )
+    parser.add_argument(
+        "--timeout-ms",
+        type=int,
+        default=TRANSACTION_TIMEOUT_MS,
+        help=f"broker transactionTimeOut, ms (default {TRANSACTION_TIMEOUT_MS})",
+    )
+    parser.add_argument(
+        "--check-max",
+        type=int,
+        default=TRANSACTION_CHECK_MAX,
+        help=f"broker transactionCheckMax (default {TRANSACTION_CHECK_MAX})",
+    )
+    parser.add_argument(
+        "--reserve-ms",
+        type=int,
+        default=FILE_RESERVED_MS,
+        help=f"broker file reserve time, ms (default {FILE_RESERVED_MS}, 72 h)",
+    )
     parser.add_argument("--show", type=int, default=20, help="CHECK_DUE transactions to list (default 20)")
-    parser.add_argument("--engine", choices=list(ENGINES), default="auto",
-                        help="lake engine (auto: delta-spark when its classes load, else the bridge)")  # fmt: skip
-    parser.add_argument("--full", action="store_true",
-                        help="rebuild transaction_records from the whole commit log when it is behind (default: "
-                        "read only the new versions)")  # fmt: skip
+    parser.add_argument(
+        "--engine",
+        choices=list(ENGINES),
+        default="auto",
+        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="rebuild transaction_records from the whole commit log when it is behind (default: "
+        "read only the new versions)",
+    )
     return parser
 
 

@@ -83,8 +83,11 @@ SCHEDULED, RETRY, DEAD_LETTER = "SCHEDULED", "RETRY", "DLQ"  # retry_records kin
 DELIVERED, CONSUMED, DEAD = "DELIVERED", "CONSUMED", "DEAD"  # chain states besides SCHEDULED
 STATES = (SCHEDULED, DELIVERED, CONSUMED, DEAD)
 MAX_RECONSUME_TIMES, CONSUMER_REQUESTED, POLICY, POLICY_NOT_WRITTEN = (
-    "MAX_RECONSUME_TIMES", "CONSUMER_REQUESTED", "POLICY", "POLICY_NOT_WRITTEN",
-)  # fmt: skip
+    "MAX_RECONSUME_TIMES",
+    "CONSUMER_REQUESTED",
+    "POLICY",
+    "POLICY_NOT_WRITTEN",
+)
 REASONS = (MAX_RECONSUME_TIMES, CONSUMER_REQUESTED, POLICY, POLICY_NOT_WRITTEN)
 PROPERTY_ROUTED_BY = "DLQ_ROUTED_BY"  # on a %DLQ% record a tool wrote on the group's behalf
 CHAIN_KEY = ("group", "origin_msg_id")
@@ -162,17 +165,27 @@ def build_retry_records(commitlog_df: DataFrame) -> DataFrame:
         commitlog_df.select("*", kind.alias("kind"))
         .where(F.col("kind").isNotNull())
         .select(
-            "kind", group.alias("group"), "broker_name", "topic", "queue_id", "queue_offset", "commit_log_offset",
-            "msg_id", "uniq_key", "keys",
+            "kind",
+            group.alias("group"),
+            "broker_name",
+            "topic",
+            "queue_id",
+            "queue_offset",
+            "commit_log_offset",
+            "msg_id",
+            "uniq_key",
+            "keys",
             F.nullif(F.trim(_property(c.PROPERTY_ORIGIN_MESSAGE_ID)), F.lit("")).alias("origin_msg_id"),
             F.nullif(F.trim(_property(c.PROPERTY_RETRY_TOPIC)), F.lit("")).alias("origin_topic"),
-            "reconsume_times", "born_timestamp", "store_timestamp",
+            "reconsume_times",
+            "born_timestamp",
+            "store_timestamp",
             F.when(F.col("kind") == F.lit(DEAD_LETTER), _property(PROPERTY_ROUTED_BY)).alias("routed_by"),
             F.when(kept, F.col("body")).alias("body"),
             F.when(kept, F.col("properties")).alias("properties"),
         )
         .select(*RETRY_RECORDS.column_names)
-    )  # fmt: skip
+    )
 
 
 def build_policies(subscription_group_df: DataFrame, as_of: int) -> DataFrame:
@@ -231,34 +244,52 @@ def build_retry_chains(
     attempt = F.struct("broker_name", "topic", "commit_log_offset", "reconsume_times", "store_timestamp")
     chains_df = chained_df.groupBy(*CHAIN_KEY).agg(
         latest.alias("latest"),
-        F.min("uniq_key").alias("uniq_key"), F.min("keys").alias("keys"), F.min("origin_topic").alias("origin_topic"),
+        F.min("uniq_key").alias("uniq_key"),
+        F.min("keys").alias("keys"),
+        F.min("origin_topic").alias("origin_topic"),
         F.min_by("broker_name", "commit_log_offset").alias("broker_name"),
         F.array_sort(F.collect_list(F.when(F.col("kind") == F.lit(RETRY), attempt))).alias("retries"),
         F.min("store_timestamp").alias("first_failure_timestamp"),
-    )  # fmt: skip
+    )
     topic_queue = F.struct(F.col("latest.topic").alias("topic"), F.col("latest.queue_id").alias("queue_id"))
     return (
         chains_df.withColumn("topic_queue", topic_queue)
         .join(origins_df, on=list(CHAIN_KEY), how="left")
         .join(policies_df, on=["broker_name", "group"], how="left")
         .join(_retry_queue_offsets(offsets_df), on=["group", "broker_name", "topic_queue"], how="left")
-        .select(*CHAIN_KEY, "uniq_key", "keys", "origin_topic", "broker_name",
-                F.concat(F.when(F.col("origin").isNotNull(), F.array("origin")).otherwise(F.array()),
-                         _by_reconsume_times(F.col("retries"))).alias("attempts"),
-                F.col("latest.reconsume_times").alias("last_reconsume_times"), "first_failure_timestamp",
-                F.col("latest.store_timestamp").alias("last_timestamp"), _chain_state().alias("state"),
-                F.coalesce("retry_max_times", F.lit(c.RETRY_MAX_TIMES)).alias("max_reconsume_times"))
+        .select(
+            *CHAIN_KEY,
+            "uniq_key",
+            "keys",
+            "origin_topic",
+            "broker_name",
+            F.concat(
+                F.when(F.col("origin").isNotNull(), F.array("origin")).otherwise(F.array()),
+                _by_reconsume_times(F.col("retries")),
+            ).alias("attempts"),
+            F.col("latest.reconsume_times").alias("last_reconsume_times"),
+            "first_failure_timestamp",
+            F.col("latest.store_timestamp").alias("last_timestamp"),
+            _chain_state().alias("state"),
+            F.coalesce("retry_max_times", F.lit(c.RETRY_MAX_TIMES)).alias("max_reconsume_times"),
+        )
         .withColumn("exhausted", _exhausted())
         .select(*RETRY_CHAINS.column_names[:-1], F.lit(as_of).cast("long").alias("as_of"))
         .select(*RETRY_CHAINS.column_names)
-    )  # fmt: skip
+    )
 
 
 def _by_reconsume_times(retries: Column) -> Column:
     """Attempts ordered by (reconsume times, store time, commit log offset)."""
-    keyed = F.transform(retries, lambda a: F.struct(a["reconsume_times"].alias("k0"),
-                                                    a["store_timestamp"].alias("k1"),
-                                                    a["commit_log_offset"].alias("k2"), a.alias("a")))  # fmt: skip
+    keyed = F.transform(
+        retries,
+        lambda a: F.struct(
+            a["reconsume_times"].alias("k0"),
+            a["store_timestamp"].alias("k1"),
+            a["commit_log_offset"].alias("k2"),
+            a.alias("a"),
+        ),
+    )
     return F.transform(F.array_sort(keyed), lambda k: k["a"])
 
 
@@ -333,38 +364,55 @@ def build_dlq(records_df: DataFrame, chains_df: DataFrame, redrives_df: DataFram
         ``POLICY_NOT_WRITTEN`` row per exhausted DELIVERED chain (its latest retry record).
     """
     chained_df = with_chain_key(records_df.where(F.col("store_timestamp") <= F.lit(as_of)))
-    chain_df = chains_df.select(*CHAIN_KEY, "attempts", "first_failure_timestamp", "max_reconsume_times",
-                                "exhausted", "state")  # fmt: skip
+    chain_df = chains_df.select(
+        *CHAIN_KEY, "attempts", "first_failure_timestamp", "max_reconsume_times", "exhausted", "state"
+    )
     dead_df = chained_df.where(F.col("kind") == F.lit(DEAD_LETTER)).join(chain_df, on=list(CHAIN_KEY), how="left")
     reason = (
         F.when(F.col("routed_by").isNotNull(), F.lit(POLICY))
-        .when(F.col("reconsume_times") - 1 >= F.coalesce("max_reconsume_times", F.lit(c.RETRY_MAX_TIMES)),
-              F.lit(MAX_RECONSUME_TIMES))
+        .when(
+            F.col("reconsume_times") - 1 >= F.coalesce("max_reconsume_times", F.lit(c.RETRY_MAX_TIMES)),
+            F.lit(MAX_RECONSUME_TIMES),
+        )
         .otherwise(F.lit(CONSUMER_REQUESTED))
-    )  # fmt: skip
+    )
     dead_rows_df = dead_df.select("*", reason.alias("reason"), F.col("store_timestamp").alias("dlq_timestamp"))
     latest_retry = Window.partitionBy(*CHAIN_KEY).orderBy(
         F.col("reconsume_times").desc(), F.col("store_timestamp").desc(), F.col("commit_log_offset").desc()
     )
     pending_df = (
         chained_df.where(F.col("kind") == F.lit(RETRY))
-        .join(chain_df.where(F.col("exhausted") & (F.col("state") == F.lit(DELIVERED))), on=list(CHAIN_KEY),
-              how="inner")
+        .join(
+            chain_df.where(F.col("exhausted") & (F.col("state") == F.lit(DELIVERED))), on=list(CHAIN_KEY), how="inner"
+        )
         .withColumn("_n", F.row_number().over(latest_retry))
         .where(F.col("_n") == 1)
         .select("*", F.lit(POLICY_NOT_WRITTEN).alias("reason"), F.lit(None).cast("long").alias("dlq_timestamp"))
-    )  # fmt: skip
+    )
     rows_df = dead_rows_df.unionByName(pending_df, allowMissingColumns=True)
     return rows_df.join(_redrive_states(redrives_df), on=["broker_name", "msg_id"], how="left").select(
-        "group", "broker_name", "msg_id", "uniq_key", "origin_msg_id", "origin_topic", "reconsume_times",
-        "first_failure_timestamp", "dlq_timestamp", "body", "properties", "attempts", "reason", "redrive_state",
-    )  # fmt: skip
+        "group",
+        "broker_name",
+        "msg_id",
+        "uniq_key",
+        "origin_msg_id",
+        "origin_topic",
+        "reconsume_times",
+        "first_failure_timestamp",
+        "dlq_timestamp",
+        "body",
+        "properties",
+        "attempts",
+        "reason",
+        "redrive_state",
+    )
 
 
 def _redrive_states(redrives_df: DataFrame) -> DataFrame:
     """Per dead letter: ``<state> <request_id>`` of its latest ``dlq_redrives`` row."""
-    latest = F.max_by(F.concat_ws(" ", "state", "request_id"),
-                      F.struct("updated_timestamp", "state", "request_id")).alias("redrive_state")  # fmt: skip
+    latest = F.max_by(
+        F.concat_ws(" ", "state", "request_id"), F.struct("updated_timestamp", "state", "request_id")
+    ).alias("redrive_state")
     return redrives_df.groupBy("broker_name", "msg_id").agg(latest)
 
 
@@ -417,8 +465,9 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
         job_run.row_counts.update({"new_retry_records": new, "routed": routed})
         summary = summarize(lake, job_run.output_versions, as_of, config.show)
         summary.routed = routed
-        job_run.row_counts.update({RETRY_CHAINS.name: sum(summary.chains.values()),
-                                   DLQ.name: sum(summary.dead_letters.values())})  # fmt: skip
+        job_run.row_counts.update(
+            {RETRY_CHAINS.name: sum(summary.chains.values()), DLQ.name: sum(summary.dead_letters.values())}
+        )
         print("\n".join(format_summary(summary)))
     except Exception as err:
         record_run(lake, job_run.finish("FAILED", f"as_of={as_of}; {type(err).__name__}: {err}"))
@@ -429,8 +478,14 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
     return job_run
 
 
-_INPUTS = [COMMITLOG.name, RETRY_RECORDS.name, SUBSCRIPTION_GROUP.name, CONSUMER_OFFSET_COMMITS.name,
-           BROKERS.name, DLQ_REDRIVES.name]  # fmt: skip
+_INPUTS = [
+    COMMITLOG.name,
+    RETRY_RECORDS.name,
+    SUBSCRIPTION_GROUP.name,
+    CONSUMER_OFFSET_COMMITS.name,
+    BROKERS.name,
+    DLQ_REDRIVES.name,
+]
 
 
 def _frames(lake: Lake, versions: Mapping[str, int], as_of: int) -> tuple[DataFrame, DataFrame]:
@@ -448,15 +503,24 @@ def _origins(lake: Lake, versions: Mapping[str, int], records_df: DataFrame, as_
     empty = spark.createDataFrame([], f"group string, origin_msg_id string, origin {_ATTEMPT_DDL}")
     if BROKERS.name not in versions or COMMITLOG.name not in versions:
         return empty
-    brokers = [(r["broker_name"], r["store_host"], r["segment_size"]) for r in lake.read(BROKERS, version=versions[
-        BROKERS.name]).groupBy("broker_name").agg(F.max_by("store_host", "started_timestamp").alias("store_host"),
-        F.max_by("segment_size", "started_timestamp").alias("segment_size")).collect()]  # fmt: skip
+    brokers = [
+        (r["broker_name"], r["store_host"], r["segment_size"])
+        for r in lake.read(BROKERS, version=versions[BROKERS.name])
+        .groupBy("broker_name")
+        .agg(
+            F.max_by("store_host", "started_timestamp").alias("store_host"),
+            F.max_by("segment_size", "started_timestamp").alias("segment_size"),
+        )
+        .collect()
+    ]
     hosts_df = build_origin_hosts([(name, host) for name, host, _ in brokers], spark)
     keys_df = with_chain_key(records_df.where(F.col("store_timestamp") <= F.lit(as_of))).select(*CHAIN_KEY).distinct()
     sizes = {name: size for name, _, size in brokers}
     decoded_df = _decoded_origins(keys_df, hosts_df).select("broker_name", "commit_log_offset").distinct()
-    segments = {(r["broker_name"], r["commit_log_offset"] - r["commit_log_offset"] % sizes[r["broker_name"]])
-                for r in decoded_df.collect()}  # fmt: skip
+    segments = {
+        (r["broker_name"], r["commit_log_offset"] - r["commit_log_offset"] % sizes[r["broker_name"]])
+        for r in decoded_df.collect()
+    }
     if not segments:
         return empty
     filter_ = {"broker_name": sorted({b for b, _ in segments}), "segment": sorted({s for _, s in segments})}
@@ -491,12 +555,18 @@ def _candidates(lake: Lake, as_of: int, versions: Mapping[str, int]) -> list[dic
     """The exhausted, delivered chains with their latest retry record, as of ``as_of``."""
     records_df, chains_df = _frames(lake, versions, as_of)
     try:
-        pending_df = build_dlq(records_df, chains_df, records_df.sparkSession.createDataFrame(
-            [], spark_schema(DLQ_REDRIVES)), as_of).where(F.col("reason") == F.lit(POLICY_NOT_WRITTEN))  # fmt: skip
-        rows = pending_df.join(
-            records_df.where(F.col("kind") == F.lit(RETRY)).select("broker_name", "msg_id", "commit_log_offset"),
-            on=["broker_name", "msg_id"], how="inner",
-        ).select("group", "broker_name", "msg_id", "origin_msg_id", "commit_log_offset").collect()  # fmt: skip
+        pending_df = build_dlq(
+            records_df, chains_df, records_df.sparkSession.createDataFrame([], spark_schema(DLQ_REDRIVES)), as_of
+        ).where(F.col("reason") == F.lit(POLICY_NOT_WRITTEN))
+        rows = (
+            pending_df.join(
+                records_df.where(F.col("kind") == F.lit(RETRY)).select("broker_name", "msg_id", "commit_log_offset"),
+                on=["broker_name", "msg_id"],
+                how="inner",
+            )
+            .select("group", "broker_name", "msg_id", "origin_msg_id", "commit_log_offset")
+            .collect()
+        )
     finally:
         records_df.unpersist()
     return [row.asDict() for row in rows]
@@ -528,8 +598,9 @@ def route_exhausted(lake: Lake, candidates: Sequence[Mapping[str, Any]]) -> int:
             for chain in chains:
                 if chain["origin_msg_id"] in _dead_origins(broker, chain["group"]):
                     continue
-                broker.consumer_send_back(chain["group"], chain["commit_log_offset"], delay_level=-1,
-                                          properties={PROPERTY_ROUTED_BY: JOB})  # fmt: skip
+                broker.consumer_send_back(
+                    chain["group"], chain["commit_log_offset"], delay_level=-1, properties={PROPERTY_ROUTED_BY: JOB}
+                )
                 routed += 1
         finally:
             broker.shutdown()
@@ -571,13 +642,15 @@ def summarize(lake: Lake, versions: Mapping[str, int], as_of: int, show: int) ->
     dlq_df = lake.read(DLQ, version=versions[DLQ.name])
     summary = RouteSummary(as_of)
     summary.chains = {r["state"]: int(r["count"]) for r in chains_df.groupBy("state").count().collect()}
-    summary.dead_letters = {(r["group"], r["reason"]): int(r["count"])
-                            for r in dlq_df.groupBy("group", "reason").count().collect()}  # fmt: skip
+    summary.dead_letters = {
+        (r["group"], r["reason"]): int(r["count"]) for r in dlq_df.groupBy("group", "reason").count().collect()
+    }
     exhausted_df = chains_df.where(F.col("exhausted"))
     summary.exhausted_total = exhausted_df.count()
     if show:
-        summary.exhausted = [r.asDict() for r in exhausted_df.orderBy("first_failure_timestamp", *CHAIN_KEY)
-                             .limit(show).collect()]  # fmt: skip
+        summary.exhausted = [
+            r.asDict() for r in exhausted_df.orderBy("first_failure_timestamp", *CHAIN_KEY).limit(show).collect()
+        ]
     return summary
 
 
@@ -596,9 +669,23 @@ def format_summary(summary: RouteSummary) -> list[str]:
     lines.append(f"exhausted, not dead-lettered: {summary.exhausted_total}{hint}")
     if summary.exhausted:
         header = ("#Group", "#Origin Msg Id", "#Topic", "#Reconsumed", "#Max", "#State", "#First Failure")
-        lines += text_table([header, *((r["group"], r["origin_msg_id"], r["origin_topic"] or "-",
-                                    str(r["last_reconsume_times"]), str(r["max_reconsume_times"]), r["state"],
-                                    iso_utc(r["first_failure_timestamp"])) for r in summary.exhausted)])  # fmt: skip
+        lines += text_table(
+            [
+                header,
+                *(
+                    (
+                        r["group"],
+                        r["origin_msg_id"],
+                        r["origin_topic"] or "-",
+                        str(r["last_reconsume_times"]),
+                        str(r["max_reconsume_times"]),
+                        r["state"],
+                        iso_utc(r["first_failure_timestamp"]),
+                    )
+                    for r in summary.exhausted
+                ),
+            ]
+        )
     return lines
 
 
@@ -609,16 +696,24 @@ def format_summary(summary: RouteSummary) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``route_dlq``."""
-    parser = argparse.ArgumentParser(prog=JOB, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
     parser.add_argument("--as-of", help="time T: epoch ms or ISO-8601 with a zone (default: now)")
-    parser.add_argument("--execute", action="store_true",
-                        help="write the %%DLQ%% records of exhausted chains through their brokers (stop them first)")
+    parser.add_argument(
+        "--execute",
+        action="store_true",
+        help="write the %%DLQ%% records of exhausted chains through their brokers (stop them first)",
+    )
     parser.add_argument("--full", action="store_true", help="rebuild retry_records from the whole commit log")
     parser.add_argument("--show", type=int, default=20, help="exhausted chains to list (default 20)")
-    parser.add_argument("--engine", choices=list(ENGINES), default="auto",
-                        help="lake engine (auto: delta-spark when its classes load, else the bridge)")  # fmt: skip
+    parser.add_argument(
+        "--engine",
+        choices=list(ENGINES),
+        default="auto",
+        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
+    )
     return parser
 
 
@@ -630,8 +725,9 @@ def build_config(argv: Sequence[str] | None = None) -> RouteDlqConfig:
     """
     args = build_parser().parse_args(argv)
     if args.execute and args.as_of is not None:
-        raise ValidationError("--as-of", args.as_of, "cannot be combined with --execute",
-                              "route the log as it is now: leave out --as-of")  # fmt: skip
+        raise ValidationError(
+            "--as-of", args.as_of, "cannot be combined with --execute", "route the log as it is now: leave out --as-of"
+        )
     as_of = parse_instant(args.as_of, "--as-of") if args.as_of is not None else time.time_ns() // 1_000_000
     return RouteDlqConfig(Path(args.lake), as_of, args.execute, args.full, args.engine, args.show)
 

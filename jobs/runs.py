@@ -61,8 +61,7 @@ def record_run(lake: Lake, run: JobRun) -> int | None:
         "message": run.message,
     }
     # one row: appended from the driver (a commit, not a Spark job); maps as Arrow takes them
-    maps = {"input_versions": run.input_versions, "output_versions": run.output_versions,
-            "row_counts": run.row_counts}  # fmt: skip
+    maps = {"input_versions": run.input_versions, "output_versions": run.output_versions, "row_counts": run.row_counts}
     row.update({name: list(value.items()) for name, value in maps.items()})
     return lake.append_rows(JOB_RUNS, pa.Table.from_pylist([row], schema=JOB_RUNS.arrow_schema))
 

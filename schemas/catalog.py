@@ -157,8 +157,12 @@ CONSUME_QUEUE_INTEGRITY = TableSpec(
         ("queue_id", pa.int32(), "queue id, null for findings about a record alone"),
         ("queue_offset", pa.int64(), "queue offset concerned, null when none"),
         ("commit_log_offset", pa.int64(), "commit log offset of the record concerned, null when none"),
-        ("problem", pa.string(), "GAP, DUPLICATE_QUEUE_OFFSET, NON_MONOTONIC_OFFSET, CRC_MISMATCH, "
-         "SIZE_MISMATCH or BEYOND_SEGMENT", False),
+        (
+            "problem",
+            pa.string(),
+            "GAP, DUPLICATE_QUEUE_OFFSET, NON_MONOTONIC_OFFSET, CRC_MISMATCH, SIZE_MISMATCH or BEYOND_SEGMENT",
+            False,
+        ),
         ("detail", pa.string(), "the values that disagree, in words", False),
         ("commitlog_version", pa.int64(), "commitlog version the check covered up to", False),
     ),

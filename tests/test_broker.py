@@ -214,8 +214,11 @@ def test_sigkill_while_sending_loses_no_acknowledged_send_and_restart_continues(
     for uniq_key, offset, topic, queue_id, queue_offset in acked:
         row = by_key[uniq_key]
         assert (row["commit_log_offset"], row["topic"], row["queue_id"], row["queue_offset"]) == (
-            offset, topic, queue_id, queue_offset,
-        )  # fmt: skip
+            offset,
+            topic,
+            queue_id,
+            queue_offset,
+        )
     assert check_log(rows, SEGMENT) == []
 
     with _broker(tmp_path) as broker:
@@ -230,8 +233,10 @@ def _start_child(lake: Path, name: str, threads: int) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen(
         [sys.executable, str(REPO / "tests" / "broker_process.py"), str(lake), name, str(threads), str(SEGMENT)],
-        stdout=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert child.stdout is not None
     deadline = time.monotonic() + 60
     line = child.stdout.readline()

@@ -343,12 +343,24 @@ def make_row(
         len(body), len(topic.encode()), len(raw_properties), born.is_v6, store.is_v6, magic == c.MAGIC_CODE_V2
     )
     return {
-        "store_size": size, "magic_code": magic, "body_crc": body_crc(body), "queue_id": 1, "flag": 7,
-        "queue_offset": 123, "commit_log_offset": commit_log_offset, "sys_flag": sys_flag,
-        "born_timestamp": 1_700_000_000_001, "born_host": str(born), "store_timestamp": 1_700_000_000_002,
-        "store_host": str(store), "reconsume_times": 2, "prepared_transaction_offset": 99,
-        "body": body, "topic": topic, "raw_properties": raw_properties,
-    }  # fmt: skip
+        "store_size": size,
+        "magic_code": magic,
+        "body_crc": body_crc(body),
+        "queue_id": 1,
+        "flag": 7,
+        "queue_offset": 123,
+        "commit_log_offset": commit_log_offset,
+        "sys_flag": sys_flag,
+        "born_timestamp": 1_700_000_000_001,
+        "born_host": str(born),
+        "store_timestamp": 1_700_000_000_002,
+        "store_host": str(store),
+        "reconsume_times": 2,
+        "prepared_transaction_offset": 99,
+        "body": body,
+        "topic": topic,
+        "raw_properties": raw_properties,
+    }
 
 
 @pytest.mark.parametrize(("trailing", "expected"), [(False, 107), (True, 108)])
@@ -394,9 +406,15 @@ def record_rows(draw: st.DrawFn) -> dict[str, Any]:
     raw = encode_properties(properties, trailing_separator=draw(st.booleans())).encode()
     transaction = draw(st.sampled_from([0, c.TRANSACTION_PREPARED_TYPE, c.TRANSACTION_COMMIT_TYPE]))
     return make_row(
-        topic, draw(st.binary(max_size=300)), raw, draw(_HOSTS), draw(_HOSTS), magic,
-        draw(st.integers(0, 2**62)), transaction | draw(st.sampled_from([0, c.COMPRESSED_FLAG])),
-    )  # fmt: skip
+        topic,
+        draw(st.binary(max_size=300)),
+        raw,
+        draw(_HOSTS),
+        draw(_HOSTS),
+        magic,
+        draw(st.integers(0, 2**62)),
+        transaction | draw(st.sampled_from([0, c.COMPRESSED_FLAG])),
+    )
 
 
 @given(record_rows())

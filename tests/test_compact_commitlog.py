@@ -61,21 +61,31 @@ def _file(name: str, size: int, broker: str = "broker-a", segment: int = 0, firs
 
 
 def test_sealed_segments_are_all_but_the_last_segment_of_each_broker() -> None:
-    files = [_file("a0", 1), _file("a1", 1, segment=100), _file("a2", 1, segment=200),
-             _file("b0", 1, "broker-b", 100), _file("b1", 1, "broker-b", 100)]  # fmt: skip
+    files = [
+        _file("a0", 1),
+        _file("a1", 1, segment=100),
+        _file("a2", 1, segment=200),
+        _file("b0", 1, "broker-b", 100),
+        _file("b1", 1, "broker-b", 100),
+    ]
     assert sealed_segments(files) == {("broker-a", 0), ("broker-a", 100)}
 
 
 def test_the_plan_packs_runs_of_adjacent_small_files_in_offset_order_in_every_segment() -> None:
     files = [
-        _file("s0-c", 30, first=300), _file("s0-a", 30, first=100), _file("s0-b", 50, first=200),
+        _file("s0-c", 30, first=300),
+        _file("s0-a", 30, first=100),
+        _file("s0-b", 50, first=200),
         _file("s0-big", 80, first=0),  # at least 0.75 * 100: left alone
         _file("s1-one", 10, segment=1000, first=1000),  # a single small file: nothing to gain
-        _file("s2-a", 60, segment=2000, first=2000), _file("s2-b", 60, segment=2000, first=2100),
-        _file("s3-a", 10, segment=3000, first=3000), _file("s3-big", 90, segment=3000, first=3100),
+        _file("s2-a", 60, segment=2000, first=2000),
+        _file("s2-b", 60, segment=2000, first=2100),
+        _file("s3-a", 10, segment=3000, first=3000),
+        _file("s3-big", 90, segment=3000, first=3100),
         _file("s3-b", 10, segment=3000, first=3200),  # a large file between two small ones: no bin spans it
-        _file("open-a", 1, segment=4000, first=4000), _file("open-b", 1, segment=4000, first=4100),  # the last
-    ]  # fmt: skip
+        _file("open-a", 1, segment=4000, first=4000),
+        _file("open-b", 1, segment=4000, first=4100),  # the last
+    ]
     bins = plan_bins(files, target_file_size=100, min_file_fraction=0.75)
     # s0: a+b fill 80 of 100, c does not fit; the bin of c alone is dropped; s2: 60+60 > 100
     assert [[f.path for f in b.files] for b in bins] == [["s0-a", "s0-b"], ["open-a", "open-b"]]
@@ -129,8 +139,14 @@ def test_bad_options_are_refused_before_any_work(argv: list[str], field: str) ->
 
 def _start(lake_root: Path, store_cache_bytes: int = 256 << 20) -> list[Broker]:
     def config(name: str, host: str) -> BrokerConfig:
-        return BrokerConfig(lake_root, name, store_host=host, segment_size=SEGMENT_SIZE, flush_mode="SYNC_FLUSH",
-                            store_cache_bytes=store_cache_bytes)  # fmt: skip
+        return BrokerConfig(
+            lake_root,
+            name,
+            store_host=host,
+            segment_size=SEGMENT_SIZE,
+            flush_mode="SYNC_FLUSH",
+            store_cache_bytes=store_cache_bytes,
+        )
 
     brokers = [Broker(config(*named)) for named in (("broker-a", "127.0.0.1:10911"), ("broker-b", "127.0.0.2:10911"))]
     for broker in brokers:
@@ -253,7 +269,8 @@ def test_by_default_compaction_leaves_the_files_an_incremental_job_has_not_read(
         for broker in brokers:
             broker.shutdown()
     new_files = {f.path for f in list_files(open_table(str(lake_root / "commitlog")))} - {
-        f.path for f in list_files(open_table(str(lake_root / "commitlog"), read))}  # fmt: skip
+        f.path for f in list_files(open_table(str(lake_root / "commitlog"), read))
+    }
 
     job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
 
@@ -294,8 +311,10 @@ def _queue_bodies(brokers: list[Broker]) -> dict[tuple[str, int], list[bytes]]:
     bodies: dict[tuple[str, int], list[bytes]] = {}
     for broker in brokers:
         for queue_id in range(4):
-            messages = [broker.store.message_at("Orders", queue_id, q) for q in range(broker.store.max_offset(
-                "Orders", queue_id))]  # fmt: skip
+            messages = [
+                broker.store.message_at("Orders", queue_id, q)
+                for q in range(broker.store.max_offset("Orders", queue_id))
+            ]
             bodies[(broker.broker_name, queue_id)] = [m.body for m in messages if m is not None]
     return bodies
 
@@ -310,8 +329,9 @@ def test_running_brokers_follow_a_compaction_of_their_live_segments_without_inde
         before, loads = _queue_bodies(brokers), [b.store.loads for b in brokers]
         assert run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge")).status == "SUCCEEDED"
         # the files the compaction replaced are deleted: the stores must find the rows in the new ones
-        DeltaTable(str(lake_root / "commitlog")).vacuum(retention_hours=0, dry_run=False,
-                                                         enforce_retention_duration=False)  # fmt: skip
+        DeltaTable(str(lake_root / "commitlog")).vacuum(
+            retention_hours=0, dry_run=False, enforce_retention_duration=False
+        )
         if busy:
             _send(brokers, 240, 4)
 
@@ -389,8 +409,9 @@ def test_files_newer_than_the_given_version_are_left_for_a_later_run(spark: Spar
     lake = Lake(spark, lake_root, "bridge")
     old_version = 40  # about the first 40 sends: the first segments only
     active_then = {f.path for f in list_files(open_table(str(lake_root / "commitlog"), old_version))}
-    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, files_up_to_version=old_version,
-                                       engine="bridge"))  # fmt: skip
+    job_run = run(
+        spark, CompactConfig(lake_root, target_file_size=MIB, files_up_to_version=old_version, engine="bridge")
+    )
     assert job_run.status == "SUCCEEDED"
     version = lake.version(COMMITLOG)
     assert version is not None

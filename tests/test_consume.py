@@ -64,8 +64,11 @@ def test_pull_statuses_and_offset_corrections_follow_rocketmq(
         _put(broker)
     result = broker.pull("T", 0, offset)
     assert (result.status, result.next_begin_offset, result.min_offset, result.max_offset) == (
-        status, next_begin, 0, stored,
-    )  # fmt: skip
+        status,
+        next_begin,
+        0,
+        stored,
+    )
 
 
 def test_pull_returns_at_most_max_msgs_and_marks_min_and_max_offsets(broker: Broker) -> None:
@@ -199,8 +202,10 @@ def test_held_pull_sees_commits_of_a_broker_process(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen(
         [sys.executable, str(REPO / "tests" / "broker_process.py"), str(tmp_path), "broker-a", "1", "65536"],
-        stdout=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         reader = MessageStore(tmp_path, "broker-a").load()

@@ -69,10 +69,14 @@ def test_jobs_agree_with_the_broker_and_an_independent_recomputation(spark: Spar
     # 1. consume queue = the recomputation, and its bounds = the broker's pull bounds
     expected = _expected_queue(tmp_path)
     built = {
-        (r["broker_name"], r["topic"], r["queue_id"], r["queue_offset"]):
-            (r["commit_log_offset"], r["store_size"], r["tags_code"], r["store_timestamp"])
+        (r["broker_name"], r["topic"], r["queue_id"], r["queue_offset"]): (
+            r["commit_log_offset"],
+            r["store_size"],
+            r["tags_code"],
+            r["store_timestamp"],
+        )
         for r in _rows(tmp_path, "consume_queue")
-    }  # fmt: skip
+    }
     assert built == expected
     sizes: dict[tuple[str, str, int], int] = defaultdict(int)
     for broker_name, topic, queue_id, _ in built:

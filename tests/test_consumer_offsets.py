@@ -64,8 +64,9 @@ def _current(spark: SparkSession, rows: list[tuple[str, str, str, int, int]]) ->
     return spark.createDataFrame([(*row, 1, "consumer") for row in rows], _CURRENT_SCHEMA)
 
 
-def _consumer_offsets(spark: SparkSession, current: list[tuple[str, str, str, int, int]], entries: list[E],
-                      as_of: int = _AS_OF) -> DataFrame:  # fmt: skip
+def _consumer_offsets(
+    spark: SparkSession, current: list[tuple[str, str, str, int, int]], entries: list[E], as_of: int = _AS_OF
+) -> DataFrame:
     entries_df = _entries(spark, entries)
     return build_consumer_offsets(_current(spark, current), build_queue_bounds(entries_df, as_of), entries_df, as_of)
 
@@ -82,14 +83,17 @@ def _orders_q0(*times: int) -> list[E]:
 
 @pytest.mark.spark
 def test_current_offset_is_the_latest_commit_at_or_before_as_of(spark: SparkSession) -> None:
-    commits_df = _commits(spark, [
-        ("g", "broker-a", "Orders", 0, 5, 10, "consumer"),
-        ("g", "broker-a", "Orders", 0, 9, 30, "consumer"),  # at as_of exactly: counts
-        ("g", "broker-a", "Orders", 0, 8, 20, "consumer"),
-        ("g", "broker-a", "Orders", 0, 12, 31, "consumer"),  # after as_of
-        ("g", "broker-b", "Orders", 0, 1, 5, "consumer"),  # same queue id on another broker
-        ("late", "broker-a", "Orders", 0, 3, 40, "consumer"),  # a group that commits only after as_of
-    ])  # fmt: skip
+    commits_df = _commits(
+        spark,
+        [
+            ("g", "broker-a", "Orders", 0, 5, 10, "consumer"),
+            ("g", "broker-a", "Orders", 0, 9, 30, "consumer"),  # at as_of exactly: counts
+            ("g", "broker-a", "Orders", 0, 8, 20, "consumer"),
+            ("g", "broker-a", "Orders", 0, 12, 31, "consumer"),  # after as_of
+            ("g", "broker-b", "Orders", 0, 1, 5, "consumer"),  # same queue id on another broker
+            ("late", "broker-a", "Orders", 0, 3, 40, "consumer"),  # a group that commits only after as_of
+        ],
+    )
     expected_df = spark.createDataFrame(
         [("g", "broker-a", "Orders", 0, 9, 30, "consumer"), ("g", "broker-b", "Orders", 0, 1, 5, "consumer")],
         _CURRENT_SCHEMA,
@@ -99,12 +103,15 @@ def test_current_offset_is_the_latest_commit_at_or_before_as_of(spark: SparkSess
 
 @pytest.mark.spark
 def test_current_offset_tie_goes_to_reset_then_to_the_larger_offset(spark: SparkSession) -> None:
-    commits_df = _commits(spark, [
-        ("g", "broker-a", "Orders", 0, 50, 10, "consumer"),
-        ("g", "broker-a", "Orders", 0, 3, 10, "reset"),
-        ("g", "broker-a", "Orders", 1, 7, 10, "consumer"),
-        ("g", "broker-a", "Orders", 1, 4, 10, "consumer"),
-    ])  # fmt: skip
+    commits_df = _commits(
+        spark,
+        [
+            ("g", "broker-a", "Orders", 0, 50, 10, "consumer"),
+            ("g", "broker-a", "Orders", 0, 3, 10, "reset"),
+            ("g", "broker-a", "Orders", 1, 7, 10, "consumer"),
+            ("g", "broker-a", "Orders", 1, 4, 10, "consumer"),
+        ],
+    )
     expected_df = spark.createDataFrame(
         [("g", "broker-a", "Orders", 0, 3, 10, "reset"), ("g", "broker-a", "Orders", 1, 7, 10, "consumer")],
         _CURRENT_SCHEMA,
@@ -119,13 +126,16 @@ def test_current_offset_tie_goes_to_reset_then_to_the_larger_offset(spark: Spark
 
 @pytest.mark.spark
 def test_queue_bounds_span_the_entries_stored_at_or_before_as_of(spark: SparkSession) -> None:
-    entries_df = _entries(spark, [
-        ("broker-a", "Orders", 0, 3, 100),  # the head (0..2) is gone: min offset 3
-        ("broker-a", "Orders", 0, 4, 200),  # at as_of exactly: counts
-        ("broker-a", "Orders", 0, 5, 300),
-        ("broker-a", "Orders", 1, 0, 300),  # a queue whose entries all come after as_of
-        ("broker-b", "Orders", 0, 0, 50),
-    ])  # fmt: skip
+    entries_df = _entries(
+        spark,
+        [
+            ("broker-a", "Orders", 0, 3, 100),  # the head (0..2) is gone: min offset 3
+            ("broker-a", "Orders", 0, 4, 200),  # at as_of exactly: counts
+            ("broker-a", "Orders", 0, 5, 300),
+            ("broker-a", "Orders", 1, 0, 300),  # a queue whose entries all come after as_of
+            ("broker-b", "Orders", 0, 0, 50),
+        ],
+    )
     expected_df = spark.createDataFrame(
         [("broker-a", "Orders", 0, 3, 5), ("broker-b", "Orders", 0, 0, 1)], _BOUNDS_SCHEMA
     )
@@ -171,10 +181,13 @@ def test_commit_below_the_first_entry_is_unconsumed_from_the_first_entry(spark: 
 def test_commit_on_a_queue_without_entries_as_of_t_is_reported_not_dropped(spark: SparkSession) -> None:
     entries = [*_orders_q0(100), ("broker-a", "Gone", 0, 0, 2000)]  # Gone's only entry comes after as_of
     current = [("g", "broker-a", "Orders", 0, 1), ("g", "broker-a", "Gone", 0, 5)]
-    expected_df = _offsets(spark, [
-        ("g", "broker-a", "Orders", 0, 1, 0, 1, 0, 100, None, _AS_OF, None),
-        ("g", "broker-a", "Gone", 0, 5, None, None, None, None, None, _AS_OF, _NOT_FOUND),
-    ])  # fmt: skip
+    expected_df = _offsets(
+        spark,
+        [
+            ("g", "broker-a", "Orders", 0, 1, 0, 1, 0, 100, None, _AS_OF, None),
+            ("g", "broker-a", "Gone", 0, 5, None, None, None, None, None, _AS_OF, _NOT_FOUND),
+        ],
+    )
     assert_frames_equal(_consumer_offsets(spark, current, entries), expected_df)
 
 
@@ -186,11 +199,14 @@ def test_retry_queues_of_committing_groups_are_listed_without_a_commit(spark: Sp
         ("broker-a", "%RETRY%g", 0, 1, 250),
         ("broker-a", "%RETRY%h", 0, 0, 150),  # retry topic of a group without commits: not listed
     ]
-    expected_df = _offsets(spark, [
-        ("g", "broker-a", "Orders", 0, 1, 0, 1, 0, 100, None, _AS_OF, None),
-        # no commit: counted from 0 as RocketMQ shows it, so diff = broker_offset
-        ("g", "broker-a", "%RETRY%g", 0, None, 0, 2, 2, None, 150, _AS_OF, None),
-    ])  # fmt: skip
+    expected_df = _offsets(
+        spark,
+        [
+            ("g", "broker-a", "Orders", 0, 1, 0, 1, 0, 100, None, _AS_OF, None),
+            # no commit: counted from 0 as RocketMQ shows it, so diff = broker_offset
+            ("g", "broker-a", "%RETRY%g", 0, None, 0, 2, 2, None, 150, _AS_OF, None),
+        ],
+    )
     assert_frames_equal(_consumer_offsets(spark, [("g", "broker-a", "Orders", 0, 1)], entries), expected_df)
 
 
@@ -202,11 +218,14 @@ def test_never_consumed_queues_of_a_consumed_topic_are_listed(spark: SparkSessio
         ("broker-b", "Orders", 0, 4, 130),  # another broker's queue, head gone
         ("broker-b", "Audit", 0, 0, 140),  # a topic the group does not consume
     ]
-    expected_df = _offsets(spark, [
-        ("g", "broker-a", "Orders", 0, 1, 0, 1, 0, 100, None, _AS_OF, None),
-        ("g", "broker-a", "Orders", 1, None, 0, 1, 1, None, 120, _AS_OF, None),
-        ("g", "broker-b", "Orders", 0, None, 4, 5, 5, None, 130, _AS_OF, None),
-    ])  # fmt: skip
+    expected_df = _offsets(
+        spark,
+        [
+            ("g", "broker-a", "Orders", 0, 1, 0, 1, 0, 100, None, _AS_OF, None),
+            ("g", "broker-a", "Orders", 1, None, 0, 1, 1, None, 120, _AS_OF, None),
+            ("g", "broker-b", "Orders", 0, None, 4, 5, 5, None, 130, _AS_OF, None),
+        ],
+    )
     assert_frames_equal(_consumer_offsets(spark, [("g", "broker-a", "Orders", 0, 1)], entries), expected_df)
 
 
@@ -219,10 +238,13 @@ def test_gaps_and_duplicate_entries_still_give_one_row_per_queue(spark: SparkSes
         ("broker-a", "Orders", 0, 3, 400),  # offset 2 is missing
     ]
     current = [("dup", "broker-a", "Orders", 0, 2), ("gap", "broker-a", "Orders", 0, 3)]
-    expected_df = _offsets(spark, [
-        ("dup", "broker-a", "Orders", 0, 2, 0, 4, 2, 150, None, _AS_OF, None),
-        ("gap", "broker-a", "Orders", 0, 3, 0, 4, 1, None, 400, _AS_OF, None),
-    ])  # fmt: skip
+    expected_df = _offsets(
+        spark,
+        [
+            ("dup", "broker-a", "Orders", 0, 2, 0, 4, 2, 150, None, _AS_OF, None),
+            ("gap", "broker-a", "Orders", 0, 3, 0, 4, 1, None, 400, _AS_OF, None),
+        ],
+    )
     assert_frames_equal(_consumer_offsets(spark, current, entries), expected_df)
 
 
@@ -256,11 +278,27 @@ def test_lag_as_of_a_past_time_counts_only_commits_and_entries_until_then(
 # ---------------------------------------------------------------------------------------------
 
 
-def _row(group: str, topic: str, queue_id: int, consumer: int | None, broker: int | None, diff: int | None,
-         last: int | None = None, anomaly: str | None = None) -> dict[str, object]:  # fmt: skip
-    return {"group": group, "broker_name": "broker-a", "topic": topic, "queue_id": queue_id,
-            "consumer_offset": consumer, "broker_offset": broker, "diff": diff, "last_timestamp": last,
-            "anomaly": anomaly}  # fmt: skip
+def _row(
+    group: str,
+    topic: str,
+    queue_id: int,
+    consumer: int | None,
+    broker: int | None,
+    diff: int | None,
+    last: int | None = None,
+    anomaly: str | None = None,
+) -> dict[str, object]:
+    return {
+        "group": group,
+        "broker_name": "broker-a",
+        "topic": topic,
+        "queue_id": queue_id,
+        "consumer_offset": consumer,
+        "broker_offset": broker,
+        "diff": diff,
+        "last_timestamp": last,
+        "anomaly": anomaly,
+    }
 
 
 def test_progress_view_sorts_queues_per_group_and_totals_the_known_diffs() -> None:
@@ -274,9 +312,12 @@ def test_progress_view_sorts_queues_per_group_and_totals_the_known_diffs() -> No
 
     assert lines[0] == "consumer progress as of 2023-11-14T22:13:20.000Z (1700000000000)"
     assert [line for line in lines if line.startswith(("Group", "Diff Total"))] == [
-        "Group: a", "Diff Total: -4", "Group: g", "Diff Total: 6", "Group: missing: no offsets as of "
-        "2023-11-14T22:13:20.000Z",
-    ]  # fmt: skip
+        "Group: a",
+        "Diff Total: -4",
+        "Group: g",
+        "Diff Total: 6",
+        "Group: missing: no offsets as of 2023-11-14T22:13:20.000Z",
+    ]
     g_lines = lines[lines.index("Group: g") + 2 : lines.index("Diff Total: 6")]
     assert [line.split()[:6] for line in g_lines] == [
         ["%RETRY%g", "broker-a", "0", "4", "0", "4"],
@@ -302,16 +343,22 @@ def test_iso_utc_prints_milliseconds_in_utc(epoch_ms: int, text: str) -> None:
 
 @pytest.mark.parametrize(
     ("message", "as_of"),
-    [("as_of=1700000000000; consumer_offsets overwritten", 1_700_000_000_000), ("as_of=-5", -5),
-     ("summary as_of=12", None), ("as_of=12x", None), (None, None)],
-)  # fmt: skip
+    [
+        ("as_of=1700000000000; consumer_offsets overwritten", 1_700_000_000_000),
+        ("as_of=-5", -5),
+        ("summary as_of=12", None),
+        ("as_of=12x", None),
+        (None, None),
+    ],
+)
 def test_as_of_is_read_back_from_the_run_message_prefix_only(message: str | None, as_of: int | None) -> None:
     assert as_of_of_message(message) == as_of
 
 
 def test_command_line_takes_iso_instants_and_repeated_groups() -> None:
-    config = build_config(["--lake", "/l", "--as-of", "2026-11-22T10:00:00+08:00", "--group", "b", "--group", "a",
-                           "--group", "b"])  # fmt: skip
+    config = build_config(
+        ["--lake", "/l", "--as-of", "2026-11-22T10:00:00+08:00", "--group", "b", "--group", "a", "--group", "b"]
+    )
     assert config == ConsumerOffsetsConfig(Path("/l"), 1_795_312_800_000, ("b", "a"), "auto")
 
 

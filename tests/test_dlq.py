@@ -259,8 +259,12 @@ def test_redrive_executed_twice_sends_each_dead_letter_once(
     assert ledger == Counter({(m, s): 1 for m in chosen for s in (dlq.PENDING, dlq.SENT)})
     # route_dlq's dlq table takes redrive_state from this ledger
     spark_lake = Lake(spark, lake)
-    states = build_dlq(spark_lake.read(RETRY_RECORDS), spark_lake.read(RETRY_CHAINS), spark_lake.read(DLQ_REDRIVES),
-                       time.time_ns() // 1_000_000).where(F.col("msg_id").isin(chosen))  # fmt: skip
+    states = build_dlq(
+        spark_lake.read(RETRY_RECORDS),
+        spark_lake.read(RETRY_CHAINS),
+        spark_lake.read(DLQ_REDRIVES),
+        time.time_ns() // 1_000_000,
+    ).where(F.col("msg_id").isin(chosen))
     assert {r["msg_id"]: r["redrive_state"] for r in states.collect()} == dict.fromkeys(chosen, "SENT fix-1")
 
 
@@ -285,8 +289,14 @@ dlq.redrive(spark, ids, request_id, lake, execute=True, on_sent=crash)
 def test_redrive_killed_between_send_and_record_finds_what_it_sent(spark: SparkSession, lake: Path) -> None:
     chosen = sorted(r["msg_id"] for r in _dlq_rows(lake) if r["group"] == GROUP and r["broker_name"] == "broker-a")[:2]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    crashed = subprocess.run([sys.executable, "-c", _CRASH_SCRIPT, str(lake), "crash-1", *chosen], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    crashed = subprocess.run(
+        [sys.executable, "-c", _CRASH_SCRIPT, str(lake), "crash-1", *chosen],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert crashed.returncode == -9, crashed.stderr[-2000:]
     sent_line = next(line for line in crashed.stdout.splitlines() if line.startswith("sent "))
     _, first_dead, first_new = sent_line.split()
@@ -317,8 +327,10 @@ def test_bad_input_names_the_field_and_writes_nothing(spark: SparkSession, lake:
     versions = {spec.name: _version(lake, spec) for spec in (COMMITLOG, DLQ, DLQ_REDRIVES)}
     dead = sorted(r["msg_id"] for r in _dlq_rows(lake))[0]
     cases = [
-        (lambda: dlq.redrive(spark, [dead, "7F00000100002A9F0000000000000001"], "r-1", lake, execute=True),
-         "selection"),
+        (
+            lambda: dlq.redrive(spark, [dead, "7F00000100002A9F0000000000000001"], "r-1", lake, execute=True),
+            "selection",
+        ),
         (lambda: dlq.redrive(spark, ["not-an-id"], "r-1", lake, execute=True), "selection"),
         (lambda: dlq.redrive(spark, [], "r-1", lake, execute=True), "selection"),
         (lambda: dlq.redrive(spark, [dead], "bad request id", lake, execute=True), "request_id"),
@@ -329,7 +341,7 @@ def test_bad_input_names_the_field_and_writes_nothing(spark: SparkSession, lake:
         (lambda: dlq.summary(dlq.load(spark, lake), as_of="noon"), "as_of"),
         (lambda: dlq.show(spark, "xyz", lake), "msg_id"),
         (lambda: dlq.show(spark, "7F00000100002A9F0000000000000001", lake), "msg_id"),
-    ]  # fmt: skip
+    ]
     for call, field in cases:
         with pytest.raises(ValidationError) as raised:
             call()

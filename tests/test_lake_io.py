@@ -49,8 +49,20 @@ def _offset_commits(spark: SparkSession) -> DataFrame:
     rows = [
         ("cg", "broker-a", "TopicA", 0, 10, 1_700_000_000_000, "consumer", "10.0.0.1@1", None, None, None, None),
         ("cg", "broker-a", "TopicA", 1, 0, 1_700_000_000_001, "reset", None, "r-1", 7, "re-read", "ops@host"),
-        ("cg-2", "broker-b", "%RETRY%cg-2", 3, 2**40, 1_700_000_000_002, "replay", "10.0.0.2@7", None, None, None,
-         None),
+        (
+            "cg-2",
+            "broker-b",
+            "%RETRY%cg-2",
+            3,
+            2**40,
+            1_700_000_000_002,
+            "replay",
+            "10.0.0.2@7",
+            None,
+            None,
+            None,
+            None,
+        ),
     ]
     return _frame(spark, CONSUMER_OFFSET_COMMITS, rows)
 
@@ -68,11 +80,31 @@ def _queue_units(spark: SparkSession, topics: tuple[str, ...] = TOPICS, base: in
 def _record(broker: str, segment: int, offset: int, body: bytes, properties: dict[str, str]) -> tuple[object, ...]:
     tags = properties.get("TAGS")
     return (
-        broker, segment, offset, 100 + len(body), -626843477, 12345, 0, 0, offset // 100, 0,
-        1_700_000_000_000, "10.0.0.9:5000", 1_700_000_000_005, "10.0.0.1:10911", 0, 0,
-        body, "TopicA", properties, b"\x00".join(f"{k}\x01{v}".encode() for k, v in properties.items()),
-        tags, None, properties.get("UNIQ_KEY"), f"0A00000100002A9F{offset:016X}",
-    )  # fmt: skip
+        broker,
+        segment,
+        offset,
+        100 + len(body),
+        -626843477,
+        12345,
+        0,
+        0,
+        offset // 100,
+        0,
+        1_700_000_000_000,
+        "10.0.0.9:5000",
+        1_700_000_000_005,
+        "10.0.0.1:10911",
+        0,
+        0,
+        body,
+        "TopicA",
+        properties,
+        b"\x00".join(f"{k}\x01{v}".encode() for k, v in properties.items()),
+        tags,
+        None,
+        properties.get("UNIQ_KEY"),
+        f"0A00000100002A9F{offset:016X}",
+    )
 
 
 def _commitlog(spark: SparkSession) -> DataFrame:
@@ -167,8 +199,10 @@ def test_message_bodies_ids_and_property_values_are_written_without_a_dictionary
 ) -> None:
     # every value repeats, so that a dictionary would pay off and be kept wherever it is allowed
     properties = [{"TAGS": "t1", "KEYS": "k", "UNIQ_KEY": f"u{i}"} for i in range(3)]
-    rows = [(*_record("broker-a", 0, 200 * i, bytes([i % 3]) * 50, properties[i % 3])[:-1], f"ID{i % 3}")
-            for i in range(200)]  # fmt: skip
+    rows = [
+        (*_record("broker-a", 0, 200 * i, bytes([i % 3]) * 50, properties[i % 3])[:-1], f"ID{i % 3}")
+        for i in range(200)
+    ]
     lake.append("commitlog", _frame(spark, COMMITLOG, rows))
 
     encodings: dict[str, set[str]] = {}
@@ -196,10 +230,15 @@ def test_file_rows_come_one_table_per_data_file_filtered_by_partition_and_value(
 
     assert len(every) == files and all(t.column_names == columns for t in every)
     assert sorted(r for t in every for r in zip(*t.to_pydict().values(), strict=True)) == [
-        ("broker b/%é", 0, 0), ("broker-a", 0, 0), ("broker-a", 0, 200), ("broker-a", 4096, 4096)]  # fmt: skip
+        ("broker b/%é", 0, 0),
+        ("broker-a", 0, 0),
+        ("broker-a", 0, 200),
+        ("broker-a", 4096, 4096),
+    ]
     assert {r["broker_name"] for t in of_a for r in t.to_pylist()} == {"broker-a"}
-    assert [r for t in at_200 for r in t.to_pylist()] == [{"broker_name": "broker-a", "segment": 0,
-                                                          "commit_log_offset": 200}]  # fmt: skip
+    assert [r for t in at_200 for r in t.to_pylist()] == [
+        {"broker_name": "broker-a", "segment": 0, "commit_log_offset": 200}
+    ]
     with pytest.raises(ValidationError, match="equal"):
         lake.iter_file_rows("commitlog", columns, equal={"broker_name": "broker-a"})  # a partition column
     with pytest.raises(ValidationError, match="no_such"):
@@ -394,8 +433,12 @@ def test_a_higher_transaction_version_writes_again(lake: Lake, spark: SparkSessi
     queue_df = _queue_units(spark)
     lake.append("consume_queue", queue_df, app_id="replay-1", app_version=5)
 
-    assert lake.overwrite_partitions("consume_queue", queue_df.where("topic = 'TopicA'"), [{"topic": "TopicA"}],
-                                     app_id="replay-1", app_version=6) == 2  # fmt: skip
+    assert (
+        lake.overwrite_partitions(
+            "consume_queue", queue_df.where("topic = 'TopicA'"), [{"topic": "TopicA"}], app_id="replay-1", app_version=6
+        )
+        == 2
+    )
     assert lake.transaction_version("consume_queue", "replay-1") == 6
     assert lake.transaction_version("consume_queue", "other") is None
     assert lake.read("consume_queue").count() == 12

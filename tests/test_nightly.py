@@ -45,8 +45,9 @@ def test_topic_summary_counts_queues_per_broker_not_per_queue_id(spark: SparkSes
         ],
         _LOG_COLUMNS,
     )
-    expected_df = spark.createDataFrame([("Orders", 3, 300, 2, 2)], "topic string, messages long, bytes long, "
-                                        "queues long, brokers long")  # fmt: skip
+    expected_df = spark.createDataFrame(
+        [("Orders", 3, 300, 2, 2)], "topic string, messages long, bytes long, queues long, brokers long"
+    )
     assert_frames_equal(build_topic_summary(log_df), expected_df)
 
 
@@ -58,8 +59,9 @@ def _data_versions(lake: Lake) -> dict[str, int | None]:
 def test_nightly_writes_a_demo_workload_runs_every_step_and_a_rerun_changes_no_table(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = NightlyConfig(tmp_path / "lake", demo_messages=1500, demo_transactions=20, seed=3,
-                           out=tmp_path / "report", engine="bridge")  # fmt: skip
+    config = NightlyConfig(
+        tmp_path / "lake", demo_messages=1500, demo_transactions=20, seed=3, out=tmp_path / "report", engine="bridge"
+    )
     job_run = run(spark, config)
     out = capsys.readouterr().out
     lake = Lake(spark, tmp_path / "lake", "bridge")
@@ -88,7 +90,7 @@ def test_nightly_writes_a_demo_workload_runs_every_step_and_a_rerun_changes_no_t
         run(spark, NightlyConfig(tmp_path / "lake", out=tmp_path / "blocked", engine="bridge"))
     assert "step report failed" in capsys.readouterr().out
     last = lake.read("job_runs").orderBy("started_timestamp", "run_id").collect()[-len(STEPS) - 1 :]
-    assert [(r["job"], r["status"]) for r in last][::len(STEPS)] == [("nightly", "FAILED"), ("report", "FAILED")]
+    assert [(r["job"], r["status"]) for r in last][:: len(STEPS)] == [("nightly", "FAILED"), ("report", "FAILED")]
     assert "step report failed" in (last[0]["message"] or "")
     assert _data_versions(lake) == before
 
@@ -103,9 +105,14 @@ def test_nightly_writes_a_demo_workload_runs_every_step_and_a_rerun_changes_no_t
     assert fourth.status == "SUCCEEDED"
     last = lake.read("job_runs").orderBy("started_timestamp", "run_id").collect()[-len(STEPS) - 1 :]
     assert [(r["job"], r["status"]) for r in last] == [
-        ("nightly", "SUCCEEDED"), ("compact_commitlog", "SUCCEEDED"), ("rebuild_consume_queue", "SUCCEEDED"),
-        ("consumer_offsets", "NOOP"), ("resolve_transactions", "NOOP"), ("route_dlq", "NOOP"), ("report", "SUCCEEDED"),
-    ]  # fmt: skip
+        ("nightly", "SUCCEEDED"),
+        ("compact_commitlog", "SUCCEEDED"),
+        ("rebuild_consume_queue", "SUCCEEDED"),
+        ("consumer_offsets", "NOOP"),
+        ("resolve_transactions", "NOOP"),
+        ("route_dlq", "NOOP"),
+        ("report", "SUCCEEDED"),
+    ]
     assert len(DeltaTable(str(tmp_path / "lake" / "commitlog")).file_uris()) < files_before
     assert lake.read("consume_queue").count() == units_before  # the rebuild only recorded the version
 
@@ -130,9 +137,11 @@ def test_data_time_is_the_newest_row_time_from_the_log_statistics(spark: SparkSe
     lake = Lake(spark, tmp_path, "bridge")
     assert data_time(lake) is None
     commits = spark.createDataFrame(
-        [("g", "broker-a", "T", 0, 5, 1_000, "consumer", None, None, None, None, None),
-         ("g", "broker-a", "T", 1, 7, 3_000, "consumer", None, None, None, None, None)],
+        [
+            ("g", "broker-a", "T", 0, 5, 1_000, "consumer", None, None, None, None, None),
+            ("g", "broker-a", "T", 1, 7, 3_000, "consumer", None, None, None, None, None),
+        ],
         spark_schema(CONSUMER_OFFSET_COMMITS),
-    )  # fmt: skip
+    )
     lake.append(CONSUMER_OFFSET_COMMITS, commits)
     assert data_time(lake) == 3_000

@@ -49,10 +49,13 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
 def _fill(broker: Broker, topic: str, queue_nums: int, per_queue: int, start: int = 0) -> None:
     """Put ``per_queue`` messages into every queue of ``topic`` (bodies ``q-i``), one commit."""
     broker.ensure_topic(topic, queue_nums)
-    broker.put_messages([
-        InnerMessage(topic, q, f"{q}-{i}".encode(), {}, born_host="10.0.0.1:1")
-        for i in range(start, start + per_queue) for q in range(queue_nums)
-    ])  # fmt: skip
+    broker.put_messages(
+        [
+            InnerMessage(topic, q, f"{q}-{i}".encode(), {}, born_host="10.0.0.1:1")
+            for i in range(start, start + per_queue)
+            for q in range(queue_nums)
+        ]
+    )
 
 
 class Recorder:
@@ -234,8 +237,16 @@ def test_auto_commit_false_commits_on_commit_and_redelivers_everything_uncommitt
     broker: Broker,
 ) -> None:
     _fill(broker, "T", 1, 5)
-    answers = {(0, 1): SUCCESS, (1, 1): ROLLBACK, (0, 2): SUCCESS, (1, 2): COMMIT, (2, 1): SUCCESS,
-               (3, 1): SUSPEND, (3, 2): COMMIT, (4, 1): SUCCESS}  # fmt: skip
+    answers = {
+        (0, 1): SUCCESS,
+        (1, 1): ROLLBACK,
+        (0, 2): SUCCESS,
+        (1, 2): COMMIT,
+        (2, 1): SUCCESS,
+        (3, 1): SUSPEND,
+        (3, 2): COMMIT,
+        (4, 1): SUCCESS,
+    }
 
     def script(m: MessageExt, attempt: int, context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
         context.auto_commit = False
@@ -401,8 +412,14 @@ def test_two_clients_in_threads_never_consume_a_queue_at_once(broker: Broker) ->
             _fill(broker, "R", 4, 4, start=produced[0])
             produced[:] = [n + 4 for n in produced]
 
-    fast = {"rebalance_interval_ms": 100, "lock_interval_ms": 200, "unlock_delay_ms": 100,
-            "pull_idle_delay_ms": 10, "persist_offset_interval_ms": 200, "consume_thread_max": 4}  # fmt: skip
+    fast = {
+        "rebalance_interval_ms": 100,
+        "lock_interval_ms": 200,
+        "unlock_delay_ms": 100,
+        "pull_idle_delay_ms": 10,
+        "persist_offset_interval_ms": 200,
+        "consume_thread_max": 4,
+    }
     producer = threading.Thread(target=produce)
     producer.start()
     a = _consumer(broker, listener_of("A"), client_id="A", topic="R", **fast).start()

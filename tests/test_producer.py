@@ -123,9 +123,20 @@ def test_body_of_exactly_4096_bytes_is_compressed_and_4095_is_not(brokers: list[
 
 @pytest.mark.parametrize(
     ("latency", "duration"),
-    [(0, 0), (49, 0), (50, 0), (100, 0), (549, 0), (550, 2000), (1800, 5000), (3000, 6000), (5000, 10000),
-     (15000, 30000), (99999, 30000)],
-)  # fmt: skip
+    [
+        (0, 0),
+        (49, 0),
+        (50, 0),
+        (100, 0),
+        (549, 0),
+        (550, 2000),
+        (1800, 5000),
+        (3000, 6000),
+        (5000, 10000),
+        (15000, 30000),
+        (99999, 30000),
+    ],
+)
 def test_not_available_duration_follows_the_latency_table(latency: int, duration: int) -> None:
     assert not_available_duration(latency) == duration
 

@@ -84,10 +84,14 @@ def _drive_retries(broker: Broker, clock: ManualClock, consumer: PushConsumer, r
 def _newest_retry_reconsume(broker: Broker) -> int:
     """Reconsume count of the newest retry waiting in the schedule topic."""
     newest = max(
-        (m for q in range(c.MAX_DELAY_LEVEL) for m in [broker.store.message_at(
-            c.SCHEDULE_TOPIC, q, broker.store.max_offset(c.SCHEDULE_TOPIC, q) - 1)] if m is not None),
+        (
+            m
+            for q in range(c.MAX_DELAY_LEVEL)
+            for m in [broker.store.message_at(c.SCHEDULE_TOPIC, q, broker.store.max_offset(c.SCHEDULE_TOPIC, q) - 1)]
+            if m is not None
+        ),
         key=lambda m: m.commit_log_offset,
-    )  # fmt: skip
+    )
     return newest.reconsume_times - 1
 
 
@@ -125,8 +129,10 @@ def test_a_listener_that_always_fails_ends_in_the_dlq_after_max_reconsume_times(
     letter = broker.store.message_at(dlq, 0, 0)
     assert letter is not None
     assert (letter.uniq_key, letter.reconsume_times, letter.properties[c.PROPERTY_RETRY_TOPIC]) == (
-        uniq_key, retries + 1, "T",
-    )  # fmt: skip
+        uniq_key,
+        retries + 1,
+        "T",
+    )
     assert ScheduleMessageService(broker).deliver_due(clock.now + 10 * 3_600_000).total == 0  # nothing else waits
     consumer.shutdown()
 
@@ -197,8 +203,9 @@ def test_the_committed_offset_never_passes_a_message_still_in_flight(broker: Bro
             done.add(messages[0].queue_offset)
         return SUCCESS
 
-    consumer = _consumer(broker, listener, consume_thread_min=4, consume_thread_max=4,
-                         persist_consumer_offset_interval_ms=50)  # fmt: skip
+    consumer = _consumer(
+        broker, listener, consume_thread_min=4, consume_thread_max=4, persist_consumer_offset_interval_ms=50
+    )
     consumer.start()
     try:
         deadline = time.monotonic() + 10
@@ -224,10 +231,11 @@ def test_broadcasting_drops_failures_and_keeps_offsets_in_local_files(
     keys = _send(broker, 3)
     listeners = [Recorder(clock), Recorder(clock)]
     consumers = [
-        _consumer(broker, listener, message_model="BROADCASTING", client_id=f"10.0.0.{i}@bc",
-                  offset_dir=tmp_path / "clients")
+        _consumer(
+            broker, listener, message_model="BROADCASTING", client_id=f"10.0.0.{i}@bc", offset_dir=tmp_path / "clients"
+        )
         for i, listener in enumerate(listeners)
-    ]  # fmt: skip
+    ]
     for consumer in consumers:
         consumer.poll_once()
         consumer.shutdown()
@@ -254,10 +262,14 @@ def test_an_allocation_splits_the_queues_between_clients(broker: Broker, clock: 
         return listener
 
     clients = [
-        _consumer(broker, recorder(i), client_id=f"c{i}",
-                  allocate=lambda topic, queues, i=i: [q for q in queues if q.queue_id % 2 == i])
+        _consumer(
+            broker,
+            recorder(i),
+            client_id=f"c{i}",
+            allocate=lambda topic, queues, i=i: [q for q in queues if q.queue_id % 2 == i],
+        )
         for i in range(2)
-    ]  # fmt: skip
+    ]
     for client in clients:
         client.poll_once()
     assert (seen[0], seen[1]) == ([0, 0], [1, 1, 1])
@@ -312,8 +324,10 @@ def test_a_bad_group_or_tag_expression_is_refused(broker: Broker) -> None:
 
 def test_the_retry_workload_writes_retries_delays_and_dead_letters(tmp_path: Path) -> None:
     report = run_workload(tmp_path, 400, seed=9, brokers=2, threads=2, consumers=False, retries=True)
-    assert report.retries == run_workload(tmp_path / "again", 400, seed=9, brokers=2, threads=2, consumers=False,
-                                          retries=True).retries  # fmt: skip
+    assert (
+        report.retries
+        == run_workload(tmp_path / "again", 400, seed=9, brokers=2, threads=2, consumers=False, retries=True).retries
+    )
     for plan in RETRY_GROUPS:
         if plan.message_model == "CLUSTERING":  # every message ends consumed or dead
             done = report.retries[f"{plan.group}.succeeded"] + report.retries[f"{plan.group}.dlq"]

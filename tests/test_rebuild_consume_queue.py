@@ -83,16 +83,40 @@ def _record(
     """A commit log row (no offset yet) whose store_size and body_crc are right."""
     props = {"WAIT": "true", **(properties or {})}
     raw = encode_properties(props).encode()
-    size = record_length(len(body), len(topic.encode()), len(raw), bool(sys_flag & c.BORNHOST_V6_FLAG),
-                         bool(sys_flag & c.STOREHOSTADDRESS_V6_FLAG), magic == c.MAGIC_CODE_V2)  # fmt: skip
+    size = record_length(
+        len(body),
+        len(topic.encode()),
+        len(raw),
+        bool(sys_flag & c.BORNHOST_V6_FLAG),
+        bool(sys_flag & c.STOREHOSTADDRESS_V6_FLAG),
+        magic == c.MAGIC_CODE_V2,
+    )
     return {
-        "broker_name": broker, "segment": 0, "commit_log_offset": 0, "store_size": size, "magic_code": magic,
-        "body_crc": body_crc(body), "queue_id": queue_id, "flag": 0, "queue_offset": queue_offset,
-        "sys_flag": sys_flag, "born_timestamp": store_timestamp - 5, "born_host": "10.0.0.9:5000",
-        "store_timestamp": store_timestamp, "store_host": "10.0.0.1:10911", "reconsume_times": 0,
-        "prepared_transaction_offset": 0, "body": body, "topic": topic, "properties": props, "raw_properties": raw,
-        "tags": props.get("TAGS"), "keys": props.get("KEYS"), "uniq_key": None, "msg_id": "00",
-    }  # fmt: skip
+        "broker_name": broker,
+        "segment": 0,
+        "commit_log_offset": 0,
+        "store_size": size,
+        "magic_code": magic,
+        "body_crc": body_crc(body),
+        "queue_id": queue_id,
+        "flag": 0,
+        "queue_offset": queue_offset,
+        "sys_flag": sys_flag,
+        "born_timestamp": store_timestamp - 5,
+        "born_host": "10.0.0.9:5000",
+        "store_timestamp": store_timestamp,
+        "store_host": "10.0.0.1:10911",
+        "reconsume_times": 0,
+        "prepared_transaction_offset": 0,
+        "body": body,
+        "topic": topic,
+        "properties": props,
+        "raw_properties": raw,
+        "tags": props.get("TAGS"),
+        "keys": props.get("KEYS"),
+        "uniq_key": None,
+        "msg_id": "00",
+    }
 
 
 def _laid_out(records: Iterable[dict[str, Any]], segment_size: int = SEGMENT, start: int = 0) -> list[dict[str, Any]]:
@@ -169,16 +193,24 @@ def test_the_plan_follows_the_versions_the_outputs_record(
 
 def test_queue_starts_are_the_first_record_and_the_first_unit_of_each_queue() -> None:
     prepared, commit, rollback = c.TRANSACTION_PREPARED_TYPE, c.TRANSACTION_COMMIT_TYPE, c.TRANSACTION_ROLLBACK_TYPE
-    rows = [("broker-a", "T", 0, 7, 700, prepared), ("broker-a", "T", 0, 5, 900, 0),
-            ("broker-a", "T", 0, 6, 800, commit), ("broker-a", "T", 1, 3, 600, rollback),
-            ("broker-b", "T", 0, 0, 50, 0)]  # fmt: skip
+    rows = [
+        ("broker-a", "T", 0, 7, 700, prepared),
+        ("broker-a", "T", 0, 5, 900, 0),
+        ("broker-a", "T", 0, 6, 800, commit),
+        ("broker-a", "T", 1, 3, 600, rollback),
+        ("broker-b", "T", 0, 0, 50, 0),
+    ]
     names = ("broker_name", "topic", "queue_id", "queue_offset", "commit_log_offset", "sys_flag")
-    table = pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows],
-                                 schema=pa.schema([COMMITLOG.arrow_schema.field(n) for n in names]))  # fmt: skip
+    table = pa.Table.from_pylist(
+        [dict(zip(names, r, strict=True)) for r in rows],
+        schema=pa.schema([COMMITLOG.arrow_schema.field(n) for n in names]),
+    )
     starts = sorted(queue_starts(table), key=lambda s: (s.broker_name, s.queue_id))
     assert [(s.broker_name, s.queue_id, s.first_offset, s.first_unit) for s in starts] == [
-        ("broker-a", 0, 700, 5), ("broker-a", 1, 600, None), ("broker-b", 0, 50, 0)
-    ]  # fmt: skip
+        ("broker-a", 0, 700, 5),
+        ("broker-a", 1, 600, None),
+        ("broker-b", 0, 50, 0),
+    ]
 
 
 @pytest.mark.parametrize(("processed", "findings_processed", "tails_processed"), [(6, 6, 6), (4, 6, 4), (4, 4, 6)])
@@ -194,8 +226,22 @@ def test_outputs_ahead_of_the_commit_log_are_refused(
 # ---------------------------------------------------------------------------------------------
 
 # ROCKETMQ_FACTS 3.2 and 14, plus characters outside ASCII and the BMP (two UTF-16 units each)
-HASH_CASES = ["TagA", "*", "123", "polygenelubricants", "", "a", "é", "日本語タグ", "😀", "a😀b", "𝄞" * 40,
-              "\u0000", "x" * 500, "Ünïcödé||TagB"]  # fmt: skip
+HASH_CASES = [
+    "TagA",
+    "*",
+    "123",
+    "polygenelubricants",
+    "",
+    "a",
+    "é",
+    "日本語タグ",
+    "😀",
+    "a😀b",
+    "𝄞" * 40,
+    "\u0000",
+    "x" * 500,
+    "Ünïcödé||TagB",
+]
 
 
 def _spark_hashes(spark: SparkSession, texts: list[str | None]) -> list[int | None]:
@@ -245,10 +291,15 @@ def test_only_not_and_commit_records_get_a_unit(spark: SparkSession) -> None:
     rollback = c.TRANSACTION_ROLLBACK_TYPE
     flags = [0, prepared, commit, rollback, commit | c.COMPRESSED_FLAG, prepared | c.BORNHOST_V6_FLAG]
     records = _laid_out(_record(i, sys_flag=f) for i, f in enumerate(flags))
-    expected_df = _frame(spark, CONSUME_QUEUE, [
-        ("broker-a", "TopicA", 0, r["queue_offset"], r["commit_log_offset"], r["store_size"], 0, T0)
-        for r in records if r["sys_flag"] & 12 in (0, 8)
-    ])  # fmt: skip
+    expected_df = _frame(
+        spark,
+        CONSUME_QUEUE,
+        [
+            ("broker-a", "TopicA", 0, r["queue_offset"], r["commit_log_offset"], r["store_size"], 0, T0)
+            for r in records
+            if r["sys_flag"] & 12 in (0, 8)
+        ],
+    )
     assert_frames_equal(build_consume_queue(_frame(spark, COMMITLOG, records)), expected_df)
     assert expected_df.count() == 3
 
@@ -298,10 +349,13 @@ def test_a_clean_log_with_segment_rolls_has_no_findings(spark: SparkSession) -> 
 def test_gaps_include_a_queue_that_does_not_start_at_zero(spark: SparkSession) -> None:
     records = _laid_out([_record(0), _record(1), _record(3), _record(2, queue_id=1), _record(3, queue_id=1)])
     o = [r["commit_log_offset"] for r in records]
-    expected = _findings(spark, [
-        ("broker-a", "TopicA", 0, 3, o[2], "GAP", "queue offsets 2..2 are missing"),
-        ("broker-a", "TopicA", 1, 2, o[3], "GAP", "the queue starts at queue offset 2: offsets 0..1 are missing"),
-    ])  # fmt: skip
+    expected = _findings(
+        spark,
+        [
+            ("broker-a", "TopicA", 0, 3, o[2], "GAP", "queue offsets 2..2 are missing"),
+            ("broker-a", "TopicA", 1, 2, o[3], "GAP", "the queue starts at queue offset 2: offsets 0..1 are missing"),
+        ],
+    )
     assert_frames_equal(_report(spark, records), expected)
 
 
@@ -311,10 +365,20 @@ def test_a_queue_offset_held_twice_is_a_duplicate(spark: SparkSession) -> None:
     records = _laid_out([_record(0), _record(1), _record(1), _record(2)])
     other = _laid_out([_record(0, broker="broker-b"), _record(1, broker="broker-b")])
     o = [r["commit_log_offset"] for r in records]
-    expected = _findings(spark, [
-        ("broker-a", "TopicA", 0, 1, o[2], "DUPLICATE_QUEUE_OFFSET", f"queue offset 1 is also held by commit log "
-                                                                     f"offset {o[1]}"),
-    ])  # fmt: skip
+    expected = _findings(
+        spark,
+        [
+            (
+                "broker-a",
+                "TopicA",
+                0,
+                1,
+                o[2],
+                "DUPLICATE_QUEUE_OFFSET",
+                f"queue offset 1 is also held by commit log offset {o[1]}",
+            ),
+        ],
+    )
     assert_frames_equal(_report(spark, records + other), expected)
 
 
@@ -323,10 +387,20 @@ def test_a_unit_whose_commit_log_offset_goes_back_is_non_monotonic(spark: SparkS
     records = _laid_out([_record(0), _record(2), _record(1), _record(3)])
     o = [r["commit_log_offset"] for r in records]
     # queue order 0, 1, 2, 3 visits offsets o0, o2, o1, o3: only unit 2 goes back
-    expected = _findings(spark, [
-        ("broker-a", "TopicA", 0, 2, o[1], "NON_MONOTONIC_OFFSET",
-         f"commit log offset {o[1]} is not above {o[2]}, the one of queue offset 1"),
-    ])  # fmt: skip
+    expected = _findings(
+        spark,
+        [
+            (
+                "broker-a",
+                "TopicA",
+                0,
+                2,
+                o[1],
+                "NON_MONOTONIC_OFFSET",
+                f"commit log offset {o[1]} is not above {o[2]}, the one of queue offset 1",
+            ),
+        ],
+    )
     assert_frames_equal(_report(spark, records), expected)
 
 
@@ -338,9 +412,12 @@ def test_a_body_crc_that_is_not_the_masked_crc_of_the_body_is_a_mismatch(spark: 
     stored, actual = body_crc(b"\x00\xfe"), body_crc(b"\x00\xff")
     records[2]["body_crc"] = stored
     o = records[2]["commit_log_offset"]
-    expected = _findings(spark, [
-        _record_finding(o, "CRC_MISMATCH", f"body_crc {stored}, but the body's CRC-32 & 0x7FFFFFFF is {actual}"),
-    ])  # fmt: skip
+    expected = _findings(
+        spark,
+        [
+            _record_finding(o, "CRC_MISMATCH", f"body_crc {stored}, but the body's CRC-32 & 0x7FFFFFFF is {actual}"),
+        ],
+    )
     assert_frames_equal(_report(spark, records), expected)
 
 
@@ -353,12 +430,23 @@ def test_a_store_size_that_is_not_rocketmq_s_record_length_is_a_mismatch(spark: 
     records[3] = {**records[3], "magic_code": c.BLANK_MAGIC_CODE}
     records = _laid_out(records)  # laid out with the stored sizes: the offsets agree with them
     o = [r["commit_log_offset"] for r in records]
-    expected = _findings(spark, [
-        _record_finding(o[2], "SIZE_MISMATCH", f"store_size {records[2]['store_size']}, but RocketMQ's length of "
-                                               f"this body, topic and properties is {records[2]['store_size'] - 3}"),
-        _record_finding(o[3], "SIZE_MISMATCH", f"magic_code {c.BLANK_MAGIC_CODE} is neither v1 ({c.MAGIC_CODE_V1}) "
-                                               f"nor v2 ({c.MAGIC_CODE_V2}): the record length cannot be checked"),
-    ])  # fmt: skip
+    expected = _findings(
+        spark,
+        [
+            _record_finding(
+                o[2],
+                "SIZE_MISMATCH",
+                f"store_size {records[2]['store_size']}, but RocketMQ's length of "
+                f"this body, topic and properties is {records[2]['store_size'] - 3}",
+            ),
+            _record_finding(
+                o[3],
+                "SIZE_MISMATCH",
+                f"magic_code {c.BLANK_MAGIC_CODE} is neither v1 ({c.MAGIC_CODE_V1}) "
+                f"nor v2 ({c.MAGIC_CODE_V2}): the record length cannot be checked",
+            ),
+        ],
+    )
     assert_frames_equal(_report(spark, records), expected)
 
 
@@ -370,14 +458,27 @@ def test_a_store_size_that_does_not_lead_to_the_next_record_is_a_mismatch(spark:
     assert o[4] == 4096 and o[3] + size + size + 8 > 4096  # the roll 3 -> 4 is right: 4 did not fit
     records[1] = {**records[1], "commit_log_offset": o[1] + 16}  # 16 bytes nobody accounts for
     records[5] = {**records[5], "commit_log_offset": 8192, "segment": 8192}  # rolled though it fitted
-    expected = _findings(spark, [
-        _record_finding(o[0], "SIZE_MISMATCH", f"the next record starts at {o[1] + 16}, not at {o[1]} "
-                                               f"(offset {o[0]} + store_size {size})"),
-        _record_finding(o[1] + 16, "SIZE_MISMATCH", f"the next record starts at {o[2]}, not at {o[2] + 16} "
-                                                    f"(offset {o[1] + 16} + store_size {size})"),
-        _record_finding(o[4], "SIZE_MISMATCH", f"the next record starts the next segment at 8192 though {size} "
-                                               f"bytes fitted after the end of this one at {o[5]}"),
-    ])  # fmt: skip
+    expected = _findings(
+        spark,
+        [
+            _record_finding(
+                o[0],
+                "SIZE_MISMATCH",
+                f"the next record starts at {o[1] + 16}, not at {o[1]} (offset {o[0]} + store_size {size})",
+            ),
+            _record_finding(
+                o[1] + 16,
+                "SIZE_MISMATCH",
+                f"the next record starts at {o[2]}, not at {o[2] + 16} (offset {o[1] + 16} + store_size {size})",
+            ),
+            _record_finding(
+                o[4],
+                "SIZE_MISMATCH",
+                f"the next record starts the next segment at 8192 though {size} "
+                f"bytes fitted after the end of this one at {o[5]}",
+            ),
+        ],
+    )
     assert_frames_equal(_report(spark, records), expected)
 
 
@@ -389,14 +490,27 @@ def test_a_record_overrunning_its_segment_or_in_the_wrong_one_is_beyond_segment(
     records[2] = {**records[2], "commit_log_offset": 4096 - 8 - size}
     records[3] = {**records[3], "commit_log_offset": 4096 - 4 - size, "segment": 0}
     records.append({**_record(9, queue_id=9), "commit_log_offset": 5000, "segment": 0})  # lies in segment 4096
-    expected = _findings(spark, [
-        _record_finding(4092 - size, "BEYOND_SEGMENT", "the record ends at 4092, leaving less than the 8-byte "
-                                                       "blank before the end of segment 0 at 4096"),
-        _record_finding(5000, "BEYOND_SEGMENT", "segment 0, but offset 5000 lies in the segment at 4096 "
-                                                "(segments of 4096 bytes)"),
-        _record_finding(5000, "BEYOND_SEGMENT", f"the record ends at {5000 + records[4]['store_size']}, leaving "
-                                                "less than the 8-byte blank before the end of segment 0 at 4096"),
-    ])  # fmt: skip
+    expected = _findings(
+        spark,
+        [
+            _record_finding(
+                4092 - size,
+                "BEYOND_SEGMENT",
+                "the record ends at 4092, leaving less than the 8-byte blank before the end of segment 0 at 4096",
+            ),
+            _record_finding(
+                5000,
+                "BEYOND_SEGMENT",
+                "segment 0, but offset 5000 lies in the segment at 4096 (segments of 4096 bytes)",
+            ),
+            _record_finding(
+                5000,
+                "BEYOND_SEGMENT",
+                f"the record ends at {5000 + records[4]['store_size']}, leaving "
+                "less than the 8-byte blank before the end of segment 0 at 4096",
+            ),
+        ],
+    )
     report = _report(spark, records).where(F.col("problem") == "BEYOND_SEGMENT")
     assert_frames_equal(report, expected)
 
@@ -412,8 +526,9 @@ def test_the_segment_size_is_the_latest_one_of_the_broker_else_one_gib(spark: Sp
     checked_df = _frame(spark, COMMITLOG, [record, lone]).transform(build_checked_records)
     report = build_integrity_report(checked_df, build_segment_sizes(brokers_df), V)
     assert sorted(r["broker_name"] for r in report.where(F.col("problem") == "BEYOND_SEGMENT").collect()) == [
-        "broker-a", "broker-z"
-    ]  # fmt: skip
+        "broker-a",
+        "broker-z",
+    ]
 
 
 _QUEUE_PROBLEMS = ("GAP", "DUPLICATE_QUEUE_OFFSET", "NON_MONOTONIC_OFFSET")
@@ -426,17 +541,28 @@ def _chain_scenarios() -> dict[str, list[dict[str, Any]]]:
     mid = clean[4]["commit_log_offset"]
     return {
         "clean": clean + other,
-        "a record overlaps the one before": [*clean[:3], {**clean[3], "commit_log_offset": clean[3][
-            "commit_log_offset"] - 1}, *clean[4:], *other],
+        "a record overlaps the one before": [
+            *clean[:3],
+            {**clean[3], "commit_log_offset": clean[3]["commit_log_offset"] - 1},
+            *clean[4:],
+            *other,
+        ],
         "a segment rolled early": [*clean[:5], *_laid_out(clean[5:], start=mid + SEGMENT), *other],
         "a record is missing": clean + other[:4] + other[5:],
         "a queue offset is held twice": [*clean, *other[:7], {**other[7], "queue_offset": 6}, *other[8:]],
-        "a unit goes back in the log": [*clean, *other[:7], {**other[7], "queue_offset": 8},
-                                        {**other[8], "queue_offset": 7}, *other[9:]],
-        "a queue does not start at 0": [{**r, "queue_offset": r["queue_offset"] + 1} if r["queue_id"] else r
-                                        for r in clean] + other,
+        "a unit goes back in the log": [
+            *clean,
+            *other[:7],
+            {**other[7], "queue_offset": 8},
+            {**other[8], "queue_offset": 7},
+            *other[9:],
+        ],
+        "a queue does not start at 0": [
+            {**r, "queue_offset": r["queue_offset"] + 1} if r["queue_id"] else r for r in clean
+        ]
+        + other,
         "a prepared record keeps a queue offset": [*clean, *other[:5], {**other[5], "sys_flag": 4}, *other[6:]],
-    }  # fmt: skip
+    }
 
 
 def _chain_suspects(
@@ -489,8 +615,10 @@ def test_a_foreign_row_without_a_topic_is_a_queue_of_its_own_to_the_chains(encod
 
     chains.add_part(rows)
 
-    assert chains.queue_tails() == {("broker-a", "TopicA", 0): (3, records[3]["commit_log_offset"]),
-                                    ("broker-a", None, 0): (0, records[2]["commit_log_offset"])}  # fmt: skip
+    assert chains.queue_tails() == {
+        ("broker-a", "TopicA", 0): (3, records[3]["commit_log_offset"]),
+        ("broker-a", None, 0): (0, records[2]["commit_log_offset"]),
+    }
     assert chains.suspect_queues() == [("broker-a", "TopicA", 0)]  # its offset 2 is the foreign row's
 
 
@@ -498,8 +626,10 @@ def test_a_context_run_needs_no_start_at_zero_and_only_seams_with_new_runs_are_c
     chains = Chains({"broker-a": SEGMENT})
     old = _laid_out(_record(i) for i in range(6))
     last = old[5]
-    chains.add_context({("broker-a", "TopicA", 0): (5, last["commit_log_offset"])},
-                       {"broker-a": (last["commit_log_offset"], last["store_size"], last["segment"])})  # fmt: skip
+    chains.add_context(
+        {("broker-a", "TopicA", 0): (5, last["commit_log_offset"])},
+        {"broker-a": (last["commit_log_offset"], last["store_size"], last["segment"])},
+    )
     new = _laid_out((_record(i) for i in (6, 7)), start=old[5]["commit_log_offset"] + old[5]["store_size"])
     schema = pa.schema([COMMITLOG.arrow_schema.field(n) for n in CHAIN_COLUMNS])
     chains.add_part(pa.Table.from_pylist([{n: r[n] for n in CHAIN_COLUMNS} for r in new], schema))
@@ -507,10 +637,27 @@ def test_a_context_run_needs_no_start_at_zero_and_only_seams_with_new_runs_are_c
     assert (chains.new_units(), chains.new_queues()) == (2, 1)
     assert chains.queue_tails() == {("broker-a", "TopicA", 0): (7, new[1]["commit_log_offset"])}
     # two old units out of order are not this run's finding; a new unit after a gap is
-    chains.add_context_rows(pa.Table.from_pylist([
-        {"broker_name": "broker-a", "topic": "TopicA", "queue_id": 0, "queue_offset": 2, "commit_log_offset": 9},
-        {"broker_name": "broker-a", "topic": "TopicA", "queue_id": 0, "queue_offset": 4, "commit_log_offset": 8},
-    ]), None)  # fmt: skip
+    chains.add_context_rows(
+        pa.Table.from_pylist(
+            [
+                {
+                    "broker_name": "broker-a",
+                    "topic": "TopicA",
+                    "queue_id": 0,
+                    "queue_offset": 2,
+                    "commit_log_offset": 9,
+                },
+                {
+                    "broker_name": "broker-a",
+                    "topic": "TopicA",
+                    "queue_id": 0,
+                    "queue_offset": 4,
+                    "commit_log_offset": 8,
+                },
+            ]
+        ),
+        None,
+    )
     assert chains.suspect_queues() == []
     gapped = _laid_out([_record(9)], start=new[1]["commit_log_offset"] + new[1]["store_size"])
     chains.add_part(pa.Table.from_pylist([{n: r[n] for n in CHAIN_COLUMNS} for r in gapped], schema))
@@ -629,9 +776,11 @@ def test_read_max_rows_reads_the_greatest_rows_of_each_broker_from_their_files(
     rows = lake.read_max_rows(COMMITLOG, "commit_log_offset", "broker_name", columns).to_pylist()
     got = sorted((r["broker_name"], r["segment"], r["commit_log_offset"], r["store_size"]) for r in rows)
     offset = second[0]["commit_log_offset"]
-    assert got == [("broker-a", second[0]["segment"], offset, second[0]["store_size"]),
-                   ("broker-a", second[0]["segment"], offset, twin["store_size"]),
-                   ("broker-b", 8192, 9000, first[0]["store_size"])]  # fmt: skip
+    assert got == [
+        ("broker-a", second[0]["segment"], offset, second[0]["store_size"]),
+        ("broker-a", second[0]["segment"], offset, twin["store_size"]),
+        ("broker-b", 8192, 9000, first[0]["store_size"]),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -651,8 +800,10 @@ def _clean_and_corrupt_appends() -> list[list[dict[str, Any]]]:
     """Three commit log appends of broker-a; the third holds a duplicate queue offset, a bad CRC,
     a gap and a record in the wrong segment."""
     first = _laid_out(_record(i, queue_id=i % 2, body=b"y" * 700) for i in range(8))
-    second = _laid_out((_record(i, queue_id=i % 2, body=b"y" * 700) for i in range(8, 12)),
-                       start=first[-1]["commit_log_offset"] + first[-1]["store_size"])  # fmt: skip
+    second = _laid_out(
+        (_record(i, queue_id=i % 2, body=b"y" * 700) for i in range(8, 12)),
+        start=first[-1]["commit_log_offset"] + first[-1]["store_size"],
+    )
     end = second[-1]["commit_log_offset"] + second[-1]["store_size"]
     third = _laid_out([_record(5), _record(7, queue_id=1), _record(6)], start=end)
     third[0]["body_crc"] ^= 1
@@ -700,8 +851,10 @@ def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_not
     empty = _append_log(incremental, spark, [])  # a commit that adds no rows (as a compaction's)
     quiet = run(spark, RebuildConfig(incremental.root, engine="bridge", driver_bytes=driver_bytes))
     assert (quiet.status, quiet.row_counts["consume_queue"], quiet.row_counts["consume_queue_integrity"]) == (
-        "SUCCEEDED", 0, 0,
-    )  # fmt: skip
+        "SUCCEEDED",
+        0,
+        0,
+    )
     for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
         assert incremental.transaction_version(spec, APP_ID) == empty
     assert _sorted_rows(incremental.read(CONSUME_QUEUE)) == _sorted_rows(full.read(CONSUME_QUEUE))
@@ -720,22 +873,30 @@ def _increments() -> dict[str, list[dict[str, Any]]]:
     clean = laid([_record(4), _record(4, queue_id=1, properties={"TAGS": "b"}), _record(5)])
     return {
         "clean": clean,
-        "clean, delayed and retried": laid([_record(0, topic=c.SCHEDULE_TOPIC, properties=delayed),
-                                            _record(0, topic="%RETRY%g", queue_id=0), _record(4)]),
+        "clean, delayed and retried": laid(
+            [
+                _record(0, topic=c.SCHEDULE_TOPIC, properties=delayed),
+                _record(0, topic="%RETRY%g", queue_id=0),
+                _record(4),
+            ]
+        ),
         "a bad body CRC": [{**clean[0], "body_crc": clean[0]["body_crc"] ^ 1}, *clean[1:]],
         "an unknown magic code": [{**clean[0], "magic_code": 7}, *clean[1:]],
         "a wrong segment column": [*clean[:2], {**clean[2], "segment": clean[2]["segment"] + SEGMENT}],
         "a store size that is not the record's length": [*clean[:2], {**clean[2], "store_size": 999}],
-        "a record beyond its segment": [{**_record(4, body=b"z" * 3000), "commit_log_offset": start,
-                                         "segment": start - start % SEGMENT}],
+        "a record beyond its segment": [
+            {**_record(4, body=b"z" * 3000), "commit_log_offset": start, "segment": start - start % SEGMENT}
+        ],
         "a record missing": [clean[0], clean[2]],
         "a queue offset held twice": laid([_record(3), _record(4, queue_id=1)]),
         "a gap": laid([_record(6), _record(4, queue_id=1)]),
-        "with a DELAY that is not a plain integer": laid([_record(0, topic=c.SCHEDULE_TOPIC,
-                                                             properties={"DELAY": " 3"})]),
-        "clean, with a prepared record": laid([_record(4, sys_flag=c.TRANSACTION_PREPARED_TYPE),
-                                               _record(4, queue_id=1)]),
-    }  # fmt: skip
+        "with a DELAY that is not a plain integer": laid(
+            [_record(0, topic=c.SCHEDULE_TOPIC, properties={"DELAY": " 3"})]
+        ),
+        "clean, with a prepared record": laid(
+            [_record(4, sys_flag=c.TRANSACTION_PREPARED_TYPE), _record(4, queue_id=1)]
+        ),
+    }
 
 
 def _base_log() -> list[dict[str, Any]]:
@@ -846,8 +1007,18 @@ def _expected_units(lake_root: Path) -> set[tuple[Any, ...]]:
         if row["topic"] == c.SCHEDULE_TOPIC and "DELAY" in properties:
             level = min(int(properties["DELAY"]), c.MAX_DELAY_LEVEL)
             code = row["store_timestamp"] + c.DELAY_LEVEL_MILLIS[level - 1] if level > 0 else code
-        units.add((row["broker_name"], row["topic"], row["queue_id"], row["queue_offset"],
-                   row["commit_log_offset"], row["store_size"], code, row["store_timestamp"]))  # fmt: skip
+        units.add(
+            (
+                row["broker_name"],
+                row["topic"],
+                row["queue_id"],
+                row["queue_offset"],
+                row["commit_log_offset"],
+                row["store_size"],
+                code,
+                row["store_timestamp"],
+            )
+        )
     return units
 
 
@@ -915,8 +1086,9 @@ def test_the_job_on_a_broker_workload_and_on_a_corrupted_copy(
     assert run(spark, RebuildConfig(corrupt, engine="bridge")).status == "SUCCEEDED"
     findings = DeltaTable(str(corrupt / "consume_queue_integrity")).to_pyarrow_table().to_pylist()
     assert sorted((f["problem"], f["commitlog_version"]) for f in findings) == [
-        ("CRC_MISMATCH", version), ("DUPLICATE_QUEUE_OFFSET", version)
-    ]  # fmt: skip
+        ("CRC_MISMATCH", version),
+        ("DUPLICATE_QUEUE_OFFSET", version),
+    ]
     assert set(_units_of(corrupt)) == _expected_units(corrupt)
 
     rebuilt = tmp_path / "rebuilt"

@@ -70,8 +70,13 @@ KEY = ("broker-a", "Orders", 0)
 
 
 def _config(**overrides: Any) -> ReplayConfig:
-    options: dict[str, Any] = {"replay_id": "r1", "lake": LAKE, "source": "queues",
-                               "topics": (TopicQueues("Orders"),), "to_table": Path("/sink")}  # fmt: skip
+    options: dict[str, Any] = {
+        "replay_id": "r1",
+        "lake": LAKE,
+        "source": "queues",
+        "topics": (TopicQueues("Orders"),),
+        "to_table": Path("/sink"),
+    }
     options.update(overrides)
     return ReplayConfig(**options)
 
@@ -208,18 +213,26 @@ _RANGES_SCHEMA = "broker_name string, topic string, queue_id int, resume long, e
 
 def _records(spark: SparkSession, rows: list[tuple[str, str, int, int, int]]) -> Any:
     """Commit log rows from (broker, topic, queue_id, queue_offset, sys_flag)."""
-    full = [(b, t, q, o, 1000 * o + q, f, f"id-{b}-{o}", 100, 1, 0, 1, "h:1", 2, "h:2", 0, b"x", {}, None, None, None)
-            for b, t, q, o, f in rows]  # fmt: skip
+    full = [
+        (b, t, q, o, 1000 * o + q, f, f"id-{b}-{o}", 100, 1, 0, 1, "h:1", 2, "h:2", 0, b"x", {}, None, None, None)
+        for b, t, q, o, f in rows
+    ]
     return spark.createDataFrame(full, _RECORD_SCHEMA)
 
 
 @pytest.mark.spark
 def test_source_rows_are_dispatched_records_in_range_numbered_by_batch(spark: SparkSession) -> None:
-    records_df = _records(spark, [
-        ("broker-a", "Orders", 0, 3, 0), ("broker-a", "Orders", 0, 4, c.TRANSACTION_COMMIT_TYPE),
-        ("broker-a", "Orders", 0, 5, c.TRANSACTION_PREPARED_TYPE), ("broker-a", "Orders", 0, 6, 0),
-        ("broker-a", "Orders", 0, 9, 0), ("broker-a", "Orders", 1, 4, 0),
-    ])  # fmt: skip
+    records_df = _records(
+        spark,
+        [
+            ("broker-a", "Orders", 0, 3, 0),
+            ("broker-a", "Orders", 0, 4, c.TRANSACTION_COMMIT_TYPE),
+            ("broker-a", "Orders", 0, 5, c.TRANSACTION_PREPARED_TYPE),
+            ("broker-a", "Orders", 0, 6, 0),
+            ("broker-a", "Orders", 0, 9, 0),
+            ("broker-a", "Orders", 1, 4, 0),
+        ],
+    )
     dispatched_df = filter_source_records(records_df, [TopicQueues("Orders", (0,))])
     ranges_df = spark.createDataFrame([("broker-a", "Orders", 0, 4, 9, 7)], _RANGES_SCHEMA)
     rows = build_source_rows(dispatched_df, ranges_df, batch_rows=2).select("queue_offset", "replay_batch").collect()
@@ -236,18 +249,39 @@ def test_the_report_finds_gaps_duplicates_reordering_and_missing_queues() -> Non
     expected = [("broker-a", "T", q, o) for q in range(5) for o in range(4 if q != 3 else 3)]
     columns = list(zip(*replayed, strict=True))
     replayed_table = pa.Table.from_arrays(
-        [pa.array(c, t) for c, t in zip(columns, (pa.string(), pa.string(), pa.int32(), *[pa.int64()] * 3),
-                                        strict=True)], names=list(REPLAYED_COLUMNS))  # fmt: skip
+        [
+            pa.array(c, t)
+            for c, t in zip(columns, (pa.string(), pa.string(), pa.int32(), *[pa.int64()] * 3), strict=True)
+        ],
+        names=list(REPLAYED_COLUMNS),
+    )
     expected_table = pa.Table.from_pylist(
         [dict(zip(("broker_name", "topic", "queue_id", "queue_offset"), row, strict=True)) for row in expected],
-        pa.schema([("broker_name", pa.string()), ("topic", pa.string()), ("queue_id", pa.int32()),
-                   ("queue_offset", pa.int64())]))  # fmt: skip
+        pa.schema(
+            [
+                ("broker_name", pa.string()),
+                ("topic", pa.string()),
+                ("queue_id", pa.int32()),
+                ("queue_offset", pa.int64()),
+            ]
+        ),
+    )
     # the sink's rows in two chunks (as from two data files), each queue's rows split between them
     chunks = [replayed_table.take(list(range(0, 14, 2))), replayed_table.take(list(range(1, 14, 2)))]
     report = build_ordering_report(chunks, expected_table, "r1", "run-1", "table:/sink", 5)
     rows = {r["queue_id"]: r for r in report}
-    brief = {q: (r["rows"], r["first_offset"], r["last_offset"], r["gaps"], r["duplicates"], r["order_preserved"],
-                 r["complete"]) for q, r in rows.items()}  # fmt: skip
+    brief = {
+        q: (
+            r["rows"],
+            r["first_offset"],
+            r["last_offset"],
+            r["gaps"],
+            r["duplicates"],
+            r["order_preserved"],
+            r["complete"],
+        )
+        for q, r in rows.items()
+    }
     assert brief == {
         0: (4, 0, 3, 0, 0, True, True),
         1: (3, 0, 3, 1, 0, True, False),
@@ -314,8 +348,10 @@ def test_the_log_order_check_finds_queues_whose_records_are_not_in_queue_order_b
     chunks: list[list[tuple[int, int]]], unordered: bool
 ) -> None:
     other = [("broker-a", "Orders", 1, i, 0, 0, 1000 + i) for i in range(3)]  # a queue in order beside it
-    tables = [_summary_rows([("broker-a", "Orders", 0, o, 0, 0, log) for o, log in chunk] + (other if i else []))
-              for i, chunk in enumerate(chunks)]  # fmt: skip
+    tables = [
+        _summary_rows([("broker-a", "Orders", 0, o, 0, 0, log) for o, log in chunk] + (other if i else []))
+        for i, chunk in enumerate(chunks)
+    ]
 
     summary = summarize_source(tables, [TopicQueues("Orders")], None, None)
 
@@ -334,8 +370,15 @@ def test_the_running_hash_is_the_chain_it_names() -> None:
 
 @pytest.mark.spark
 def test_dead_letters_are_found_in_their_dlq_queue_by_broker_and_msg_id(spark: SparkSession) -> None:
-    records_df = _records(spark, [("broker-a", "%DLQ%cg", 0, 0, 0), ("broker-a", "%DLQ%cg", 0, 1, 0),
-                                  ("broker-a", "%DLQ%other", 0, 0, 0), ("broker-b", "%DLQ%cg", 0, 1, 0)])  # fmt: skip
+    records_df = _records(
+        spark,
+        [
+            ("broker-a", "%DLQ%cg", 0, 0, 0),
+            ("broker-a", "%DLQ%cg", 0, 1, 0),
+            ("broker-a", "%DLQ%other", 0, 0, 0),
+            ("broker-b", "%DLQ%cg", 0, 1, 0),
+        ],
+    )
     dlq_df = spark.createDataFrame(
         [
             ("cg", "broker-a", "id-broker-a-1"),
@@ -387,9 +430,13 @@ def source_offsets(
 def kill_when(args: list[str], ready: Callable[[], bool], env: dict[str, str] | None = None) -> None:
     """Run the job in a child process, SIGKILL it once ``ready()`` holds; fail if it ends first."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "jobs", "replay_ordered", *args], cwd=REPO, env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "jobs", "replay_ordered", *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 240
     try:
         while not ready():
@@ -437,8 +484,24 @@ def test_a_table_replay_killed_after_its_first_batch_ends_with_every_message_onc
     spark: SparkSession, lake: Path
 ) -> None:
     sink = lake / "replayed"
-    args = ["--lake", str(lake), "--replay-id", "t1", "--topic", "Orders", "--from-offset", "2", "--to-offset", "32",
-            "--to-table", str(sink), "--batch-rows", "2", "--engine", "bridge"]  # fmt: skip
+    args = [
+        "--lake",
+        str(lake),
+        "--replay-id",
+        "t1",
+        "--topic",
+        "Orders",
+        "--from-offset",
+        "2",
+        "--to-offset",
+        "32",
+        "--to-table",
+        str(sink),
+        "--batch-rows",
+        "2",
+        "--engine",
+        "bridge",
+    ]
     kill_when(args, lambda: _sink_version(sink, "t1") is not None)
     committed = _sink_version(sink, "t1")
     assert committed is not None and committed < 14  # killed before its 15th and last batch
@@ -458,8 +521,19 @@ def test_a_log_out_of_queue_order_is_replayed_in_queue_order_through_the_shuffle
     spark: SparkSession, lake: Path, capsys: pytest.CaptureFixture[str], handler_out: Path
 ) -> None:
     def replay(replay_id: str, *sink: str) -> None:
-        args = ["--lake", str(lake), "--replay-id", replay_id, "--topic", "Orders:0", *sink, "--batch-rows", "4",
-                "--engine", "bridge"]  # fmt: skip
+        args = [
+            "--lake",
+            str(lake),
+            "--replay-id",
+            replay_id,
+            "--topic",
+            "Orders:0",
+            *sink,
+            "--batch-rows",
+            "4",
+            "--engine",
+            "bridge",
+        ]
         assert run(spark, build_config(args)).status == "SUCCEEDED"
 
     replay("clean", "--to-table", str(lake / "clean"))  # a log the broker wrote: no shuffle
@@ -495,14 +569,21 @@ def _swap_queue_offsets(lake: Path, key: tuple[str, str, int], a: int, b: int) -
     from deltalake import DeltaTable, write_deltalake
 
     table = DeltaTable(str(lake / COMMITLOG.path)).to_pyarrow_table()
-    in_queue = pc.and_(pc.and_(pc.equal(table["broker_name"], key[0]), pc.equal(table["topic"], key[1])),
-                       pc.equal(table["queue_id"], key[2]))  # fmt: skip
+    in_queue = pc.and_(
+        pc.and_(pc.equal(table["broker_name"], key[0]), pc.equal(table["topic"], key[1])),
+        pc.equal(table["queue_id"], key[2]),
+    )
     offset = table["queue_offset"]
-    swapped = pc.if_else(pc.and_(in_queue, pc.equal(offset, a)), b,
-                         pc.if_else(pc.and_(in_queue, pc.equal(offset, b)), a, offset))  # fmt: skip
+    swapped = pc.if_else(
+        pc.and_(in_queue, pc.equal(offset, a)), b, pc.if_else(pc.and_(in_queue, pc.equal(offset, b)), a, offset)
+    )
     table = table.set_column(table.schema.get_field_index("queue_offset"), "queue_offset", swapped)
-    write_deltalake(str(lake / COMMITLOG.path), table.cast(COMMITLOG.arrow_schema), mode="overwrite",
-                    partition_by=list(COMMITLOG.partition_by))  # fmt: skip
+    write_deltalake(
+        str(lake / COMMITLOG.path),
+        table.cast(COMMITLOG.arrow_schema),
+        mode="overwrite",
+        partition_by=list(COMMITLOG.partition_by),
+    )
 
 
 def _sink_files(sink: Path) -> list[Path]:
@@ -536,8 +617,15 @@ def _sink_rows(sink: Path, *extra: str) -> list[dict[str, Any]]:
     """The sink's rows: source queue and offset, batch and sequence, and the ``extra`` columns."""
     from deltalake import DeltaTable
 
-    columns = ["source_broker_name", "source_topic", "source_queue_id", "source_queue_offset", "replay_batch",
-               "replay_sequence", *extra]  # fmt: skip
+    columns = [
+        "source_broker_name",
+        "source_topic",
+        "source_queue_id",
+        "source_queue_offset",
+        "replay_batch",
+        "replay_sequence",
+        *extra,
+    ]
     return DeltaTable(str(sink)).to_pyarrow_table(columns=columns).to_pylist()
 
 
@@ -547,13 +635,33 @@ def _sink_rows(sink: Path, *extra: str) -> list[dict[str, Any]]:
 def test_a_topic_replay_of_a_backlog_killed_mid_way_sends_every_message_once_in_order(
     spark: SparkSession, lake: Path
 ) -> None:
-    args = ["--lake", str(lake), "--replay-id", "b1", "--group", "cg-orders", "--to-topic", "OrdersReplay",
-            "--selector-property", "KEYS", "--batch-rows", "3", "--engine", "bridge"]  # fmt: skip
-    commits = sorted((r for r in read_table(lake, CONSUMER_OFFSET_COMMITS).to_pylist() if r["group"] == "cg-orders"),
-                     key=lambda r: (r["commit_timestamp"], r["offset"]))  # fmt: skip
+    args = [
+        "--lake",
+        str(lake),
+        "--replay-id",
+        "b1",
+        "--group",
+        "cg-orders",
+        "--to-topic",
+        "OrdersReplay",
+        "--selector-property",
+        "KEYS",
+        "--batch-rows",
+        "3",
+        "--engine",
+        "bridge",
+    ]
+    commits = sorted(
+        (r for r in read_table(lake, CONSUMER_OFFSET_COMMITS).to_pylist() if r["group"] == "cg-orders"),
+        key=lambda r: (r["commit_timestamp"], r["offset"]),
+    )
     starts = {(r["broker_name"], r["topic"], r["queue_id"]): r["offset"] for r in commits}  # the latest commit wins
-    kill_when(args, lambda: any(r["last_offset"] >= starts[(r["broker_name"], r["topic"], r["queue_id"])]
-                                for r in progress_rows(lake, "b1")))  # fmt: skip
+    kill_when(
+        args,
+        lambda: any(
+            r["last_offset"] >= starts[(r["broker_name"], r["topic"], r["queue_id"])] for r in progress_rows(lake, "b1")
+        ),
+    )
 
     job_run = run(spark, build_config(args))
 
@@ -596,10 +704,25 @@ def _handled(out: Path) -> dict[tuple[str, str, int], list[int]]:
 def test_a_handler_replay_killed_mid_way_is_resumed_and_an_idempotent_handler_sees_each_message_once(
     spark: SparkSession, lake: Path, handler_out: Path
 ) -> None:
-    args = ["--lake", str(lake), "--replay-id", "h1", "--topic", "Payments:0,1", "--handler",
-            "tests.replay_handlers:record", "--batch-rows", "4", "--engine", "bridge"]  # fmt: skip
-    kill_when(args, lambda: handler_out.exists() and len(handler_out.read_text().splitlines()) >= 16,
-              env={"REPLAY_TEST_SLEEP_MS": "150"})  # fmt: skip
+    args = [
+        "--lake",
+        str(lake),
+        "--replay-id",
+        "h1",
+        "--topic",
+        "Payments:0,1",
+        "--handler",
+        "tests.replay_handlers:record",
+        "--batch-rows",
+        "4",
+        "--engine",
+        "bridge",
+    ]
+    kill_when(
+        args,
+        lambda: handler_out.exists() and len(handler_out.read_text().splitlines()) >= 16,
+        env={"REPLAY_TEST_SLEEP_MS": "150"},
+    )
     expected = source_offsets(lake, {"Payments"}, {0, 1})
     assert sum(map(len, _handled(handler_out).values())) < sum(map(len, expected.values()))
 
@@ -608,8 +731,12 @@ def test_a_handler_replay_killed_mid_way_is_resumed_and_an_idempotent_handler_se
     assert _handled(handler_out) == expected
     assert job_run.status == "SUCCEEDED"
     report = latest_report(lake, "h1")  # this run's deliveries: from where the progress stood
-    assert all(r["order_preserved"] and r["complete"] and r["last_offset"] == expected[
-        (r["broker_name"], r["topic"], r["queue_id"])][-1] for r in report)  # fmt: skip
+    assert all(
+        r["order_preserved"]
+        and r["complete"]
+        and r["last_offset"] == expected[(r["broker_name"], r["topic"], r["queue_id"])][-1]
+        for r in report
+    )
 
 
 @pytest.mark.slow
@@ -617,8 +744,22 @@ def test_a_handler_replay_killed_mid_way_is_resumed_and_an_idempotent_handler_se
 def test_a_queue_whose_handler_keeps_suspending_fails_alone_while_the_others_complete(
     spark: SparkSession, lake: Path, handler_out: Path
 ) -> None:
-    args = ["--lake", str(lake), "--replay-id", "s1", "--topic", "Notifications", "--broker", "broker-a",
-            "--handler", "tests.replay_handlers:stubborn", "--batch-rows", "50", "--max-attempts", "3"]  # fmt: skip
+    args = [
+        "--lake",
+        str(lake),
+        "--replay-id",
+        "s1",
+        "--topic",
+        "Notifications",
+        "--broker",
+        "broker-a",
+        "--handler",
+        "tests.replay_handlers:stubborn",
+        "--batch-rows",
+        "50",
+        "--max-attempts",
+        "3",
+    ]
     job_run = run(spark, build_config(args))
 
     expected = source_offsets(lake, {"Notifications"})

@@ -65,8 +65,20 @@ def test_execute_moves_offsets_a_running_broker_sees_them_and_undo_restores_them
     lake: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with Broker(BrokerConfig(lake)).start() as running:
-        main(["--lake", str(lake), "--group", "cg", "--topic", "Orders", "--to-earliest", "--execute",
-              "--reason", "re-read after a bug fix"])  # fmt: skip
+        main(
+            [
+                "--lake",
+                str(lake),
+                "--group",
+                "cg",
+                "--topic",
+                "Orders",
+                "--to-earliest",
+                "--execute",
+                "--reason",
+                "re-read after a bug fix",
+            ]
+        )
         reset_id = capsys.readouterr().out.split("executed reset ")[1].split(":")[0]
         assert (running.query_offset("cg", "Orders", 0), running.query_offset("cg", "Orders", 1)) == (0, 0)
     rows = DeltaTable(str(lake / "consumer_offset_commits")).to_pyarrow_table().to_pylist()

@@ -82,36 +82,72 @@ class _Log:
     next_offset: int = 0
     queues: dict[tuple[str, int], int] = field(default_factory=dict)
 
-    def put(self, topic: str, properties: dict[str, str], *, store: int, born: int | None = None,
-            queue_id: int = 0, sys_flag: int = 0, body: bytes = b"body", prepared: int = 0) -> Row:  # fmt: skip
+    def put(
+        self,
+        topic: str,
+        properties: dict[str, str],
+        *,
+        store: int,
+        born: int | None = None,
+        queue_id: int = 0,
+        sys_flag: int = 0,
+        body: bytes = b"body",
+        prepared: int = 0,
+    ) -> Row:
         """Append a record with every commit log column filled; returns it."""
         raw = encode_properties(properties).encode()
         queue_offset = self.queues.get((topic, queue_id), 0)
         self.queues[(topic, queue_id)] = queue_offset + 1
         size = record_length(len(body), len(topic.encode()), len(raw))
         row: Row = {
-            "broker_name": self.broker, "segment": 0, "commit_log_offset": self.next_offset,
-            "store_size": size, "magic_code": c.MAGIC_CODE_V1,
-            "body_crc": body_crc(body), "queue_id": queue_id, "flag": 0, "queue_offset": queue_offset,
-            "sys_flag": sys_flag, "born_timestamp": store if born is None else born, "born_host": "10.0.0.9:5000",
-            "store_timestamp": store, "store_host": STORE_HOST, "reconsume_times": 0,
-            "prepared_transaction_offset": prepared, "body": body, "topic": topic, "properties": properties,
-            "raw_properties": raw, "tags": properties.get(c.PROPERTY_TAGS), "keys": properties.get(c.PROPERTY_KEYS),
+            "broker_name": self.broker,
+            "segment": 0,
+            "commit_log_offset": self.next_offset,
+            "store_size": size,
+            "magic_code": c.MAGIC_CODE_V1,
+            "body_crc": body_crc(body),
+            "queue_id": queue_id,
+            "flag": 0,
+            "queue_offset": queue_offset,
+            "sys_flag": sys_flag,
+            "born_timestamp": store if born is None else born,
+            "born_host": "10.0.0.9:5000",
+            "store_timestamp": store,
+            "store_host": STORE_HOST,
+            "reconsume_times": 0,
+            "prepared_transaction_offset": prepared,
+            "body": body,
+            "topic": topic,
+            "properties": properties,
+            "raw_properties": raw,
+            "tags": properties.get(c.PROPERTY_TAGS),
+            "keys": properties.get(c.PROPERTY_KEYS),
             "uniq_key": properties.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
             "msg_id": create_msg_id(parse_host(STORE_HOST), self.next_offset),
-        }  # fmt: skip
+        }
         self.rows.append(row)
         self.next_offset += size
         return row
 
-    def half(self, uniq: str | None, *, born: int, store: int | None = None, group: str = "pg",
-             extra: dict[str, str] | None = None) -> Row:  # fmt: skip
+    def half(
+        self,
+        uniq: str | None,
+        *,
+        born: int,
+        store: int | None = None,
+        group: str = "pg",
+        extra: dict[str, str] | None = None,
+    ) -> Row:
         """A half message of ``uniq`` (its real destination is Orders queue 1)."""
         properties = {"TRAN_MSG": "true", "PGROUP": group, "REAL_TOPIC": "Orders", "REAL_QID": "1"}
         if uniq is not None:
             properties |= {"UNIQ_KEY": uniq, "__transactionId__": uniq}
-        return self.put(c.RMQ_SYS_TRANS_HALF_TOPIC, properties | (extra or {}), store=born + 1 if store is None
-                        else store, born=born)  # fmt: skip
+        return self.put(
+            c.RMQ_SYS_TRANS_HALF_TOPIC,
+            properties | (extra or {}),
+            store=born + 1 if store is None else store,
+            born=born,
+        )
 
     def copy(self, half: Row, checks: int, *, store: int) -> Row:
         """The re-put copy that check round ``checks`` writes before its check-back."""
@@ -129,9 +165,15 @@ class _Log:
     def final(self, half: Row, *, store: int) -> Row:
         """The committed message of ``half`` in its real topic."""
         properties = half["properties"]
-        return self.put(properties["REAL_TOPIC"], properties, store=store, born=half["born_timestamp"],
-                        queue_id=int(properties["REAL_QID"]), sys_flag=c.TRANSACTION_COMMIT_TYPE,
-                        prepared=half["commit_log_offset"])  # fmt: skip
+        return self.put(
+            properties["REAL_TOPIC"],
+            properties,
+            store=store,
+            born=half["born_timestamp"],
+            queue_id=int(properties["REAL_QID"]),
+            sys_flag=c.TRANSACTION_COMMIT_TYPE,
+            prepared=half["commit_log_offset"],
+        )
 
     def discard(self, half: Row, *, store: int) -> Row:
         """The discard copy of ``half`` in TRANS_CHECK_MAX_TIME_TOPIC."""
@@ -147,9 +189,13 @@ class _Log:
 
 def _states(spark: SparkSession, commitlog_df: DataFrame, as_of: int, **settings: int) -> DataFrame:
     return build_transaction_state(
-        build_half_records(commitlog_df), build_ops(commitlog_df), build_finals(commitlog_df),
-        build_discards(commitlog_df), as_of, **settings,
-    )  # fmt: skip
+        build_half_records(commitlog_df),
+        build_ops(commitlog_df),
+        build_finals(commitlog_df),
+        build_discards(commitlog_df),
+        as_of,
+        **settings,
+    )
 
 
 def _brief(df: DataFrame) -> DataFrame:
@@ -160,21 +206,53 @@ def _expected_brief(spark: SparkSession, rows: list[tuple[Any, ...]]) -> DataFra
     return spark.createDataFrame(rows, _BRIEF_SCHEMA)
 
 
-def _state_row(half: Row, state: str, as_of: int, *, checks: int = 0, op: Row | None = None,
-               final: Row | None = None, anomaly: str | None = None) -> tuple[Any, ...]:  # fmt: skip
+def _state_row(
+    half: Row,
+    state: str,
+    as_of: int,
+    *,
+    checks: int = 0,
+    op: Row | None = None,
+    final: Row | None = None,
+    anomaly: str | None = None,
+) -> tuple[Any, ...]:
     """The expected transaction_state row of the transaction whose original is ``half``."""
     properties = half["properties"]
     return (
-        half["broker_name"], properties["PGROUP"], half["uniq_key"], half["queue_offset"], half["commit_log_offset"],
-        properties["REAL_TOPIC"], int(properties["REAL_QID"]), state, checks,
-        None if op is None else op["queue_offset"], None if final is None else final["commit_log_offset"],
-        half["born_timestamp"], as_of, anomaly,
-    )  # fmt: skip
+        half["broker_name"],
+        properties["PGROUP"],
+        half["uniq_key"],
+        half["queue_offset"],
+        half["commit_log_offset"],
+        properties["REAL_TOPIC"],
+        int(properties["REAL_QID"]),
+        state,
+        checks,
+        None if op is None else op["queue_offset"],
+        None if final is None else final["commit_log_offset"],
+        half["born_timestamp"],
+        as_of,
+        anomaly,
+    )
 
 
 def _orphan_row(broker: str, half_queue_offset: int, op: Row, as_of: int) -> tuple[Any, ...]:
-    return (broker, None, None, half_queue_offset, -1, None, None, "ROLLED_BACK", None, op["queue_offset"], None,
-            None, as_of, "OP_WITHOUT_HALF")  # fmt: skip
+    return (
+        broker,
+        None,
+        None,
+        half_queue_offset,
+        -1,
+        None,
+        None,
+        "ROLLED_BACK",
+        None,
+        op["queue_offset"],
+        None,
+        None,
+        as_of,
+        "OP_WITHOUT_HALF",
+    )
 
 
 def _table(spark: SparkSession, rows: list[tuple[Any, ...]]) -> DataFrame:
@@ -198,15 +276,30 @@ def test_half_records_decode_the_transaction_properties_of_originals_and_copies(
         | {"CHECK_IMMUNITY_TIME_IN_SECONDS": "30", "TRAN_PREPARED_QUEUE_OFFSET": "1", "REAL_QID": "x"},
         store=T0 + 9,
     )
-    log.put(c.RMQ_SYS_TRANS_HALF_TOPIC, half["properties"], store=T0 + 10,
-            sys_flag=c.TRANSACTION_PREPARED_TYPE)  # a prepared record never reaches the half queue  # fmt: skip
+    log.put(
+        c.RMQ_SYS_TRANS_HALF_TOPIC, half["properties"], store=T0 + 10, sys_flag=c.TRANSACTION_PREPARED_TYPE
+    )  # a prepared record never reaches the half queue
 
     expected = [
         ("broker-a", 0, 0, half["commit_log_offset"], T0, T0 + 1, "pg", "tx", "Orders", 1, None, None, True, None),
         ("broker-a", 0, 1, copy["commit_log_offset"], T0, T0 + 60_000, "pg", "tx", "Orders", 1, 2, None, True, None),
-        ("broker-a", 0, 2, immune["commit_log_offset"], T0 + 9, T0 + 9, "pg", "tx", "Orders", None, None, 1, True,
-         30_000),
-    ]  # fmt: skip
+        (
+            "broker-a",
+            0,
+            2,
+            immune["commit_log_offset"],
+            T0 + 9,
+            T0 + 9,
+            "pg",
+            "tx",
+            "Orders",
+            None,
+            None,
+            1,
+            True,
+            30_000,
+        ),
+    ]
     assert_frames_equal(build_half_records(log.frame(spark)), spark.createDataFrame(expected, _HALF_SCHEMA))
 
 
@@ -223,8 +316,13 @@ def test_ops_list_single_and_batched_offsets_and_keep_other_tags(spark: SparkSes
         place = ("broker-a", 0, op["queue_offset"], op["commit_log_offset"], op["store_timestamp"], removes)
         return [(*place, offset) for offset in offsets]
 
-    expected = [*rows(single, True, 7), *rows(batched, True, 5, 6, 9), *rows(other_tag, False, 3),
-                *rows(garbled, True, -1, 4), *rows(empty, True, None)]  # fmt: skip
+    expected = [
+        *rows(single, True, 7),
+        *rows(batched, True, 5, 6, 9),
+        *rows(other_tag, False, 3),
+        *rows(garbled, True, -1, 4),
+        *rows(empty, True, None),
+    ]
     assert_frames_equal(build_ops(log.frame(spark)), spark.createDataFrame(expected, _OP_SCHEMA))
 
 
@@ -250,8 +348,10 @@ def test_discards_are_the_records_of_the_check_max_topic(spark: SparkSession) ->
     discard = log.discard(copy, store=T0 + 960_000)
     bare = log.put(c.TRANS_CHECK_MAX_TIME_TOPIC, {"PGROUP": "pg"}, store=T0 + 960_001)  # no uniq key, no count
 
-    expected = [("broker-a", discard["commit_log_offset"], T0 + 960_000, "pg", "tx", 15),
-                ("broker-a", bare["commit_log_offset"], T0 + 960_001, "pg", None, None)]  # fmt: skip
+    expected = [
+        ("broker-a", discard["commit_log_offset"], T0 + 960_000, "pg", "tx", 15),
+        ("broker-a", bare["commit_log_offset"], T0 + 960_001, "pg", None, None),
+    ]
     assert_frames_equal(build_discards(log.frame(spark)), spark.createDataFrame(expected, _DISCARD_SCHEMA))
 
 
@@ -298,9 +398,12 @@ def test_undecided_halves_are_pending_inside_the_timeout_and_due_from_it_on(spar
     for uniq, age in (("just-born", 0), ("almost", TIMEOUT - 1), ("timed-out", TIMEOUT), ("future", -1)):
         log.half(uniq, born=as_of - age, store=as_of)
 
-    expected = [("just-born", "PENDING", 0, None), ("almost", "PENDING", 0, None),
-                ("timed-out", "CHECK_DUE", 0, None),
-                ("future", "CHECK_DUE", 0, None)]  # born after T by the producer's clock: checked at once  # fmt: skip
+    expected = [
+        ("just-born", "PENDING", 0, None),
+        ("almost", "PENDING", 0, None),
+        ("timed-out", "CHECK_DUE", 0, None),
+        ("future", "CHECK_DUE", 0, None),
+    ]  # born after T by the producer's clock: checked at once
     assert_frames_equal(_brief(_states(spark, log.frame(spark), as_of)), _expected_brief(spark, expected))
 
 
@@ -318,8 +421,13 @@ def test_check_immunity_replaces_the_timeout(spark: SparkSession) -> None:
     immune("not-a-number", "abc", TIMEOUT - 1)  # falls back to the timeout
     immune("minus-one", "-1", TIMEOUT)
 
-    expected = [("long", "PENDING", 0, None), ("long-over", "CHECK_DUE", 0, None), ("short", "CHECK_DUE", 0, None),
-                ("not-a-number", "PENDING", 0, None), ("minus-one", "CHECK_DUE", 0, None)]  # fmt: skip
+    expected = [
+        ("long", "PENDING", 0, None),
+        ("long-over", "CHECK_DUE", 0, None),
+        ("short", "CHECK_DUE", 0, None),
+        ("not-a-number", "PENDING", 0, None),
+        ("minus-one", "CHECK_DUE", 0, None),
+    ]
     assert_frames_equal(_brief(_states(spark, log.frame(spark), as_of)), _expected_brief(spark, expected))
 
 
@@ -358,8 +466,12 @@ def test_halves_older_than_the_file_reserve_time_expire_unless_discarded(spark: 
     log.discard(log.half("discarded", born=as_of - reserve - 1), store=as_of - 10)
     log.end(log.half("ended", born=as_of - reserve - 1), store=as_of - 10)
 
-    expected = [("at-reserve", "CHECK_DUE", 0, None), ("expired", "EXPIRED", 0, None),
-                ("discarded", "DISCARDED", 0, None), ("ended", "ROLLED_BACK", 0, None)]  # fmt: skip
+    expected = [
+        ("at-reserve", "CHECK_DUE", 0, None),
+        ("expired", "EXPIRED", 0, None),
+        ("discarded", "DISCARDED", 0, None),
+        ("ended", "ROLLED_BACK", 0, None),
+    ]
     actual = _states(spark, log.frame(spark), as_of, reserve_ms=reserve)
     assert_frames_equal(_brief(actual), _expected_brief(spark, expected))
 
@@ -429,8 +541,11 @@ def test_each_broker_resolves_its_own_offsets_and_groups_tell_transactions_apart
     op = broker_b.end(b, store=T0 + 5)
     as_of = T0 + 100_000
 
-    expected = [_state_row(a, "CHECK_DUE", as_of), _state_row(b, "ROLLED_BACK", as_of, op=op),
-                _state_row(other_group, "CHECK_DUE", as_of)]  # fmt: skip
+    expected = [
+        _state_row(a, "CHECK_DUE", as_of),
+        _state_row(b, "ROLLED_BACK", as_of, op=op),
+        _state_row(other_group, "CHECK_DUE", as_of),
+    ]
     assert_frames_equal(_states(spark, broker_a.frame(spark, broker_b), as_of), _table(spark, expected))
 
 
@@ -462,10 +577,19 @@ def test_no_records_give_an_empty_table_with_the_catalog_columns(spark: SparkSes
 
 
 def test_summary_lists_every_state_the_anomalies_and_the_oldest_due_checks() -> None:
-    due = {"broker_name": "broker-a", "producer_group": "pg", "uniq_key": "AC1", "real_topic": "Orders",
-           "real_queue_id": 1, "half_queue_offset": 7, "check_times": 2, "born_timestamp": T0 - 3_723_004}  # fmt: skip
-    summary = TransactionSummary(T0, {"COMMITTED": 5, "CHECK_DUE": 3}, {"DOUBLE_COMMIT": 1, "OP_WITHOUT_HALF": 2},
-                                 [due], ignored_ops=4)  # fmt: skip
+    due = {
+        "broker_name": "broker-a",
+        "producer_group": "pg",
+        "uniq_key": "AC1",
+        "real_topic": "Orders",
+        "real_queue_id": 1,
+        "half_queue_offset": 7,
+        "check_times": 2,
+        "born_timestamp": T0 - 3_723_004,
+    }
+    summary = TransactionSummary(
+        T0, {"COMMITTED": 5, "CHECK_DUE": 3}, {"DOUBLE_COMMIT": 1, "OP_WITHOUT_HALF": 2}, [due], ignored_ops=4
+    )
 
     assert format_summary(summary) == [
         "transaction state as of 2023-11-14T22:13:20.000Z (1700000000000): 8 transactions",
@@ -499,21 +623,37 @@ def test_ages_print_for_people(millis: int, text: str) -> None:
 @pytest.mark.parametrize(
     ("message", "parameters"),
     [
-        ("as_of=5; timeout_ms=6000; check_max=15; reserve_ms=9; transaction_state overwritten",
-         "as_of=5; timeout_ms=6000; check_max=15; reserve_ms=9"),
+        (
+            "as_of=5; timeout_ms=6000; check_max=15; reserve_ms=9; transaction_state overwritten",
+            "as_of=5; timeout_ms=6000; check_max=15; reserve_ms=9",
+        ),
         ("as_of=-5; timeout_ms=1; check_max=2; reserve_ms=3", "as_of=-5; timeout_ms=1; check_max=2; reserve_ms=3"),
         ("as_of=5; timeout_ms=6000; check_max=15", None),
         ("as_of=5; consumer_offsets overwritten", None),
         (None, None),
     ],
-)  # fmt: skip
+)
 def test_settings_are_read_back_from_the_run_message_prefix(message: str | None, parameters: str | None) -> None:
     assert parameters_of_message(message) == parameters
 
 
 def test_command_line_takes_iso_instants_and_the_check_settings() -> None:
-    config = build_config(["--lake", "/l", "--as-of", "2026-11-22T10:00:00+08:00", "--timeout-ms", "3000",
-                           "--check-max", "5", "--reserve-ms", "60000", "--show", "3"])  # fmt: skip
+    config = build_config(
+        [
+            "--lake",
+            "/l",
+            "--as-of",
+            "2026-11-22T10:00:00+08:00",
+            "--timeout-ms",
+            "3000",
+            "--check-max",
+            "5",
+            "--reserve-ms",
+            "60000",
+            "--show",
+            "3",
+        ]
+    )
     assert config == ResolveTransactionsConfig(Path("/l"), 1_795_312_800_000, 3000, 5, 60_000, "auto", 3)
     assert config.parameters == "as_of=1795312800000; timeout_ms=3000; check_max=5; reserve_ms=60000"
 
@@ -585,8 +725,9 @@ def _scenario() -> _Scenario:
     copy = log.copy(twice, 1, store=T0 + 60_060)
     log.final(copy, store=T0 + 60_061)
     log.end(copy, store=T0 + 60_062)
-    expected.append(_state_row(twice, "COMMITTED", AS_OF, checks=1, op=first_op, final=first_final,
-                               anomaly="DOUBLE_COMMIT"))  # fmt: skip
+    expected.append(
+        _state_row(twice, "COMMITTED", AS_OF, checks=1, op=first_op, final=first_final, anomaly="DOUBLE_COMMIT")
+    )
 
     orphan = log.op("9999", store=T0 + 70)
     expected.append(_orphan_row("broker-a", 9999, orphan, AS_OF))
@@ -628,13 +769,19 @@ def test_run_resolves_every_path_of_a_broker_log(
     assert_frames_equal(lake.read(TRANSACTION_STATE), _table(spark, template_lake[1].expected))
     assert job_run.status == "SUCCEEDED"
     assert job_run.input_versions == {
-        "commitlog": lake.version(COMMITLOG), "transaction_records": lake.version(TRANSACTION_RECORDS),
+        "commitlog": lake.version(COMMITLOG),
+        "transaction_records": lake.version(TRANSACTION_RECORDS),
     }
     assert job_run.output_versions == {"transaction_state": lake.version(TRANSACTION_STATE)}
     assert job_run.row_counts == {
-        "half_records": 28, "op_records": 7, "ignored_op_records": 1, "final_records": 5, "discard_records": 1,
-        "new_transaction_records": 42, "transaction_state": 10,
-    }  # fmt: skip
+        "half_records": 28,
+        "op_records": 7,
+        "ignored_op_records": 1,
+        "final_records": 5,
+        "discard_records": 1,
+        "new_transaction_records": 42,
+        "transaction_state": 10,
+    }
     assert lake.read(TRANSACTION_RECORDS).count() == 42  # 28 + 7 + 5 + 1 and the op after T
     assert "anomalies: OP_WITHOUT_HALF 1, FINAL_WITHOUT_OP 1, DOUBLE_COMMIT 1, OP_ON_REPUT_COPY 1" in out
     assert "check-back due now: 2" in out
@@ -707,8 +854,10 @@ def test_a_commit_log_that_lost_rows_is_read_whole_and_a_replaced_one_is_refused
     assert rollback is not None
     lost = (rollback["half_commit_log_offset"], rollback["op_queue_offset"])
     op_topic = c.RMQ_SYS_TRANS_OP_HALF_TOPIC
-    kept_df = template_lake[1].log.frame(spark).where(
-        f"commit_log_offset != {lost[0]} AND NOT (topic = '{op_topic}' AND queue_offset = {lost[1]})"
+    kept_df = (
+        template_lake[1]
+        .log.frame(spark)
+        .where(f"commit_log_offset != {lost[0]} AND NOT (topic = '{op_topic}' AND queue_offset = {lost[1]})")
     )
     lake.overwrite(COMMITLOG, kept_df)  # removes files: not an append
 

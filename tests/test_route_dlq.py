@@ -179,8 +179,9 @@ def test_execute_routes_an_exhausted_chain_once_and_reruns_change_nothing(
     assert routed["properties"]["DLQ_ROUTED_BY"] == "route_dlq"
     chains = _by_key([r.asDict() for r in lake.read(RETRY_CHAINS).collect()])
     assert (chains[story.exhausted_by_policy]["state"], chains[story.exhausted_by_policy]["exhausted"]) == (
-        "DEAD", False,
-    )  # fmt: skip
+        "DEAD",
+        False,
+    )
 
     second = run(spark, RouteDlqConfig(root, AS_OF, execute=True, engine="bridge"))
     third = run(spark, RouteDlqConfig(root, AS_OF, engine="bridge"))
@@ -254,8 +255,9 @@ def test_dlq_equals_the_brokers_dead_letter_queues_on_a_seeded_failure_workload(
         assert times == sorted(times) and times[-1] < row["dlq_timestamp"]
     chains = lake.read(RETRY_CHAINS)
     assert chains.where("state IN ('SCHEDULED', 'DELIVERED') OR exhausted").count() == 0  # the workload drains
-    gaps = chains.where(F.size("attempts") != F.col("last_reconsume_times") + F.when(F.col("state") == "DEAD", 0)
-                        .otherwise(1)).count()  # fmt: skip
+    gaps = chains.where(
+        F.size("attempts") != F.col("last_reconsume_times") + F.when(F.col("state") == "DEAD", 0).otherwise(1)
+    ).count()
     assert gaps == 0
     assert lake.read(RETRY_RECORDS).where("kind = 'DLQ'").count() == len(online)
 

@@ -45,8 +45,7 @@ def broker(tmp_path: Path, clock: ManualClock) -> Iterator[Broker]:
 
 def _send_delayed(broker: Broker, level: int, body: bytes = b"later", tags: str = "TagA") -> str:
     producer = Producer([broker], "pg", seed=7, clock=broker.config.clock)
-    result = producer.send_to_queue(Message.create("T", body, tags=tags, delay_level=level),
-                                    producer.queues("T")[1])  # fmt: skip
+    result = producer.send_to_queue(Message.create("T", body, tags=tags, delay_level=level), producer.queues("T")[1])
     return result.msg_id
 
 
@@ -73,8 +72,11 @@ def test_a_delayed_message_is_delivered_exactly_when_its_level_delay_has_passed(
     entry = broker.store.message_at(c.SCHEDULE_TOPIC, level - 1, 0, decompress=False)
     assert entry is not None
     assert (copy.uniq_key, copy.body, copy.born_timestamp, copy.reconsume_times) == (
-        uniq_key, entry.body, entry.born_timestamp, entry.reconsume_times,
-    )  # fmt: skip
+        uniq_key,
+        entry.body,
+        entry.born_timestamp,
+        entry.reconsume_times,
+    )
     assert copy.store_timestamp == T0 + delay  # a new store time
     assert c.PROPERTY_DELAY_TIME_LEVEL not in copy.properties
     assert (copy.properties[c.PROPERTY_REAL_TOPIC], copy.properties[c.PROPERTY_REAL_QUEUE_ID]) == ("T", "1")
@@ -208,8 +210,9 @@ def test_a_broker_killed_around_storing_the_copies_neither_delivers_twice_nor_sk
     tmp_path: Path, clock: ManualClock, crash: str
 ) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(tmp_path), crash], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH_SCRIPT, str(tmp_path), crash], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == -9, done.stderr
     assert "sent" in done.stdout
     clock.now = T0 + 1000

@@ -51,8 +51,11 @@ def test_first_failure_goes_to_the_retry_topic_through_the_schedule_topic_at_lev
     assert stored.commit_log_offset == result.commit_log_offsets[0]
     assert stored.reconsume_times == 1
     assert (stored.body, stored.flag, stored.born_timestamp, stored.born_host) == (
-        original.body, original.flag, original.born_timestamp, original.born_host,
-    )  # fmt: skip
+        original.body,
+        original.flag,
+        original.born_timestamp,
+        original.born_host,
+    )
     props = stored.properties
     assert props[c.PROPERTY_DELAY_TIME_LEVEL] == "3"
     assert (props[c.PROPERTY_REAL_TOPIC], props[c.PROPERTY_REAL_QUEUE_ID]) == (RETRY, "0")
@@ -163,8 +166,10 @@ def test_a_compressed_body_is_copied_as_stored(broker: Broker) -> None:
     broker.consumer_send_back(GROUP, original.commit_log_offset, delay_level=-1)
     letter = _last(broker, DLQ, 0)
     assert (letter.body, letter.sys_flag, letter.body_crc) == (
-        stored_original.body, stored_original.sys_flag, stored_original.body_crc,
-    )  # fmt: skip
+        stored_original.body,
+        stored_original.sys_flag,
+        stored_original.body_crc,
+    )
 
 
 def test_a_message_not_pulled_since_the_start_is_found_by_searching_the_queues(
@@ -216,8 +221,9 @@ def test_group_settings_survive_a_restart_and_the_latest_row_wins(tmp_path: Path
         assert other.subscription_group(GROUP).retry_max_times == 16  # settings are per broker
     rows = read_table(tmp_path, SUBSCRIPTION_GROUP).sort_by("updated_timestamp").to_pylist()
     assert [(r["broker_name"], r["group"], r["retry_max_times"], r["retry_queue_nums"]) for r in rows] == [
-        ("broker-a", GROUP, 5, 1), ("broker-a", GROUP, 2, 3),
-    ]  # fmt: skip
+        ("broker-a", GROUP, 5, 1),
+        ("broker-a", GROUP, 2, 3),
+    ]
 
 
 @pytest.mark.parametrize(

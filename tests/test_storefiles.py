@@ -228,12 +228,23 @@ def rocketmq_row(
     sys_flag = (c.BORNHOST_V6_FLAG if born_host.is_v6 else 0) | (c.STOREHOSTADDRESS_V6_FLAG if store_host.is_v6 else 0)
     return {
         "store_size": record_length(len(body), len(topic), len(raw), born_host.is_v6, store_host.is_v6, v2),
-        "magic_code": c.MAGIC_CODE_V2 if v2 else c.MAGIC_CODE_V1, "body_crc": body_crc(body),
-        "queue_id": queue_offset % 3, "flag": 0, "queue_offset": queue_offset, "commit_log_offset": -1,
-        "sys_flag": sys_flag, "born_timestamp": 1_600_000_000_000 + queue_offset, "born_host": str(born_host),
-        "store_timestamp": 1_600_000_000_500 + queue_offset, "store_host": str(store_host), "reconsume_times": 0,
-        "prepared_transaction_offset": 0, "body": body, "topic": topic, "raw_properties": raw,
-    }  # fmt: skip
+        "magic_code": c.MAGIC_CODE_V2 if v2 else c.MAGIC_CODE_V1,
+        "body_crc": body_crc(body),
+        "queue_id": queue_offset % 3,
+        "flag": 0,
+        "queue_offset": queue_offset,
+        "commit_log_offset": -1,
+        "sys_flag": sys_flag,
+        "born_timestamp": 1_600_000_000_000 + queue_offset,
+        "born_host": str(born_host),
+        "store_timestamp": 1_600_000_000_500 + queue_offset,
+        "store_host": str(store_host),
+        "reconsume_times": 0,
+        "prepared_transaction_offset": 0,
+        "body": body,
+        "topic": topic,
+        "raw_properties": raw,
+    }
 
 
 def lay_out(directory: Path, files: list[list[dict[str, Any]]], first_base: int, empty_files: int = 0) -> list[Path]:
@@ -263,9 +274,11 @@ def rocketmq_files(version: str) -> list[list[dict[str, Any]]]:
     """Three files of records as a 4.9 broker (no trailing separator, v1, IPv4) or a 5.x broker
     (trailing separator, a v2 retry topic, IPv6 hosts) writes them."""
     trailing = version == "5.x"
-    born, store = ("[2408:4004:180:8100:3faa:1dde:2b3f:898a]:50000", "[::1]:10911") if trailing else (
-        "192.168.0.7:50000", "192.168.0.10:10911"
-    )  # fmt: skip
+    born, store = (
+        ("[2408:4004:180:8100:3faa:1dde:2b3f:898a]:50000", "[::1]:10911")
+        if trailing
+        else ("192.168.0.7:50000", "192.168.0.10:10911")
+    )
     topics = ["TopicA", LONG_RETRY_TOPIC] if trailing else ["TopicA", "%RETRY%group"]
     files, queue_offset = [], 500
     for sizes in ([600, 900, 1100], [3000], [10, 20, 30]):
@@ -562,8 +575,14 @@ def write_broker(lake: Path, name: str, rows: list[dict[str, Any]]) -> None:
     ensure_table(lake, COMMITLOG)
     log = AppendLog(COMMITLOG.location(lake), COMMITLOG, fsync=False)
     log.append(rows_to_table([{**row, "broker_name": name} for row in rows]))
-    broker = {"broker_name": [name], "store_host": ["127.0.0.1:1"], "segment_size": [SEGMENT],
-              "flush_mode": ["ASYNC_FLUSH"], "started_timestamp": [1], "process": ["1@test"]}  # fmt: skip
+    broker = {
+        "broker_name": [name],
+        "store_host": ["127.0.0.1:1"],
+        "segment_size": [SEGMENT],
+        "flush_mode": ["ASYNC_FLUSH"],
+        "started_timestamp": [1],
+        "process": ["1@test"],
+    }
     append_rows(lake, BROKERS, pa.table(broker))
 
 

@@ -30,8 +30,11 @@ from tests.helpers import ManualClock
 from tests.log_invariants import check_log, read_log
 
 REPO = Path(__file__).resolve().parents[1]
-COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
-                            LocalTransactionState.UNKNOW)  # fmt: skip
+COMMIT, ROLLBACK, UNKNOW = (
+    LocalTransactionState.COMMIT_MESSAGE,
+    LocalTransactionState.ROLLBACK_MESSAGE,
+    LocalTransactionState.UNKNOW,
+)
 
 
 class Listener:
@@ -82,9 +85,15 @@ def test_commit_writes_half_then_final_then_op_exactly_as_rocketmq(
     sent = producer.send_message_in_transaction(Message.create("Pay", b"ok", tags="t", delay_level=4), COMMIT)
     half, final, op = _log(broker)
     assert (half["topic"], half["queue_id"], half["sys_flag"] & 12) == (c.RMQ_SYS_TRANS_HALF_TOPIC, 0, 0)
-    assert {k: half["properties"][k] for k in ("REAL_TOPIC", "REAL_QID", "PGROUP", "TRAN_MSG", "__transactionId__")} \
-        == {"REAL_TOPIC": "Pay", "REAL_QID": str(sent.send_result.message_queue.queue_id), "PGROUP": "pg",
-            "TRAN_MSG": "true", "__transactionId__": sent.transaction_id}  # fmt: skip
+    assert {
+        k: half["properties"][k] for k in ("REAL_TOPIC", "REAL_QID", "PGROUP", "TRAN_MSG", "__transactionId__")
+    } == {
+        "REAL_TOPIC": "Pay",
+        "REAL_QID": str(sent.send_result.message_queue.queue_id),
+        "PGROUP": "pg",
+        "TRAN_MSG": "true",
+        "__transactionId__": sent.transaction_id,
+    }
     assert "DELAY" not in half["properties"]  # delay levels are dropped on transactional messages
     assert (final["topic"], final["queue_id"]) == ("Pay", sent.send_result.message_queue.queue_id)
     assert final["sys_flag"] & 12 == c.TRANSACTION_COMMIT_TYPE
@@ -103,9 +112,13 @@ def test_rollback_writes_only_the_op(broker: Broker, producer: TransactionProduc
 
 @pytest.mark.parametrize(("answer", "finals"), [(COMMIT, 1), (ROLLBACK, 0)])
 def test_unknown_then_checked_back_ends_the_transaction(
-    broker: Broker, producer: TransactionProducer, listener: Listener, clock: ManualClock,
-    answer: LocalTransactionState, finals: int,
-) -> None:  # fmt: skip
+    broker: Broker,
+    producer: TransactionProducer,
+    listener: Listener,
+    clock: ManualClock,
+    answer: LocalTransactionState,
+    finals: int,
+) -> None:
     sent = producer.send_message_in_transaction(Message.create("Pay", b"later"), UNKNOW)
     service = TransactionCheckService(broker)
     assert service.check(clock.now + 1000).checked == []  # inside the 6 s timeout: too new
@@ -223,8 +236,13 @@ def test_unknown_end_does_nothing(broker: Broker, producer: TransactionProducer)
 @pytest.mark.subprocess
 def test_crash_between_final_and_op_ends_with_exactly_one_final_message(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = subprocess.run([sys.executable, str(REPO / "tests" / "tx_crash_process.py"), str(tmp_path)],
-                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "tx_crash_process.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert child.returncode == -9, child.stderr
     uniq_key = child.stdout.split()[1]
     rows = read_log(tmp_path, "broker-a")

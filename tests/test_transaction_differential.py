@@ -48,8 +48,10 @@ def test_job_states_equal_the_check_services_view(spark: SparkSession, tmp_path:
         for key, view in views.items():
             row = states[key]
             assert (row["state"], row["check_times"], row["half_queue_offset"]) == (
-                view.state, view.check_times, view.half_queue_offset,
-            ), key  # fmt: skip
+                view.state,
+                view.check_times,
+                view.half_queue_offset,
+            ), key
             assert row["op_queue_offset"] == view.op_queue_offset, key
             assert row["final_commit_log_offset"] == view.final_commit_log_offset, key
         counts = Counter(v.state for v in views.values())
