@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from broker_model.broker import Broker, BrokerConfig, FlushMode
-from broker_model.message import Message
-from broker_model.producer import Producer
+from broker_model.client import Producer
+from broker_model.common import Message
 from schemas.catalog import COMMITLOG
 
 

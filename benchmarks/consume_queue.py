@@ -36,10 +36,10 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_model import constants as c
-from broker_model.message import Message
-from broker_model.producer import Producer
-from broker_model.workload import TOPICS, start_brokers
+from broker_model.client import Producer
+from broker_model.common import Message
+from broker_model.common import constants as c
+from broker_model.tools import TOPICS, start_brokers
 from jobs.lake_io import Lake
 from jobs.rebuild_consume_queue import RebuildConfig, run
 from jobs.session import build_session

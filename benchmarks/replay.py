@@ -31,9 +31,9 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from broker_model.message import Message
-from broker_model.producer import Producer
-from broker_model.workload import start_brokers
+from broker_model.client import Producer
+from broker_model.common import Message
+from broker_model.tools import start_brokers
 from jobs.lake_io import Lake
 from jobs.rebuild_consume_queue import is_dispatched
 from jobs.replay_ordered import MESSAGE_COLUMNS, ReplayConfig, TopicQueues, run, sink_spec

@@ -61,8 +61,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from broker_model.consumer import PullConsumer
-from broker_model.workload import run_workload, start_brokers
+from broker_model.client import PullConsumer
+from broker_model.tools import run_workload, start_brokers
 from jobs.compact_commitlog import Bin, CompactConfig, eligible_paths, list_files, plan_bins
 from jobs.compact_commitlog import run as run_compact
 from jobs.consumer_offsets import ConsumerOffsetsConfig

@@ -7,13 +7,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from broker_model.errors import RmqLakeError
-from broker_model.lake_root import default_lake
-from broker_model.storefiles import add_import_export_commands
+from broker_model.common import default_lake
+from broker_model.store import add_import_export_commands
+from schemas.errors import RmqLakeError
 
 
 def _workload(args: argparse.Namespace) -> int:
-    from broker_model.workload import run_workload
+    from broker_model.tools import run_workload
 
     report = run_workload(
         Path(args.lake),

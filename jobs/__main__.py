@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in JOBS:
         print(f"error: job={name!r} is unknown; choose one of {sorted(JOBS)}", file=sys.stderr)
         return 2
-    from broker_model.errors import RmqLakeError
+    from schemas.errors import RmqLakeError
 
     module = importlib.import_module(JOBS[name])
     try:

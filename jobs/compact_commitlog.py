@@ -24,7 +24,7 @@ What is compacted:
 How (bridge engine): the rows of a bin are read with Arrow, checked against the catalog types
 (a null in a NOT NULL column stops the run, nothing is committed), sorted by
 ``commit_log_offset`` and written with the broker's own file writer
-(:meth:`broker_model.deltalog.AppendLog.write_files`): same Arrow schema, same NOT NULL fields,
+(:meth:`broker_model.store.AppendLog.write_files`): same Arrow schema, same NOT NULL fields,
 same statistics as the files the broker writes, so the broker's own readers, which concatenate
 the Arrow tables of many files, read compacted and fresh files alike. Spark's Parquet writer is not
 used here because it writes every column as nullable. Then one Delta commit per batch of at most
@@ -86,13 +86,13 @@ from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 from pyspark.sql import SparkSession
 
-from broker_model.deltalog import AddFile, AppendLog
-from broker_model.errors import LakeError, ValidationError
-from broker_model.lake_root import default_lake
+from broker_model.common import default_lake
+from broker_model.store import AddFile, AppendLog
 from jobs.lake_io import Lake, check_bridge_can_read, file_location, local_directory, open_table, replace_where
 from jobs.runs import JobRun, record_run
 from jobs.session import build_session
 from schemas.catalog import COMMITLOG, CONSUME_QUEUE, RETRY_RECORDS, TRANSACTION_RECORDS
+from schemas.errors import LakeError, ValidationError
 
 JOB = "compact_commitlog"
 

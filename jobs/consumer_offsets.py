@@ -41,14 +41,12 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_model.constants import RETRY_GROUP_TOPIC_PREFIX
-from broker_model.errors import LakeError
-from broker_model.lake_root import default_lake
-from broker_model.timeutil import parse_instant
+from broker_model.common import RETRY_GROUP_TOPIC_PREFIX, default_lake, parse_instant
 from jobs.lake_io import Lake
 from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions, text_table
 from jobs.session import ENGINES, build_session
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS
+from schemas.errors import LakeError
 
 JOB = "consumer_offsets"
 QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"

@@ -50,21 +50,17 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_model import constants as c
 from broker_model.broker import Broker, BrokerConfig
-from broker_model.codec import decode_msg_id, decompress_body
-from broker_model.deltalog import read_table
-from broker_model.errors import BrokerError, LakeError, ValidationError
-from broker_model.lake_root import default_lake
-from broker_model.message import Message
-from broker_model.producer import Producer
-from broker_model.store import MessageExt, MessageStore
-from broker_model.timeutil import parse_instant
+from broker_model.client import Producer
+from broker_model.common import Message, decode_msg_id, decompress_body, default_lake, parse_instant
+from broker_model.common import constants as c
+from broker_model.store import MessageExt, MessageStore, read_table
 from jobs.consumer_offsets import iso_utc
 from jobs.lake_io import Lake
 from jobs.resolve_transactions import format_age
 from jobs.route_dlq import POLICY_NOT_WRITTEN, PROPERTY_ROUTED_BY, REASONS
 from schemas.catalog import BROKERS, COMMITLOG, DLQ, DLQ_REDRIVES, spark_schema
+from schemas.errors import BrokerError, LakeError, ValidationError
 
 PROPERTY_DLQ_MSG_ID = "DLQ_MSG_ID"  # on a redriven message: offset message id of its dead letter
 PROPERTY_REDRIVE_REQUEST_ID = "REDRIVE_REQUEST_ID"  # on a redriven message: the request that sent it

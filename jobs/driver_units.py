@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker_model import constants as c
-from broker_model.codec import tags_code
+from broker_model.common import constants as c
+from broker_model.common import tags_code
 from jobs.log_chains import dispatched_mask
 from schemas.catalog import CONSUME_QUEUE
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 
-from broker_model.errors import LakeError
 from jobs.lake_io import IncrementalReadError, Lake
 from schemas.catalog import COMMITLOG, TableSpec
+from schemas.errors import LakeError
 
 
 def update_extract(

@@ -57,10 +57,10 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
-from broker_model.errors import LakeError, UnsupportedTableError, ValidationError
 from jobs.session import resolve_engine
 from schemas.catalog import Column as CatalogColumn
 from schemas.catalog import TableSpec, spark_schema, table
+from schemas.errors import LakeError, UnsupportedTableError, ValidationError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

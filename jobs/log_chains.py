@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker_model import constants as c
+from broker_model.common import constants as c
 
 QueueKey = tuple[str, str, int]  # (broker_name, topic, queue_id)
 QUEUE_KEYS = ("broker_name", "topic", "queue_id")

@@ -34,9 +34,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_model.errors import ValidationError
-from broker_model.lake_root import default_lake
-from broker_model.timeutil import parse_instant
+from broker_model.common import default_lake, parse_instant
 from jobs.consumer_offsets import iso_utc
 from jobs.lake_io import Lake
 from jobs.runs import JobRun, record_run, table_versions, text_table
@@ -49,6 +47,7 @@ from schemas.catalog import (
     TABLES,
     TableSpec,
 )
+from schemas.errors import ValidationError
 
 JOB = "nightly"
 STEPS = (
@@ -159,7 +158,7 @@ def run(spark: SparkSession, config: NightlyConfig) -> JobRun:
     job_run = JobRun(JOB)
     lake = Lake(spark, config.lake, config.engine)
     if not lake.exists(COMMITLOG) or lake.read(COMMITLOG).limit(1).count() == 0:
-        from broker_model.workload import run_workload
+        from broker_model.tools import run_workload
 
         report = run_workload(
             config.lake,

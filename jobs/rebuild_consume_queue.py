@@ -59,9 +59,8 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from broker_model import constants as c
-from broker_model.errors import LakeError
-from broker_model.lake_root import default_lake
+from broker_model.common import constants as c
+from broker_model.common import default_lake
 from jobs.driver_units import DRIVER_COLUMNS, Declined, consume_queue_units, has_record_problem
 from jobs.lake_io import IncrementalReadError, Lake
 from jobs.log_chains import CHAIN_COLUMNS, Chains, dispatched_mask, segment_sizes
@@ -75,6 +74,7 @@ from schemas.catalog import (
     CONSUME_QUEUE_TAILS,
     spark_schema,
 )
+from schemas.errors import LakeError
 
 JOB = "rebuild_consume_queue"
 APP_ID = JOB  # the Delta application transaction id; its version is the commit log version processed

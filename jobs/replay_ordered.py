@@ -108,16 +108,20 @@ from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from broker_model import constants as c
 from broker_model.broker import Broker, BrokerConfig, InnerMessage
-from broker_model.codec import decompress_body, java_string_hash
-from broker_model.deltalog import append_rows, read_table
-from broker_model.errors import BrokerLockedError, LakeError, UnsupportedTableError, ValidationError
-from broker_model.lake_root import default_lake
-from broker_model.message import MessageQueue, validate_group, validate_name, validate_topic
-from broker_model.orderly_consumer import ConsumeOrderlyStatus
-from broker_model.store import MessageExt
-from broker_model.timeutil import parse_instant
+from broker_model.client import ConsumeOrderlyStatus
+from broker_model.common import (
+    MessageQueue,
+    decompress_body,
+    default_lake,
+    java_string_hash,
+    parse_instant,
+    validate_group,
+    validate_name,
+    validate_topic,
+)
+from broker_model.common import constants as c
+from broker_model.store import MessageExt, append_rows, read_table
 from jobs.consumer_offsets import build_current_offsets
 from jobs.lake_io import (
     Lake,
@@ -148,6 +152,7 @@ from schemas.catalog import (
 from schemas.catalog import (
     Column as CatalogColumn,
 )
+from schemas.errors import BrokerLockedError, LakeError, UnsupportedTableError, ValidationError
 
 JOB = "replay_ordered"
 REPLAY_ID_PROPERTY = "REPLAY_ID"  # names the replay on every message a broker sink stores

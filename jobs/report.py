@@ -40,9 +40,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from broker_model.errors import ValidationError
-from broker_model.lake_root import default_lake
-from broker_model.timeutil import parse_instant
+from broker_model.common import default_lake, parse_instant
 from jobs.lake_io import Lake
 from jobs.rebuild_consume_queue import is_dispatched
 from jobs.runs import JobRun, record_run, table_versions
@@ -57,6 +55,7 @@ from schemas.catalog import (
     TRANSACTION_STATE,
     TableSpec,
 )
+from schemas.errors import ValidationError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -23,9 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker_model.errors import ValidationError
-from broker_model.lake_root import default_lake
-from broker_model.reset import (
+from broker_model.common import default_lake, parse_duration, parse_instant
+from broker_model.tools import (
     PLAN_COLUMNS,
     PlanRow,
     ResetTool,
@@ -35,7 +34,7 @@ from broker_model.reset import (
     plan_records,
     read_targets_file,
 )
-from broker_model.timeutil import parse_duration, parse_instant
+from schemas.errors import ValidationError
 
 
 @dataclass(frozen=True)

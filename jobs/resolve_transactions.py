@@ -87,22 +87,16 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from broker_model import constants as c
-from broker_model.errors import LakeError, ValidationError
-from broker_model.lake_root import default_lake
-from broker_model.timeutil import parse_instant
-from broker_model.transaction import (  # the broker's own settings, so the job and the check service agree
-    FILE_RESERVED_MS,
-    REMOVE_TAG,
-    TRANSACTION_CHECK_MAX,
-    TRANSACTION_TIMEOUT_MS,
-)
+from broker_model.broker import FILE_RESERVED_MS, REMOVE_TAG, TRANSACTION_CHECK_MAX, TRANSACTION_TIMEOUT_MS
+from broker_model.common import constants as c
+from broker_model.common import default_lake, parse_instant
 from jobs.consumer_offsets import iso_utc
 from jobs.extract import update_extract
 from jobs.lake_io import Lake
 from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions, text_table
 from jobs.session import ENGINES, build_session
 from schemas.catalog import COMMITLOG, TRANSACTION_RECORDS, TRANSACTION_STATE
+from schemas.errors import LakeError, ValidationError
 
 JOB = "resolve_transactions"
 APP_ID = JOB  # the Delta application transaction id of transaction_records: the commit log version read

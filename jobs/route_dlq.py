@@ -55,11 +55,8 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from broker_model import constants as c
-from broker_model.codec import create_msg_id, parse_host
-from broker_model.errors import LakeError, ValidationError
-from broker_model.lake_root import default_lake
-from broker_model.timeutil import parse_instant
+from broker_model.common import constants as c
+from broker_model.common import create_msg_id, default_lake, parse_host, parse_instant
 from jobs.consumer_offsets import build_current_offsets, iso_utc
 from jobs.extract import update_extract
 from jobs.lake_io import Lake
@@ -76,6 +73,7 @@ from schemas.catalog import (
     SUBSCRIPTION_GROUP,
     spark_schema,
 )
+from schemas.errors import LakeError, ValidationError
 
 JOB = "route_dlq"
 APP_ID = JOB  # application transaction id of retry_records: the commit log version read
@@ -581,7 +579,7 @@ def route_exhausted(lake: Lake, candidates: Sequence[Mapping[str, Any]]) -> int:
         LakeError: a broker cannot start (another process holds its name).
     """
     from broker_model.broker import Broker, BrokerConfig
-    from broker_model.errors import BrokerError
+    from schemas.errors import BrokerError
 
     routed = 0
     by_broker: dict[str, list[Mapping[str, Any]]] = {}

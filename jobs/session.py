@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from broker_model.errors import LakeError, ValidationError
 from schemas.catalog import PLAIN_ENCODED_COLUMNS
+from schemas.errors import LakeError, ValidationError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

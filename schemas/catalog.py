@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from broker_model.errors import ValidationError
+from schemas.errors import ValidationError
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 from broker_model.broker import Broker, BrokerConfig
-from broker_model.message import Message
-from broker_model.producer import Producer
+from broker_model.client import Producer
+from broker_model.common import Message
 
 
 def main(lake: str, name: str, threads: int, segment_size: int) -> None:

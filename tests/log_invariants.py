@@ -12,9 +12,9 @@ from typing import Any
 
 from deltalake import DeltaTable
 
-from broker_model import constants as c
-from broker_model.codec import body_crc, create_msg_id, decode_properties, parse_host
-from broker_model.record import decode_record, encode_record
+from broker_model.common import body_crc, create_msg_id, decode_properties, parse_host
+from broker_model.common import constants as c
+from broker_model.store import decode_record, encode_record
 
 
 def read_log(lake: Path, broker_name: str) -> list[dict[str, Any]]:

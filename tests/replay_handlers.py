@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from broker_model.orderly_consumer import ConsumeOrderlyStatus
+from broker_model.client import ConsumeOrderlyStatus
 from broker_model.store import MessageExt
 from jobs.replay_ordered import ReplayContext
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from broker_model import constants as c
 from broker_model.broker import Broker, BrokerConfig, InnerMessage
-from broker_model.errors import BrokerLockedError, CommitFailedError, ValidationError
-from broker_model.message import Message
-from broker_model.producer import Producer, decompress_body
-from broker_model.workload import plan_sends, run_workload
+from broker_model.client import Producer, decompress_body
+from broker_model.common import Message
+from broker_model.common import constants as c
+from broker_model.tools import plan_sends, run_workload
+from schemas.errors import BrokerLockedError, CommitFailedError, ValidationError
 from tests.log_invariants import check_log, read_log
 
 REPO = Path(__file__).resolve().parents[1]

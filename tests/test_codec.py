@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker_model import constants as c
-from broker_model.codec import (
+from broker_model.common import (
     HostAddress,
+    Message,
     UniqKeyFactory,
     body_crc,
     create_msg_id,
@@ -30,24 +30,15 @@ from broker_model.codec import (
     java_string_hash,
     parse_host,
     tags_code,
-)
-from broker_model.errors import CorruptRecordError, ValidationError
-from broker_model.message import (
-    Message,
     validate_batch,
     validate_group,
     validate_message,
     validate_send_topic,
     validate_topic,
 )
-from broker_model.record import (
-    decode_record,
-    encode_blank,
-    encode_record,
-    magic_for_topic,
-    peek_header,
-    record_length,
-)
+from broker_model.common import constants as c
+from broker_model.store import decode_record, encode_blank, encode_record, magic_for_topic, peek_header, record_length
+from schemas.errors import CorruptRecordError, ValidationError
 
 SOH, STX = "\x01", "\x02"  # NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
 

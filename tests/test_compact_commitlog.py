@@ -22,11 +22,9 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from broker_model.broker import Broker, BrokerConfig
-from broker_model.consumer import PullConsumer
-from broker_model.deltalog import AppendLog
-from broker_model.errors import LakeError, ValidationError
-from broker_model.message import Message, MessageQueue
-from broker_model.producer import Producer
+from broker_model.client import Producer, PullConsumer
+from broker_model.common import Message, MessageQueue
+from broker_model.store import AppendLog
 from jobs.compact_commitlog import (
     Bin,
     CompactConfig,
@@ -45,6 +43,7 @@ from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
 from jobs.replay_ordered import SUMMARY_COLUMNS, queues_out_of_log_order, summarize_source
 from schemas.catalog import COMMITLOG
+from schemas.errors import LakeError, ValidationError
 from tests.helpers import canonical_rows
 
 SEGMENT_SIZE = 16384

@@ -12,22 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from broker_model import constants as c
 from broker_model.broker import Broker, BrokerConfig, InnerMessage
-from broker_model.consumer import PullConsumer
-from broker_model.errors import ValidationError
-from broker_model.message import MessageQueue
-from broker_model.offsets import (
-    OFFSET_BAD_REQUEST,
-    OFFSET_NOT_FOUND,
-    OFFSET_READ_ERROR,
-    LocalFileOffsetStore,
-    OffsetCommit,
-    OffsetLedger,
-    ReadOffsetType,
-    RemoteBrokerOffsetStore,
-)
-from broker_model.store import MessageStore, PullStatus, Subscription
+from broker_model.client import LocalFileOffsetStore, PullConsumer, ReadOffsetType, RemoteBrokerOffsetStore
+from broker_model.common import OFFSET_BAD_REQUEST, OFFSET_NOT_FOUND, OFFSET_READ_ERROR, MessageQueue
+from broker_model.common import constants as c
+from broker_model.store import MessageStore, OffsetCommit, OffsetLedger, PullStatus, Subscription
+from schemas.errors import ValidationError
 
 REPO = Path(__file__).resolve().parents[1]
 Q0 = MessageQueue("broker-a", "T", 0)
@@ -131,8 +121,8 @@ def test_schedule_topic_entries_carry_their_delivery_time_as_tags_code(broker: B
 
 
 def test_committed_body_is_handed_back_decompressed(tmp_path: Path) -> None:
-    from broker_model.message import Message
-    from broker_model.producer import Producer
+    from broker_model.client import Producer
+    from broker_model.common import Message
 
     with Broker(BrokerConfig(tmp_path, flush_mode="SYNC_FLUSH")).start() as broker:
         body = b"compress me " * 1000

@@ -17,10 +17,10 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from broker_model import constants as c
 from broker_model.broker import Broker, BrokerConfig
-from broker_model.codec import java_string_hash
-from broker_model.workload import run_workload
+from broker_model.common import constants as c
+from broker_model.common import java_string_hash
+from broker_model.tools import run_workload
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as run_offsets
 from jobs.rebuild_consume_queue import RebuildConfig

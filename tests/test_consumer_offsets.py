@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from broker_model.errors import ValidationError
 from jobs.consumer_offsets import (
     ConsumerOffsetsConfig,
     as_of_of_message,
@@ -27,6 +26,7 @@ from jobs.consumer_offsets import (
 )
 from jobs.lake_io import Lake
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, spark_schema
+from schemas.errors import ValidationError
 from tests.helpers import assert_frames_equal
 
 E = tuple[str, str, int, int, int]

@@ -26,19 +26,19 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from broker_model import constants as c
 from broker_model.broker import Broker, BrokerConfig
-from broker_model.errors import LakeError, ValidationError
-from broker_model.message import Message
-from broker_model.producer import Producer
+from broker_model.client import Producer
+from broker_model.common import Message
+from broker_model.common import constants as c
 from broker_model.store import MessageExt, MessageStore
-from broker_model.workload import run_workload
+from broker_model.tools import run_workload
 from jobs import dlq
 from jobs.consumer_offsets import iso_utc
 from jobs.lake_io import Lake
 from jobs.route_dlq import CONSUMER_REQUESTED, MAX_RECONSUME_TIMES, RouteDlqConfig, build_dlq
 from jobs.route_dlq import run as route_dlq
 from schemas.catalog import COMMITLOG, DLQ, DLQ_REDRIVES, RETRY_CHAINS, RETRY_RECORDS
+from schemas.errors import LakeError, ValidationError
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -17,8 +17,8 @@ from deltalake.exceptions import DeltaError
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from broker_model.errors import UnsupportedTableError
 from jobs.lake_io import Lake
+from schemas.errors import UnsupportedTableError
 from tests.helpers import canonical_rows
 
 pytestmark = pytest.mark.spark

@@ -16,7 +16,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from broker_model.errors import LakeError, ValidationError
 from jobs.lake_io import Lake, commit_data_files, write_data_files
 from jobs.session import ENGINE_CONF, detect_engine, resolve_engine
 from schemas.catalog import (
@@ -27,6 +26,7 @@ from schemas.catalog import (
     TableSpec,
     spark_schema,
 )
+from schemas.errors import LakeError, ValidationError
 from tests.helpers import assert_frames_equal, canonical_rows
 
 pytestmark = pytest.mark.spark

@@ -12,11 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker_model.broker import Broker, BrokerConfig
-from broker_model.errors import ValidationError
-from broker_model.locks import RebalanceLockManager
-from broker_model.message import MessageQueue
-from broker_model.rebalance import ConsumerGroupManager, allocate_averagely
+from broker_model.broker import Broker, BrokerConfig, ConsumerGroupManager, RebalanceLockManager
+from broker_model.client import allocate_averagely
+from broker_model.common import MessageQueue
+from schemas.errors import ValidationError
 
 T0 = 1_800_000_000_000
 LEASE = 60_000

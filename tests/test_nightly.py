@@ -119,9 +119,9 @@ def test_nightly_writes_a_demo_workload_runs_every_step_and_a_rerun_changes_no_t
 
 def _send_orders(lake: Path, messages: int) -> None:
     """Send ``messages`` single messages to Orders through the demo's brokers (a file each)."""
-    from broker_model.message import Message
-    from broker_model.producer import Producer
-    from broker_model.workload import start_brokers
+    from broker_model.client import Producer
+    from broker_model.common import Message
+    from broker_model.tools import start_brokers
 
     brokers = start_brokers(lake, 2, flush_mode="SYNC_FLUSH")
     try:

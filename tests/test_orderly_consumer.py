@@ -16,19 +16,19 @@ from typing import Any
 
 import pytest
 
-from broker_model import constants as c
 from broker_model.broker import Broker, BrokerConfig, InnerMessage
-from broker_model.errors import BrokerError, ValidationError
-from broker_model.message import MessageQueue
-from broker_model.offsets import ReadOffsetType
-from broker_model.orderly_consumer import (
+from broker_model.client import (
     JAVA_INT_MAX,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     OrderlyConsumerConfig,
     OrderlyPushConsumer,
+    ReadOffsetType,
 )
+from broker_model.common import MessageQueue
+from broker_model.common import constants as c
 from broker_model.store import MessageExt
+from schemas.errors import BrokerError, ValidationError
 
 T0 = 1_800_000_000_000
 SUCCESS = ConsumeOrderlyStatus.SUCCESS

@@ -8,18 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from broker_model import constants as c
 from broker_model.broker import Broker, BrokerConfig
-from broker_model.codec import java_string_hash
-from broker_model.errors import BrokerError, ValidationError
-from broker_model.message import Message
-from broker_model.producer import (
-    LatencyFaultTolerance,
-    MessageQueue,
-    Producer,
-    not_available_duration,
-    select_by_hash,
-)
+from broker_model.client import LatencyFaultTolerance, MessageQueue, Producer, not_available_duration, select_by_hash
+from broker_model.common import Message, java_string_hash
+from broker_model.common import constants as c
+from schemas.errors import BrokerError, ValidationError
 from tests.log_invariants import read_log
 
 

@@ -10,20 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from broker_model import constants as c
-from broker_model.broker import Broker, BrokerConfig, SubscriptionGroupConfig
-from broker_model.errors import ValidationError
-from broker_model.message import Message, MessageQueue
-from broker_model.offsets import LocalFileOffsetStore, ReadOffsetType
-from broker_model.producer import Producer
-from broker_model.push_consumer import (
+from broker_model.broker import Broker, BrokerConfig, ScheduleMessageService, SubscriptionGroupConfig
+from broker_model.client import (
     ConsumeConcurrentlyContext,
     ConsumeConcurrentlyStatus,
+    LocalFileOffsetStore,
+    Producer,
     PushConsumer,
+    ReadOffsetType,
 )
-from broker_model.schedule import ScheduleMessageService
+from broker_model.common import Message, MessageQueue
+from broker_model.common import constants as c
 from broker_model.store import MessageExt
-from broker_model.workload import RETRY_GROUPS, run_workload
+from broker_model.tools import RETRY_GROUPS, run_workload
+from schemas.errors import ValidationError
 from tests.helpers import ManualClock
 from tests.log_invariants import check_log, read_log
 

@@ -24,10 +24,9 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_model import constants as c
-from broker_model.codec import body_crc, encode_properties, java_string_hash, tags_code
-from broker_model.errors import LakeError
-from broker_model.record import record_length
+from broker_model.common import body_crc, encode_properties, java_string_hash, tags_code
+from broker_model.common import constants as c
+from broker_model.store import record_length
 from jobs.lake_io import IncrementalReadError, Lake
 from jobs.log_chains import CHAIN_COLUMNS, Chains
 from jobs.rebuild_consume_queue import (
@@ -56,6 +55,7 @@ from schemas.catalog import (
     TableSpec,
     spark_schema,
 )
+from schemas.errors import LakeError
 from tests.helpers import assert_frames_equal
 
 SEGMENT = 4096  # segment size of the hand-built logs
@@ -1066,7 +1066,7 @@ def _corrupt_copy(source: Path, target: Path, spark: SparkSession) -> int:
 def test_the_job_on_a_broker_workload_and_on_a_corrupted_copy(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from broker_model.workload import run_workload
+    from broker_model.tools import run_workload
 
     lake_root = tmp_path / "lake"
     run_workload(lake_root, 3000, seed=11, segment_size=16384)

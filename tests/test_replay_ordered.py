@@ -25,13 +25,10 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
-from broker_model import constants as c
-from broker_model.deltalog import read_table
-from broker_model.errors import ValidationError
-from broker_model.message import Message, MessageQueue
-from broker_model.orderly_consumer import ConsumeOrderlyStatus
-from broker_model.producer import select_by_hash
-from broker_model.store import MessageExt
+from broker_model.client import ConsumeOrderlyStatus, select_by_hash
+from broker_model.common import Message, MessageQueue
+from broker_model.common import constants as c
+from broker_model.store import MessageExt, read_table
 from jobs.lake_io import Lake
 from jobs.replay_ordered import (
     REPLAYED_COLUMNS,
@@ -62,6 +59,7 @@ from jobs.replay_ordered import (
     write_progress,
 )
 from schemas.catalog import COMMITLOG, CONSUMER_OFFSET_COMMITS, REPLAY_PROGRESS, REPLAY_REPORT
+from schemas.errors import ValidationError
 from tests import replay_handlers
 
 LAKE = Path("/lake")
@@ -399,7 +397,7 @@ def test_dead_letters_are_found_in_their_dlq_queue_by_broker_and_msg_id(spark: S
 @pytest.fixture(scope="module")
 def workload_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2,000 messages written through two real brokers, with consumer groups' commits."""
-    from broker_model.workload import run_workload
+    from broker_model.tools import run_workload
 
     lake = tmp_path_factory.mktemp("replay") / "lake"
     run_workload(lake, 2000, seed=7)

@@ -147,7 +147,7 @@ _PROBE = (
 def test_the_report_of_a_broker_workload_renders_with_its_plots_in_chromium(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    from broker_model.workload import run_workload
+    from broker_model.tools import run_workload
     from jobs.consumer_offsets import ConsumerOffsetsConfig
     from jobs.consumer_offsets import run as consumer_offsets
     from jobs.rebuild_consume_queue import RebuildConfig

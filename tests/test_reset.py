@@ -9,9 +9,9 @@ import pytest
 from deltalake import DeltaTable
 
 from broker_model.broker import Broker, BrokerConfig, InnerMessage
-from broker_model.errors import ValidationError
 from broker_model.store import MessageStore
 from jobs.reset_offsets import main
+from schemas.errors import ValidationError
 from tests.helpers import ManualClock
 
 BASE = 1_800_000_000_000

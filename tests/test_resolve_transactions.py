@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from broker_model import constants as c
-from broker_model.codec import body_crc, create_msg_id, encode_properties, parse_host
-from broker_model.errors import LakeError, ValidationError
-from broker_model.record import record_length
+from broker_model.common import body_crc, create_msg_id, encode_properties, parse_host
+from broker_model.common import constants as c
+from broker_model.store import record_length
 from jobs.lake_io import Lake
 from jobs.resolve_transactions import (
     ResolveTransactionsConfig,
@@ -40,6 +39,7 @@ from jobs.resolve_transactions import (
     run,
 )
 from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE, spark_schema
+from schemas.errors import LakeError, ValidationError
 from tests.helpers import assert_frames_equal
 
 T0 = 1_700_000_000_000

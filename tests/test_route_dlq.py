@@ -14,17 +14,16 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from broker_model import constants as c
-from broker_model.broker import Broker, BrokerConfig, SubscriptionGroupConfig
-from broker_model.errors import LakeError, ValidationError
-from broker_model.message import Message
-from broker_model.producer import Producer
-from broker_model.schedule import ScheduleMessageService
+from broker_model.broker import Broker, BrokerConfig, ScheduleMessageService, SubscriptionGroupConfig
+from broker_model.client import Producer
+from broker_model.common import Message
+from broker_model.common import constants as c
 from broker_model.store import MessageExt
-from broker_model.workload import RETRY_GROUPS, run_workload
+from broker_model.tools import RETRY_GROUPS, run_workload
 from jobs.lake_io import Lake
 from jobs.route_dlq import RouteDlqConfig, build_config, build_retry_records, run
 from schemas.catalog import COMMITLOG, DLQ, JOB_RUNS, RETRY_CHAINS, RETRY_RECORDS
+from schemas.errors import LakeError, ValidationError
 from tests.helpers import CLOCK_START, ManualClock
 
 AS_OF = CLOCK_START + 3_600_000

@@ -12,18 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from broker_model import constants as c
-from broker_model.broker import Broker, BrokerConfig, InnerMessage
-from broker_model.errors import BrokerError
-from broker_model.message import Message
-from broker_model.producer import Producer
-from broker_model.schedule import (
+from broker_model.broker import (
+    Broker,
+    BrokerConfig,
+    InnerMessage,
     ScheduleMessageService,
     compute_deliver_timestamp,
     correct_deliver_timestamp,
     progress_path,
 )
+from broker_model.client import Producer
+from broker_model.common import Message
+from broker_model.common import constants as c
 from broker_model.store import MessageExt
+from schemas.errors import BrokerError
 from tests.helpers import ManualClock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,10 +184,11 @@ def test_a_round_left_pending_by_a_crash_is_settled_from_the_log(
 CRASH_SCRIPT = """
 import os, signal, sys
 from pathlib import Path
-from broker_model.broker import Broker, BrokerConfig
-from broker_model.message import Message
-from broker_model.producer import Producer
-from broker_model.schedule import ScheduleMessageService
+from broker_model.broker import Broker
+from broker_model.broker import BrokerConfig
+from broker_model.common import Message
+from broker_model.client import Producer
+from broker_model.broker import ScheduleMessageService
 
 class Crashing(ScheduleMessageService):
     def _store(self, copies):
@@ -228,9 +231,10 @@ def test_a_broker_killed_around_storing_the_copies_neither_delivers_twice_nor_sk
 
 
 def test_the_broker_thread_delivers_on_the_broker_clock(tmp_path: Path, clock: ManualClock) -> None:
-    broker = _start(tmp_path, clock, schedule_delivery=True)
+    broker = _start(tmp_path, clock)
+    service = ScheduleMessageService(broker).start()
     try:
-        assert broker.schedule_service is not None
+        assert broker.services == (service,)
         uniq_key = _send_delayed(broker, 2)
         clock.now = T0 + 5000
         deadline = time.monotonic() + 10
@@ -239,7 +243,7 @@ def test_the_broker_thread_delivers_on_the_broker_clock(tmp_path: Path, clock: M
         assert [m.uniq_key for m in _real(broker)] == [uniq_key]
     finally:
         broker.shutdown()
-    assert broker.schedule_service is None
+    assert broker.services == ()
 
 
 def test_a_retry_is_delivered_to_the_group_retry_topic(broker: Broker, clock: ManualClock) -> None:
@@ -267,13 +271,19 @@ def test_next_delivery_time_is_the_earliest_waiting_entry(broker: Broker, clock:
     assert service.next_delivery_time() == T0 + 30_000
 
 
-def test_an_unreadable_progress_file_is_refused_and_the_broker_does_not_start(
+def test_an_unreadable_progress_file_is_refused_and_the_service_does_not_start(
     tmp_path: Path, clock: ManualClock
 ) -> None:
     path = progress_path(tmp_path, "broker-a")
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    with pytest.raises(BrokerError, match=r"delayOffset\.json"):
-        _start(tmp_path, clock, schedule_delivery=True)
-    path.unlink()
-    _start(tmp_path, clock, schedule_delivery=True).shutdown()  # the name lock was released
+    broker = _start(tmp_path, clock)
+    try:
+        with pytest.raises(BrokerError, match=r"delayOffset\.json"):
+            ScheduleMessageService(broker).start()
+        assert broker.services == ()
+        path.unlink()
+        assert ScheduleMessageService(broker).start() in broker.services
+    finally:
+        broker.shutdown()
+    assert broker.services == ()

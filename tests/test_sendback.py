@@ -7,15 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from broker_model import constants as c
-from broker_model.broker import Broker, BrokerConfig, SubscriptionGroupConfig
-from broker_model.deltalog import read_table
-from broker_model.errors import ValidationError
-from broker_model.message import Message
-from broker_model.producer import Producer
-from broker_model.schedule import ScheduleMessageService
-from broker_model.store import MessageExt
+from broker_model.broker import Broker, BrokerConfig, ScheduleMessageService, SubscriptionGroupConfig
+from broker_model.client import Producer
+from broker_model.common import Message
+from broker_model.common import constants as c
+from broker_model.store import MessageExt, read_table
 from schemas.catalog import SUBSCRIPTION_GROUP
+from schemas.errors import ValidationError
 from tests.helpers import ManualClock
 
 GROUP = "cg-a"

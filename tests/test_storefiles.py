@@ -24,14 +24,23 @@ from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_model import constants as c
-from broker_model.broker import Broker, BrokerConfig, InnerMessage, rows_to_table
-from broker_model.codec import body_crc, create_msg_id, decode_properties, encode_properties, parse_host
-from broker_model.deltalog import AppendLog, append_rows, ensure_table, read_table
-from broker_model.errors import BrokerLockedError, CorruptRecordError, ValidationError
-from broker_model.record import encode_record, record_length
-from broker_model.storefiles import add_import_export_commands, export_commitlog, import_commitlog
+from broker_model.broker import Broker, BrokerConfig, InnerMessage
+from broker_model.common import body_crc, create_msg_id, decode_properties, encode_properties, parse_host
+from broker_model.common import constants as c
+from broker_model.store import (
+    AppendLog,
+    add_import_export_commands,
+    append_rows,
+    encode_record,
+    ensure_table,
+    export_commitlog,
+    import_commitlog,
+    read_table,
+    record_length,
+    rows_to_table,
+)
 from schemas.catalog import BROKERS, COMMITLOG, TOPIC_CONFIG
+from schemas.errors import BrokerLockedError, CorruptRecordError, ValidationError
 from tests.log_invariants import check_log, read_log
 
 SEGMENT = 4096

@@ -11,21 +11,22 @@ from typing import Any
 
 import pytest
 
-from broker_model import constants as c
-from broker_model.broker import Broker, BrokerConfig
-from broker_model.message import Message
-from broker_model.store import MessageExt
-from broker_model.transaction import (
+from broker_model.broker import (
     TRANSACTION_GROUP,
+    Broker,
+    BrokerConfig,
     EndTransactionRequest,
     LocalTransactionState,
     TransactionCheckService,
     TransactionError,
-    TransactionProducer,
     calculate_op_offset,
     end_transaction,
     parse_op_body,
 )
+from broker_model.client import TransactionProducer
+from broker_model.common import Message
+from broker_model.common import constants as c
+from broker_model.store import MessageExt
 from tests.helpers import ManualClock
 from tests.log_invariants import check_log, read_log
 

@@ -11,10 +11,9 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from broker_model import constants as c
-from broker_model.broker import Broker, BrokerConfig
-from broker_model.transaction import TransactionCheckService
-from broker_model.workload import run_workload
+from broker_model.broker import Broker, BrokerConfig, TransactionCheckService
+from broker_model.common import constants as c
+from broker_model.tools import run_workload
 from jobs.resolve_transactions import ResolveTransactionsConfig, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

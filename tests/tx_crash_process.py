@@ -13,9 +13,9 @@ import signal
 import sys
 from pathlib import Path
 
-from broker_model.broker import Broker, BrokerConfig
-from broker_model.message import Message
-from broker_model.transaction import LocalTransactionState, TransactionProducer, _final_message, _stored
+from broker_model.broker import Broker, BrokerConfig, LocalTransactionState, _final_message, _stored
+from broker_model.client import TransactionProducer
+from broker_model.common import Message
 
 
 class Unknown:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from broker_model import constants as c
-from broker_model.codec import body_crc, create_msg_id, decode_properties, host_from_bytes, parse_host
-from broker_model.errors import CorruptRecordError
+from broker_model.common import body_crc, create_msg_id, decode_properties, host_from_bytes, parse_host
+from broker_model.common import constants as c
+from schemas.errors import CorruptRecordError
 
 # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BORNTIMESTAMP
 _HEAD = struct.Struct(">iiiiiqqiq")

@@ -17,15 +17,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker_model import constants as c
-from broker_model.broker import Broker, BrokerConfig, FlushMode, SubscriptionGroupConfig, now_ms
-from broker_model.consumer import PullConsumer
-from broker_model.message import Message, MessageQueue
-from broker_model.producer import Producer, select_by_hash
-from broker_model.push_consumer import ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, PushConsumer
-from broker_model.schedule import ScheduleMessageService
+from broker_model.broker import (
+    Broker,
+    BrokerConfig,
+    FlushMode,
+    LocalTransactionState,
+    ScheduleMessageService,
+    SubscriptionGroupConfig,
+    TransactionCheckService,
+)
+from broker_model.client import (
+    ConsumeConcurrentlyContext,
+    ConsumeConcurrentlyStatus,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+    TransactionProducer,
+    select_by_hash,
+)
+from broker_model.common import Message, MessageQueue, now_ms
+from broker_model.common import constants as c
 from broker_model.store import MessageExt, PullStatus
-from broker_model.transaction import LocalTransactionState, TransactionCheckService, TransactionProducer
 
 # (topic, queue count per broker, tags, share of sends) of the demo business
 TOPICS: tuple[tuple[str, int, tuple[str, ...], float], ...] = (

@@ -11,7 +11,6 @@ On start the broker recovers its next physical offset and every queue's next off
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import os
 import random
@@ -21,180 +20,35 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker_model import constants as c
-from broker_model.codec import encode_properties, parse_host
-from broker_model.deltalog import AppendLog, append_rows, ensure_table, read_table
-from broker_model.errors import BrokerError, BrokerLockedError, CommitFailedError, ValidationError
-from broker_model.locks import RebalanceLockManager
-from broker_model.message import MessageQueue, validate_name
-from broker_model.offsets import ConsumerOffsetManager
-from broker_model.rebalance import ConsumerGroupManager
-from broker_model.record import magic_for_topic, record_length
-from broker_model.store import MessageExt, MessageStore, PullResult
+from broker_model.broker.config import BrokerConfig, InnerMessage, PutResult, SubscriptionGroupConfig
+from broker_model.broker.consumer_groups import ConsumerGroupManager
+from broker_model.broker.consumer_offsets import ConsumerOffsetManager
+from broker_model.broker.rebalance_locks import RebalanceLockManager
+from broker_model.common import MessageQueue, encode_properties, parse_host, validate_name
+from broker_model.common import constants as c
+from broker_model.store import (
+    AppendLog,
+    BrokerNameLock,
+    MessageExt,
+    MessageStore,
+    PullResult,
+    append_rows,
+    ensure_table,
+    magic_for_topic,
+    read_table,
+    record_length,
+    recover_offsets,
+)
 from schemas.catalog import BROKERS, COMMITLOG, SUBSCRIPTION_GROUP, TOPIC_CONFIG
-
-if TYPE_CHECKING:
-    from broker_model.schedule import ScheduleMessageService
-
-FlushMode = Literal["SYNC_FLUSH", "ASYNC_FLUSH"]
-
-
-def now_ms() -> int:
-    """The real clock in epoch milliseconds."""
-    return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True)
-class BrokerConfig:
-    """Settings of one broker. ``segment_size=None`` keeps the size the broker used before
-    (1 GiB for a new broker); an explicit size that differs from the stored one is refused.
-    ``flush_mode`` defaults to ASYNC_FLUSH as in RocketMQ; SYNC_FLUSH makes every send durable
-    before it returns."""
-
-    lake: Path
-    broker_name: str = "broker-a"
-    store_host: str = "127.0.0.1:10911"
-    segment_size: int | None = None
-    flush_mode: FlushMode = "ASYNC_FLUSH"  # RocketMQ's default flushDiskType
-    cluster_name: str = "DefaultCluster"
-    max_message_size: int = c.MAX_MESSAGE_SIZE
-    commit_retries: int = 3
-    group_commit_step_ms: float = 0.5
-    group_commit_linger_ms: float = 5.0
-    offset_persist_interval_ms: int = 5000  # persistConsumerOffsetInterval
-    checkpoint_interval: int = 100
-    fsync: bool = True
-    schedule_delivery: bool = False  # run the ScheduleMessageService thread (off: call deliver_due yourself)
-    store_cache_bytes: int = 256 * 1024 * 1024  # decoded commit log files the consume side keeps in memory
-    clock: Callable[[], int] = field(default=now_ms, compare=False)
-
-
-@dataclass(slots=True)
-class InnerMessage:
-    """A message as the broker receives it: the producer already compressed the body and set
-    ``sys_flag``, UNIQ_KEY and the born fields."""
-
-    topic: str
-    queue_id: int
-    body: bytes
-    properties: dict[str, str]
-    flag: int = 0
-    sys_flag: int = 0
-    born_timestamp: int = 0
-    born_host: str = "127.0.0.1:0"
-    reconsume_times: int = 0
-    prepared_transaction_offset: int = 0
-
-
-@dataclass(frozen=True)
-class PutResult:
-    """Where each message of one put was stored (same order as given)."""
-
-    broker_name: str
-    topic: str
-    queue_id: int
-    queue_offsets: tuple[int, ...]
-    commit_log_offsets: tuple[int, ...]
-    msg_ids: tuple[str, ...]
-    store_timestamp: int
-
-
-@dataclass(frozen=True)
-class SubscriptionGroupConfig:
-    """A consumer group's settings on one broker (``SubscriptionGroupConfig``); one row of the
-    ``subscription_group`` table.
-
-    ``retry_max_times``: failed deliveries after which a send-back goes to ``%DLQ%group`` when
-    the client does not send its own maximum. ``retry_queue_nums``: queues of ``%RETRY%group``;
-    0 makes a send-back succeed without storing anything. The ``consume_*`` flags are kept for
-    the jobs and tools; the broker does not enforce them. ``updated_timestamp`` (epoch ms) is set
-    by :meth:`Broker.update_subscription_group`.
-    """
-
-    group: str
-    retry_max_times: int = c.RETRY_MAX_TIMES
-    retry_queue_nums: int = c.RETRY_QUEUE_NUMS
-    consume_enable: bool = True
-    consume_broadcast_enable: bool = True
-    consume_from_min_enable: bool = True
-    consume_message_orderly: bool = False
-    updated_timestamp: int = 0
-
-    def validate(self) -> None:
-        """Check every setting.
-
-        Raises:
-            ValidationError: a bad group name, ``retry_max_times`` outside [0, 2^31) or
-                ``retry_queue_nums`` outside [0, 1024].
-        """
-        validate_name(self.group, "group", c.GROUP_MAX_LENGTH)
-        if not 0 <= self.retry_max_times < 2**31:
-            raise ValidationError("retry_max_times", self.retry_max_times, "must be in [0, 2^31)", "16 is the default")
-        if not 0 <= self.retry_queue_nums <= 1024:
-            raise ValidationError(
-                "retry_queue_nums", self.retry_queue_nums, "must be in [0, 1024]", "use 0 to drop failed messages"
-            )
-
-
-class BrokerNameLock:
-    """An OS file lock that makes ``broker_name`` exclusive on a lake across processes.
-
-    The kernel releases it when the holder dies (even by SIGKILL), so a crashed broker never
-    blocks its own restart. Local file systems only.
-    """
-
-    def __init__(self, lake: str | Path, broker_name: str) -> None:
-        self.path = Path(lake) / "_locks" / f"broker-{broker_name}.lock"
-        self.broker_name = broker_name
-        self.lake = lake
-        self._handle: Any = None
-
-    def acquire(self) -> BrokerNameLock:
-        """Take the lock or fail at once.
-
-        Raises:
-            BrokerLockedError: another live process holds it (its pid@host is in the message).
-        """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            handle.close()
-            raise BrokerLockedError(
-                f"broker_name={self.broker_name!r} is already running on lake {self.lake} "
-                f"(held by {holder}); stop that broker or choose another broker_name"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}@{socket.gethostname()}\n")
-        handle.flush()
-        self._handle = handle
-        return self
-
-    def release(self) -> None:
-        """Give the lock up (idempotent)."""
-        if self._handle is not None:
-            fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
-            self._handle.close()
-            self._handle = None
-
-    def __enter__(self) -> BrokerNameLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+from schemas.errors import BrokerError, CommitFailedError, ValidationError
 
 
 @dataclass(slots=True)
@@ -299,6 +153,12 @@ class _Group:
         self.error: BaseException | None = None
 
 
+class BrokerService(Protocol):
+    """A service thread that writes through a broker (the schedule and transaction check services)."""
+
+    def stop(self) -> None: ...
+
+
 class Broker:
     """One broker of the lake: owns its partition of ``commitlog`` (see module docstring)."""
 
@@ -333,7 +193,7 @@ class Broker:
         self.consumer_groups = ConsumerGroupManager(clock=config.clock)  # live consumer clients per group
         self._stopped = threading.Event()
         self._persister: threading.Thread | None = None
-        self.schedule_service: ScheduleMessageService | None = None  # the delay thread when schedule_delivery
+        self._services: list[BrokerService] = []  # attached by their owners: see attach
         self._subscription_groups: dict[str, SubscriptionGroupConfig] = {}
         self._subscription_lock = threading.Lock()
         self._retry_random = random.Random()  # picks a retry queue, as the broker's send-back does
@@ -372,21 +232,21 @@ class Broker:
         self._stopped.clear()
         self._persister = threading.Thread(target=self._persist_loop, name=f"offsets-{self.broker_name}", daemon=True)
         self._persister.start()
-        if self.config.schedule_delivery:
-            from broker_model.schedule import ScheduleMessageService  # schedule imports this module
-
-            try:
-                self.schedule_service = ScheduleMessageService(self).start()
-            except BaseException:  # an unreadable progress file: do not leave a half-started broker
-                self.shutdown()
-                raise
         return self
+
+    def attach(self, service: BrokerService) -> None:
+        """Have :meth:`shutdown` stop ``service`` (a thread writing through this broker) first."""
+        self._services.append(service)
+
+    @property
+    def services(self) -> tuple[BrokerService, ...]:
+        """The attached services still running, in the order they were attached."""
+        return tuple(self._services)
 
     def shutdown(self) -> None:
         """Commit everything pending, stop the committer and release the broker name."""
-        if self.schedule_service is not None:  # its rounds write through this broker: stop it first
-            self.schedule_service.stop()
-            self.schedule_service = None
+        while self._services:  # their rounds write through this broker: stop them first
+            self._services.pop().stop()
         with self._lock:
             if not self._running:
                 return
@@ -1053,33 +913,3 @@ def default_queue_nums(topic: str) -> int:
     ):
         return 1
     return c.DEFAULT_TOPIC_QUEUE_NUMS
-
-
-def recover_offsets(log: pa.Table) -> tuple[int, int, dict[tuple[str, int], int]]:
-    """(next physical offset, current segment base, next offset per (topic, queue_id)) from the
-    rows of one broker's commit log (columns segment, commit_log_offset, store_size, topic,
-    queue_id, queue_offset, sys_flag)."""
-    if log.num_rows == 0:
-        return 0, 0, {}
-    ends = pc.add(log["commit_log_offset"], pc.cast(log["store_size"], pa.int64()))
-    last = pc.index(ends, pc.max(ends)).as_py()
-    next_offset = ends[last].as_py()
-    segment = log["segment"][last].as_py()
-    transaction = pc.bit_wise_and(log["sys_flag"], c.TRANSACTION_ROLLBACK_TYPE)
-    dispatched = log.filter(pc.is_in(transaction, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE])))
-    queues = dispatched.group_by(["topic", "queue_id"]).aggregate([("queue_offset", "max")])
-    queue_next = {(r["topic"], r["queue_id"]): r["queue_offset_max"] + 1 for r in queues.to_pylist()}
-    return next_offset, segment, queue_next
-
-
-def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
-    """Commit log rows (dicts) as an Arrow table with the ``commitlog`` schema."""
-    rows = list(rows)
-    schema = COMMITLOG.arrow_schema
-    columns = {}
-    for name in schema.names:
-        values = [r[name] for r in rows]
-        if name == "properties":
-            values = [list(v.items()) for v in values]
-        columns[name] = pa.array(values, type=schema.field(name).type)
-    return pa.table(columns, schema=schema)

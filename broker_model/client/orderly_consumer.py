@@ -6,7 +6,7 @@ An :class:`OrderlyPushConsumer` follows RocketMQ's ``DefaultMQPushConsumer`` wit
 - **Membership and rebalance.** The client heartbeats every broker of its topics; every
   ``rebalance_interval_ms`` and whenever a broker reports a change in the group's membership it
   splits each topic's queues over the group's live clients with
-  :func:`~broker_model.rebalance.allocate_averagely` (broadcasting: every client takes every queue).
+  :func:`~broker_model.client.rebalance.allocate_averagely` (broadcasting: every client takes every queue).
 - **Locks (clustering only).** A queue is taken only after its broker granted the lock; the client
   renews every lock it has every ``lock_interval_ms`` (20 s, first after 1 s) and trusts a lock for
   ``client_lock_max_live_time_ms`` (30 s) after the last grant; the broker's lease is 60 s. A queue
@@ -44,7 +44,6 @@ import heapq
 import itertools
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,18 +51,18 @@ from enum import Enum
 from pathlib import Path
 from typing import Literal
 
-from broker_model import constants as c
 from broker_model.broker import Broker
-from broker_model.errors import BrokerError, ValidationError
-from broker_model.message import MessageQueue, validate_group, validate_topic
-from broker_model.offsets import (
+from broker_model.client.offset_store import (
     PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
     LocalFileOffsetStore,
     ReadOffsetType,
     RemoteBrokerOffsetStore,
 )
-from broker_model.rebalance import allocate_averagely, queue_sort_key
+from broker_model.client.rebalance import allocate_averagely, queue_sort_key
+from broker_model.common import MessageQueue, now_ms, validate_group, validate_topic
+from broker_model.common import constants as c
 from broker_model.store import MessageExt, PullStatus, Subscription
+from schemas.errors import BrokerError, ValidationError
 
 MessageModel = Literal["CLUSTERING", "BROADCASTING"]
 ConsumeFromWhere = Literal["CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP"]
@@ -78,10 +77,6 @@ RESUBMIT_AFTER_YIELD_MS = 10  # a request that consumed for too long continues t
 CONSUME_LOCK_WAIT_S = 1.0  # removeUnnecessaryMessageQueue waits this long for a running listener
 SERVICE_MAX_WAIT_S = 0.05  # the service thread looks at its timers at least this often
 _client_numbers = itertools.count()
-
-
-def _real_clock() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class ConsumeOrderlyStatus(Enum):
@@ -319,7 +314,7 @@ class OrderlyPushConsumer:
         group: str,
         listener: MessageListenerOrderly,
         config: OrderlyConsumerConfig | None = None,
-        clock: Callable[[], int] = _real_clock,
+        clock: Callable[[], int] = now_ms,
     ) -> None:
         validate_group(group)
         self.config = config or OrderlyConsumerConfig()

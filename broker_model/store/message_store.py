@@ -32,11 +32,11 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from broker_model import constants as c
-from broker_model.codec import decompress_body, tags_code
-from broker_model.deltalog import LogChange, LogTail
-from broker_model.errors import ValidationError
+from broker_model.common import constants as c
+from broker_model.common import decompress_body, tags_code
+from broker_model.store.delta_log import LogChange, LogTail
 from schemas.catalog import COMMITLOG
+from schemas.errors import ValidationError
 
 MAX_TRANSFER_COUNT = 32  # maxTransferCountOnMessageInMemory
 MAX_TRANSFER_BYTES = 256 * 1024  # maxTransferBytesOnMessageInMemory: the first message always goes

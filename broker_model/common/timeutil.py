@@ -9,9 +9,10 @@ the product never guesses from the machine's local zone. A duration is ISO-8601 
 from __future__ import annotations
 
 import re
+import time
 from datetime import datetime
 
-from broker_model.errors import ValidationError
+from schemas.errors import ValidationError
 
 _DURATION = re.compile(
     r"^P(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
@@ -65,3 +66,8 @@ def parse_duration(text: str, field: str = "duration") -> int:
         if amount:
             total += float(amount) * _UNIT_MS[unit]
     return round(total)
+
+
+def now_ms() -> int:
+    """The real clock in epoch milliseconds."""
+    return time.time_ns() // 1_000_000

@@ -12,17 +12,12 @@ expiry without sleeping. Every method is thread-safe.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from broker_model import constants as c
-from broker_model.errors import ValidationError
-from broker_model.message import MessageQueue
-
-
-def _real_clock() -> int:
-    return time.time_ns() // 1_000_000
+from broker_model.common import MessageQueue, now_ms
+from broker_model.common import constants as c
+from schemas.errors import ValidationError
 
 
 @dataclass(slots=True)
@@ -53,7 +48,7 @@ class RebalanceLockManager:
     """
 
     def __init__(
-        self, lock_max_live_time_ms: int = c.REBALANCE_LOCK_MAX_LIVE_TIME_MS, clock: Callable[[], int] = _real_clock
+        self, lock_max_live_time_ms: int = c.REBALANCE_LOCK_MAX_LIVE_TIME_MS, clock: Callable[[], int] = now_ms
     ) -> None:
         if lock_max_live_time_ms <= 0:
             raise ValidationError("lock_max_live_time_ms", lock_max_live_time_ms, "must be positive")

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from broker_model import constants as c
-from broker_model.constants import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
-from broker_model.errors import ValidationError
+from broker_model.common import constants as c
+from broker_model.common.constants import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
+from schemas.errors import ValidationError
 
 # -- properties ----------------------------------------------------------------------------------
 

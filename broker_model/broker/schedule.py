@@ -45,15 +45,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker_model import constants as c
-from broker_model.broker import InnerMessage
-from broker_model.codec import tags_code
-from broker_model.errors import BrokerError, ValidationError
-from broker_model.message import validate_name
+from broker_model.broker.config import InnerMessage
+from broker_model.common import constants as c
+from broker_model.common import tags_code, validate_name
 from broker_model.store import MessageExt
+from schemas.errors import BrokerError, ValidationError
 
 if TYPE_CHECKING:
-    from broker_model.broker import Broker
+    from broker_model.broker.controller import Broker
 
 _log = logging.getLogger(__name__)
 
@@ -336,8 +335,9 @@ class ScheduleMessageService:
     # -- the background thread --------------------------------------------------------------------
 
     def start(self) -> ScheduleMessageService:
-        """Run :meth:`deliver_due` on the broker's clock in a daemon thread."""
+        """Run :meth:`deliver_due` on the broker's clock in a daemon thread, stopped by the broker's shutdown."""
         self._stop.clear()
+        self.broker.attach(self)
         self._thread = threading.Thread(target=self._loop, name=f"schedule-{self.broker.broker_name}", daemon=True)
         self._thread.start()
         return self

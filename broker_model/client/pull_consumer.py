@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Literal
 
 from broker_model.broker import Broker
-from broker_model.errors import ValidationError
-from broker_model.message import MessageQueue, validate_group
-from broker_model.offsets import LocalFileOffsetStore, ReadOffsetType, RemoteBrokerOffsetStore
+from broker_model.client.offset_store import LocalFileOffsetStore, ReadOffsetType, RemoteBrokerOffsetStore
+from broker_model.common import MessageQueue, validate_group
 from broker_model.store import PullResult
+from schemas.errors import ValidationError
 
 MessageModel = Literal["CLUSTERING", "BROADCASTING"]
 

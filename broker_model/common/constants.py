@@ -215,3 +215,9 @@ PERSIST_CONSUMER_OFFSET_INTERVAL_MS: Final = 5000  # the client's persistConsume
 PROPERTY_CONSUME_START_TIMESTAMP: Final = "CONSUME_START_TIME"
 PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"  # 5.x timer property cleared on delivery
 PROPERTY_TIMER_DELAY_SEC: Final = "TIMER_DELAY_SEC"  # 5.x timer property cleared on delivery
+
+
+# -- readOffset answers besides offsets >= 0 (RemoteBrokerOffsetStore, ConsumerOffsetManager) -------
+OFFSET_NOT_FOUND: Final = -1  # nothing in memory / no offset stored
+OFFSET_READ_ERROR: Final = -2  # the store could not be read
+OFFSET_BAD_REQUEST: Final = -3  # no queue given, or an unknown read type (5.x)

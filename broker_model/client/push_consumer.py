@@ -41,12 +41,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Literal
 
-from broker_model import constants as c
 from broker_model.broker import Broker
-from broker_model.errors import BrokerError, RmqLakeError, ValidationError
-from broker_model.message import MessageQueue, validate_group, validate_topic
-from broker_model.offsets import LocalFileOffsetStore, ReadOffsetType, RemoteBrokerOffsetStore
+from broker_model.client.offset_store import LocalFileOffsetStore, ReadOffsetType, RemoteBrokerOffsetStore
+from broker_model.common import MessageQueue, validate_group, validate_topic
+from broker_model.common import constants as c
 from broker_model.store import MessageExt, PullStatus, Subscription
+from schemas.errors import BrokerError, RmqLakeError, ValidationError
 
 _log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from broker_model import constants as c
-from broker_model.errors import ValidationError
+from broker_model.common import constants as c
+from schemas.errors import ValidationError
 
 _VALID_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 

@@ -21,11 +21,9 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from broker_model.deltalog import read_table
-from broker_model.errors import ValidationError
-from broker_model.offsets import OffsetCommit, OffsetLedger, QueueKey
-from broker_model.store import MessageStore
+from broker_model.store import MessageStore, OffsetCommit, OffsetLedger, QueueKey, read_table
 from schemas.catalog import CONSUMER_OFFSET_COMMITS, TOPIC_CONFIG
+from schemas.errors import ValidationError
 
 STRATEGIES = (
     "to_earliest",

@@ -16,11 +16,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from broker_model import constants as c
-from broker_model.broker import Broker, InnerMessage, PutResult, now_ms
-from broker_model.codec import UniqKeyFactory, decompress_body, java_string_hash, process_uniq_key_factory
-from broker_model.errors import BrokerError, ValidationError
-from broker_model.message import Message, MessageQueue, validate_batch, validate_group, validate_message
+from broker_model.broker import Broker, InnerMessage, PutResult
+from broker_model.common import (
+    Message,
+    MessageQueue,
+    UniqKeyFactory,
+    decompress_body,
+    java_string_hash,
+    now_ms,
+    process_uniq_key_factory,
+    validate_batch,
+    validate_group,
+    validate_message,
+)
+from broker_model.common import constants as c
+from schemas.errors import BrokerError, ValidationError
 
 
 @dataclass(frozen=True)

@@ -31,14 +31,14 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from broker_model import constants as c
-from broker_model.broker import BrokerNameLock, now_ms, rows_to_table
-from broker_model.codec import parse_host
-from broker_model.deltalog import AddFile, AppendLog, _escape_path_value, append_rows, ensure_table, read_table
-from broker_model.errors import CorruptRecordError, ValidationError
-from broker_model.message import validate_name
-from broker_model.record import decode_record, encode_blank, encode_record, peek_header
+from broker_model.common import constants as c
+from broker_model.common import now_ms, parse_host, validate_name
+from broker_model.store.commitlog import rows_to_table
+from broker_model.store.delta_log import AddFile, AppendLog, _escape_path_value, append_rows, ensure_table, read_table
+from broker_model.store.name_lock import BrokerNameLock
+from broker_model.store.record import decode_record, encode_blank, encode_record, peek_header
 from schemas.catalog import BROKERS, COMMITLOG, TOPIC_CONFIG
+from schemas.errors import CorruptRecordError, ValidationError
 
 IMPORT_CHUNK_ROWS: Final = 50_000  # rows per Parquet write: bounds the import's memory
 IMPORT_CHUNK_BYTES: Final = 64 * 1024 * 1024  # ... and so do the record bytes held per write

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from broker_model.errors import LakeError, UnsupportedTableError
 from schemas.catalog import TableSpec
+from schemas.errors import LakeError, UnsupportedTableError
 
 _LOG_DIR = "_delta_log"
 # Writer features an append honours trivially (no invariants or constraints are ever declared).

@@ -1,0 +1,64 @@
+"""The broker: its configuration, the controller that owns a commit log, the put path with group commit,
+send-back, subscriptions, consumer groups and offsets, orderly-queue locks, and the schedule and transaction
+check services its owner starts (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from broker_model.broker.config import BrokerConfig, FlushMode, InnerMessage, PutResult, SubscriptionGroupConfig
+from broker_model.broker.consumer_groups import ConsumerGroupManager
+from broker_model.broker.consumer_offsets import ConsumerOffsetManager
+from broker_model.broker.controller import Broker
+from broker_model.broker.rebalance_locks import RebalanceLockManager
+from broker_model.broker.schedule import (
+    ScheduleMessageService,
+    compute_deliver_timestamp,
+    correct_deliver_timestamp,
+    progress_path,
+)
+from broker_model.broker.transaction import (
+    FILE_RESERVED_MS,
+    REMOVE_TAG,
+    TRANSACTION_CHECK_MAX,
+    TRANSACTION_GROUP,
+    TRANSACTION_TIMEOUT_MS,
+    EndTransactionRequest,
+    LocalTransactionState,
+    TransactionCheckService,
+    TransactionError,
+    _final_message,
+    _stored,
+    calculate_op_offset,
+    end_transaction,
+    parse_op_body,
+)
+
+__all__ = [
+    "FILE_RESERVED_MS",
+    "REMOVE_TAG",
+    "TRANSACTION_CHECK_MAX",
+    "TRANSACTION_GROUP",
+    "TRANSACTION_TIMEOUT_MS",
+    "Broker",
+    "BrokerConfig",
+    "ConsumerGroupManager",
+    "ConsumerOffsetManager",
+    "EndTransactionRequest",
+    "FlushMode",
+    "InnerMessage",
+    "LocalTransactionState",
+    "PutResult",
+    "RebalanceLockManager",
+    "ScheduleMessageService",
+    "SubscriptionGroupConfig",
+    "TransactionCheckService",
+    "TransactionError",
+    "_final_message",
+    "_stored",
+    "calculate_op_offset",
+    "compute_deliver_timestamp",
+    "correct_deliver_timestamp",
+    "end_transaction",
+    "parse_op_body",
+    "progress_path",
+]

@@ -1,0 +1,73 @@
+"""What every part of the broker shares: RocketMQ's constants, the message model and its validation, the codecs
+(properties, ids, hashes) and the RocketMQ rules that several layers apply (see docs/rocketmq.md).
+"""
+
+from __future__ import annotations
+
+from broker_model.common.codec import (
+    HostAddress,
+    UniqKeyFactory,
+    body_crc,
+    create_msg_id,
+    decode_msg_id,
+    decode_properties,
+    decode_uniq_key,
+    decompress_body,
+    encode_properties,
+    host_from_bytes,
+    java_string_hash,
+    parse_host,
+    process_uniq_key_factory,
+    tags_code,
+)
+from broker_model.common.constants import (
+    OFFSET_BAD_REQUEST,
+    OFFSET_NOT_FOUND,
+    OFFSET_READ_ERROR,
+    RETRY_GROUP_TOPIC_PREFIX,
+)
+from broker_model.common.lake_root import default_lake
+from broker_model.common.message import (
+    Message,
+    MessageQueue,
+    validate_batch,
+    validate_group,
+    validate_message,
+    validate_name,
+    validate_send_topic,
+    validate_topic,
+)
+from broker_model.common.timeutil import now_ms, parse_duration, parse_instant
+
+__all__ = [
+    "OFFSET_BAD_REQUEST",
+    "OFFSET_NOT_FOUND",
+    "OFFSET_READ_ERROR",
+    "RETRY_GROUP_TOPIC_PREFIX",
+    "HostAddress",
+    "Message",
+    "MessageQueue",
+    "UniqKeyFactory",
+    "body_crc",
+    "create_msg_id",
+    "decode_msg_id",
+    "decode_properties",
+    "decode_uniq_key",
+    "decompress_body",
+    "default_lake",
+    "encode_properties",
+    "host_from_bytes",
+    "java_string_hash",
+    "now_ms",
+    "parse_duration",
+    "parse_host",
+    "parse_instant",
+    "process_uniq_key_factory",
+    "tags_code",
+    "validate_batch",
+    "validate_group",
+    "validate_message",
+    "validate_name",
+    "validate_send_topic",
+    "validate_topic",
+]

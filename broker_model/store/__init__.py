@@ -1,0 +1,49 @@
+"""The store: the commit log record layout, the Delta tables a broker appends to (commit log, offset ledger),
+the message store that indexes a commit log into consume queues, the broker name lock, and RocketMQ segment
+file import and export (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from broker_model.store.commitlog import recover_offsets, rows_to_table
+from broker_model.store.delta_log import AddFile, AppendLog, append_rows, ensure_table, read_table
+from broker_model.store.message_store import MessageExt, MessageStore, PullResult, PullStatus, Subscription
+from broker_model.store.name_lock import BrokerNameLock
+from broker_model.store.offset_ledger import OffsetCommit, OffsetLedger, QueueKey
+from broker_model.store.record import (
+    decode_record,
+    encode_blank,
+    encode_record,
+    magic_for_topic,
+    peek_header,
+    record_length,
+)
+from broker_model.store.segment_files import add_import_export_commands, export_commitlog, import_commitlog
+
+__all__ = [
+    "AddFile",
+    "AppendLog",
+    "BrokerNameLock",
+    "MessageExt",
+    "MessageStore",
+    "OffsetCommit",
+    "OffsetLedger",
+    "PullResult",
+    "PullStatus",
+    "QueueKey",
+    "Subscription",
+    "add_import_export_commands",
+    "append_rows",
+    "decode_record",
+    "encode_blank",
+    "encode_record",
+    "ensure_table",
+    "export_commitlog",
+    "import_commitlog",
+    "magic_for_topic",
+    "peek_header",
+    "read_table",
+    "record_length",
+    "recover_offsets",
+    "rows_to_table",
+]

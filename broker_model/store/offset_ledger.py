@@ -1,0 +1,153 @@
+"""Consumer offsets: the broker's clustering offsets in the lake, and the broadcasting local file.
+
+An offset is the next queue offset to consume. Clustering offsets live on the broker that holds
+the queue (``ConsumerOffsetManager``): commits update memory at once and are appended to the
+``consumer_offset_commits`` table in batches (``persistAll`` every 5 s, and on shutdown). Other
+processes (the reset tool) append to the same table; the manager follows its log, so
+``query_offset`` sees them. Broadcasting offsets stay with each client in a local JSON file
+(``LocalFileOffsetStore``).
+
+Within one (group, broker_name, topic, queue_id) the ``commit_timestamp`` of successive rows is
+strictly increasing: a writer whose clock has not moved past the last row uses that time + 1 ms.
+The current offset is therefore the row with the greatest ``commit_timestamp``, in any reader.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from broker_model.store.delta_log import AppendLog, LogTail, ensure_table
+from schemas.catalog import CONSUMER_OFFSET_COMMITS
+
+QueueKey = tuple[str, str, str, int]  # (group, broker_name, topic, queue_id)
+
+
+@dataclass(frozen=True)
+class OffsetCommit:
+    """One row of ``consumer_offset_commits``."""
+
+    group: str
+    broker_name: str
+    topic: str
+    queue_id: int
+    offset: int
+    commit_timestamp: int
+    source: str = "consumer"
+    client_id: str | None = None
+    reset_id: str | None = None
+    previous_offset: int | None = None
+    reason: str | None = None
+    operator: str | None = None
+
+    @property
+    def key(self) -> QueueKey:
+        """(group, broker_name, topic, queue_id)."""
+        return self.group, self.broker_name, self.topic, self.queue_id
+
+
+def commits_table(commits: Iterable[OffsetCommit]) -> pa.Table:
+    """Commit rows as an Arrow table of the ``consumer_offset_commits`` schema."""
+    rows = [vars(commit) for commit in commits]
+    schema = CONSUMER_OFFSET_COMMITS.arrow_schema
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def latest_commits(table: pa.Table) -> dict[QueueKey, tuple[int, int]]:
+    """{(group, broker, topic, queue): (offset, commit_timestamp)} of the newest row per queue."""
+    latest: dict[QueueKey, tuple[int, int]] = {}
+    columns = table.select(["group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp"]).to_pydict()
+    for i in range(table.num_rows):
+        key = (columns["group"][i], columns["broker_name"][i], columns["topic"][i], columns["queue_id"][i])
+        value = (columns["offset"][i], columns["commit_timestamp"][i])
+        current = latest.get(key)
+        if current is None or value[1] > current[1]:
+            latest[key] = value
+    return latest
+
+
+class OffsetLedger:
+    """The ``consumer_offset_commits`` table as the latest offset per queue, following its log.
+
+    Used by the broker's offset manager and by the reset tool; thread-safe.
+    """
+
+    def __init__(self, lake: str | Path, clock: Callable[[], int] | None = None) -> None:
+        self.lake = Path(lake)
+        self.path = CONSUMER_OFFSET_COMMITS.location(self.lake)
+        self._clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self._lock = threading.RLock()
+        self._latest: dict[QueueKey, tuple[int, int]] = {}
+        self._tail: LogTail | None = None
+        self._log: AppendLog | None = None
+
+    def load(self) -> OffsetLedger:
+        """Read the whole table as of now and follow its log from there."""
+        with self._lock:
+            try:
+                table = DeltaTable(str(self.path))
+            except TableNotFoundError:
+                self._latest, self._tail = {}, LogTail(self.path, -1)
+                return self
+            self._tail = LogTail(self.path, table.version())
+            self._latest = latest_commits(table.to_pyarrow_table())
+        return self
+
+    def refresh(self) -> None:
+        """Apply rows other writers appended since the last look."""
+        with self._lock:
+            if self._tail is None:
+                self.load()
+                return
+            changes = self._tail.poll()
+            if changes is None or any(change.removed or change.rewritten for change in changes):
+                self.load()
+                return
+            for change in changes:
+                for path, _ in change.added:
+                    self._apply(latest_commits(pq.read_table(self.path / path)))
+
+    def _apply(self, rows: dict[QueueKey, tuple[int, int]]) -> None:
+        for key, value in rows.items():
+            current = self._latest.get(key)
+            if current is None or value[1] > current[1]:
+                self._latest[key] = value
+
+    def current(self, key: QueueKey) -> tuple[int, int] | None:
+        """(offset, commit_timestamp) of the latest commit of a queue, None when there is none."""
+        with self._lock:
+            return self._latest.get(key)
+
+    def keys(self) -> list[QueueKey]:
+        """Every queue with a commit, sorted."""
+        with self._lock:
+            return sorted(self._latest)
+
+    def next_timestamp(self, key: QueueKey, now: int | None = None) -> int:
+        """The commit_timestamp a new row of ``key`` gets: now, or the last one + 1 ms when the
+        clock has not moved past it (keeps timestamps strictly increasing per queue)."""
+        moment = self._clock() if now is None else now
+        current = self._latest.get(key)
+        return moment if current is None or moment > current[1] else current[1] + 1
+
+    def append(self, commits: list[OffsetCommit]) -> int | None:
+        """Append ``commits`` in ONE Delta commit (atomic) and apply them; returns the version."""
+        if not commits:
+            return None
+        with self._lock:
+            if self._log is None:
+                ensure_table(self.lake, CONSUMER_OFFSET_COMMITS)
+                self._log = AppendLog(self.path, CONSUMER_OFFSET_COMMITS, checkpoint_interval=100)
+            version = self._log.commit(self._log.write_files(commits_table(commits)), operation="WRITE")
+            self._apply({c.key: (c.offset, c.commit_timestamp) for c in commits})
+            if self._tail is not None and version == self._tail.version + 1:
+                self._tail.version = version
+            return version
