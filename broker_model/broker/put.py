@@ -1,0 +1,490 @@
+"""The put path: exact physical and queue offsets for each put, and the committer thread that turns
+everything pending into one Delta commit (group commit, SYNC_FLUSH and ASYNC_FLUSH)."""
+
+from __future__ import annotations
+
+import functools
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from broker_model.broker.config import BrokerConfig, InnerMessage, PutResult
+from broker_model.common import constants as c
+from broker_model.common import encode_properties, parse_host
+from broker_model.common.codec import HostAddress
+from broker_model.common.message import validate_name
+from broker_model.store import (
+    magic_for_topic,
+    record_length,
+)
+from broker_model.store.commitlog import recover_offsets
+from broker_model.store.delta_log import AppendLog, append_rows, read_table
+from broker_model.store.message_store import MessageStore
+from schemas.catalog import COMMITLOG, TOPIC_CONFIG
+from schemas.errors import BrokerError, CommitFailedError, ValidationError
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """Records before they have a position, as column lists (what :meth:`Broker._prepare` computes)."""
+
+    messages: Sequence[InnerMessage]
+    topics: list[str]
+    queue_ids: list[int]
+    properties: list[dict[str, str]]
+    raw_properties: list[bytes]
+    born_hosts: list[str]
+    sys_flags: list[int]
+    magic_codes: list[int]
+    sizes: list[int]
+    body_crcs: list[int]
+
+
+class _Columns:
+    """Positioned batches waiting for their commit; turned into one Arrow table by the committer."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[dict[str, Any], dict[str, list[Any]], _Prepared]] = []
+
+    def extend(self, fixed: dict[str, Any], placed: dict[str, list[Any]], records: _Prepared) -> None:
+        """Add positioned records: ``fixed`` values repeat on every row, ``placed`` columns come
+        from placement, the rest from ``records``."""
+        self.batches.append((fixed, placed, records))
+
+    def column(self, name: str) -> list[Any]:
+        """One column's values over every batch, in put order."""
+        values: list[Any] = []
+        for fixed, placed, records in self.batches:
+            if name in fixed:
+                values.extend([fixed[name]] * len(records.sizes))
+            elif name in placed:
+                values.extend(placed[name])
+            else:
+                values.extend(_record_column(records, name))
+        return values
+
+    def to_table(self) -> pa.Table:
+        """The rows as an Arrow table with the ``commitlog`` schema."""
+        schema = COMMITLOG.arrow_schema
+        arrays = []
+        for field_ in schema:
+            if field_.name == "properties":
+                arrays.append(self._properties(field_.type))
+            else:
+                arrays.append(pa.array(self.column(field_.name), type=field_.type))
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    def _properties(self, map_type: pa.DataType) -> pa.Array:
+        offsets: list[int] = [0]
+        keys: list[str] = []
+        values: list[str] = []
+        for _, _, records in self.batches:
+            for props in records.properties:
+                keys.extend(props)
+                values.extend(props.values())
+                offsets.append(len(keys))
+        return pa.MapArray.from_arrays(
+            pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string()), type=map_type
+        )
+
+
+_RECORD_FIELDS = {
+    "store_size": "sizes",
+    "magic_code": "magic_codes",
+    "body_crc": "body_crcs",
+    "queue_id": "queue_ids",
+    "sys_flag": "sys_flags",
+    "born_host": "born_hosts",
+    "topic": "topics",
+    "raw_properties": "raw_properties",
+}
+_MESSAGE_FIELDS = ("flag", "born_timestamp", "reconsume_times", "prepared_transaction_offset", "body")
+_PROPERTY_FIELDS = {
+    "tags": c.PROPERTY_TAGS,
+    "keys": c.PROPERTY_KEYS,
+    "uniq_key": c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+}
+
+
+def _record_column(records: _Prepared, name: str) -> list[Any]:
+    if name in _RECORD_FIELDS:
+        values: list[Any] = getattr(records, _RECORD_FIELDS[name])
+        return values
+    if name in _MESSAGE_FIELDS:
+        return [getattr(m, name) for m in records.messages]
+    key = _PROPERTY_FIELDS[name]
+    return [p.get(key) for p in records.properties]
+
+
+class _Group:
+    """Records put together and committed together; completion is shared."""
+
+    def __init__(self) -> None:
+        self.columns = _Columns()
+        self.size = 0  # records so far
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+_LONG = struct.Struct(">q")
+
+
+@functools.lru_cache(maxsize=16)
+def _fixed_length(born_v6: bool, store_v6: bool, magic_v2: bool) -> int:
+    """Record length without body, topic and property bytes."""
+    return record_length(0, 0, 0, born_v6, store_v6, magic_v2)
+
+
+@functools.lru_cache(maxsize=4096)
+def _utf8_length(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_text(text: str, field: str) -> tuple[str, bool]:
+    """(canonical ip:port text, is IPv6) of a host string; cached, hosts repeat."""
+    host = parse_host(text, field)
+    return str(host), host.is_v6
+
+
+class PutPath:
+    """The put path of a :class:`~broker_model.broker.controller.Broker` (a mixin: the broker holds the state).
+
+    It owns the broker's topics and offsets: the next physical offset, the segment being written and
+    every queue's next offset, recovered from the log on start.
+    """
+
+    config: BrokerConfig
+    broker_name: str
+    store_host: str
+    store: MessageStore
+    _store_address: HostAddress
+    _msg_id_prefix: bytes
+    _clock: Callable[[], int]
+    _lock: threading.Lock
+    _wake: threading.Condition
+    _pending: _Group | None
+    _committing: _Group | None
+    _running: bool
+    _failed: BaseException | None
+    _log: AppendLog
+    segment_size: int
+    next_offset: int
+    segment_base: int
+    queue_next: dict[tuple[str, int], int]
+    topics: dict[str, int]
+    commits: int
+
+    # -- the append path --------------------------------------------------------------------------
+
+    def put_message(self, message: InnerMessage) -> PutResult:
+        """Store one message; see :meth:`put_messages`."""
+        return self.put_messages([message])
+
+    def put_messages(self, messages: Sequence[InnerMessage]) -> PutResult:
+        """Store messages as consecutive records, in one commit.
+
+        A message with ``DELAY > 0`` (and a non-transactional or commit type) is redirected to
+        ``SCHEDULE_TOPIC_XXXX``, queue ``level - 1``, its real topic and queue kept in
+        properties. Under SYNC_FLUSH this returns once the commit is durable. The broker may add
+        properties to the given messages' property dicts (CLUSTER, REAL_TOPIC, REAL_QID).
+
+        Raises:
+            ValidationError: a record too large for the store or a segment; nothing is stored.
+            CommitFailedError: the commit failed after its retries; nothing is stored.
+            BrokerError: the broker is not running.
+        """
+        if not messages:
+            raise ValidationError("messages", [], "nothing to put")
+        records = self._prepare(messages)
+        with self._lock:
+            if not self._running:
+                raise BrokerError(f"broker {self.broker_name!r} is not running; start it first")
+            store_timestamp = self._clock()
+            if self._pending is None:
+                self._pending = _Group()
+            group = self._pending
+            placed = self._place(records)
+            fixed = {"broker_name": self.broker_name, "store_host": self.store_host, "store_timestamp": store_timestamp}
+            group.columns.extend(fixed, placed, records)
+            group.size += len(records.sizes)
+            self._wake.notify()
+        if self.config.flush_mode == "SYNC_FLUSH":
+            group.done.wait()
+            if group.error is not None:
+                raise CommitFailedError(
+                    f"broker {self.broker_name!r}: commit failed, message not stored: {group.error}"
+                ) from group.error
+        return PutResult(
+            self.broker_name,
+            records.topics[0],
+            records.queue_ids[0],
+            tuple(placed["queue_offset"]),
+            tuple(placed["commit_log_offset"]),
+            tuple(placed["msg_id"]),
+            store_timestamp,
+        )
+
+    def flush(self) -> None:
+        """Wait until everything put so far is committed.
+
+        Raises:
+            CommitFailedError: a pending commit failed (ASYNC_FLUSH sends that were lost).
+        """
+        with self._lock:
+            groups = [g for g in (self._committing, self._pending) if g is not None]
+        for group in groups:
+            group.done.wait()
+        failed = [g.error for g in groups if g.error is not None]
+        if failed:
+            raise CommitFailedError(f"broker {self.broker_name!r}: {len(failed)} commit(s) failed: {failed[0]}")
+
+    def _prepare(self, messages: Sequence[InnerMessage]) -> _Prepared:
+        """Everything about the records that does not depend on their position.
+
+        Raises:
+            ValidationError: a bad DELAY, properties over 32767 bytes, a body over the max
+                message size, a record that does not fit a segment, a negative queue id.
+        """
+        routed = [self._route(m) for m in messages]
+        topics = [r[0] for r in routed]
+        properties = [r[2] for r in routed]
+        flags = [r[3] for r in routed]
+        raw = [encode_properties(p).encode("utf-8") for p in properties]
+        hosts = [_host_text(m.born_host, "born_host") for m in messages]
+        store_v6 = self._store_address.is_v6
+        store_bit = c.STOREHOSTADDRESS_V6_FLAG if store_v6 else 0
+        born_bits = [c.BORNHOST_V6_FLAG if h[1] else 0 for h in hosts]
+        sys_flags = [flag | store_bit | bit for flag, bit in zip(flags, born_bits, strict=True)]
+        magics = [magic_for_topic(t) for t in topics]
+        sizes = [
+            _fixed_length(h[1], store_v6, mg == c.MAGIC_CODE_V2) + len(m.body) + _utf8_length(t) + len(r)
+            for m, h, mg, t, r in zip(messages, hosts, magics, topics, raw, strict=True)
+        ]
+        records = _Prepared(
+            messages,
+            topics,
+            [r[1] for r in routed],
+            properties,
+            raw,
+            [h[0] for h in hosts],
+            sys_flags,
+            magics,
+            sizes,
+            [zlib.crc32(m.body) & 0x7FFFFFFF for m in messages],
+        )
+        self._check_sizes(records)
+        return records
+
+    def _route(self, message: InnerMessage) -> tuple[str, int, dict[str, str], int]:
+        """(topic, queue id, properties, sys flag) a message is stored with: a prepared
+        transactional message becomes a half message (``parseHalfMessageInner``), a delayed one goes
+        to the schedule topic, and every stored message carries the CLUSTER property."""
+        properties = message.properties
+        if c.PROPERTY_CLUSTER not in properties:
+            properties[c.PROPERTY_CLUSTER] = self.config.cluster_name
+        transaction = message.sys_flag & c.TRANSACTION_ROLLBACK_TYPE
+        if transaction == c.TRANSACTION_PREPARED_TYPE and properties.get(c.PROPERTY_TRANSACTION_PREPARED) == "true":
+            properties[c.PROPERTY_REAL_TOPIC] = message.topic
+            properties[c.PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
+            uniq_key = properties.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+            if uniq_key:
+                properties[c.PROPERTY_TRANSACTION_ID] = uniq_key
+            sys_flag = message.sys_flag & ~c.TRANSACTION_ROLLBACK_TYPE  # resetTransactionValue(NOT)
+            return c.RMQ_SYS_TRANS_HALF_TOPIC, 0, properties, sys_flag
+        delay = properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
+        if not delay:
+            return message.topic, message.queue_id, properties, message.sys_flag
+        if not delay.lstrip("-").isdigit():
+            raise ValidationError("DELAY", delay, "is not an integer delay level", "use 0..18")
+        if int(delay) > 0 and transaction in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
+            properties[c.PROPERTY_REAL_TOPIC] = message.topic
+            properties[c.PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
+            return c.SCHEDULE_TOPIC, min(int(delay), c.MAX_DELAY_LEVEL) - 1, properties, message.sys_flag
+        return message.topic, message.queue_id, properties, message.sys_flag
+
+    def _check_sizes(self, records: _Prepared) -> None:
+        limit = self.config.max_message_size
+        rows = zip(records.messages, records.raw_properties, records.sizes, strict=True)
+        for index, (message, raw, size) in enumerate(rows):
+            if len(raw) > c.MAX_PROPERTIES_LENGTH:
+                raise ValidationError(
+                    f"messages[{index}].properties", f"<{len(raw)} bytes>", f"over {c.MAX_PROPERTIES_LENGTH} bytes"
+                )
+            if len(message.body) > limit or size > limit + c.MAX_RECORD_SLACK:
+                raise ValidationError(
+                    f"messages[{index}].body", f"<{len(message.body)} bytes>", "over the broker's max message size"
+                )
+            if size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_size:
+                raise ValidationError(
+                    "store_size", size, f"does not fit a segment of {self.segment_size} bytes", "use larger segments"
+                )
+            if message.queue_id < 0:
+                raise ValidationError(f"messages[{index}].queue_id", message.queue_id, "must not be negative")
+
+    def _place(self, records: _Prepared) -> dict[str, list[Any]]:
+        """Give every record its physical offset, segment and queue offset (caller holds the
+        lock); returns those columns plus msg_id."""
+        offsets, segments, queue_offsets = [], [], []
+        dispatched = (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE)
+        rows = zip(records.sizes, records.topics, records.queue_ids, records.sys_flags, strict=True)
+        for size, topic, queue_id, sys_flag in rows:
+            if self.next_offset + size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_base + self.segment_size:
+                # the rest of the segment becomes the blank; the record starts the next segment
+                self.segment_base += self.segment_size
+                self.next_offset = self.segment_base
+            offsets.append(self.next_offset)
+            segments.append(self.segment_base)
+            self.next_offset += size
+            queue_offset = 0
+            if sys_flag & c.TRANSACTION_ROLLBACK_TYPE in dispatched:
+                key = (topic, queue_id)
+                queue_offset = self.queue_next.get(key, 0)
+                self.queue_next[key] = queue_offset + 1
+            queue_offsets.append(queue_offset)
+        prefix, pack = self._msg_id_prefix, _LONG.pack
+        return {
+            "segment": segments,
+            "commit_log_offset": offsets,
+            "queue_offset": queue_offsets,
+            "msg_id": [(prefix + pack(o)).hex().upper() for o in offsets],
+        }
+
+    # -- the committer ----------------------------------------------------------------------------
+
+    def _commit_loop(self) -> None:
+        while True:
+            with self._lock:
+                while self._pending is None and self._running:
+                    self._wake.wait()
+                if self._pending is None:
+                    return
+                self._linger()
+                group, self._pending = self._pending, None
+                self._committing = group
+            self._commit_group(group)
+
+    def _linger(self) -> None:
+        """Let a group grow while puts are still arriving (caller holds the lock).
+
+        Waits in steps of ``group_commit_step_ms`` for as long as the pending group grew during the
+        last step, at most ``group_commit_linger_ms`` in all: many concurrent senders share one
+        commit, a lone sender waits one step at most (RocketMQ's group commit waits up to 10 ms).
+        """
+        step = self.config.group_commit_step_ms / 1000
+        deadline = time.monotonic() + self.config.group_commit_linger_ms / 1000
+        size = -1
+        while self._pending is not None and self._running and size != self._pending.size:
+            size = self._pending.size
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wake.wait(min(step, remaining))
+
+    def _commit_group(self, group: _Group) -> None:
+        error: BaseException | None = None
+        for attempt in range(self.config.commit_retries + 1):
+            try:
+                adds = self._log.write_files(group.columns.to_table())
+                version = self._log.commit(adds)
+                self.commits += 1
+                break
+            except Exception as exc:  # retried, then reported to every waiting sender
+                error = exc
+                time.sleep(0.01 * (attempt + 1))
+        else:
+            self._fail(group, error)
+            return
+        self.store.dispatch_commit(version, [(unquote(a.path), a.rows) for a in adds if a.rows is not None])
+        with self._lock:
+            self._committing = None
+        group.done.set()
+
+    def _fail(self, group: _Group, error: BaseException | None) -> None:
+        """A commit failed for good: fail it and everything put after it, then re-read the log so
+        that offsets continue from what is really stored."""
+        with self._lock:
+            failed = [group] if self._pending is None else [group, self._pending]
+            self._pending = None
+            self._committing = None
+            for each in failed:
+                each.error = error
+                each.done.set()
+            self._recover()
+
+    # -- recovery ---------------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Rebuild the next physical offset, queue offsets and topics from the lake."""
+        columns = ["segment", "commit_log_offset", "store_size", "topic", "queue_id", "queue_offset", "sys_flag"]
+        log = read_table(self.config.lake, COMMITLOG, columns, [("broker_name", "=", self.broker_name)])
+        self.next_offset, self.segment_base, self.queue_next = recover_offsets(log)
+        self.topics = self._load_topics(log)
+
+    def _load_topics(self, log: pa.Table) -> dict[str, int]:
+        config = read_table(self.config.lake, TOPIC_CONFIG)
+        config = config.filter(pc.equal(config["broker_name"], self.broker_name))
+        topics: dict[str, int] = {}
+        for row in config.sort_by("updated_timestamp").to_pylist():
+            topics[row["topic"]] = row["queue_nums"]
+        if log.num_rows:
+            seen = log.group_by("topic").aggregate([("queue_id", "max")]).to_pylist()
+            for row in seen:
+                topics[row["topic"]] = max(topics.get(row["topic"], 0), row["queue_id_max"] + 1)
+        return topics
+
+    # -- topics -----------------------------------------------------------------------------------
+
+    def create_topic(self, topic: str, queue_nums: int = c.DEFAULT_TOPIC_QUEUE_NUMS) -> None:
+        """Create or resize ``topic`` on this broker with ``queue_nums`` read/write queues."""
+        validate_name(topic, "topic", 255)
+        if not 1 <= queue_nums <= 1024:
+            raise ValidationError("queue_nums", queue_nums, "must be in [1, 1024]")
+        row = {
+            "broker_name": [self.broker_name],
+            "topic": [topic],
+            "queue_nums": [queue_nums],
+            "perm": [c.PERM_READ | c.PERM_WRITE],
+            "updated_timestamp": [self._clock()],
+        }
+        append_rows(self.config.lake, TOPIC_CONFIG, pa.table(row))
+        with self._lock:
+            self.topics[topic] = queue_nums
+
+    def queue_nums(self, topic: str) -> int | None:
+        """Queue count of ``topic`` on this broker, None when the topic does not exist here."""
+        return self.topics.get(topic)
+
+    def ensure_topic(self, topic: str, queue_nums: int | None = None) -> int:
+        """Create ``topic`` if it does not exist (with its system default queue count)."""
+        existing = self.topics.get(topic)
+        if existing is not None:
+            return existing
+        nums = queue_nums or default_queue_nums(topic)
+        self.create_topic(topic, nums)
+        return nums
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's next offset to be written (its message count so far)."""
+        return self.queue_next.get((topic, queue_id), 0)
+
+
+def default_queue_nums(topic: str) -> int:
+    """Queue count a topic gets when auto-created, by kind of topic."""
+    if topic == c.SCHEDULE_TOPIC:
+        return c.SCHEDULE_TOPIC_QUEUE_NUMS
+    if topic.startswith((c.RETRY_GROUP_TOPIC_PREFIX, c.DLQ_GROUP_TOPIC_PREFIX)) or topic in (
+        c.RMQ_SYS_TRANS_HALF_TOPIC,
+        c.RMQ_SYS_TRANS_OP_HALF_TOPIC,
+        c.TRANS_CHECK_MAX_TIME_TOPIC,
+    ):
+        return 1
+    return c.DEFAULT_TOPIC_QUEUE_NUMS
