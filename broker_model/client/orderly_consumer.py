@@ -49,13 +49,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Literal
 
 from broker_model.broker import Broker
+from broker_model.client.consume_core import (
+    ConsumeFromWhere,
+    MessageModel,
+    check_consume_from_where,
+    check_message_model,
+    compute_pull_from_where,
+)
 from broker_model.client.offset_store import (
     PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
     LocalFileOffsetStore,
-    ReadOffsetType,
     RemoteBrokerOffsetStore,
 )
 from broker_model.client.rebalance import allocate_averagely, queue_sort_key
@@ -63,9 +68,6 @@ from broker_model.common import MessageQueue, now_ms, validate_group, validate_t
 from broker_model.common import constants as c
 from broker_model.store import MessageExt, PullStatus, Subscription
 from schemas.errors import BrokerError, ValidationError
-
-MessageModel = Literal["CLUSTERING", "BROADCASTING"]
-ConsumeFromWhere = Literal["CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP"]
 
 JAVA_INT_MAX = 2**31 - 1  # an orderly consumer's max_reconsume_times of -1 means Integer.MAX_VALUE
 CONSUME_TIMESTAMP_DEFAULT_AGO_MS = 30 * 60 * 1000  # consumeTimestamp defaults to half an hour ago
@@ -135,16 +137,10 @@ class OrderlyConsumerConfig:
         Raises:
             ValidationError: the first bad field, with its value.
         """
-        if self.message_model not in ("CLUSTERING", "BROADCASTING"):
-            raise ValidationError("message_model", self.message_model, "must be CLUSTERING or BROADCASTING")
+        check_message_model(self.message_model)
         if self.message_model == "BROADCASTING" and self.offset_dir is None:
             raise ValidationError("offset_dir", None, "a broadcasting consumer keeps offsets in local files")
-        if self.consume_from_where not in (
-            "CONSUME_FROM_LAST_OFFSET",
-            "CONSUME_FROM_FIRST_OFFSET",
-            "CONSUME_FROM_TIMESTAMP",
-        ):
-            raise ValidationError("consume_from_where", self.consume_from_where, "is not a ConsumeFromWhere value")
+        check_consume_from_where(self.consume_from_where)
         ranges = {
             "consume_message_batch_max_size": (1, 1024),
             "pull_batch_size": (1, 1024),
@@ -584,7 +580,7 @@ class OrderlyPushConsumer:
             pq = ProcessQueue(now)
             pq.locked = self.clustering
             next_offset = self._compute_pull_from_where(queue, now)
-            if next_offset < 0:
+            if next_offset is None:
                 all_held = False
                 continue
             with self._table_lock:
@@ -620,27 +616,14 @@ class OrderlyPushConsumer:
         if not back_again:
             self._unlock([queue])
 
-    def _compute_pull_from_where(self, queue: MessageQueue, now: int) -> int:
-        """The first offset to pull of a newly taken queue: the stored offset, else per
-        ``consume_from_where``; -1 when the offset store could not be read."""
-        stored = self.offset_store.read_offset(queue, ReadOffsetType.READ_FROM_STORE)
-        if stored >= 0:
-            return stored
-        if stored != -1:
-            return -1
-        store = self.brokers[queue.broker_name].store
-        retry = queue.topic.startswith(c.RETRY_GROUP_TOPIC_PREFIX)
-        where = self.config.consume_from_where
-        if where == "CONSUME_FROM_FIRST_OFFSET":
-            return 0
-        if where == "CONSUME_FROM_LAST_OFFSET":
-            return 0 if retry else store.max_offset(queue.topic, queue.queue_id)
-        if retry:
-            return store.max_offset(queue.topic, queue.queue_id)
+    def _compute_pull_from_where(self, queue: MessageQueue, now: int) -> int | None:
+        """The first offset to pull of a newly taken queue; None when the offset store could not
+        be read. CONSUME_FROM_TIMESTAMP without a time starts half an hour before ``now``."""
         moment = self.config.consume_timestamp
         if moment is None:
             moment = now - CONSUME_TIMESTAMP_DEFAULT_AGO_MS
-        return store.offset_by_time(queue.topic, queue.queue_id, moment)
+        store = self.brokers[queue.broker_name].store
+        return compute_pull_from_where(self.offset_store, store, queue, self.config.consume_from_where, moment)
 
     # -- locks ------------------------------------------------------------------------------------
 
@@ -732,7 +715,7 @@ class OrderlyPushConsumer:
                 return
             if not request.previously_locked:
                 offset = self._compute_pull_from_where(queue, now)
-                if offset < 0:
+                if offset is None:
                     again(c.PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
                     return
                 request.previously_locked = True

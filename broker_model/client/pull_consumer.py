@@ -9,15 +9,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 from broker_model.broker import Broker
+from broker_model.client.consume_core import MessageModel, check_message_model
 from broker_model.client.offset_store import LocalFileOffsetStore, ReadOffsetType, RemoteBrokerOffsetStore
 from broker_model.common import MessageQueue, validate_group
 from broker_model.store import PullResult
 from schemas.errors import ValidationError
-
-MessageModel = Literal["CLUSTERING", "BROADCASTING"]
 
 
 class PullConsumer:
@@ -33,8 +31,7 @@ class PullConsumer:
         offset_dir: str | Path | None = None,
     ) -> None:
         validate_group(group)
-        if message_model not in ("CLUSTERING", "BROADCASTING"):
-            raise ValidationError("message_model", message_model, "must be CLUSTERING or BROADCASTING")
+        check_message_model(message_model)
         self.brokers = {b.broker_name: b for b in brokers}
         self.group = group
         self.message_model = message_model

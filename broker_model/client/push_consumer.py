@@ -39,10 +39,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Literal
 
 from broker_model.broker import Broker
-from broker_model.client.offset_store import LocalFileOffsetStore, ReadOffsetType, RemoteBrokerOffsetStore
+from broker_model.client.consume_core import (
+    ConsumeFromWhere,
+    MessageModel,
+    check_consume_from_where,
+    check_message_model,
+    compute_pull_from_where,
+)
+from broker_model.client.offset_store import LocalFileOffsetStore, RemoteBrokerOffsetStore
 from broker_model.common import MessageQueue, validate_group, validate_topic
 from broker_model.common import constants as c
 from broker_model.store import MessageExt, PullStatus, Subscription
@@ -50,9 +56,6 @@ from schemas.errors import BrokerError, RmqLakeError, ValidationError
 
 _log = logging.getLogger(__name__)
 
-MessageModel = Literal["CLUSTERING", "BROADCASTING"]
-ConsumeFromWhere = Literal["CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP"]
-_CONSUME_FROM_WHERE = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP")
 ACK_INDEX_ALL = 2**31 - 1  # ConsumeConcurrentlyContext.ackIndex default: Integer.MAX_VALUE
 REBALANCE_INTERVAL_S = 1.0  # the pull thread re-reads topics and the allocation this often
 
@@ -185,10 +188,8 @@ class PushConsumer:
         validate_group(group)
         if not brokers:
             raise ValidationError("brokers", [], "a consumer needs at least one broker")
-        if message_model not in ("CLUSTERING", "BROADCASTING"):
-            raise ValidationError("message_model", message_model, "must be CLUSTERING or BROADCASTING")
-        if consume_from_where not in _CONSUME_FROM_WHERE:
-            raise ValidationError("consume_from_where", consume_from_where, "is not a ConsumeFromWhere value")
+        check_message_model(message_model)
+        check_consume_from_where(consume_from_where)
         if consume_from_where == "CONSUME_FROM_TIMESTAMP" and consume_timestamp is None:
             raise ValidationError("consume_timestamp", None, "CONSUME_FROM_TIMESTAMP needs a time (epoch ms)")
         _check_range("pull_batch_size", pull_batch_size, 1, 1024)
@@ -278,23 +279,12 @@ class PushConsumer:
                     self._queues[queue] = ProcessQueue(start)
 
     def _compute_pull_from_where(self, queue: MessageQueue) -> int | None:
-        """``computePullFromWhere``: the stored offset, else per ``consume_from_where``; None when
-        the offset store cannot be read now (tried again at the next rebalance)."""
-        stored = self.offset_store.read_offset(queue, ReadOffsetType.READ_FROM_STORE)
-        if stored >= 0:
-            return stored
-        if stored != -1:
-            return None
+        """The first offset to pull of a newly taken queue; None when the offset store cannot be
+        read now (tried again at the next rebalance)."""
+        # __init__ refused CONSUME_FROM_TIMESTAMP without a time; the others do not read it
+        moment = self.consume_timestamp if self.consume_timestamp is not None else 0
         store = self.brokers[queue.broker_name].store
-        retry = queue.topic.startswith(c.RETRY_GROUP_TOPIC_PREFIX)
-        if self.consume_from_where == "CONSUME_FROM_FIRST_OFFSET" or (
-            retry and self.consume_from_where == "CONSUME_FROM_LAST_OFFSET"
-        ):
-            return 0
-        if self.consume_from_where == "CONSUME_FROM_TIMESTAMP" and not retry:
-            assert self.consume_timestamp is not None
-            return store.offset_by_time(queue.topic, queue.queue_id, self.consume_timestamp)
-        return store.max_offset(queue.topic, queue.queue_id)
+        return compute_pull_from_where(self.offset_store, store, queue, self.consume_from_where, moment)
 
     # -- one deterministic round ------------------------------------------------------------------
 
