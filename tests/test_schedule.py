@@ -17,12 +17,11 @@ from broker_model.broker import (
     BrokerConfig,
     InnerMessage,
     ScheduleMessageService,
-    compute_deliver_timestamp,
     correct_deliver_timestamp,
     progress_path,
 )
 from broker_model.client import Producer
-from broker_model.common import Message
+from broker_model.common import Message, compute_deliver_timestamp
 from broker_model.common import constants as c
 from broker_model.store import MessageExt
 from schemas.errors import BrokerError

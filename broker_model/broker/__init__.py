@@ -12,7 +12,6 @@ from broker_model.broker.controller import Broker
 from broker_model.broker.rebalance_locks import RebalanceLockManager
 from broker_model.broker.schedule import (
     ScheduleMessageService,
-    compute_deliver_timestamp,
     correct_deliver_timestamp,
     progress_path,
 )
@@ -56,7 +55,6 @@ __all__ = [
     "_final_message",
     "_stored",
     "calculate_op_offset",
-    "compute_deliver_timestamp",
     "correct_deliver_timestamp",
     "end_transaction",
     "parse_op_body",

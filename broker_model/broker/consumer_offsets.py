@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from broker_model.common import OFFSET_NOT_FOUND
-from broker_model.store import OffsetCommit, OffsetLedger, QueueKey
+from broker_model.common import OFFSET_NOT_FOUND, GroupQueueKey
+from broker_model.store import OffsetCommit, OffsetLedger
 from schemas.errors import ValidationError
 
 
@@ -22,7 +22,7 @@ class ConsumerOffsetManager:
         self.ledger = OffsetLedger(lake, clock)
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._lock = threading.Lock()
-        self._pending: dict[QueueKey, OffsetCommit] = {}
+        self._pending: dict[GroupQueueKey, OffsetCommit] = {}
 
     def load(self) -> ConsumerOffsetManager:
         """Read the committed offsets from the lake."""

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from broker_model.broker.config import BrokerConfig, InnerMessage, PutResult
 from broker_model.common import constants as c
-from broker_model.common import encode_properties, parse_host
+from broker_model.common import encode_properties, is_dispatched, parse_delay_level, parse_host, schedule_level
 from broker_model.common.codec import HostAddress
 from broker_model.common.message import validate_name
 from broker_model.store import (
@@ -303,12 +303,13 @@ class PutPath:
         delay = properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
         if not delay:
             return message.topic, message.queue_id, properties, message.sys_flag
-        if not delay.lstrip("-").isdigit():
+        if parse_delay_level(delay) is None:
             raise ValidationError("DELAY", delay, "is not an integer delay level", "use 0..18")
-        if int(delay) > 0 and transaction in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
+        level = schedule_level(delay)
+        if level is not None and is_dispatched(message.sys_flag):
             properties[c.PROPERTY_REAL_TOPIC] = message.topic
             properties[c.PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
-            return c.SCHEDULE_TOPIC, min(int(delay), c.MAX_DELAY_LEVEL) - 1, properties, message.sys_flag
+            return c.SCHEDULE_TOPIC, level - 1, properties, message.sys_flag
         return message.topic, message.queue_id, properties, message.sys_flag
 
     def _check_sizes(self, records: _Prepared) -> None:
@@ -334,7 +335,6 @@ class PutPath:
         """Give every record its physical offset, segment and queue offset (caller holds the
         lock); returns those columns plus msg_id."""
         offsets, segments, queue_offsets = [], [], []
-        dispatched = (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE)
         rows = zip(records.sizes, records.topics, records.queue_ids, records.sys_flags, strict=True)
         for size, topic, queue_id, sys_flag in rows:
             if self.next_offset + size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_base + self.segment_size:
@@ -345,7 +345,7 @@ class PutPath:
             segments.append(self.segment_base)
             self.next_offset += size
             queue_offset = 0
-            if sys_flag & c.TRANSACTION_ROLLBACK_TYPE in dispatched:
+            if is_dispatched(sys_flag):
                 key = (topic, queue_id)
                 queue_offset = self.queue_next.get(key, 0)
                 self.queue_next[key] = queue_offset + 1

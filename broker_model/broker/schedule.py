@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker_model.broker.config import InnerMessage
 from broker_model.common import constants as c
-from broker_model.common import tags_code, validate_name
+from broker_model.common import consume_queue_tags_code, level_delay_ms, validate_name
 from broker_model.store import MessageExt
 from schemas.errors import BrokerError, ValidationError
 
@@ -66,25 +66,11 @@ def progress_path(lake: str | Path, broker_name: str) -> Path:
     return Path(lake) / "_config" / broker_name / "delayOffset.json"
 
 
-def level_delay_ms(level: int) -> int | None:
-    """The delay (ms) of ``level`` (1..18), None for a level outside the table."""
-    return c.DELAY_LEVEL_MILLIS[level - 1] if 1 <= level <= c.MAX_DELAY_LEVEL else None
-
-
-def compute_deliver_timestamp(level: int, store_timestamp: int) -> int:
-    """``computeDeliverTimestamp``: store time plus the level's delay; a level outside the table
-    waits 1000 ms."""
-    delay = level_delay_ms(level)
-    return store_timestamp + (c.UNKNOWN_LEVEL_DELAY_MS if delay is None else delay)
-
-
 def deliver_timestamp(entry: MessageExt) -> int:
     """The tags code the consume queue holds for a schedule entry: its delivery time from its
     DELAY level (capped at 18) when that is a positive number, else the Java hash of its TAGS."""
-    text = entry.properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
-    if text is not None and text.lstrip("-").isdigit() and int(text) > 0:
-        return compute_deliver_timestamp(min(int(text), c.MAX_DELAY_LEVEL), entry.store_timestamp)
-    return tags_code(entry.tags)
+    delay = entry.properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
+    return consume_queue_tags_code(c.SCHEDULE_TOPIC, entry.tags, delay, entry.store_timestamp)
 
 
 def correct_deliver_timestamp(now: int, deliver_ts: int, level: int) -> int:

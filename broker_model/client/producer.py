@@ -22,9 +22,9 @@ from broker_model.common import (
     MessageQueue,
     UniqKeyFactory,
     decompress_body,
-    java_string_hash,
     now_ms,
     process_uniq_key_factory,
+    select_queue_by_hash,
     validate_batch,
     validate_group,
     validate_message,
@@ -57,13 +57,7 @@ MessageQueueSelector = Callable[[Sequence[MessageQueue], Message, Any], MessageQ
 def select_by_hash(queues: Sequence[MessageQueue], message: Message, arg: Any) -> MessageQueue:
     """``SelectMessageQueueByHash``: Java hash of ``str(arg)`` modulo the queue count, remainder
     first then absolute value (safe for Integer.MIN_VALUE)."""
-    value = _java_remainder(java_string_hash(str(arg)), len(queues))
-    return queues[abs(value)]
-
-
-def _java_remainder(a: int, b: int) -> int:
-    remainder = abs(a) % b
-    return -remainder if a < 0 else remainder
+    return queues[select_queue_by_hash(str(arg), len(queues))]
 
 
 class LatencyFaultTolerance:

@@ -9,7 +9,7 @@ from broker_model.store.commitlog import recover_offsets, rows_to_table
 from broker_model.store.delta_log import AddFile, AppendLog, append_rows, ensure_table, read_table
 from broker_model.store.message_store import MessageExt, MessageStore, PullResult, PullStatus, Subscription
 from broker_model.store.name_lock import BrokerNameLock
-from broker_model.store.offset_ledger import OffsetCommit, OffsetLedger, QueueKey
+from broker_model.store.offset_ledger import OffsetCommit, OffsetLedger
 from broker_model.store.record import (
     decode_record,
     encode_blank,
@@ -30,7 +30,6 @@ __all__ = [
     "OffsetLedger",
     "PullResult",
     "PullStatus",
-    "QueueKey",
     "Subscription",
     "add_import_export_commands",
     "append_rows",

@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker_model.common import constants as c
+from broker_model.common import dispatched_mask
 from schemas.catalog import COMMITLOG
 
 
@@ -22,8 +22,7 @@ def recover_offsets(log: pa.Table) -> tuple[int, int, dict[tuple[str, int], int]
     last = pc.index(ends, pc.max(ends)).as_py()
     next_offset = ends[last].as_py()
     segment = log["segment"][last].as_py()
-    transaction = pc.bit_wise_and(log["sys_flag"], c.TRANSACTION_ROLLBACK_TYPE)
-    dispatched = log.filter(pc.is_in(transaction, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE])))
+    dispatched = log.filter(dispatched_mask(log["sys_flag"]))
     queues = dispatched.group_by(["topic", "queue_id"]).aggregate([("queue_offset", "max")])
     queue_next = {(r["topic"], r["queue_id"]): r["queue_offset_max"] + 1 for r in queues.to_pylist()}
     return next_offset, segment, queue_next

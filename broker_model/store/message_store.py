@@ -27,13 +27,12 @@ from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from broker_model.common import constants as c
-from broker_model.common import decompress_body, tags_code
+from broker_model.common import consume_queue_tags_code, decompress_body, dispatched_mask, tags_code
 from broker_model.store.delta_log import LogChange, LogTail
 from schemas.catalog import COMMITLOG
 from schemas.errors import ValidationError
@@ -382,8 +381,7 @@ class MessageStore:
             self._index(merged)
 
     def _index(self, rows: pa.Table) -> None:
-        transaction = pc.bit_wise_and(rows["sys_flag"], c.TRANSACTION_ROLLBACK_TYPE)
-        dispatched = rows.filter(pc.is_in(transaction, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE])))
+        dispatched = rows.filter(dispatched_mask(rows["sys_flag"]))
         columns = dispatched.to_pydict()
         for i in range(dispatched.num_rows):
             key = (columns["topic"][i], columns["queue_id"][i])
@@ -396,7 +394,9 @@ class MessageStore:
                 continue
             queue.offsets.append(columns["commit_log_offset"][i])
             queue.sizes.append(columns["store_size"][i])
-            queue.tags_codes.append(_dispatch_tags_code(columns, i))
+            delay = dict(columns["properties"][i]).get(c.PROPERTY_DELAY_TIME_LEVEL)
+            tags_code = consume_queue_tags_code(key[0], columns["tags"][i], delay, columns["store_timestamp"][i])
+            queue.tags_codes.append(tags_code)
             queue.timestamps.append(columns["store_timestamp"][i])
             queue.files.append(columns["file_id"][i])
             queue.rows.append(columns["row"][i])
@@ -641,18 +641,6 @@ class MessageStore:
         if queue is None or len(queue) <= offset:
             return False
         return any(sub.matches_code(queue.tags_codes[q]) for q in range(max(offset, 0), len(queue)))
-
-
-def _dispatch_tags_code(columns: dict[str, list[Any]], i: int) -> int:
-    """``tags_code`` of a dispatched record; on the schedule topic the delivery time."""
-    tags = columns["tags"][i]
-    if columns["topic"][i] == c.SCHEDULE_TOPIC:
-        delay = dict(columns["properties"][i]).get(c.PROPERTY_DELAY_TIME_LEVEL)
-        if delay is not None and delay.lstrip("-").isdigit():
-            level = min(int(delay), c.MAX_DELAY_LEVEL)
-            if level > 0:
-                return int(columns["store_timestamp"][i]) + c.DELAY_LEVEL_MILLIS[level - 1]
-    return tags_code(tags)
 
 
 def _response_code(result: GetMessageResult, offset: int) -> str:

@@ -25,10 +25,9 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from broker_model.common import GroupQueueKey
 from broker_model.store.delta_log import AppendLog, LogTail, ensure_table
 from schemas.catalog import CONSUMER_OFFSET_COMMITS
-
-QueueKey = tuple[str, str, str, int]  # (group, broker_name, topic, queue_id)
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class OffsetCommit:
     operator: str | None = None
 
     @property
-    def key(self) -> QueueKey:
+    def key(self) -> GroupQueueKey:
         """(group, broker_name, topic, queue_id)."""
         return self.group, self.broker_name, self.topic, self.queue_id
 
@@ -61,9 +60,9 @@ def commits_table(commits: Iterable[OffsetCommit]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def latest_commits(table: pa.Table) -> dict[QueueKey, tuple[int, int]]:
+def latest_commits(table: pa.Table) -> dict[GroupQueueKey, tuple[int, int]]:
     """{(group, broker, topic, queue): (offset, commit_timestamp)} of the newest row per queue."""
-    latest: dict[QueueKey, tuple[int, int]] = {}
+    latest: dict[GroupQueueKey, tuple[int, int]] = {}
     columns = table.select(["group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp"]).to_pydict()
     for i in range(table.num_rows):
         key = (columns["group"][i], columns["broker_name"][i], columns["topic"][i], columns["queue_id"][i])
@@ -85,7 +84,7 @@ class OffsetLedger:
         self.path = CONSUMER_OFFSET_COMMITS.location(self.lake)
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._lock = threading.RLock()
-        self._latest: dict[QueueKey, tuple[int, int]] = {}
+        self._latest: dict[GroupQueueKey, tuple[int, int]] = {}
         self._tail: LogTail | None = None
         self._log: AppendLog | None = None
 
@@ -115,23 +114,23 @@ class OffsetLedger:
                 for path, _ in change.added:
                     self._apply(latest_commits(pq.read_table(self.path / path)))
 
-    def _apply(self, rows: dict[QueueKey, tuple[int, int]]) -> None:
+    def _apply(self, rows: dict[GroupQueueKey, tuple[int, int]]) -> None:
         for key, value in rows.items():
             current = self._latest.get(key)
             if current is None or value[1] > current[1]:
                 self._latest[key] = value
 
-    def current(self, key: QueueKey) -> tuple[int, int] | None:
+    def current(self, key: GroupQueueKey) -> tuple[int, int] | None:
         """(offset, commit_timestamp) of the latest commit of a queue, None when there is none."""
         with self._lock:
             return self._latest.get(key)
 
-    def keys(self) -> list[QueueKey]:
+    def keys(self) -> list[GroupQueueKey]:
         """Every queue with a commit, sorted."""
         with self._lock:
             return sorted(self._latest)
 
-    def next_timestamp(self, key: QueueKey, now: int | None = None) -> int:
+    def next_timestamp(self, key: GroupQueueKey, now: int | None = None) -> int:
         """The commit_timestamp a new row of ``key`` gets: now, or the last one + 1 ms when the
         clock has not moved past it (keeps timestamps strictly increasing per queue)."""
         moment = self._clock() if now is None else now

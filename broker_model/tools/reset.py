@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from broker_model.store import MessageStore, OffsetCommit, OffsetLedger, QueueKey, read_table
+from broker_model.common import GroupQueueKey
+from broker_model.store import MessageStore, OffsetCommit, OffsetLedger, read_table
 from schemas.catalog import CONSUMER_OFFSET_COMMITS, TOPIC_CONFIG
 from schemas.errors import ValidationError
 
@@ -282,7 +283,7 @@ class ResetTool:
         return sorted(plan, key=lambda r: (r.group, r.topic, r.broker_name, r.queue_id))
 
 
-def _key(row: PlanRow) -> QueueKey:
+def _key(row: PlanRow) -> GroupQueueKey:
     return row.group, row.broker_name, row.topic, row.queue_id
 
 
