@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -117,11 +117,13 @@ class Chains:
 
     def queue_tails(self) -> dict[QueueKey, tuple[int, int]]:
         """Per queue, its greatest ``(queue_offset, commit_log_offset)`` unit."""
-        return {key: max(run.last for run in runs) for key, runs in self.queues.items()}  # type: ignore[misc]
+        # a queue's runs hold (queue_offset, commit_log_offset) pairs (Run types them as tuple[int, ...])
+        return {key: cast(tuple[int, int], max(run.last for run in runs)) for key, runs in self.queues.items()}
 
     def log_tails(self) -> dict[str, tuple[int, int, int]]:
         """Per broker, its greatest ``(commit_log_offset, store_size, segment)`` record."""
-        return {broker: max(run.last for run in runs) for broker, runs in self.logs.items()}  # type: ignore[misc]
+        # a broker's runs hold (commit_log_offset, store_size, segment) triples
+        return {broker: cast(tuple[int, int, int], max(run.last for run in runs)) for broker, runs in self.logs.items()}
 
     def new_units(self) -> int:
         """Units in the parts (not in the context)."""

@@ -112,6 +112,7 @@ def config_from_args(args: argparse.Namespace, now: int) -> ResetConfig:
 def run(config: ResetConfig) -> list[PlanRow]:
     """Plan (and with ``execute``, write) the reset; print the plan; return it."""
     tool = ResetTool(config.lake)
+    reason: str | None
     if config.undo is not None:
         plan = tool.undo_plan(config.undo)
         reason = config.reason or f"undo of {config.undo}"

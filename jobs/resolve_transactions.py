@@ -736,7 +736,9 @@ def _reusable_run(lake: Lake, input_versions: Mapping[str, int], parameters: str
     """The current ``transaction_state`` version and the row counts of the latest reusable run,
     when that run had these inputs and settings and wrote (or kept) that very version; else None."""
     current = lake.version(TRANSACTION_STATE)
-    previous = latest_reusable_run(lake, JOB) if current is not None else None
+    if current is None:
+        return None
+    previous = latest_reusable_run(lake, JOB)
     if previous is None:
         return None
     unchanged = same_inputs(lake, previous["input_versions"], input_versions)
