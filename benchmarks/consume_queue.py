@@ -40,9 +40,8 @@ from broker_model.client import Producer
 from broker_model.common import Message
 from broker_model.common import constants as c
 from broker_model.tools import TOPICS, start_brokers
-from jobs.lake_io import Lake
+from jobs.lake import Lake, build_session
 from jobs.rebuild_consume_queue import RebuildConfig, run
-from jobs.session import build_session
 from schemas.catalog import COMMITLOG, CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, spark_schema
 
 BATCH = 1000

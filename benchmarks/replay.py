@@ -34,10 +34,9 @@ from pyspark.sql import functions as F
 from broker_model.client import Producer
 from broker_model.common import Message
 from broker_model.tools import start_brokers
-from jobs.lake_io import Lake
-from jobs.rebuild_consume_queue import is_dispatched
+from jobs.lake import Lake, build_session
 from jobs.replay_ordered import MESSAGE_COLUMNS, ReplayConfig, TopicQueues, run, sink_spec
-from jobs.session import build_session
+from jobs.rules import is_dispatched
 from schemas.catalog import COMMITLOG
 
 TOPIC = "Replay"

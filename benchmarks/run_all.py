@@ -19,7 +19,7 @@ it): ``compact_commitlog``, ``rebuild_consume_queue``, ``consumer_offsets``,
 ``resolve_transactions``, ``route_dlq``, ``report``. After each, its floor and its peer:
 
 - **floor**: Spark (or Arrow, for the Arrow-only compaction) reading the job's input columns and
-  writing the job's output columns through the same :class:`jobs.lake_io.Lake`, with no logic
+  writing the job's output columns through the same :class:`jobs.lake.Lake`, with no logic
   (:func:`time_floor`); the consume queue reuses the floor of ``benchmarks/consume_queue.py``;
 - **peer**: the same computation as DuckDB SQL over the Parquet files of the inputs' active Delta
   versions (file lists and partition values from the Delta log), for the jobs where a faithful
@@ -67,7 +67,7 @@ from jobs.compact_commitlog import Bin, CompactConfig, eligible_paths, list_file
 from jobs.compact_commitlog import run as run_compact
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as run_offsets
-from jobs.lake_io import Lake
+from jobs.lake import Lake, build_session
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as run_rebuild
 from jobs.report import ReportConfig
@@ -78,7 +78,6 @@ from jobs.resolve_transactions import run as run_resolve
 from jobs.route_dlq import RouteDlqConfig
 from jobs.route_dlq import run as run_route
 from jobs.runs import JobRun
-from jobs.session import build_session
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,

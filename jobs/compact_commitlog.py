@@ -48,7 +48,7 @@ versions), are deleted by a Delta VACUUM once older than its retention: delta-rs
 deletes files never committed) or delta-spark's ``VACUUM``. Keep the retention longer than the
 longest pause between two runs of the incremental jobs.
 
-Incremental readers: :meth:`jobs.lake_io.Lake.read_appended` skips ``dataChange=false`` adds, so
+Incremental readers: :meth:`jobs.lake.Lake.read_appended` skips ``dataChange=false`` adds, so
 compacted rows never look new. A version range that both added a file and compacted it away
 cannot be read as appends (``IncrementalReadError``), and an incremental job would then rebuild in
 full. So by default only the files every incremental job that has run has read are candidates
@@ -86,11 +86,17 @@ from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 from pyspark.sql import SparkSession
 
-from broker_model.common import default_lake
 from broker_model.store import AddFile, AppendLog
-from jobs.lake_io import Lake, check_bridge_can_read, file_location, local_directory, open_table, replace_where
+from jobs.cli import job_parser, run_spark_job
+from jobs.lake import (
+    Lake,
+    check_bridge_can_read,
+    file_location,
+    local_directory,
+    open_table,
+    replace_where,
+)
 from jobs.runs import JobRun, record_run
-from jobs.session import build_session
 from schemas.catalog import COMMITLOG, CONSUME_QUEUE, RETRY_RECORDS, TRANSACTION_RECORDS
 from schemas.errors import LakeError, ValidationError
 
@@ -620,10 +626,7 @@ def _count_files(summary: CompactSummary, before: Sequence[DataFile], after: Seq
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``compact_commitlog``."""
-    parser = argparse.ArgumentParser(
-        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser = job_parser(JOB, __doc__)
     parser.add_argument(
         "--target-file-size",
         type=int,
@@ -649,12 +652,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="only compact files already in this commit log version; default: the version every "
         "incremental job that has run has read (all files when none has run)",
     )
-    parser.add_argument(
-        "--engine",
-        choices=["auto", "bridge", "delta-spark"],
-        default="auto",
-        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
-    )
     return parser
 
 
@@ -678,8 +675,5 @@ def build_config(argv: Sequence[str] | None = None) -> CompactConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse and validate ``argv`` (before starting Spark), build the session, run."""
-    config = build_config(argv)
-    spark = build_session(f"rmq-{JOB}", engine=config.engine)
-    job_run = run(spark, config)
-    print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
+    run_spark_job(JOB, build_config(argv), run)
     return 0

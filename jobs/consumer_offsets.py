@@ -31,29 +31,25 @@ from __future__ import annotations
 
 import argparse
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_model.common import RETRY_GROUP_TOPIC_PREFIX, default_lake, parse_instant
-from jobs.lake_io import Lake
-from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions, text_table
-from jobs.session import ENGINES, build_session
+from broker_model.common import GROUP_QUEUE_KEY, QUEUE_KEY, RETRY_GROUP_TOPIC_PREFIX
+from jobs.cli import as_of_of, iso_utc, job_parser, run_spark_job, text_table
+from jobs.lake import Lake
+from jobs.rules import build_current_offsets
+from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS
 from schemas.errors import LakeError
 
 JOB = "consumer_offsets"
 QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"
-QUEUE_KEY = ("broker_name", "topic", "queue_id")
-GROUP_QUEUE_KEY = ("group", *QUEUE_KEY)
 INPUTS = (CONSUMER_OFFSET_COMMITS, CONSUME_QUEUE)
-CURRENT_OFFSET_COLUMNS = (*GROUP_QUEUE_KEY, "consumer_offset", "commit_timestamp", "source")
 QUEUE_BOUNDS_COLUMNS = (*QUEUE_KEY, "broker_min_offset", "broker_offset")
 
 # Statuses of earlier runs whose recorded inputs make a rerun a no-op (FAILED runs wrote nothing).
@@ -80,45 +76,6 @@ class ConsumerOffsetsConfig:
 # ---------------------------------------------------------------------------------------------
 # Transforms
 # ---------------------------------------------------------------------------------------------
-
-
-def build_current_offsets(commits_df: DataFrame, as_of: int) -> DataFrame:
-    """The latest offset commit per (group, broker_name, topic, queue_id) at or before ``as_of``.
-
-    Args:
-        commits_df: rows of ``consumer_offset_commits`` (at least the key, ``offset``,
-            ``commit_timestamp`` and ``source``).
-        as_of: epoch milliseconds; commits with ``commit_timestamp <= as_of`` count.
-
-    Returns:
-        :data:`CURRENT_OFFSET_COLUMNS`, one row per key that has such a commit;
-        ``consumer_offset`` is the committed ``offset`` (the next queue offset to consume).
-
-    Determinism: the latest commit is the one with the greatest ``commit_timestamp``; a tie (writers
-    keep the timestamp strictly increasing per key, so a tie is a writer's fault) goes to source
-    ``reset`` (an operator's reset overrides a consumer commit of the same instant, as a pending
-    server-side reset does in RocketMQ 5), then to the larger offset, then to the greatest source
-    name: a total order on every output column, so tied rows left over are identical.
-    """
-    latest = F.max(
-        F.struct(
-            F.col("commit_timestamp"),
-            (F.col("source") == F.lit("reset")).alias("is_reset"),
-            F.col("offset"),
-            F.col("source"),
-        )
-    ).alias("latest")
-    return (
-        commits_df.where(F.col("commit_timestamp") <= F.lit(as_of))
-        .groupBy(*GROUP_QUEUE_KEY)
-        .agg(latest)
-        .select(
-            *GROUP_QUEUE_KEY,
-            F.col("latest.offset").alias("consumer_offset"),
-            F.col("latest.commit_timestamp").alias("commit_timestamp"),
-            F.col("latest.source").alias("source"),
-        )
-    )
 
 
 def build_queue_bounds(consume_queue_df: DataFrame, as_of: int) -> DataFrame:
@@ -361,12 +318,6 @@ def _or_dash(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def iso_utc(epoch_ms: int) -> str:
-    """``epoch_ms`` as UTC ISO-8601 with milliseconds, e.g. ``2023-11-14T22:13:20.000Z``."""
-    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 # ---------------------------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------------------------
@@ -374,10 +325,7 @@ def iso_utc(epoch_ms: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``consumer_offsets``."""
-    parser = argparse.ArgumentParser(
-        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser = job_parser(JOB, __doc__)
     parser.add_argument(
         "--as-of", help="time T: epoch ms or ISO-8601 with a zone, e.g. 2026-11-22T02:00:00Z (default: now)"
     )
@@ -386,12 +334,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="print only this group (repeatable); the table always holds every group",
-    )
-    parser.add_argument(
-        "--engine",
-        choices=list(ENGINES),
-        default="auto",
-        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
     )
     return parser
 
@@ -404,14 +346,11 @@ def build_config(argv: Sequence[str] | None = None) -> ConsumerOffsetsConfig:
         SystemExit: argparse usage errors and ``--help``.
     """
     args = build_parser().parse_args(argv)
-    as_of = parse_instant(args.as_of, "--as-of") if args.as_of is not None else time.time_ns() // 1_000_000
+    as_of = as_of_of(args.as_of)
     return ConsumerOffsetsConfig(Path(args.lake), as_of, tuple(dict.fromkeys(args.group)), args.engine)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse and validate ``argv`` (before starting Spark), build the session, run."""
-    config = build_config(argv)
-    spark = build_session(f"rmq-{JOB}", engine=config.engine)
-    job_run = run(spark, config)
-    print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
+    run_spark_job(JOB, build_config(argv), run)
     return 0

@@ -55,9 +55,8 @@ from broker_model.client import Producer
 from broker_model.common import Message, decode_msg_id, decompress_body, default_lake, parse_instant
 from broker_model.common import constants as c
 from broker_model.store import MessageExt, MessageStore, read_table
-from jobs.consumer_offsets import iso_utc
-from jobs.lake_io import Lake
-from jobs.resolve_transactions import format_age
+from jobs.cli import format_age, iso_utc
+from jobs.lake import Lake
 from jobs.route_dlq import POLICY_NOT_WRITTEN, PROPERTY_ROUTED_BY, REASONS
 from schemas.catalog import BROKERS, COMMITLOG, DLQ, DLQ_REDRIVES, spark_schema
 from schemas.errors import BrokerError, LakeError, ValidationError

@@ -19,8 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker_model.common import constants as c
-from broker_model.common import tags_code
-from jobs.log_chains import dispatched_mask
+from broker_model.common import consume_queue_tags_code, dispatched_mask, tags_code
 from schemas.catalog import CONSUME_QUEUE
 
 # the columns of the new rows the driver path reads
@@ -45,8 +44,6 @@ _IPV6_HOST_EXTRA = 12
 _DELAY = re.compile(
     f"(?:^|{c.PROPERTY_SEPARATOR}){c.PROPERTY_DELAY_TIME_LEVEL}{c.NAME_VALUE_SEPARATOR}([^{c.PROPERTY_SEPARATOR}]+)"
 )
-_PLAIN_INT = re.compile(r"[+-]?[0-9]+")
-_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 
 
 class Declined(Exception):
@@ -88,8 +85,7 @@ def consume_queue_units(rows: pa.Table) -> pa.Table:
     sorted by queue and queue offset as the Spark write sorts them.
 
     Raises:
-        Declined: a DELAY property on the schedule topic that is not a plain integer, or
-            property bytes there that are not UTF-8.
+        Declined: property bytes on the schedule topic that are not UTF-8.
     """
     units = rows.filter(dispatched_mask(rows["sys_flag"]))
     distinct = pc.unique(units["tags"])
@@ -97,9 +93,9 @@ def consume_queue_units(rows: pa.Table) -> pa.Table:
     codes = hashes[_ints(pc.index_in(units["tags"], value_set=distinct, skip_nulls=False))]
     topics = units["topic"].to_pylist()
     for i in (i for i, topic in enumerate(topics) if topic == c.SCHEDULE_TOPIC):
-        level = _delay_level(units["raw_properties"][i].as_py())
-        if level is not None and min(level, c.MAX_DELAY_LEVEL) > 0:
-            codes[i] = units["store_timestamp"][i].as_py() + c.DELAY_LEVEL_MILLIS[min(level, c.MAX_DELAY_LEVEL) - 1]
+        delay = _delay_property(units["raw_properties"][i].as_py())
+        tags = units["tags"][i].as_py()
+        codes[i] = consume_queue_tags_code(c.SCHEDULE_TOPIC, tags, delay, units["store_timestamp"][i].as_py())
     table = units.select([n for n in CONSUME_QUEUE.column_names if n != "tags_code"])
     table = table.append_column("tags_code", pa.array(codes, pa.int64()))
     ordered = table.sort_by(
@@ -114,20 +110,15 @@ def consume_queue_units(rows: pa.Table) -> pa.Table:
     return ordered.select(CONSUME_QUEUE.column_names).cast(CONSUME_QUEUE.arrow_schema)
 
 
-def _delay_level(raw_properties: bytes) -> int | None:
-    """The DELAY level of a record's property bytes as ``delay_level`` reads it: the last entry's
-    value as an int, None when absent or beyond an int."""
+def _delay_property(raw_properties: bytes) -> str | None:
+    """The DELAY value of a record's property bytes as the broker reads a stored record
+    (``string2messageProperties``: the last entry wins), None when absent."""
     try:
         text = raw_properties.decode("utf-8")
     except UnicodeDecodeError as err:
         raise Declined("property bytes that are not UTF-8 on the schedule topic") from err
     values = _DELAY.findall(text)
-    if not values:
-        return None
-    if not _PLAIN_INT.fullmatch(values[-1]):
-        raise Declined(f"DELAY value {values[-1]!r} is not a plain integer")
-    level = int(values[-1])
-    return level if _INT_MIN <= level <= _INT_MAX else None
+    return values[-1] if values else None
 
 
 def _ints(column: pa.Array | pa.ChunkedArray) -> np.ndarray:

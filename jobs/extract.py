@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 
-from jobs.lake_io import IncrementalReadError, Lake
+from jobs.lake import IncrementalReadError, Lake
 from schemas.catalog import COMMITLOG, TableSpec
 from schemas.errors import LakeError
 

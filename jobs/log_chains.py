@@ -32,19 +32,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from broker_model.common import QUEUE_KEY, QueueKey, dispatched_mask
 from broker_model.common import constants as c
 
-QueueKey = tuple[str, str, int]  # (broker_name, topic, queue_id)
-QUEUE_KEYS = ("broker_name", "topic", "queue_id")
 # the commit log columns a part needs
-CHAIN_COLUMNS = (*QUEUE_KEYS, "queue_offset", "commit_log_offset", "store_size", "sys_flag", "segment")
-
-
-def dispatched_mask(sys_flag: pa.Array | pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
-    """Whether each record gets a consume queue unit: its transaction type (``sys_flag & 12``) is
-    NOT (0) or COMMIT (8), over an Arrow column of ``sys_flag`` values."""
-    transaction_type = pc.bit_wise_and(sys_flag, c.TRANSACTION_ROLLBACK_TYPE)
-    return pc.is_in(transaction_type, pa.array([c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE], pa.int32()))
+CHAIN_COLUMNS = (*QUEUE_KEY, "queue_offset", "commit_log_offset", "store_size", "sys_flag", "segment")
 
 
 @dataclass(frozen=True)
@@ -156,7 +148,7 @@ def _queue_runs(units: pa.Table) -> Iterator[tuple[QueueKey, Run]]:
     commit_log_offset)`` order too. Otherwise the units are sorted by those columns."""
     if units.num_rows == 0:
         return
-    groups = group_codes(units, QUEUE_KEYS)
+    groups = group_codes(units, QUEUE_KEY)
     offset, log_offset = _numpy(units, "queue_offset"), _numpy(units, "commit_log_offset")
     order = None
     if _rising(log_offset):
@@ -169,7 +161,7 @@ def _queue_runs(units: pa.Table) -> Iterator[tuple[QueueKey, Run]]:
         order = np.lexsort((log_offset, offset, groups))
         sorted_offset, sorted_log_offset = offset[order], log_offset[order]
         follows = (sorted_offset[1:] == sorted_offset[:-1] + 1) & (sorted_log_offset[1:] > sorted_log_offset[:-1])
-    yield from _runs(units, QUEUE_KEYS, order, groups[order], follows, [sorted_offset, sorted_log_offset])
+    yield from _runs(units, QUEUE_KEY, order, groups[order], follows, [sorted_offset, sorted_log_offset])
 
 
 def _log_runs(rows: pa.Table, sizes: Mapping[str, int]) -> Iterator[tuple[str, Run]]:

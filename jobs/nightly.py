@@ -34,11 +34,10 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_model.common import default_lake, parse_instant
-from jobs.consumer_offsets import iso_utc
-from jobs.lake_io import Lake
-from jobs.runs import JobRun, record_run, table_versions, text_table
-from jobs.session import ENGINES, build_session
+from broker_model.common import parse_instant
+from jobs.cli import iso_utc, job_parser, run_spark_job, text_table
+from jobs.lake import Lake
+from jobs.runs import JobRun, record_run, table_versions
 from schemas.catalog import (
     COMMITLOG,
     CONSUMER_OFFSET_COMMITS,
@@ -270,10 +269,7 @@ def _print_frame(title: str, df: DataFrame) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``nightly``."""
-    parser = argparse.ArgumentParser(
-        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser = job_parser(JOB, __doc__)
     parser.add_argument(
         "--as-of",
         help="T for every step: epoch ms or ISO-8601 with a zone (default: the time of the lake's latest data)",
@@ -284,12 +280,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--demo-transactions", type=int, default=300, help="transactions of the demo workload")
     parser.add_argument("--seed", type=int, default=1, help="seed of the demo workload")
-    parser.add_argument(
-        "--engine",
-        choices=list(ENGINES),
-        default="auto",
-        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
-    )
     return parser
 
 
@@ -309,8 +299,5 @@ def build_config(argv: Sequence[str] | None = None) -> NightlyConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse ``argv``, build the session, run."""
-    config = build_config(argv)
-    spark = build_session(f"rmq-{JOB}", engine=config.engine)
-    job_run = run(spark, config)
-    print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
+    run_spark_job(JOB, build_config(argv), run)
     return 0

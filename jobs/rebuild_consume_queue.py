@@ -59,13 +59,14 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from broker_model.common import QUEUE_KEY, QueueKey, dispatched_mask
 from broker_model.common import constants as c
-from broker_model.common import default_lake
+from jobs.cli import job_parser
 from jobs.driver_units import DRIVER_COLUMNS, Declined, consume_queue_units, has_record_problem
-from jobs.lake_io import IncrementalReadError, Lake
-from jobs.log_chains import CHAIN_COLUMNS, Chains, dispatched_mask, segment_sizes
+from jobs.lake import IncrementalReadError, Lake, build_session
+from jobs.log_chains import CHAIN_COLUMNS, Chains, segment_sizes
+from jobs.rules import consume_queue_tags_code, delay_level, is_dispatched, java_string_hash
 from jobs.runs import JobRun, record_run, table_versions
-from jobs.session import build_session
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
@@ -88,17 +89,11 @@ PROBLEMS = (
     "BEYOND_SEGMENT",
 )
 
-_UINT32 = 1 << 32  # Java int arithmetic is modulo 2^32
-_INT_SIGN = 1 << 31
 # calMsgLength with both hosts IPv4 and magic v1, without body, topic and property bytes
 _FIXED_RECORD_LENGTH = 91
 _IPV6_HOST_EXTRA = 12  # an IPv6 address takes 16 bytes instead of 4
-_UNKNOWN_DELAY_LEVEL_MILLIS = 1000  # ScheduleMessageService.computeDeliverTimestamp for a level not in the table
 # the property string entry holding DELAY (string2messageProperties: key, \x01, non-empty value)
-_SEP, _KV = c.PROPERTY_SEPARATOR, c.NAME_VALUE_SEPARATOR
-_DELAY_PATTERN = f"(?:^|{_SEP}){c.PROPERTY_DELAY_TIME_LEVEL}{_KV}([^{_SEP}]+)"
 
-QUEUE_KEYS = ("broker_name", "topic", "queue_id")
 # an increment whose new commit log files hold at most this many bytes (Parquet) is read, checked
 # and written on the driver when it is clean: a few Spark jobs would cost more than the work
 DRIVER_INCREMENT_BYTES = 256 << 20
@@ -129,42 +124,6 @@ Check = tuple[str, Column, Column, bool]  # problem, condition, detail, whether 
 # ---------------------------------------------------------------------------------------------
 # Column functions
 # ---------------------------------------------------------------------------------------------
-
-
-def java_string_hash(text: Column) -> Column:
-    """Java ``String.hashCode`` of a string column, as a long (a signed 32-bit value).
-
-    ``h = 31 * h + unit`` over the string's UTF-16 code units (a character outside the BMP is two
-    surrogate units), modulo 2^32 in bigint arithmetic (no overflow under ANSI mode), then
-    sign-extended. "" gives 0, null gives null.
-    """
-    units = F.regexp_extract_all(F.hex(F.encode(text, "UTF-16BE")), F.lit("([0-9A-F]{4})"), 1)
-    unsigned = F.aggregate(
-        units, F.lit(0).cast("long"), lambda h, unit: (h * 31 + F.conv(unit, 16, 10).cast("long")) % _UINT32
-    )
-    return (unsigned + _INT_SIGN) % _UINT32 - _INT_SIGN
-
-
-def delay_level(raw_properties: Column) -> Column:
-    """The DELAY property in a record's property bytes as an int; null when absent or not an integer.
-
-    Parsed as the broker parses a stored record (``string2messageProperties``): entries are
-    ``key\\x01value`` separated by ``\\x02``, a value is non-empty, the last DELAY entry wins.
-    """
-    values = F.regexp_extract_all(raw_properties.cast("string"), F.lit(_DELAY_PATTERN), 1)
-    value = F.try_element_at(values, F.lit(-1))
-    return F.when(value.rlike("^[+-]?[0-9]+$"), value.try_cast("int"))
-
-
-def delay_millis(level: Column) -> Column:
-    """The delay (ms) of a level in 1..18; ``computeDeliverTimestamp``'s +1000 ms for any other level."""
-    table = F.create_map(*[F.lit(x) for i, ms in enumerate(c.DELAY_LEVEL_MILLIS, 1) for x in (i, ms)])
-    return F.coalesce(F.try_element_at(table, level).cast("long"), F.lit(_UNKNOWN_DELAY_LEVEL_MILLIS).cast("long"))
-
-
-def is_dispatched(sys_flag: Column) -> Column:
-    """True when the record's transaction type (``sys_flag & 12``) is NOT (0) or COMMIT (8)."""
-    return sys_flag.bitwiseAND(c.TRANSACTION_ROLLBACK_TYPE).isin(c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,10 +159,7 @@ def with_tags_code(records_df: DataFrame, tags_df: DataFrame | None = None) -> D
         .select("_tags", java_string_hash(F.col("_tags")).alias("_tags_hash"))
     )
     coded_df = records_df.join(F.broadcast(codes_df), F.col("tags") == F.col("_tags"), how="left")
-    raw_level = F.col("delay_level")
-    level = F.when(raw_level > c.MAX_DELAY_LEVEL, F.lit(c.MAX_DELAY_LEVEL)).otherwise(raw_level)
-    scheduled_code = F.when(level > 0, F.col("store_timestamp") + delay_millis(level))
-    tags_code = F.coalesce(scheduled_code, F.col("_tags_hash"), F.lit(0).cast("long"))
+    tags_code = consume_queue_tags_code(F.col("_tags_hash"), F.col("delay_level"), F.col("store_timestamp"))
     return coded_df.withColumn("tags_code", tags_code).drop("_tags", "_tags_hash")
 
 
@@ -563,8 +519,8 @@ def build_queue_context(consume_queue_df: DataFrame, entries_df: DataFrame) -> D
     ``(queue_offset, commit_log_offset)`` order, and every unit from there on (none after it when
     the new units only append). Columns: broker_name, topic, queue_id, queue_offset, commit_log_offset.
     """
-    units_df = consume_queue_df.select(*QUEUE_KEYS, "queue_offset", "commit_log_offset")
-    return _context(units_df, entries_df, list(QUEUE_KEYS), ["queue_offset", "commit_log_offset"])
+    units_df = consume_queue_df.select(*QUEUE_KEY, "queue_offset", "commit_log_offset")
+    return _context(units_df, entries_df, list(QUEUE_KEY), ["queue_offset", "commit_log_offset"])
 
 
 def build_log_context(commitlog_df: DataFrame, records_df: DataFrame) -> DataFrame:
@@ -679,9 +635,6 @@ def plan_run(
     if full or processed is None:
         return RebuildPlan("full", processed, latest, "--full" if full else "first run")
     return RebuildPlan("incremental", processed, latest, f"commitlog versions {processed + 1}..{latest}")
-
-
-QueueKey = tuple[str, str, int]
 
 
 @dataclass(frozen=True)
@@ -869,9 +822,9 @@ def queue_starts(rows: pa.Table) -> list[QueueStart]:
     Arrow table read on the driver: the new rows of an incremental run are few, and their starts
     decide what the Spark work reads). Units are the dispatched records (:func:`is_dispatched`)."""
     units = pc.if_else(dispatched_mask(rows["sys_flag"]), rows["queue_offset"], pa.scalar(None, pa.int64()))
-    keyed = rows.select(list(QUEUE_KEYS)).append_column("first_offset", rows["commit_log_offset"])
+    keyed = rows.select(list(QUEUE_KEY)).append_column("first_offset", rows["commit_log_offset"])
     keyed = keyed.append_column("first_unit", units)
-    grouped = keyed.group_by(list(QUEUE_KEYS)).aggregate([("first_offset", "min"), ("first_unit", "min")])
+    grouped = keyed.group_by(list(QUEUE_KEY)).aggregate([("first_offset", "min"), ("first_unit", "min")])
     return [
         QueueStart(r["broker_name"], r["topic"], r["queue_id"], r["first_offset_min"], r["first_unit_min"])
         for r in grouped.to_pylist()
@@ -984,7 +937,7 @@ def _queue_context(lake: Lake, queues: list[QueueStart], units_df: DataFrame, ch
     is missing (a gap before the new units) are read whole."""
     found = {
         (r["broker_name"], r["topic"], r["queue_id"])
-        for r in units_df.where(_at_offset(queues, "before")).select(*QUEUE_KEYS).distinct().collect()
+        for r in units_df.where(_at_offset(queues, "before")).select(*QUEUE_KEY).distinct().collect()
     }
     gapped = [q for q in queues if q.first_unit and (q.broker_name, q.topic, q.queue_id) not in found]
     if gapped:
@@ -1057,11 +1010,11 @@ def _rebuild(
         )
     if suspect_queues:
         keys_df = lake.spark.createDataFrame(suspect_queues, "broker_name string, topic string, queue_id int")
-        units_df = filter_dispatched(checked_df).join(F.broadcast(keys_df), list(QUEUE_KEYS), "left_semi")
+        units_df = filter_dispatched(checked_df).join(F.broadcast(keys_df), list(QUEUE_KEY), "left_semi")
         context_df = (
             None
             if queue_context_df is None
-            else queue_context_df.join(F.broadcast(keys_df), list(QUEUE_KEYS), "left_semi")
+            else queue_context_df.join(F.broadcast(keys_df), list(QUEUE_KEY), "left_semi")
         )
         findings.append(build_findings(with_queue_order(units_df, context_df), queue_checks(), plan.target))
     if problems:
@@ -1102,21 +1055,12 @@ def _write_findings(
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``rebuild_consume_queue``."""
-    parser = argparse.ArgumentParser(
-        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser = job_parser(JOB, __doc__)
     parser.add_argument(
         "--full",
         action="store_true",
         help="rebuild the tables from the whole commit log instead of its new versions (when "
         "the commit log has a version not processed yet)",
-    )
-    parser.add_argument(
-        "--engine",
-        choices=["auto", "bridge", "delta-spark"],
-        default="auto",
-        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
     )
     parser.add_argument(
         "--driver-limit-mb",

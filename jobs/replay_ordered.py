@@ -111,19 +111,22 @@ from pyspark.sql import functions as F
 from broker_model.broker import Broker, BrokerConfig, InnerMessage
 from broker_model.client import ConsumeOrderlyStatus
 from broker_model.common import (
+    QUEUE_KEY,
     MessageQueue,
+    QueueKey,
     decompress_body,
-    default_lake,
-    java_string_hash,
+    dispatched_mask,
     parse_instant,
+    select_queue_by_hash,
     validate_group,
     validate_name,
     validate_topic,
 )
 from broker_model.common import constants as c
 from broker_model.store import MessageExt, append_rows, read_table
-from jobs.consumer_offsets import build_current_offsets
-from jobs.lake_io import (
+from jobs.cli import job_parser, run_spark_job
+from jobs.lake import (
+    ENGINES,
     Lake,
     WrittenFile,
     WrittenFiles,
@@ -135,10 +138,9 @@ from jobs.lake_io import (
     open_table,
     write_data_files,
 )
-from jobs.log_chains import dispatched_mask, group_codes
-from jobs.rebuild_consume_queue import is_dispatched
+from jobs.log_chains import group_codes
+from jobs.rules import build_current_offsets, is_dispatched
 from jobs.runs import JobRun, record_run
-from jobs.session import ENGINES, build_session
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
@@ -162,7 +164,6 @@ DEFAULT_BATCH_ROWS = 10_000
 DEFAULT_MAX_ATTEMPTS = 16  # the concurrent consumer's 16 reconsumes: a queue gives up after as many tries
 TAIL_SCAN_MARGIN_MS = 1000  # the target is read from this long before the last progress row (clock jitter)
 MAX_PARTITIONS = 256  # one Spark partition per source queue, up to this many
-QUEUE_KEY = ("broker_name", "topic", "queue_id")
 SOURCES = ("queues", "backlog", "dlq")
 _BATCH_DIR = "replay_batch_dir"  # the staging directory key of a batch's files (a copy of replay_batch)
 _REPLAY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -194,8 +195,6 @@ MESSAGE_COLUMNS = (
 )
 SOURCE_COLUMNS = (*QUEUE_KEY, "queue_offset", "commit_log_offset", *MESSAGE_COLUMNS)
 REPLAYED_COLUMNS = (*QUEUE_KEY, "queue_offset", "replay_batch", "replay_sequence")
-
-QueueKey = tuple[str, str, int]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,11 +511,7 @@ def format_source(key: QueueKey, queue_offset: int) -> str:
 def select_queue_id(value: str | None, source_queue_id: int, queue_nums: int) -> int:
     """The target queue id: ``SelectMessageQueueByHash`` over ``value`` (Java hash of the string,
     remainder then absolute value), else ``source_queue_id`` modulo ``queue_nums``."""
-    if value is None:
-        return source_queue_id % queue_nums
-    hashed = java_string_hash(value)
-    remainder = abs(hashed) % queue_nums
-    return abs(-remainder if hashed < 0 else remainder)
+    return source_queue_id % queue_nums if value is None else select_queue_by_hash(value, queue_nums)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1711,11 +1706,8 @@ def _now() -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``replay_ordered``."""
-    parser = argparse.ArgumentParser(
-        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = job_parser(JOB, __doc__)
     parser.add_argument("--replay-id", required=True, help="name of the replay ([A-Za-z0-9_.-], up to 64)")
-    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
     source = parser.add_argument_group("source (one of --topic, --group, --dlq)")
     source.add_argument("--topic", action="append", default=[], help="T or T:0,1 (repeatable)")
     source.add_argument("--group", help="replay the group's backlog: committed offsets to the end")
@@ -1743,12 +1735,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_MAX_ATTEMPTS,
         help=f"handler deliveries of a batch before its queue fails (default {DEFAULT_MAX_ATTEMPTS})",
-    )
-    parser.add_argument(
-        "--engine",
-        choices=list(ENGINES),
-        default="auto",
-        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
     )
     return parser
 
@@ -1796,8 +1782,5 @@ def build_config(argv: Sequence[str] | None = None) -> ReplayConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse and validate ``argv`` (before starting Spark), build the session, run.
     Returns 1 when a handler queue failed (the other queues completed), else 0."""
-    config = build_config(argv)
-    spark = build_session(f"rmq-{JOB}", engine=config.engine)
-    job_run = run(spark, config)
-    print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
+    job_run = run_spark_job(JOB, build_config(argv), run)
     return 1 if job_run.status == "FAILED" else 0

@@ -30,7 +30,6 @@ import argparse
 import base64
 import html
 import io
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,11 +39,11 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from broker_model.common import default_lake, parse_instant
-from jobs.lake_io import Lake
-from jobs.rebuild_consume_queue import is_dispatched
+from broker_model.common import QUEUE_KEY
+from jobs.cli import as_of_of, job_parser, run_spark_job
+from jobs.lake import Lake
+from jobs.rules import is_dispatched
 from jobs.runs import JobRun, record_run, table_versions
-from jobs.session import build_session
 from schemas.catalog import (
     COMMITLOG,
     CONSUME_QUEUE_INTEGRITY,
@@ -70,7 +69,6 @@ INPUTS = (
     CONSUME_QUEUE_INTEGRITY,
     JOB_RUNS,
 )
-QUEUE_KEY = ("broker_name", "topic", "queue_id")
 DEFAULT_SAMPLES = 24  # one point per hour of a day-long log
 MAX_TABLE_ROWS = 200  # a page stays readable; the tables hold the rest
 MAX_BARS = 30  # bars beyond this are unreadable on a page-wide chart
@@ -629,10 +627,7 @@ def run(spark: SparkSession, config: ReportConfig) -> JobRun:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``report``."""
-    parser = argparse.ArgumentParser(
-        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser = job_parser(JOB, __doc__)
     parser.add_argument(
         "--out", default=None, help="output directory (default: <lake>/../reports/<UTC date of --as-of>)"
     )
@@ -645,12 +640,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SAMPLES,
         help=f"points of the lag-over-time series (default {DEFAULT_SAMPLES})",
     )
-    parser.add_argument(
-        "--engine",
-        choices=["auto", "bridge", "delta-spark"],
-        default="auto",
-        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
-    )
     return parser
 
 
@@ -662,15 +651,12 @@ def build_config(argv: Sequence[str] | None = None) -> ReportConfig:
         SystemExit: argparse usage errors and ``--help``.
     """
     args = build_parser().parse_args(argv)
-    as_of = parse_instant(args.as_of, "--as-of") if args.as_of is not None else time.time_ns() // 1_000_000
+    as_of = as_of_of(args.as_of)
     out = Path(args.out) if args.out is not None else None
     return ReportConfig(Path(args.lake), as_of, out, args.samples, args.engine)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse and validate ``argv`` (before starting Spark), build the session, run."""
-    config = build_config(argv)
-    spark = build_session(f"rmq-{JOB}", engine=config.engine)
-    job_run = run(spark, config)
-    print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
+    run_spark_job(JOB, build_config(argv), run)
     return 0

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker_model.common import default_lake, parse_duration, parse_instant
+from broker_model.common import parse_duration, parse_instant
 from broker_model.tools import (
     PLAN_COLUMNS,
     PlanRow,
@@ -34,6 +34,7 @@ from broker_model.tools import (
     plan_records,
     read_targets_file,
 )
+from jobs.cli import job_parser
 from schemas.errors import ValidationError
 
 
@@ -54,10 +55,7 @@ class ResetConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``reset_offsets``."""
-    parser = argparse.ArgumentParser(
-        prog="reset_offsets", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser = job_parser("reset_offsets", __doc__, engine=False)
     parser.add_argument("--group", action="append", default=[], help="consumer group (repeatable)")
     parser.add_argument("--topic", action="append", default=[], help="TOPIC or TOPIC:0,1 (repeatable)")
     parser.add_argument("--all-topics", action="store_true", help="every topic the group has offsets on")

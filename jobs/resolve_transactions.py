@@ -77,7 +77,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,12 +88,10 @@ from pyspark.sql import functions as F
 
 from broker_model.broker import FILE_RESERVED_MS, REMOVE_TAG, TRANSACTION_CHECK_MAX, TRANSACTION_TIMEOUT_MS
 from broker_model.common import constants as c
-from broker_model.common import default_lake, parse_instant
-from jobs.consumer_offsets import iso_utc
+from jobs.cli import as_of_of, format_age, iso_utc, job_parser, run_spark_job, text_table
 from jobs.extract import update_extract
-from jobs.lake_io import Lake
-from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions, text_table
-from jobs.session import ENGINES, build_session
+from jobs.lake import Lake
+from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions
 from schemas.catalog import COMMITLOG, TRANSACTION_RECORDS, TRANSACTION_STATE
 from schemas.errors import LakeError, ValidationError
 
@@ -810,18 +807,6 @@ def _due_cells(row: Mapping[str, Any], as_of: int) -> tuple[str, ...]:
     )
 
 
-def format_age(millis: int) -> str:
-    """A duration for people: ``1d 2h 3m 4.005s`` with zero parts left out, ``-`` sign kept."""
-    sign, rest = ("-", -millis) if millis < 0 else ("", millis)
-    days, rest = divmod(rest, 86_400_000)
-    hours, rest = divmod(rest, 3_600_000)
-    minutes, rest = divmod(rest, 60_000)
-    seconds = f"{rest // 1000}.{rest % 1000:03d}s" if rest % 1000 else f"{rest // 1000}s"
-    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
-    parts.append(seconds if rest or not any(parts) else "")
-    return sign + " ".join(part for part in parts if part)
-
-
 # ---------------------------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------------------------
@@ -829,10 +814,7 @@ def format_age(millis: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``resolve_transactions``."""
-    parser = argparse.ArgumentParser(
-        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser = job_parser(JOB, __doc__)
     parser.add_argument(
         "--as-of", help="time T: epoch ms or ISO-8601 with a zone, e.g. 2026-11-22T02:00:00Z (default: now)"
     )
@@ -856,12 +838,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--show", type=int, default=20, help="CHECK_DUE transactions to list (default 20)")
     parser.add_argument(
-        "--engine",
-        choices=list(ENGINES),
-        default="auto",
-        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
-    )
-    parser.add_argument(
         "--full",
         action="store_true",
         help="rebuild transaction_records from the whole commit log when it is behind (default: "
@@ -879,7 +855,7 @@ def build_config(argv: Sequence[str] | None = None) -> ResolveTransactionsConfig
         SystemExit: argparse usage errors and ``--help``.
     """
     args = build_parser().parse_args(argv)
-    as_of = parse_instant(args.as_of, "--as-of") if args.as_of is not None else time.time_ns() // 1_000_000
+    as_of = as_of_of(args.as_of)
     return ResolveTransactionsConfig(
         Path(args.lake), as_of, args.timeout_ms, args.check_max, args.reserve_ms, args.engine, args.show, args.full
     )
@@ -887,8 +863,5 @@ def build_config(argv: Sequence[str] | None = None) -> ResolveTransactionsConfig
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse and validate ``argv`` (before starting Spark), build the session, run."""
-    config = build_config(argv)
-    spark = build_session(f"rmq-{JOB}", engine=config.engine)
-    job_run = run(spark, config)
-    print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
+    run_spark_job(JOB, build_config(argv), run)
     return 0

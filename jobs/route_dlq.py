@@ -56,12 +56,12 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from broker_model.common import constants as c
-from broker_model.common import create_msg_id, default_lake, parse_host, parse_instant
-from jobs.consumer_offsets import build_current_offsets, iso_utc
+from broker_model.common import create_msg_id, parse_host
+from jobs.cli import as_of_of, iso_utc, job_parser, run_spark_job, text_table
 from jobs.extract import update_extract
-from jobs.lake_io import Lake
-from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions, text_table
-from jobs.session import ENGINES, build_session
+from jobs.lake import Lake
+from jobs.rules import build_current_offsets
+from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
@@ -223,7 +223,7 @@ def build_retry_chains(
     Args:
         records_df: ``retry_records`` rows (any time; later ones are ignored).
         policies_df: :func:`build_policies` as of ``as_of``.
-        offsets_df: :func:`jobs.consumer_offsets.build_current_offsets` as of ``as_of``.
+        offsets_df: :func:`jobs.rules.build_current_offsets` as of ``as_of``.
         origins_df: :func:`build_origins`: the original record of chains, where known.
         as_of: epoch milliseconds.
 
@@ -694,10 +694,7 @@ def format_summary(summary: RouteSummary) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``route_dlq``."""
-    parser = argparse.ArgumentParser(
-        prog=JOB, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    parser = job_parser(JOB, __doc__)
     parser.add_argument("--as-of", help="time T: epoch ms or ISO-8601 with a zone (default: now)")
     parser.add_argument(
         "--execute",
@@ -706,12 +703,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--full", action="store_true", help="rebuild retry_records from the whole commit log")
     parser.add_argument("--show", type=int, default=20, help="exhausted chains to list (default 20)")
-    parser.add_argument(
-        "--engine",
-        choices=list(ENGINES),
-        default="auto",
-        help="lake engine (auto: delta-spark when its classes load, else the bridge)",
-    )
     return parser
 
 
@@ -726,14 +717,11 @@ def build_config(argv: Sequence[str] | None = None) -> RouteDlqConfig:
         raise ValidationError(
             "--as-of", args.as_of, "cannot be combined with --execute", "route the log as it is now: leave out --as-of"
         )
-    as_of = parse_instant(args.as_of, "--as-of") if args.as_of is not None else time.time_ns() // 1_000_000
+    as_of = as_of_of(args.as_of)
     return RouteDlqConfig(Path(args.lake), as_of, args.execute, args.full, args.engine, args.show)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse and validate ``argv`` before starting Spark, then run."""
-    config = build_config(argv)
-    spark = build_session(f"rmq-{JOB}", engine=config.engine)
-    job_run = run(spark, config)
-    print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
+    run_spark_job(JOB, build_config(argv), run)
     return 0

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from jobs.lake_io import Lake
+from jobs.lake import Lake
 from schemas.catalog import JOB_RUNS, TableSpec, spark_schema
 
 if TYPE_CHECKING:
@@ -64,12 +64,6 @@ def record_run(lake: Lake, run: JobRun) -> int | None:
     maps = {"input_versions": run.input_versions, "output_versions": run.output_versions, "row_counts": run.row_counts}
     row.update({name: list(value.items()) for name, value in maps.items()})
     return lake.append_rows(JOB_RUNS, pa.Table.from_pylist([row], schema=JOB_RUNS.arrow_schema))
-
-
-def text_table(lines: Sequence[Sequence[str]]) -> list[str]:
-    """Rows of cells as left-aligned text columns two spaces apart (trailing spaces dropped)."""
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines]
 
 
 def latest_reusable_run(lake: Lake, job: str) -> dict[str, Any] | None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.session import build_session
+from jobs.lake import build_session
 from tests.helpers import ManualClock
 
 # STYLE.md rule 12: local[2], 2 shuffle partitions, UI off; UTC and ANSI come from build_session.

@@ -38,7 +38,7 @@ from jobs.compact_commitlog import (
     sealed_segments,
     write_bins,
 )
-from jobs.lake_io import Lake, open_table
+from jobs.lake import Lake, open_table
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
 from jobs.replay_ordered import SUMMARY_COLUMNS, queues_out_of_log_order, summarize_source

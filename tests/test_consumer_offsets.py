@@ -12,19 +12,19 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from jobs.cli import iso_utc
 from jobs.consumer_offsets import (
     ConsumerOffsetsConfig,
     as_of_of_message,
     build_config,
     build_consumer_offsets,
-    build_current_offsets,
     build_queue_bounds,
     format_progress,
-    iso_utc,
     main,
     run,
 )
-from jobs.lake_io import Lake
+from jobs.lake import Lake
+from jobs.rules import build_current_offsets
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, spark_schema
 from schemas.errors import ValidationError
 from tests.helpers import assert_frames_equal

@@ -33,8 +33,8 @@ from broker_model.common import constants as c
 from broker_model.store import MessageExt, MessageStore
 from broker_model.tools import run_workload
 from jobs import dlq
-from jobs.consumer_offsets import iso_utc
-from jobs.lake_io import Lake
+from jobs.cli import iso_utc
+from jobs.lake import Lake
 from jobs.route_dlq import CONSUMER_REQUESTED, MAX_RECONSUME_TIMES, RouteDlqConfig, build_dlq
 from jobs.route_dlq import run as route_dlq
 from schemas.catalog import COMMITLOG, DLQ, DLQ_REDRIVES, RETRY_CHAINS, RETRY_RECORDS
@@ -271,8 +271,8 @@ def test_redrive_executed_twice_sends_each_dead_letter_once(
 _CRASH_SCRIPT = """
 import os, signal, sys
 from jobs import dlq
-from jobs.consumer_offsets import iso_utc
-from jobs.session import build_session
+from jobs.cli import iso_utc
+from jobs.lake import build_session
 
 lake, request_id, *ids = sys.argv[1:]
 spark = build_session("dlq-crash", master="local[1]", engine="bridge", extra_conf={"spark.ui.enabled": "false"})

@@ -17,7 +17,7 @@ from deltalake.exceptions import DeltaError
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from jobs.lake_io import Lake
+from jobs.lake import Lake
 from schemas.errors import UnsupportedTableError
 from tests.helpers import canonical_rows
 

@@ -16,8 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from jobs.lake_io import Lake, commit_data_files, write_data_files
-from jobs.session import ENGINE_CONF, detect_engine, resolve_engine
+from jobs.lake import ENGINE_CONF, Lake, commit_data_files, detect_engine, resolve_engine, write_data_files
 from schemas.catalog import (
     COMMITLOG,
     CONSUME_QUEUE,

@@ -8,7 +8,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from jobs.lake_io import Lake
+from jobs.lake import Lake
 from jobs.nightly import STEPS, NightlyConfig, build_broker_summary, build_topic_summary, data_time, run
 from schemas.catalog import CONSUMER_OFFSET_COMMITS, TABLES, spark_schema
 from tests.helpers import assert_frames_equal

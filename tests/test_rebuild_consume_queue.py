@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from broker_model.common import body_crc, encode_properties, java_string_hash, tags_code
 from broker_model.common import constants as c
 from broker_model.store import record_length
-from jobs.lake_io import IncrementalReadError, Lake
+from jobs.lake import IncrementalReadError, Lake
 from jobs.log_chains import CHAIN_COLUMNS, Chains
 from jobs.rebuild_consume_queue import (
     APP_ID,
@@ -39,13 +39,13 @@ from jobs.rebuild_consume_queue import (
     build_log_context,
     build_queue_context,
     build_segment_sizes,
-    delay_level,
     main,
     plan_run,
     queue_starts,
     run,
 )
-from jobs.rebuild_consume_queue import java_string_hash as spark_java_hash
+from jobs.rules import delay_level
+from jobs.rules import java_string_hash as spark_java_hash
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
@@ -890,7 +890,7 @@ def _increments() -> dict[str, list[dict[str, Any]]]:
         "a record missing": [clean[0], clean[2]],
         "a queue offset held twice": laid([_record(3), _record(4, queue_id=1)]),
         "a gap": laid([_record(6), _record(4, queue_id=1)]),
-        "with a DELAY that is not a plain integer": laid(
+        "clean, with a DELAY that is not a plain integer (no level: the tags hash)": laid(
             [_record(0, topic=c.SCHEDULE_TOPIC, properties={"DELAY": " 3"})]
         ),
         "clean, with a prepared record": laid(

@@ -29,7 +29,7 @@ from broker_model.client import ConsumeOrderlyStatus, select_by_hash
 from broker_model.common import Message, MessageQueue
 from broker_model.common import constants as c
 from broker_model.store import MessageExt, read_table
-from jobs.lake_io import Lake
+from jobs.lake import Lake
 from jobs.replay_ordered import (
     REPLAYED_COLUMNS,
     Progress,

@@ -22,7 +22,8 @@ from pyspark.sql import DataFrame, SparkSession
 from broker_model.common import body_crc, create_msg_id, encode_properties, parse_host
 from broker_model.common import constants as c
 from broker_model.store import record_length
-from jobs.lake_io import Lake
+from jobs.cli import format_age
+from jobs.lake import Lake
 from jobs.resolve_transactions import (
     ResolveTransactionsConfig,
     TransactionSummary,
@@ -32,7 +33,6 @@ from jobs.resolve_transactions import (
     build_half_records,
     build_ops,
     build_transaction_state,
-    format_age,
     format_summary,
     main,
     parameters_of_message,

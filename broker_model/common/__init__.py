@@ -38,6 +38,7 @@ from broker_model.common.message import (
     validate_topic,
 )
 from broker_model.common.rules import (
+    DISPATCHED_TRANSACTION_TYPES,
     GROUP_QUEUE_KEY,
     QUEUE_KEY,
     GroupQueueKey,
@@ -54,6 +55,7 @@ from broker_model.common.rules import (
 from broker_model.common.timeutil import now_ms, parse_duration, parse_instant
 
 __all__ = [
+    "DISPATCHED_TRANSACTION_TYPES",
     "GROUP_QUEUE_KEY",
     "OFFSET_BAD_REQUEST",
     "OFFSET_NOT_FOUND",

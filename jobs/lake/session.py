@@ -6,7 +6,7 @@ Only this module (and ``spark-submit.sh``) knows masters, jars and Delta configu
 - ``"delta-spark"``: the Delta JVM classes are on the classpath (``--packages io.delta:...``);
   Spark reads and writes ``format("delta")`` itself.
 - ``"bridge"``: no Delta jars; Spark writes Parquet files and the driver commits them with
-  delta-rs (see :mod:`jobs.lake_io`).
+  delta-rs (see :mod:`jobs.lake.facade`).
 - ``"auto"``: ``"delta-spark"`` when the classes load, else ``"bridge"``.
 
 An explicit choice wins over detection, in this order: the ``engine`` argument, the Spark conf

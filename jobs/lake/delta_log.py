@@ -1,0 +1,302 @@
+"""Reading the Delta log of a table: its files, its commits and what they add, and the reader
+features the bridge honours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.transaction import Transaction
+
+from schemas.catalog import TableSpec
+from schemas.errors import LakeError, UnsupportedTableError, ValidationError
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+
+# Reader features that change nothing for a reader of the active-file list and the Parquet files:
+# timestampNtz only adds a type Spark reads natively; vacuumProtocolCheck only constrains VACUUM.
+BRIDGE_READER_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck"})
+
+
+# Spark (and Hive) write a null partition value as this directory value.
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+def _already_committed(dt: DeltaTable, txn: Transaction) -> bool:
+    committed = dt.transaction_version(txn.app_id)
+    return committed is not None and committed >= txn.version
+
+
+def open_table(path: str, version: int | None = None) -> DeltaTable:
+    """The delta-rs table at ``path`` (at ``version``).
+
+    Raises:
+        LakeError: no Delta table at ``path``, or it has no ``version``.
+    """
+    try:
+        return DeltaTable(path, version=version)
+    except TableNotFoundError:
+        raise LakeError(f"no Delta table at {path}; check the lake root or write the table first") from None
+    except DeltaError as err:
+        raise LakeError(f"cannot load version {version} of the Delta table at {path}: {err}") from err
+
+
+def check_bridge_can_read(dt: DeltaTable, path: str) -> None:
+    """Refuse a table whose reader features the bridge cannot honour.
+
+    Raises:
+        UnsupportedTableError: column mapping, deletion vectors, or an unknown reader feature.
+    """
+    protocol = dt.protocol()
+    mapping = dt.metadata().configuration.get("delta.columnMapping.mode", "none")
+    features = set(protocol.reader_features or []) - {"columnMapping"}
+    problem = ""
+    if mapping != "none":
+        problem = f"column mapping (delta.columnMapping.mode={mapping!r}: files hold physical column names)"
+    elif "deletionVectors" in features:
+        problem = "deletion vectors (reader feature 'deletionVectors': rows deleted without rewriting files)"
+    elif features - BRIDGE_READER_FEATURES:
+        problem = f"reader features {sorted(features - BRIDGE_READER_FEATURES)}"
+    elif protocol.min_reader_version > 3:
+        problem = f"reader protocol version {protocol.min_reader_version}"
+    if problem:
+        raise UnsupportedTableError(
+            f"the bridge engine cannot read the Delta table at {path}: it uses {problem}, and reading it "
+            "file by file would return wrong rows; read it with the delta-spark engine "
+            "(Delta jars on the classpath, spark.rmq.lake.engine=delta-spark)"
+        )
+
+
+def _log_schema(dt: DeltaTable) -> StructType:
+    """The table's logical schema as a Spark StructType (Delta's schema JSON is Spark's)."""
+    from pyspark.sql.types import StructType
+
+    return StructType.fromJson(json.loads(dt.schema().to_json()))
+
+
+def _active_files(dt: DeltaTable, partition_by: Sequence[str]) -> pa.Table:
+    """One row per active file: ``path`` (as in the log, URL-encoded), ``size_bytes``, ``partition.<col>``."""
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return pa.table({"path": pa.array([], pa.string()), "size_bytes": pa.array([], pa.int64())})
+    return actions.select(["path", "size_bytes", *[f"partition.{c}" for c in partition_by]])
+
+
+def _prune(files: pa.Table, partition_filter: PartitionFilter | None) -> pa.Table:
+    """The files whose partition values are in every list of ``partition_filter``."""
+    if not partition_filter or files.num_rows == 0:
+        return files
+    mask = pa.array([True] * files.num_rows, pa.bool_())
+    for column, values in partition_filter.items():
+        typed = files.column(f"partition.{column}")
+        try:
+            value_set = pa.array(list(values), type=typed.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as err:
+            raise ValidationError(f"partition_filter[{column!r}]", values, f"not values of type {typed.type}") from err
+        mask = pc.and_(mask, pc.fill_null(pc.is_in(typed, value_set=value_set, skip_nulls=False), False))
+    return files.filter(mask)
+
+
+def _delta_string(value: Any) -> str | None:
+    """A typed partition value (from delta-rs) as its Delta partition value string."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def appended_files(table_dir: str, after_version: int, last_version: int, spec: TableSpec) -> pa.Table:
+    """The data files added with ``dataChange=true`` by commits ``after_version + 1 .. last_version``.
+
+    Returns the shape of :func:`_active_files`: ``path`` (as in the log), ``size_bytes`` and
+    ``partition.<col>`` typed as the catalog declares.
+
+    Raises:
+        IncrementalReadError: see :meth:`Lake.read_appended`.
+    """
+    adds: dict[str, dict[str, Any]] = {}
+    for version in range(after_version + 1, last_version + 1):
+        for action in _commit_actions(table_dir, version):
+            _collect_append(adds, action, version, table_dir)
+    missing = [p for p in adds if not os.path.exists(file_location(table_dir, p))]
+    if missing:
+        raise IncrementalReadError(f"files added to {table_dir} after version {after_version} are gone: {missing[:3]}")
+    types = {c.name: c.type for c in spec.columns}
+    columns: dict[str, pa.Array] = {
+        "path": pa.array(list(adds), pa.string()),
+        "size_bytes": pa.array([a["size"] for a in adds.values()], pa.int64()),
+    }
+    for name in spec.partition_by:
+        values = [a["partitionValues"].get(name) for a in adds.values()]
+        columns[f"partition.{name}"] = pa.array(values, pa.string()).cast(types[name])
+    return pa.table(columns)
+
+
+def _commit_actions(table_dir: str, version: int) -> list[dict[str, Any]]:
+    path = Path(table_dir) / "_delta_log" / f"{version:020d}.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise IncrementalReadError(
+            f"the commit file {path} is gone (log cleanup); the rows added since then cannot be told apart"
+        ) from None
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _data_neutral(action: Mapping[str, Any]) -> bool:
+    """Whether a log action leaves the table's rows and schema as they were."""
+    if "metaData" in action or "protocol" in action:
+        return False
+    for kind in ("add", "remove"):
+        if kind in action and action[kind].get("dataChange", True):
+            return False
+    return True
+
+
+def _collect_append(adds: dict[str, dict[str, Any]], action: dict[str, Any], version: int, table_dir: str) -> None:
+    """Record an ``add`` of ``action`` in ``adds``; refuse actions that are not appends."""
+    if "metaData" in action:
+        raise IncrementalReadError(f"version {version} of {table_dir} changed the table's metadata")
+    if "add" in action and action["add"].get("dataChange", True):
+        adds[action["add"]["path"]] = action["add"]
+    elif "remove" in action:
+        removed = action["remove"]
+        if removed.get("dataChange", True) or removed["path"] in adds:
+            raise IncrementalReadError(f"version {version} of {table_dir} removed or rewrote {removed['path']!r}")
+
+
+def files_around(
+    actions: pa.Table, column: str, bounds: Mapping[str, int], by: str, partition_by: Sequence[str]
+) -> pa.Table:
+    """The files of ``actions`` (``get_add_actions(flatten=True)``) that :meth:`Lake.read_around` reads.
+
+    The greatest value below a bound lies in a file whose maximum is at least ``L``, the greatest
+    known file minimum below the bound (that file holds ``L`` itself); rows at or above the bound
+    lie in files whose maximum is at least the bound, which is above ``L``.
+    """
+    if actions.num_rows == 0:
+        return _active_files_of(actions, partition_by)
+    values = actions.column(f"partition.{by}").to_pylist()
+    lows, highs = _stat(actions, f"min.{column}"), _stat(actions, f"max.{column}")
+    floors: dict[str, int] = {}
+    for value, low in zip(values, lows, strict=True):
+        if value in bounds and low is not None and low < bounds[value]:
+            floors[value] = max(floors.get(value, low), low)
+    keep = [
+        value in bounds and (low is None or high is None or high >= floors.get(value, bounds[value]))
+        for value, low, high in zip(values, lows, highs, strict=True)
+    ]
+    return _active_files_of(actions.filter(pa.array(keep, pa.bool_())), partition_by)
+
+
+def _check_column_names(
+    spec: TableSpec, option: str, columns: Sequence[str], allowed: Sequence[str] | None = None
+) -> None:
+    """Refuse ``columns`` that are not among ``allowed`` (default: every column of ``spec``)."""
+    allowed = spec.column_names if allowed is None else allowed
+    unknown = [c for c in columns if c not in allowed]
+    if unknown:
+        raise ValidationError(option, unknown, f"not columns of {spec.name!r} here", f"use {list(allowed)}")
+
+
+def _read_files(table_dir: str, files: pa.Table, spec: TableSpec, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the rows of ``files`` (the shape of :func:`_active_files`), read with pyarrow
+    on the driver; partition columns from the log's values, every column typed as the catalog says."""
+    parts = list(_file_tables(table_dir, files, spec, columns))
+    return pa.concat_tables(parts) if parts else pa.schema([spec.arrow_schema.field(c) for c in columns]).empty_table()
+
+
+def _file_tables(
+    table_dir: str,
+    files: pa.Table,
+    spec: TableSpec,
+    columns: Sequence[str],
+    equal: Mapping[str, Any] | None = None,
+    dictionaries: Sequence[str] = (),
+) -> Iterator[pa.Table]:
+    """:func:`_read_files` one file at a time, each file's rows where every data column of
+    ``equal`` has its value (a filter the Parquet reader applies); ``dictionaries`` as
+    :meth:`Lake.iter_file_rows` says."""
+    schema = spec.arrow_schema
+    data_columns = [c for c in columns if c not in spec.partition_by]
+    coded = pa.dictionary(pa.int32(), pa.string())
+    target = pa.schema([schema.field(c).with_type(coded) if c in dictionaries else schema.field(c) for c in columns])
+    filters = [(column, "=", value) for column, value in (equal or {}).items()] or None
+    read_dictionary = [c for c in dictionaries if c in data_columns] or None
+    for i, path in enumerate(files.column("path").to_pylist()):
+        part = pq.read_table(
+            file_location(table_dir, path), columns=data_columns, filters=filters, read_dictionary=read_dictionary
+        )
+        for column in (c for c in columns if c in spec.partition_by):
+            value = files.column(f"partition.{column}")[i]
+            if column in dictionaries:
+                indices = pa.array(np.zeros(part.num_rows, np.int32))
+                constant: pa.Array = pa.DictionaryArray.from_arrays(indices, pa.array([value.as_py()], pa.string()))
+            else:
+                constant = pa.repeat(value, part.num_rows).cast(value.type)
+            part = part.append_column(target.field(column), constant)
+        yield part.select(list(columns)).cast(target).unify_dictionaries()
+
+
+def _stat(actions: pa.Table, name: str) -> list[Any]:
+    """A per-file statistic column as a list, all None when no file has it."""
+    return actions.column(name).to_pylist() if name in actions.column_names else [None] * actions.num_rows
+
+
+def _active_files_of(actions: pa.Table, partition_by: Sequence[str]) -> pa.Table:
+    if actions.num_rows == 0:
+        return pa.table({"path": pa.array([], pa.string()), "size_bytes": pa.array([], pa.int64())})
+    return actions.select(["path", "size_bytes", *[f"partition.{c}" for c in partition_by]])
+
+
+def local_directory(path: str | Path) -> str:
+    """The absolute local path of a table location (a path or a ``file:`` URI).
+
+    Raises:
+        LakeError: the location is on another file system (the bridge writes local files only).
+    """
+    text = str(path)
+    parts = urlsplit(text)
+    if len(parts.scheme) > 1 and parts.scheme != "file":
+        raise LakeError(
+            f"the bridge engine reads and writes local paths only, not {text!r}; "
+            "use the delta-spark engine for remote storage"
+        )
+    return os.path.abspath(unquote(parts.path) if parts.scheme == "file" else text)
+
+
+def file_location(table_dir: str, log_path: str) -> str:
+    """The absolute local path of a file named in the log (relative and URL-encoded, or a URI)."""
+    parts = urlsplit(log_path)
+    if len(parts.scheme) > 1:
+        return local_directory(log_path)
+    return f"{table_dir}/{unquote(log_path)}"
+
+
+WriteMode = Literal["append", "overwrite", "partitions"]
+
+
+PartitionFilter = Mapping[str, Sequence[Any]]
+
+
+PartitionValues = Mapping[str, Any]
+
+
+class IncrementalReadError(LakeError):
+    """The rows added after a version cannot be read on their own: a commit file of the range is
+    gone (log cleanup), a commit removed or rewrote data, changed the schema, or a file it added is
+    gone. Read the whole table instead."""

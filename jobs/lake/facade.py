@@ -1,0 +1,534 @@
+"""Lake I/O: the only code of the Spark side that reads or writes Delta tables.
+
+:class:`Lake` is a narrow table API over a lake root, with two engines (DESIGN.md section 2):
+
+``delta-spark``
+    Spark's own Delta data source: ``format("delta")``, ``versionAsOf``, ``replaceWhere``,
+    ``txnAppId``/``txnVersion``. Needs the Delta jars on the classpath.
+
+``bridge``
+    No Delta jars. Writes: Spark's Parquet writer puts the data files in a fresh directory inside
+    the table directory (``<table>/bridge-<uuid>/<k>=<v>/part-*.parquet``, partition columns not
+    stored in the files), then the driver commits them as Delta ``add`` actions with delta-rs,
+    with partition values and per-file statistics read from the Parquet footers. Until that commit
+    the files are invisible to every Delta reader, so an interrupted write changes nothing.
+    Reads: delta-rs gives the active files and their typed partition values for a version; Spark's
+    Parquet reader reads exactly those files with the table's data schema, and the partition
+    values are joined back by file path (never parsed from Hive-style directory names).
+
+The bridge refuses (:class:`UnsupportedTableError`) tables whose reader features it cannot
+honour, rather than return wrong rows: column mapping (``delta.columnMapping.mode`` ``name`` or
+``id``: the files hold physical column names), deletion vectors, and any reader feature it does
+not know. Deletion vectors are refused as soon as the protocol lists the ``deletionVectors``
+reader feature, even when no active file carries one: the protocol forbids a reader to read a
+table with a reader feature it does not support, and the check needs no scan of the log's files.
+
+Both engines: create a missing catalog table on first write with the catalog schema and
+partition columns (bridge: delta-rs ``DeltaTable.create``; delta-spark:
+``DeltaTable.createIfNotExists``), check that written frames have exactly the catalog columns and
+types, enforce the catalog's NOT NULL columns, and make writes idempotent with Delta application
+transactions: a write with ``(app_id, app_version)`` is skipped (returns None) when the table's
+transaction version for ``app_id`` is already ``>= app_version``. delta-spark checks that
+atomically with its commit; the bridge checks it just before writing and records the transaction
+in the same commit as the files, so run one bridge writer per ``app_id`` at a time.
+
+The bridge reads and writes a local (or locally mounted) lake root only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from deltalake.transaction import CommitProperties, Transaction
+
+from jobs.lake.bridge import _BridgeEngine, scan_files
+from jobs.lake.conform import (
+    _check_catalog_schema,
+    _check_partition_filter,
+    _not_null_violation,
+    _partition_targets,
+    conform_to_catalog,
+    create_table,
+)
+from jobs.lake.delta_log import (
+    IncrementalReadError,
+    PartitionFilter,
+    PartitionValues,
+    WriteMode,
+    _active_files,
+    _active_files_of,
+    _already_committed,
+    _check_column_names,
+    _commit_actions,
+    _data_neutral,
+    _file_tables,
+    _log_schema,
+    _prune,
+    _read_files,
+    _stat,
+    appended_files,
+    check_bridge_can_read,
+    files_around,
+    local_directory,
+    open_table,
+)
+from jobs.lake.delta_spark import _DeltaSparkEngine
+from jobs.lake.session import resolve_engine
+from schemas.catalog import TableSpec, table
+from schemas.errors import LakeError, UnsupportedTableError, ValidationError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+class Lake:
+    """Read and write the lake's Delta tables from Spark.
+
+    Args:
+        spark: the session (see :func:`jobs.lake.session.build_session`).
+        root: the lake root; catalog table ``t`` lives at ``root / t.path``.
+        engine: ``"auto"``, ``"bridge"`` or ``"delta-spark"`` (see :func:`jobs.lake.session.resolve_engine`).
+
+    Raises:
+        ValidationError: unknown engine name.
+        LakeError: ``"delta-spark"`` asked for without the Delta jars.
+    """
+
+    def __init__(self, spark: SparkSession, root: str | Path, engine: str = "auto") -> None:
+        self.spark = spark
+        self.root = Path(root)
+        self.engine = resolve_engine(spark, engine)
+        self._io: _BridgeEngine | _DeltaSparkEngine = (
+            _BridgeEngine(spark) if self.engine == "bridge" else _DeltaSparkEngine(spark)
+        )
+
+    def location(self, name_or_spec: str | TableSpec) -> Path:
+        """The directory of a catalog table under the lake root."""
+        return _spec(name_or_spec).location(self.root)
+
+    def read(
+        self,
+        name_or_spec: str | TableSpec,
+        version: int | None = None,
+        partition_filter: PartitionFilter | None = None,
+    ) -> DataFrame:
+        """Read a catalog table: its columns in catalog order, with the catalog's types.
+
+        Args:
+            version: the Delta version to read; None reads the latest.
+            partition_filter: ``{partition column: [values]}``; only files whose partition values
+                are in every list are read (None in a list matches null).
+
+        Raises:
+            ValidationError: bad ``version`` or ``partition_filter``.
+            LakeError: the table is missing, lacks ``version``, or its columns differ from the catalog.
+            UnsupportedTableError: the bridge cannot read the table (see the module docstring).
+        """
+        spec = _spec(name_or_spec)
+        _check_partition_filter(partition_filter, spec.partition_by, spec.name)
+        df = self.read_path(self.location(spec), version, partition_filter)
+        _check_catalog_schema(spec, df.schema, str(self.location(spec)))
+        return df.select(*spec.column_names)
+
+    def read_path(
+        self,
+        path: str | Path,
+        version: int | None = None,
+        partition_filter: PartitionFilter | None = None,
+    ) -> DataFrame:
+        """Read any Delta table at ``path`` with the schema of its log (columns in log order).
+
+        Same arguments and errors as :meth:`read`, without the catalog checks.
+        """
+        _check_version(version)
+        return self._io.read(str(path), version, partition_filter)
+
+    def append(
+        self,
+        name_or_spec: str | TableSpec,
+        df: DataFrame,
+        app_id: str | None = None,
+        app_version: int | None = None,
+    ) -> int | None:
+        """Append the rows of ``df`` to a catalog table, creating the table when missing.
+
+        Args:
+            df: exactly the catalog columns (any order), with the catalog types.
+            app_id, app_version: a Delta application transaction; the write is skipped when the
+                table already holds ``app_version`` or higher for ``app_id``.
+
+        Returns:
+            The Delta version committed, or None when the write was skipped.
+
+        Raises:
+            ValidationError: wrong columns or types, a null (or empty partition string) in a NOT
+                NULL column, or a bad ``app_id``/``app_version``. Nothing is committed.
+            LakeError: the existing table does not match the catalog, or the commit failed.
+        """
+        return self._write(name_or_spec, df, "append", None, app_id, app_version)
+
+    def overwrite(
+        self,
+        name_or_spec: str | TableSpec,
+        df: DataFrame,
+        app_id: str | None = None,
+        app_version: int | None = None,
+    ) -> int | None:
+        """Replace every row of a catalog table by the rows of ``df``; as :meth:`append` otherwise."""
+        return self._write(name_or_spec, df, "overwrite", None, app_id, app_version)
+
+    def overwrite_partitions(
+        self,
+        name_or_spec: str | TableSpec,
+        df: DataFrame,
+        partition_values: Sequence[PartitionValues],
+        app_id: str | None = None,
+        app_version: int | None = None,
+    ) -> int | None:
+        """Replace the rows of the given partitions by the rows of ``df``; other partitions stay.
+
+        Args:
+            partition_values: one dict per partition to replace, ``{partition column: value}``;
+                a dict naming a subset of the partition columns matches every partition with
+                those values. Every row of ``df`` must fall in one of them.
+
+        Raises:
+            ValidationError: as :meth:`append`, or a bad ``partition_values``, or a row of ``df``
+                outside ``partition_values``. Nothing is committed.
+        """
+        return self._write(name_or_spec, df, "partitions", partition_values, app_id, app_version)
+
+    def read_rows(self, name_or_spec: str | TableSpec) -> pa.Table:
+        """The latest rows of a small unpartitioned catalog table, read on the driver with
+        delta-rs for both engines (no Spark job); an absent table reads as empty."""
+        spec = _spec(name_or_spec)
+        path = str(self.location(spec))
+        if not DeltaTable.is_deltatable(path):
+            return spec.arrow_schema.empty_table()
+        dt = open_table(path)
+        _check_catalog_schema(spec, _log_schema(dt), path)
+        return dt.to_pyarrow_table(columns=list(spec.column_names))
+
+    def append_rows(
+        self, name_or_spec: str | TableSpec, rows: pa.Table, app_id: str | None = None, app_version: int | None = None
+    ) -> int | None:
+        """Append ``rows`` to a catalog table from the driver with delta-rs, for both engines (one
+        commit, no Spark job; a partitioned table gets one file per partition value), with the
+        application transaction ``(app_id, app_version)`` when given; the version committed,
+        None when the table already holds that transaction. For rows few enough to hold on the
+        driver. Errors as :meth:`overwrite_rows`."""
+        return self._write_rows(_spec(name_or_spec), rows, "append", _transaction(app_id, app_version))
+
+    def overwrite_rows(
+        self, name_or_spec: str | TableSpec, rows: pa.Table, app_id: str, app_version: int
+    ) -> int | None:
+        """Replace the rows of a small unpartitioned catalog table by ``rows``, written from the
+        driver with delta-rs for both engines (one commit, no Spark job), with the application
+        transaction ``(app_id, app_version)``; skipped (None) when the table already holds it.
+
+        Raises:
+            ValidationError: ``rows`` lacks a catalog column or has a null in a NOT NULL one, or a
+                bad ``app_id``/``app_version``. Nothing is committed.
+            LakeError: the table is partitioned (overwrite only), or the existing table does not
+                match the catalog.
+        """
+        return self._write_rows(_spec(name_or_spec), rows, "overwrite", _transaction(app_id, app_version))
+
+    def _write_rows(self, spec: TableSpec, rows: pa.Table, mode: str, txn: Transaction | None) -> int | None:
+        if spec.partition_by and mode == "overwrite":
+            raise LakeError(f"{spec.name} is partitioned: overwrite it with Spark (Lake.overwrite)")
+        missing = [n for n in spec.column_names if n not in rows.column_names]
+        if missing:
+            raise ValidationError("rows", missing, f"columns of {spec.name!r} missing from the rows")
+        conformed = rows.select(list(spec.column_names)).cast(spec.arrow_schema)
+        for column in spec.columns:
+            if not column.nullable and conformed.column(column.name).null_count:
+                raise ValidationError(column.name, None, f"is NOT NULL in {spec.name!r}")
+        path = str(self.location(spec))
+        if not DeltaTable.is_deltatable(path):
+            create_table(path, spec)
+        dt = open_table(path)
+        _check_catalog_schema(spec, _log_schema(dt), path)
+        if txn is not None and _already_committed(dt, txn):
+            return None
+        properties = CommitProperties(app_transactions=[txn]) if txn is not None else None
+        write_deltalake(
+            path,
+            conformed,
+            mode="overwrite" if mode == "overwrite" else "append",
+            partition_by=list(spec.partition_by) or None,
+            commit_properties=properties,
+        )
+        return open_table(path).version()
+
+    def version(self, name_or_spec: str | TableSpec) -> int | None:
+        """The latest Delta version of a catalog table, None when the table does not exist."""
+        path = str(self.location(name_or_spec))
+        return self._io.version(path) if self._io.exists(path) else None
+
+    def exists(self, name_or_spec: str | TableSpec) -> bool:
+        """Whether a catalog table exists (has a Delta log)."""
+        return self._io.exists(str(self.location(name_or_spec)))
+
+    def transaction_version(self, name_or_spec: str | TableSpec, app_id: str) -> int | None:
+        """The latest committed application transaction version of ``app_id``, None when none.
+
+        Read from the log with delta-rs for both engines (delta-spark has no public API for it).
+        """
+        path = str(self.location(name_or_spec))
+        return DeltaTable(path).transaction_version(app_id) if DeltaTable.is_deltatable(path) else None
+
+    def read_appended(
+        self, name_or_spec: str | TableSpec, after_version: int, up_to_version: int | None = None
+    ) -> DataFrame:
+        """The rows that the commits after ``after_version`` (up to ``up_to_version``) added.
+
+        Reads the commit files ``_delta_log/<v>.json`` of versions ``after_version + 1`` to
+        ``up_to_version`` (default: the latest) and scans exactly the data files they added with
+        ``dataChange=true``, whatever the engine (the files are read as Parquet, with the partition
+        values of the log). Files added with ``dataChange=false`` (compaction) hold rows that were
+        already there and are skipped. An empty range gives an empty frame.
+
+        Raises:
+            ValidationError: a bad version, or ``after_version`` above ``up_to_version``.
+            IncrementalReadError: the range cannot be read as appends (a commit file is gone, a
+                commit removed data or changed the metadata, an added file is gone, or the table
+                needs reader features the file scan cannot honour); read the whole table instead.
+            LakeError: the table is missing, lacks ``up_to_version``, or differs from the catalog.
+        """
+        spec = _spec(name_or_spec)
+        table_dir, dt, files = self._appended(spec, after_version, up_to_version)
+        df = scan_files(self.spark, table_dir, _log_schema(dt), spec.partition_by, files)
+        _check_catalog_schema(spec, df.schema, table_dir)
+        return df.select(*spec.column_names)
+
+    def same_data(self, name_or_spec: str | TableSpec, version: int, later: int) -> bool:
+        """Whether versions ``version`` and ``later`` of the table hold the same rows, as its log
+        tells: the same version, or a later one reached only by commits that add and remove no file
+        with ``dataChange=true`` and change neither metadata nor protocol (a compaction, or an
+        empty commit that records an application transaction). A commit file gone from the log
+        (log cleanup) counts as a change: what it did cannot be told any more."""
+        if version == later:
+            return True
+        if later < version:
+            return False
+        table_dir = local_directory(self.location(_spec(name_or_spec)))
+        try:
+            return all(
+                _data_neutral(action) for v in range(version + 1, later + 1) for action in _commit_actions(table_dir, v)
+            )
+        except IncrementalReadError:
+            return False
+
+    def appended_size(self, name_or_spec: str | TableSpec, after_version: int, up_to_version: int | None = None) -> int:
+        """Bytes of the data files :meth:`read_appended` reads (their sizes in the log), to decide
+        where they are read. Errors as :meth:`read_appended`."""
+        _, _, files = self._appended(_spec(name_or_spec), after_version, up_to_version)
+        return int(sum(files.column("size_bytes").to_pylist()))
+
+    def read_appended_rows(
+        self,
+        name_or_spec: str | TableSpec,
+        columns: Sequence[str],
+        after_version: int,
+        up_to_version: int | None = None,
+    ) -> pa.Table:
+        """``columns`` of the rows of :meth:`read_appended`, read on the driver with pyarrow (no
+        Spark job), partition columns typed from the log: for the narrow facts an incremental
+        job needs before it plans its Spark work. Errors as :meth:`read_appended`."""
+        spec = _spec(name_or_spec)
+        _check_column_names(spec, "columns", columns)
+        table_dir, _, files = self._appended(spec, after_version, up_to_version)
+        return _read_files(table_dir, files, spec, columns)
+
+    def iter_file_rows(
+        self,
+        name_or_spec: str | TableSpec,
+        columns: Sequence[str],
+        equal: Mapping[str, Any] | None = None,
+        version: int | None = None,
+        partition_filter: PartitionFilter | None = None,
+        dictionaries: Sequence[str] = (),
+    ) -> Iterator[pa.Table]:
+        """``columns`` of the rows of the table (at ``version``; None: the latest), read on the
+        driver with pyarrow one data file at a time (a table per file, in the log's order), only
+        the files ``partition_filter`` keeps (see :meth:`read`) and the rows where each data
+        column of ``equal`` has its value: for facts a job folds file by file without holding the
+        table. An absent table yields nothing. Bridge-readable tables only; errors (raised at the
+        call, before any file is read) as :meth:`read`.
+
+        The string ``columns`` named in ``dictionaries`` come dictionary-encoded, one dictionary
+        per column and file: data columns from the Parquet dictionary pages as stored (no string
+        is decoded), partition columns as a one-value dictionary. For grouping by few values."""
+        spec = _spec(name_or_spec)
+        _check_version(version)
+        _check_partition_filter(partition_filter, spec.partition_by, spec.name)
+        _check_column_names(spec, "columns", columns)
+        _check_column_names(spec, "equal", list(equal or {}), spec.data_columns)
+        _check_column_names(spec, "dictionaries", dictionaries, list(columns))
+        strings = [c for c in dictionaries if spec.arrow_schema.field(c).type != pa.string()]
+        if strings:
+            raise ValidationError("dictionaries", strings, "are not string columns", "name string columns only")
+        table_dir = local_directory(self.location(spec))
+        if not DeltaTable.is_deltatable(table_dir):
+            return iter(())
+        dt = open_table(table_dir, version)
+        check_bridge_can_read(dt, table_dir)
+        files = _prune(_active_files(dt, spec.partition_by), partition_filter)
+        return _file_tables(table_dir, files, spec, columns, equal, dictionaries)
+
+    def read_max_rows(
+        self, name_or_spec: str | TableSpec, column: str, by: str, columns: Sequence[str], version: int | None = None
+    ) -> pa.Table:
+        """``columns`` of the rows holding the greatest ``column`` value of each value of partition
+        column ``by``, read on the driver with pyarrow from the files whose statistics may hold it
+        (the files with the greatest maximum of ``column``, and any file without that statistic).
+        Bridge-readable tables only; errors as :meth:`read`."""
+        spec = _spec(name_or_spec)
+        _check_version(version)
+        if by not in spec.partition_by:
+            raise ValidationError("by", by, f"not a partition column of {spec.name!r}", f"use {spec.partition_by}")
+        _check_column_names(spec, "columns", [*columns, column])
+        table_dir = local_directory(self.location(spec))
+        dt = open_table(table_dir, version)
+        check_bridge_can_read(dt, table_dir)
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        if actions.num_rows == 0:
+            return pa.schema([spec.arrow_schema.field(c) for c in columns]).empty_table()
+        values, highs = actions.column(f"partition.{by}").to_pylist(), _stat(actions, f"max.{column}")
+        best: dict[Any, Any] = {}
+        for value, high in zip(values, highs, strict=True):
+            if high is not None and (value not in best or high > best[value]):
+                best[value] = high
+        keep = [high is None or high == best.get(value) for value, high in zip(values, highs, strict=True)]
+        files = _active_files_of(actions.filter(pa.array(keep, pa.bool_())), spec.partition_by)
+        rows = _read_files(table_dir, files, spec, list(dict.fromkeys([*columns, column, by])))
+        if rows.num_rows == 0:
+            return rows.select(list(columns))
+        # the greatest value of each partition value among the rows read
+        maxima = rows.group_by(by).aggregate([(column, "max")])
+        joined = rows.join(maxima, by)
+        return joined.filter(pc.equal(joined[column], joined[f"{column}_max"])).select(list(columns))
+
+    def _appended(
+        self, spec: TableSpec, after_version: int, up_to_version: int | None
+    ) -> tuple[str, DeltaTable, pa.Table]:
+        """(table directory, table at ``up_to_version``, :func:`appended_files`) of :meth:`read_appended`."""
+        _check_version(after_version)
+        _check_version(up_to_version)
+        table_dir = local_directory(self.location(spec))
+        dt = open_table(table_dir, up_to_version)
+        last = dt.version()
+        if after_version > last:
+            raise ValidationError("after_version", after_version, f"is beyond version {last} of {spec.name!r}")
+        try:
+            check_bridge_can_read(dt, table_dir)
+        except UnsupportedTableError as err:
+            raise IncrementalReadError(str(err)) from err
+        return table_dir, dt, appended_files(table_dir, after_version, last, spec)
+
+    def read_around(
+        self,
+        name_or_spec: str | TableSpec,
+        column: str,
+        bounds: Mapping[str, int],
+        by: str,
+        version: int | None = None,
+    ) -> DataFrame:
+        """The rows of the files that may hold, for each value of partition column ``by`` listed in
+        ``bounds``, the greatest ``column`` value below the bound, or any value at or above it.
+
+        A superset chosen from the per-file min/max statistics of ``column`` in the Delta log
+        (files without them are always read): with ``L`` the greatest file minimum below the
+        bound, every file whose maximum is at least ``L`` is read. Callers filter the rows
+        themselves. An incremental job uses it to read the few old rows next to new ones.
+
+        Raises:
+            ValidationError: ``by`` is not a partition column, or ``version`` is bad.
+            IncrementalReadError: ``version`` cannot be loaded any more (log cleanup).
+            LakeError, UnsupportedTableError: as :meth:`read`.
+        """
+        spec = _spec(name_or_spec)
+        _check_version(version)
+        if by not in spec.partition_by:
+            raise ValidationError("by", by, f"not a partition column of {spec.name!r}", f"use {spec.partition_by}")
+        table_dir = local_directory(self.location(spec))
+        try:
+            dt = open_table(table_dir, version)
+        except LakeError as err:
+            raise IncrementalReadError(str(err)) from err
+        check_bridge_can_read(dt, table_dir)
+        files = files_around(pa.table(dt.get_add_actions(flatten=True)), column, bounds, by, spec.partition_by)
+        df = scan_files(self.spark, table_dir, _log_schema(dt), spec.partition_by, files)
+        _check_catalog_schema(spec, df.schema, table_dir)
+        return df.select(*spec.column_names)
+
+    def _write(
+        self,
+        name_or_spec: str | TableSpec,
+        df: DataFrame,
+        mode: WriteMode,
+        partition_values: Sequence[PartitionValues] | None,
+        app_id: str | None,
+        app_version: int | None,
+    ) -> int | None:
+        spec = _spec(name_or_spec)
+        txn = _transaction(app_id, app_version)
+        targets = _partition_targets(spec, partition_values) if mode == "partitions" else None
+        conformed_df = conform_to_catalog(df, spec)
+        path = str(self.location(spec))
+        if not self._io.exists(path):
+            self._io.create(path, spec)
+        _check_catalog_schema(spec, self._io.schema(path), path)
+        try:
+            return self._io.write(path, spec, conformed_df, mode, targets, txn)
+        except Exception as err:
+            violation = _not_null_violation(err)
+            if violation is None:
+                raise
+            raise violation from err
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation shared by both engines
+# ---------------------------------------------------------------------------------------------
+
+
+def _spec(name_or_spec: str | TableSpec) -> TableSpec:
+    return name_or_spec if isinstance(name_or_spec, TableSpec) else table(name_or_spec)
+
+
+def _check_version(version: int | None) -> None:
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+        raise ValidationError("version", version, "not a Delta version", "pass an int >= 0 or None")
+
+
+def _transaction(app_id: str | None, app_version: int | None) -> Transaction | None:
+    """The application transaction of a write, None when both arguments are None."""
+    if app_id is None and app_version is None:
+        return None
+    if not isinstance(app_id, str) or not app_id:
+        raise ValidationError("app_id", app_id, "not a non-empty string", "pass both app_id and app_version")
+    if isinstance(app_version, bool) or not isinstance(app_version, int) or app_version < 0:
+        raise ValidationError("app_version", app_version, "not an int >= 0", "pass both app_id and app_version")
+    return Transaction(app_id, app_version)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the Delta log with delta-rs
+# ---------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------
+# The bridge engine
+# ---------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------
+# The delta-spark engine
+# ---------------------------------------------------------------------------------------------
