@@ -35,7 +35,7 @@ from broker_model.client import Producer
 from broker_model.common import Message
 from broker_model.tools import start_brokers
 from jobs.lake import Lake, build_session
-from jobs.replay_ordered import MESSAGE_COLUMNS, ReplayConfig, TopicQueues, run, sink_spec
+from jobs.replay import MESSAGE_COLUMNS, ReplayConfig, TopicQueues, run, sink_spec
 from jobs.rules import is_dispatched
 from schemas.catalog import COMMITLOG
 

@@ -12,7 +12,7 @@ JOBS = {
     "consumer_offsets": "jobs.consumer_offsets",
     "reset_offsets": "jobs.reset_offsets",
     "resolve_transactions": "jobs.resolve_transactions",
-    "replay_ordered": "jobs.replay_ordered",
+    "replay_ordered": "jobs.replay",
     "route_dlq": "jobs.route_dlq",
     "compact_commitlog": "jobs.compact_commitlog",
     "report": "jobs.report",

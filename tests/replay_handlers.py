@@ -16,7 +16,7 @@ from pathlib import Path
 
 from broker_model.client import ConsumeOrderlyStatus
 from broker_model.store import MessageExt
-from jobs.replay_ordered import ReplayContext
+from jobs.replay import ReplayContext
 
 _lock = threading.Lock()
 _last: dict[tuple[str, str, int], int] | None = None

@@ -41,7 +41,7 @@ from jobs.compact_commitlog import (
 from jobs.lake import Lake, open_table
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
-from jobs.replay_ordered import SUMMARY_COLUMNS, queues_out_of_log_order, summarize_source
+from jobs.replay import SUMMARY_COLUMNS, queues_out_of_log_order, summarize_source
 from schemas.catalog import COMMITLOG
 from schemas.errors import LakeError, ValidationError
 from tests.helpers import canonical_rows

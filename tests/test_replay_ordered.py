@@ -30,7 +30,7 @@ from broker_model.common import Message, MessageQueue
 from broker_model.common import constants as c
 from broker_model.store import MessageExt, read_table
 from jobs.lake import Lake
-from jobs.replay_ordered import (
+from jobs.replay import (
     REPLAYED_COLUMNS,
     Progress,
     QueueBounds,

@@ -1,0 +1,102 @@
+"""Where a replay is: its lock (one run per replay id), and the last offset replayed per queue in
+``replay_progress``, for restarts that neither skip nor repeat.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from broker_model.common import (
+    QUEUE_KEY,
+    QueueKey,
+)
+from broker_model.store import append_rows, read_table
+from jobs.lake import (
+    Lake,
+)
+from jobs.replay.config import _now
+from jobs.replay.plan import Progress
+from schemas.catalog import (
+    REPLAY_PROGRESS,
+)
+from schemas.errors import ValidationError
+
+
+class ReplayLock:
+    """An OS file lock making a replay id exclusive on a lake; released when the holder dies."""
+
+    def __init__(self, lake: Path, replay_id: str) -> None:
+        self.path = lake / "_locks" / f"replay-{replay_id}.lock"
+        self.replay_id = replay_id
+        self._handle: Any = None
+
+    def __enter__(self) -> ReplayLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise ValidationError(
+                "--replay-id",
+                self.replay_id,
+                f"is being replayed by another process ({holder})",
+                "wait for it to end or kill it, then run again",
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}@{socket.gethostname()}\n")
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._handle is not None:
+            fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+
+def read_progress(lake: Lake, replay_id: str) -> dict[QueueKey, Progress]:
+    """The progress of every queue of ``replay_id`` (empty when the table does not exist); a small
+    table, read from the driver with delta-rs as it is written."""
+    rows = read_table(lake.root, REPLAY_PROGRESS)
+    rows = (
+        rows.filter(pc.equal(rows["replay_id"], replay_id))
+        .group_by(list(QUEUE_KEY))
+        .aggregate([("last_offset", "min"), ("last_offset", "max"), ("updated_timestamp", "max")])
+    )
+    return {
+        (r["broker_name"], r["topic"], r["queue_id"]): Progress(
+            r["last_offset_min"] + 1, r["last_offset_max"], r["updated_timestamp_max"]
+        )
+        for r in rows.to_pylist()
+    }
+
+
+def write_progress(lake: Lake, replay_id: str, last_offsets: Mapping[QueueKey, int]) -> None:
+    """Append one ``replay_progress`` row per queue of ``last_offsets``."""
+    if not last_offsets:
+        return
+    keys = sorted(last_offsets)
+    columns = {
+        "replay_id": [replay_id] * len(keys),
+        "broker_name": [k[0] for k in keys],
+        "topic": [k[1] for k in keys],
+        "queue_id": [k[2] for k in keys],
+        "last_offset": [last_offsets[k] for k in keys],
+        "updated_timestamp": [_now()] * len(keys),
+    }
+    # a few rows per batch: appended from the driver with delta-rs (as the broker appends its small
+    # tables), so that a batch's progress costs a commit, not a Spark job
+    append_rows(lake.root, REPLAY_PROGRESS, pa.table(columns, schema=REPLAY_PROGRESS.arrow_schema))
