@@ -11,6 +11,8 @@ from broker_model.store.message_store import MessageExt, MessageStore, PullResul
 from broker_model.store.name_lock import BrokerNameLock
 from broker_model.store.offset_ledger import OffsetCommit, OffsetLedger
 from broker_model.store.record import (
+    FIXED_RECORD_LENGTH,
+    IPV6_HOST_EXTRA,
     decode_record,
     encode_blank,
     encode_record,
@@ -21,6 +23,8 @@ from broker_model.store.record import (
 from broker_model.store.segment_files import add_import_export_commands, export_commitlog, import_commitlog
 
 __all__ = [
+    "FIXED_RECORD_LENGTH",
+    "IPV6_HOST_EXTRA",
     "AddFile",
     "AppendLog",
     "BrokerNameLock",

@@ -23,6 +23,14 @@ _SHORT = struct.Struct(">h")
 _BLANK = struct.Struct(">ii")
 
 
+FIXED_RECORD_LENGTH = 91
+"""``calMsgLength`` with IPv4 hosts and magic v1, without the body, topic and property bytes."""
+IPV6_HOST_EXTRA = 12
+"""What an IPv6 host adds to a record over an IPv4 one (16 address bytes instead of 4)."""
+MAGIC_V2_EXTRA = 1
+"""What magic v2 adds to a record (a two-byte topic length instead of one)."""
+
+
 def record_length(
     body_length: int,
     topic_length: int,
@@ -36,9 +44,8 @@ def record_length(
     All lengths are UTF-8 byte lengths. With IPv4 hosts and magic v1 this is
     ``91 + body + topic + properties``; each IPv6 host adds 12 bytes, magic v2 adds 1.
     """
-    fixed = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + (20 if born_v6 else 8) + 8 + (20 if store_v6 else 8) + 4 + 8
-    topic_length_size = 2 if magic_v2 else 1
-    return fixed + 4 + body_length + topic_length_size + topic_length + 2 + properties_length
+    extra = IPV6_HOST_EXTRA * (born_v6 + store_v6) + MAGIC_V2_EXTRA * magic_v2
+    return FIXED_RECORD_LENGTH + extra + body_length + topic_length + properties_length
 
 
 def magic_for_topic(topic: str) -> int:

@@ -3,9 +3,9 @@
 An incremental ``rebuild_consume_queue`` run over a small, clean increment needs no Spark job:
 the new rows are read with pyarrow, checked here and in :mod:`jobs.log_chains`, and their units
 appended with delta-rs. These functions give the same answers as the job's Spark columns
-(:func:`jobs.rebuild_consume_queue.record_checks`, :func:`~jobs.rebuild_consume_queue.with_tags_code`);
-where a row is unusual enough that they might not (a DELAY value that is not a plain integer,
-property bytes that are not UTF-8), they decline and the job takes the Spark path.
+(``record_checks`` and ``with_tags_code`` in :mod:`jobs.rebuild_consume_queue.transforms`); where a
+row is unusual enough that they might not (property bytes that are not UTF-8), they decline and the
+job takes the Spark path.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from broker_model.common import constants as c
 from broker_model.common import consume_queue_tags_code, dispatched_mask, tags_code
+from broker_model.store import FIXED_RECORD_LENGTH, IPV6_HOST_EXTRA
 from schemas.catalog import CONSUME_QUEUE
 
 # the columns of the new rows the driver path reads
@@ -39,8 +40,6 @@ DRIVER_COLUMNS = (
     "raw_properties",
     "store_timestamp",
 )
-_FIXED_RECORD_LENGTH = 91  # calMsgLength with IPv4 hosts and magic v1, without body, topic and properties
-_IPV6_HOST_EXTRA = 12
 _DELAY = re.compile(
     f"(?:^|{c.PROPERTY_SEPARATOR}){c.PROPERTY_DELAY_TIME_LEVEL}{c.NAME_VALUE_SEPARATOR}([^{c.PROPERTY_SEPARATOR}]+)"
 )
@@ -63,13 +62,13 @@ def has_record_problem(rows: pa.Table, segment_sizes: Mapping[str, int]) -> bool
     if not np.all((magic == c.MAGIC_CODE_V1) | (magic == c.MAGIC_CODE_V2)):
         return True
     length = (
-        _FIXED_RECORD_LENGTH
+        FIXED_RECORD_LENGTH
         + _ints(pc.binary_length(rows["body"]))
         + _ints(pc.binary_length(rows["topic"]))
         + _ints(pc.binary_length(rows["raw_properties"]))
         + (magic == c.MAGIC_CODE_V2)
-        + _IPV6_HOST_EXTRA * ((sys_flag & c.BORNHOST_V6_FLAG) != 0)
-        + _IPV6_HOST_EXTRA * ((sys_flag & c.STOREHOSTADDRESS_V6_FLAG) != 0)
+        + IPV6_HOST_EXTRA * ((sys_flag & c.BORNHOST_V6_FLAG) != 0)
+        + IPV6_HOST_EXTRA * ((sys_flag & c.STOREHOSTADDRESS_V6_FLAG) != 0)
     )
     offset, size, segment = (_ints(rows[n]) for n in ("commit_log_offset", "store_size", "segment"))
     if np.any(length != size):
