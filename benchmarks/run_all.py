@@ -67,6 +67,8 @@ from jobs.compact_commitlog import Bin, CompactConfig, eligible_paths, list_file
 from jobs.compact_commitlog import run as run_compact
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as run_offsets
+from jobs.dlq.route import RouteDlqConfig
+from jobs.dlq.route import run as run_route
 from jobs.lake import Lake, build_session
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as run_rebuild
@@ -75,8 +77,6 @@ from jobs.report import run as run_report
 from jobs.resolve_transactions import RECORD_COLUMNS as TRANSACTION_INPUTS
 from jobs.resolve_transactions import ResolveTransactionsConfig
 from jobs.resolve_transactions import run as run_resolve
-from jobs.route_dlq import RouteDlqConfig
-from jobs.route_dlq import run as run_route
 from jobs.runs import JobRun
 from schemas.catalog import (
     BROKERS,

@@ -13,7 +13,7 @@ JOBS = {
     "reset_offsets": "jobs.reset_offsets",
     "resolve_transactions": "jobs.resolve_transactions",
     "replay_ordered": "jobs.replay",
-    "route_dlq": "jobs.route_dlq",
+    "route_dlq": "jobs.dlq.route",
     "compact_commitlog": "jobs.compact_commitlog",
     "report": "jobs.report",
 }

@@ -221,8 +221,8 @@ def _transactions(spark: SparkSession, config: NightlyConfig, as_of: int) -> Job
 
 
 def _dlq(spark: SparkSession, config: NightlyConfig, as_of: int) -> JobRun:
-    from jobs.route_dlq import RouteDlqConfig
-    from jobs.route_dlq import run as route
+    from jobs.dlq.route import RouteDlqConfig
+    from jobs.dlq.route import run as route
 
     return route(spark, RouteDlqConfig(config.lake, as_of, engine=config.engine, show=5))
 

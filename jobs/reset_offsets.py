@@ -34,7 +34,7 @@ from broker_model.tools import (
     plan_records,
     read_targets_file,
 )
-from jobs.cli import job_parser
+from jobs.cli import job_parser, text_table
 from schemas.errors import ValidationError
 
 
@@ -140,12 +140,8 @@ def run(config: ResetConfig) -> list[PlanRow]:
 
 def _print_plan(plan: Sequence[PlanRow]) -> None:
     records = [tuple(str(v) for v in record) for record in plan_records(plan)]
-    widths = [
-        max(len(name), *(len(r[i]) for r in records)) if records else len(name) for i, name in enumerate(PLAN_COLUMNS)
-    ]
-    print("  ".join(name.ljust(w) for name, w in zip(PLAN_COLUMNS, widths, strict=True)).rstrip())
-    for record in records:
-        print("  ".join(value.ljust(w) for value, w in zip(record, widths, strict=True)).rstrip())
+    for line in text_table([PLAN_COLUMNS, *records]):
+        print(line)
     print(
         f"total: {sum(r.redelivered for r in plan)} message(s) delivered again, {sum(r.skipped for r in plan)} skipped"
     )

@@ -16,6 +16,7 @@ from broker_model.common import (
     QUEUE_KEY,
     QueueKey,
 )
+from jobs.cli import text_table
 from jobs.lake import (
     Lake,
 )
@@ -192,8 +193,7 @@ def format_report(rows: Sequence[Mapping[str, Any]], replay_id: str, sink: str) 
         )
         for row in rows
     ]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(_REPORT_HEADER))]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in cells]
+    lines += text_table(cells)
     total = sum(int(row["rows"]) for row in rows)
     incomplete = [row for row in rows if not row["complete"]]
     verdict = "every queue complete, in order" if not incomplete else f"{len(incomplete)} queue(s) not complete"

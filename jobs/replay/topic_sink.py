@@ -9,11 +9,10 @@ from pathlib import Path
 
 from pyspark.sql import Row
 
-from broker_model.broker import Broker, BrokerConfig, InnerMessage
+from broker_model.broker import Broker, BrokerConfig, InnerMessage, start_lake_brokers
 from broker_model.common import (
     QueueKey,
 )
-from broker_model.store import read_table
 from jobs.replay.config import (
     _DROPPED_PROPERTIES,
     _KEPT_SYS_FLAG,
@@ -39,7 +38,6 @@ from jobs.replay.source import build_source_rows
 from jobs.replay.state import ReplayOutcome, ReplayRun, expected_rows, finish_report, ranges_df, start_replay
 from jobs.runs import JobRun
 from schemas.catalog import (
-    BROKERS,
     COMMITLOG,
 )
 from schemas.errors import BrokerLockedError
@@ -97,24 +95,13 @@ def replay_to_topic(state: ReplayRun, job_run: JobRun, to_topic: str) -> ReplayO
 
 def _start_brokers(root: Path, names: Sequence[str]) -> dict[str, Broker]:
     """Start a broker for each target name, with the store host it had before (msg ids stay)."""
-    starts = read_table(root, BROKERS, ["broker_name", "store_host", "started_timestamp"]).to_pylist()
-    hosts = {r["broker_name"]: r["store_host"] for r in sorted(starts, key=lambda r: r["started_timestamp"])}
-    started: dict[str, Broker] = {}
     try:
-        for name in names:
-            config = BrokerConfig(root, name, store_host=hosts.get(name, BrokerConfig.store_host))
-            try:
-                started[name] = Broker(config).start()
-            except BrokerLockedError as err:
-                raise BrokerLockedError(
-                    f"the topic sink writes through its own broker {name!r}, but {err}; or replay into a Delta "
-                    "table (--to-table) and send from there"
-                ) from err
-    except BaseException:
-        for broker in started.values():
-            broker.shutdown()
-        raise
-    return started
+        return start_lake_brokers(root, names, flush_mode=BrokerConfig.flush_mode, new_ok=True)
+    except BrokerLockedError as err:
+        raise BrokerLockedError(
+            f"the topic sink writes through its own brokers, but {err}; or replay into a Delta "
+            "table (--to-table) and send from there"
+        ) from err
 
 
 def _prepare_target_topic(
