@@ -1,0 +1,328 @@
+"""The ``resolve_transactions`` job: every transaction (half message, its re-put copies, op, final and
+discard records) resolved into one state as of T, the check-backs due, and anomalies; incremental
+through ``transaction_records``. See docs/jobs.md (resolve_transactions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from broker_model.broker import FILE_RESERVED_MS, REMOVE_TAG, TRANSACTION_CHECK_MAX, TRANSACTION_TIMEOUT_MS
+from jobs.cli import as_of_of, format_age, iso_utc, job_parser, run_spark_job, text_table
+from jobs.extract import update_extract
+from jobs.lake import Lake
+from jobs.resolve_transactions.transforms import (
+    ANOMALIES,
+    CHECK_DUE,
+    DISCARD,
+    FINAL,
+    HALF,
+    OP,
+    STATES,
+    build_transaction_records,
+    build_transaction_state,
+    discards_of,
+    finals_of,
+    halves_of,
+    ops_of,
+)
+from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions
+from schemas.catalog import COMMITLOG, TRANSACTION_RECORDS, TRANSACTION_STATE
+from schemas.errors import LakeError, ValidationError
+
+JOB = "resolve_transactions"
+APP_ID = JOB  # the Delta application transaction id of transaction_records: the commit log version read
+_PARAMETERS = re.compile(r"^(as_of=-?\d+; timeout_ms=\d+; check_max=\d+; reserve_ms=\d+)(?:;|$)")
+
+
+@dataclass(frozen=True)
+class ResolveTransactionsConfig:
+    """Options of the job.
+
+    Attributes:
+        lake: the lake root.
+        as_of: the time T the states are computed for, epoch milliseconds.
+        timeout_ms: the broker's transaction timeout (``transactionTimeOut``), ms, >= 0.
+        check_max: the broker's check limit (``transactionCheckMax``), >= 1.
+        reserve_ms: the broker's file reserve time, ms, >= 0; older halves are EXPIRED.
+        engine: lake engine, ``auto``, ``bridge`` or ``delta-spark``.
+        show: how many CHECK_DUE transactions the summary lists (the oldest first), >= 0.
+        full: rebuild ``transaction_records`` from the whole commit log instead of appending the
+            records of the commit log versions not read yet.
+
+    Raises:
+        ValidationError: a setting out of range.
+    """
+
+    lake: Path
+    as_of: int
+    timeout_ms: int = TRANSACTION_TIMEOUT_MS
+    check_max: int = TRANSACTION_CHECK_MAX
+    reserve_ms: int = FILE_RESERVED_MS
+    engine: str = "auto"
+    show: int = 20
+    full: bool = False
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("timeout_ms", 0), ("check_max", 1), ("reserve_ms", 0), ("show", 0)):
+            value = getattr(self, name)
+            if value < minimum:
+                raise ValidationError(name, value, f"is below {minimum}", f"pass a value >= {minimum}")
+
+    @property
+    def parameters(self) -> str:
+        """The settings that decide the output, as recorded at the start of the job_runs message."""
+        return (
+            f"as_of={self.as_of}; timeout_ms={self.timeout_ms}; check_max={self.check_max}; "
+            f"reserve_ms={self.reserve_ms}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TransactionSummary:
+    """What a run prints: counts per state and per anomaly, the check-backs due, ignored ops."""
+
+    as_of: int
+    states: dict[str, int] = field(default_factory=dict)
+    anomalies: dict[str, int] = field(default_factory=dict)
+    check_due: list[dict[str, Any]] = field(default_factory=list)
+    ignored_ops: int | None = None
+
+
+def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
+    """Bring ``transaction_records`` up to the commit log, compute ``transaction_state`` as of
+    ``config.as_of``, print the summary, record the run.
+
+    Reads the current version of ``commitlog`` (a missing table counts as empty), appends the
+    transaction records of its versions not read yet (module docstring), overwrites
+    ``transaction_state`` unless the run is a no-op, and appends one ``job_runs`` row: SUCCEEDED
+    or NOOP with the input versions (``commitlog``, ``transaction_records``), the output version
+    and row counts (``new_transaction_records``, ``half_records``, ``op_records``,
+    ``ignored_op_records``, ``final_records``, ``discard_records`` stored at or before T,
+    ``transaction_state``), or FAILED before re-raising.
+
+    Raises:
+        LakeError: ``transaction_records`` was built from a later commit log version than the
+            latest one (the commit log was replaced; delete ``transaction_records``).
+
+    Returns:
+        The recorded run.
+    """
+    lake = Lake(spark, config.lake, config.engine)
+    job_run = JobRun(JOB)
+    job_run.input_versions = table_versions(lake, [COMMITLOG.name])
+    try:
+        latest = job_run.input_versions.get(COMMITLOG.name)
+        new_records = update_extract(lake, TRANSACTION_RECORDS, APP_ID, build_transaction_records, latest, config.full)
+        job_run.input_versions.update(table_versions(lake, [TRANSACTION_RECORDS.name]))
+        previous = _reusable_run(lake, job_run.input_versions, config.parameters)
+        status = "SUCCEEDED" if previous is None else "NOOP"
+        if previous is None:
+            version = _compute_and_write(lake, job_run, config)
+        else:
+            version, job_run.row_counts = previous
+        job_run.row_counts["new_transaction_records"] = new_records
+        job_run.output_versions[TRANSACTION_STATE.name] = version
+        summary = summarize(lake.read(TRANSACTION_STATE, version=version), config.as_of, config.show)
+        summary.ignored_ops = job_run.row_counts.get("ignored_op_records")
+        job_run.row_counts[TRANSACTION_STATE.name] = sum(summary.states.values())
+        print("\n".join(format_summary(summary)))
+    except Exception as err:
+        record_run(lake, job_run.finish("FAILED", f"{config.parameters}; {type(err).__name__}: {err}"))
+        raise
+    done = "inputs and settings unchanged, nothing written" if status == "NOOP" else "transaction_state overwritten"
+    record_run(lake, job_run.finish(status, f"{config.parameters}; {done}"))
+    return job_run
+
+
+def _compute_and_write(lake: Lake, job_run: JobRun, config: ResolveTransactionsConfig) -> int:
+    """Compute the states from ``transaction_records`` at the recorded version, overwrite; the
+    committed version."""
+    records_df = read_or_empty(lake, TRANSACTION_RECORDS, job_run.input_versions)
+    records_df = records_df.where(F.col("store_timestamp") <= F.lit(config.as_of)).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        state_df = build_transaction_state(
+            halves_of(records_df),
+            ops_of(records_df),
+            finals_of(records_df),
+            discards_of(records_df),
+            config.as_of,
+            config.timeout_ms,
+            config.check_max,
+            config.reserve_ms,
+        )
+        version = lake.overwrite(TRANSACTION_STATE, state_df)
+        job_run.row_counts.update(_record_counts(records_df))
+    finally:
+        records_df.unpersist()
+    if version is None:
+        raise LakeError(f"the overwrite of {lake.location(TRANSACTION_STATE)} committed no version; run the job again")
+    return version
+
+
+def _record_counts(records_df: DataFrame) -> dict[str, int]:
+    """Records read, by kind, in one pass (an op record counts once, whatever its body lists)."""
+    kind = F.col("kind")
+    op = F.when(kind == F.lit(OP), F.struct("broker_name", "commit_log_offset"))
+    ignored = F.when((kind == F.lit(OP)) & ~F.col("removes"), F.struct("broker_name", "commit_log_offset"))
+    counts = {
+        "half_records": F.count_if(kind == F.lit(HALF)),
+        "op_records": F.count_distinct(op),
+        "ignored_op_records": F.count_distinct(ignored),
+        "final_records": F.count_if(kind == F.lit(FINAL)),
+        "discard_records": F.count_if(kind == F.lit(DISCARD)),
+    }
+    row = records_df.select(*[value.alias(name) for name, value in counts.items()]).first()
+    return {name: int(row[name]) if row is not None else 0 for name in counts}
+
+
+def _reusable_run(lake: Lake, input_versions: Mapping[str, int], parameters: str) -> tuple[int, dict[str, int]] | None:
+    """The current ``transaction_state`` version and the row counts of the latest reusable run,
+    when that run had these inputs and settings and wrote (or kept) that very version; else None."""
+    current = lake.version(TRANSACTION_STATE)
+    if current is None:
+        return None
+    previous = latest_reusable_run(lake, JOB)
+    if previous is None:
+        return None
+    unchanged = same_inputs(lake, previous["input_versions"], input_versions)
+    same_output = previous["output_versions"].get(TRANSACTION_STATE.name) == current
+    if unchanged and same_output and parameters_of_message(previous["message"]) == parameters:
+        return current, previous["row_counts"]
+    return None
+
+
+def parameters_of_message(message: str | None) -> str | None:
+    """The settings a run of this job recorded at the start of its job_runs ``message``, or None."""
+    found = _PARAMETERS.match(message or "")
+    return found.group(1) if found else None
+
+
+def summarize(state_df: DataFrame, as_of: int, show: int) -> TransactionSummary:
+    """Count ``transaction_state`` rows per state and per anomaly; list the ``show`` oldest CHECK_DUE rows."""
+    states = {row["state"]: int(row["count"]) for row in state_df.groupBy("state").count().collect()}
+    anomaly_df = state_df.select(F.explode(F.split(F.col("anomaly"), ",")).alias("anomaly"))
+    anomalies = {row["anomaly"]: int(row["count"]) for row in anomaly_df.groupBy("anomaly").count().collect()}
+    due_df = state_df.where(F.col("state") == F.lit(CHECK_DUE)).orderBy(
+        "born_timestamp", "broker_name", "half_commit_log_offset"
+    )
+    due = [row.asDict() for row in due_df.limit(show).collect()] if show else []
+    return TransactionSummary(as_of, states, anomalies, due)
+
+
+# ---------------------------------------------------------------------------------------------
+# The printed summary
+# ---------------------------------------------------------------------------------------------
+
+_DUE_HEADER = ("#Broker Name", "#Producer Group", "#Uniq Key", "#Real Topic", "#QID", "#Half Offset", "#Checks", "#Age")
+
+
+def format_summary(summary: TransactionSummary) -> list[str]:
+    """The lines of a run's summary.
+
+    Every state with its count (0 included) in precedence order, the anomaly counts in
+    :data:`ANOMALIES` order (``none`` when there are none), the op records ignored for their tag
+    (when known), then the CHECK_DUE transactions listed (oldest first) with producer group and
+    age at ``as_of``, and how many more there are.
+    """
+    total = sum(summary.states.values())
+    lines = [f"transaction state as of {iso_utc(summary.as_of)} ({summary.as_of}): {total} transactions"]
+    lines += text_table([(state, str(summary.states.get(state, 0))) for state in STATES])
+    found = [f"{name} {summary.anomalies[name]}" for name in ANOMALIES if summary.anomalies.get(name)]
+    lines.append("anomalies: " + (", ".join(found) if found else "none"))
+    if summary.ignored_ops:
+        lines.append(f'op records ignored (tag is not "{REMOVE_TAG}"): {summary.ignored_ops}')
+    due_total = summary.states.get(CHECK_DUE, 0)
+    lines.append(f"check-back due now: {due_total}")
+    if summary.check_due:
+        lines += text_table([_DUE_HEADER, *(_due_cells(row, summary.as_of) for row in summary.check_due)])
+    if due_total > len(summary.check_due):
+        lines.append(f"... and {due_total - len(summary.check_due)} more")
+    return lines
+
+
+def _due_cells(row: Mapping[str, Any], as_of: int) -> tuple[str, ...]:
+    return (
+        row["broker_name"],
+        row["producer_group"] or "-",
+        row["uniq_key"] or "-",
+        row["real_topic"] or "-",
+        "-" if row["real_queue_id"] is None else str(row["real_queue_id"]),
+        str(row["half_queue_offset"]),
+        str(row["check_times"]),
+        format_age(as_of - row["born_timestamp"]),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Options of ``resolve_transactions``."""
+    parser = job_parser(JOB, __doc__)
+    parser.add_argument(
+        "--as-of", help="time T: epoch ms or ISO-8601 with a zone, e.g. 2026-11-22T02:00:00Z (default: now)"
+    )
+    parser.add_argument(
+        "--timeout-ms",
+        type=int,
+        default=TRANSACTION_TIMEOUT_MS,
+        help=f"broker transactionTimeOut, ms (default {TRANSACTION_TIMEOUT_MS})",
+    )
+    parser.add_argument(
+        "--check-max",
+        type=int,
+        default=TRANSACTION_CHECK_MAX,
+        help=f"broker transactionCheckMax (default {TRANSACTION_CHECK_MAX})",
+    )
+    parser.add_argument(
+        "--reserve-ms",
+        type=int,
+        default=FILE_RESERVED_MS,
+        help=f"broker file reserve time, ms (default {FILE_RESERVED_MS}, 72 h)",
+    )
+    parser.add_argument("--show", type=int, default=20, help="CHECK_DUE transactions to list (default 20)")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="rebuild transaction_records from the whole commit log when it is behind (default: "
+        "read only the new versions)",
+    )
+    return parser
+
+
+def build_config(argv: Sequence[str] | None = None) -> ResolveTransactionsConfig:
+    """The config of ``argv``; ``--as-of`` defaults to the current time.
+
+    Raises:
+        ValidationError: ``--as-of`` is neither epoch ms nor ISO-8601 with a zone, or a setting is
+            out of range.
+        SystemExit: argparse usage errors and ``--help``.
+    """
+    args = build_parser().parse_args(argv)
+    as_of = as_of_of(args.as_of)
+    return ResolveTransactionsConfig(
+        Path(args.lake), as_of, args.timeout_ms, args.check_max, args.reserve_ms, args.engine, args.show, args.full
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse and validate ``argv`` (before starting Spark), build the session, run."""
+    run_spark_job(JOB, build_config(argv), run)
+    return 0
