@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from broker_model.common import default_lake
-from broker_model.store import add_import_export_commands
+from broker_model.tools import add_import_export_commands
 from schemas.errors import RmqLakeError
 
 

@@ -29,7 +29,6 @@ from broker_model.common import body_crc, create_msg_id, decode_properties, enco
 from broker_model.common import constants as c
 from broker_model.store import (
     AppendLog,
-    add_import_export_commands,
     append_rows,
     encode_record,
     ensure_table,
@@ -39,6 +38,7 @@ from broker_model.store import (
     record_length,
     rows_to_table,
 )
+from broker_model.tools import add_import_export_commands
 from schemas.catalog import BROKERS, COMMITLOG, TOPIC_CONFIG
 from schemas.errors import BrokerLockedError, CorruptRecordError, ValidationError
 from tests.log_invariants import check_log, read_log

@@ -20,7 +20,7 @@ from broker_model.store.record import (
     peek_header,
     record_length,
 )
-from broker_model.store.segment_files import add_import_export_commands, export_commitlog, import_commitlog
+from broker_model.store.segment_files import export_commitlog, import_commitlog
 
 __all__ = [
     "FIXED_RECORD_LENGTH",
@@ -35,7 +35,6 @@ __all__ = [
     "PullResult",
     "PullStatus",
     "Subscription",
-    "add_import_export_commands",
     "append_rows",
     "decode_record",
     "encode_blank",

@@ -14,7 +14,6 @@ A :class:`~broker_model.broker.Broker` started afterwards under the same name co
 
 from __future__ import annotations
 
-import argparse
 import mmap
 import os
 import re
@@ -658,46 +657,3 @@ def _encode(row: dict[str, Any], source: str) -> bytes:
 
 
 # -- command line --------------------------------------------------------------------------------
-
-
-def add_import_export_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``import-commitlog`` and ``export-commitlog`` on ``subparsers``.
-
-    Each sub-command sets ``func``: a callable taking the parsed namespace, printing a one-line
-    summary and returning the exit code 0. Errors (``ValidationError``, ``CorruptRecordError``,
-    ``BrokerLockedError``) propagate to the caller.
-    """
-    importer = subparsers.add_parser(
-        "import-commitlog",
-        help="import a RocketMQ store's commitlog/ directory as a broker of the lake",
-        description="Import RocketMQ commit log files (4.9 or 5.x) byte-exactly as one broker's log; "
-        "a broker started afterwards under that name continues it.",
-    )
-    importer.add_argument("--lake", type=Path, required=True, help="lake root directory")
-    importer.add_argument("--broker-name", required=True, help="broker to import as (must have no records yet)")
-    importer.add_argument("--store-host", default=None, help="store host to register (default: the first record's)")
-    importer.add_argument("src_dir", type=Path, help="directory of files named by 20-digit base offsets")
-    importer.set_defaults(func=run_import_command)
-    exporter = subparsers.add_parser(
-        "export-commitlog",
-        help="write a broker's log as RocketMQ commit log files",
-        description="Write one file per segment, each exactly the broker's segment size, as RocketMQ lays it out.",
-    )
-    exporter.add_argument("--lake", type=Path, required=True, help="lake root directory")
-    exporter.add_argument("--broker-name", required=True, help="broker to export")
-    exporter.add_argument("out_dir", type=Path, help="new or empty directory for the files")
-    exporter.set_defaults(func=run_export_command)
-
-
-def run_import_command(args: argparse.Namespace) -> int:
-    """Run ``import-commitlog`` from parsed arguments; print the summary and return 0."""
-    report = import_commitlog(args.lake, args.broker_name, args.src_dir, args.store_host)
-    print(report.summary())
-    return 0
-
-
-def run_export_command(args: argparse.Namespace) -> int:
-    """Run ``export-commitlog`` from parsed arguments; print the summary and return 0."""
-    report = export_commitlog(args.lake, args.broker_name, args.out_dir)
-    print(report.summary())
-    return 0

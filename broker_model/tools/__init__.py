@@ -12,6 +12,7 @@ from broker_model.tools.reset import (
     plan_records,
     read_targets_file,
 )
+from broker_model.tools.segment_commands import add_import_export_commands
 from broker_model.tools.workload import RETRY_GROUPS, TOPICS, plan_sends, run_workload, start_brokers
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "ResetTool",
     "Strategy",
     "TopicSelection",
+    "add_import_export_commands",
     "export_plan",
     "plan_records",
     "plan_sends",
