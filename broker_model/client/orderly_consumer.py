@@ -39,7 +39,6 @@ client in the meantime, and pending delayed unlocks run at shutdown, once consum
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 import os
@@ -54,6 +53,7 @@ from broker_model.broker import Broker
 from broker_model.client.consume_core import (
     ConsumeFromWhere,
     MessageModel,
+    ProcessQueue,
     check_consume_from_where,
     check_message_model,
     compute_pull_from_where,
@@ -168,108 +168,6 @@ class OrderlyConsumerConfig:
                 raise ValidationError(name, getattr(self, name), "must be positive")
         if self.unlock_delay_ms < 0:
             raise ValidationError("unlock_delay_ms", self.unlock_delay_ms, "must not be negative")
-
-
-class ProcessQueue:
-    """The client-side state of one assigned queue (``ProcessQueue``, orderly parts). Thread-safe.
-
-    ``cached`` messages wait in queue-offset order; :meth:`take_messages` moves the first ones to
-    ``consuming`` until they are committed, rolled back or made to consume again. ``locked`` and
-    ``last_lock_timestamp`` mirror the broker lock as the client last saw it.
-    """
-
-    def __init__(self, now: int) -> None:
-        self._lock = threading.Lock()
-        self._cached: dict[int, MessageExt] = {}
-        self._cached_offsets: list[int] = []  # sorted keys of _cached
-        self._consuming: dict[int, MessageExt] = {}
-        self._bytes = 0
-        self.consume_lock = threading.Lock()  # held around each listener call
-        self.consuming = False  # a consume request is submitted or running
-        self.locked = False
-        self.dropped = False
-        self.last_lock_timestamp = now
-        self.last_pull_timestamp = now
-        self.queue_offset_max = -1
-        self.try_unlock_times = 0
-
-    def put_messages(self, messages: Sequence[MessageExt]) -> bool:
-        """Cache pulled messages (duplicates by queue offset are ignored); True when a consume
-        request must be submitted (messages wait and none is submitted yet)."""
-        with self._lock:
-            for message in messages:
-                offset = message.queue_offset
-                if offset in self._cached or offset in self._consuming:
-                    continue
-                self._cached[offset] = message
-                bisect.insort(self._cached_offsets, offset)
-                self._bytes += len(message.body)
-                self.queue_offset_max = max(self.queue_offset_max, offset)
-            dispatch = bool(self._cached) and not self.consuming
-            if dispatch:
-                self.consuming = True
-            return dispatch
-
-    def take_messages(self, batch_size: int) -> list[MessageExt]:
-        """Move up to ``batch_size`` first cached messages to the consuming map; an empty result
-        ends the current consume request (``consuming`` becomes False)."""
-        with self._lock:
-            taken_offsets = self._cached_offsets[:batch_size]
-            del self._cached_offsets[:batch_size]
-            taken = [self._cached.pop(offset) for offset in taken_offsets]
-            for message in taken:
-                self._consuming[message.queue_offset] = message
-            if not taken:
-                self.consuming = False
-            return taken
-
-    def commit(self) -> int:
-        """Forget the consuming messages; returns the offset to commit (their last offset + 1),
-        or -1 when none was consuming."""
-        with self._lock:
-            if not self._consuming:
-                return -1
-            last = max(self._consuming)
-            self._bytes -= sum(len(m.body) for m in self._consuming.values())
-            self._consuming.clear()
-            return last + 1
-
-    def rollback(self) -> None:
-        """Put every consuming message back into the cache (they are consumed again)."""
-        with self._lock:
-            self._restore(list(self._consuming.values()))
-
-    def make_message_to_consume_again(self, messages: Sequence[MessageExt]) -> None:
-        """Put ``messages`` back from the consuming map into the cache."""
-        with self._lock:
-            self._restore([m for m in messages if m.queue_offset in self._consuming])
-
-    def _restore(self, messages: list[MessageExt]) -> None:
-        for message in messages:
-            del self._consuming[message.queue_offset]
-            self._cached[message.queue_offset] = message
-            bisect.insort(self._cached_offsets, message.queue_offset)
-
-    def has_temp_message(self) -> bool:
-        """True while pulled messages wait in the cache (``hasTempMessage``)."""
-        with self._lock:
-            return bool(self._cached)
-
-    @property
-    def cached_count(self) -> int:
-        """Messages held by this queue: cached plus consuming."""
-        with self._lock:
-            return len(self._cached) + len(self._consuming)
-
-    @property
-    def cached_bytes(self) -> int:
-        """Body bytes of the messages held by this queue."""
-        with self._lock:
-            return self._bytes
-
-    def is_lock_expired(self, now: int, max_live_ms: int = c.CLIENT_LOCK_MAX_LIVE_TIME_MS) -> bool:
-        """True when the last lock grant is more than ``max_live_ms`` old."""
-        return now - self.last_lock_timestamp > max_live_ms
 
 
 @dataclass

@@ -44,6 +44,7 @@ from broker_model.broker import Broker
 from broker_model.client.consume_core import (
     ConsumeFromWhere,
     MessageModel,
+    ProcessQueue,
     check_consume_from_where,
     check_message_model,
     compute_pull_from_where,
@@ -84,57 +85,6 @@ class ConsumeConcurrentlyContext:
 MessageListenerConcurrently = Callable[[list[MessageExt], ConsumeConcurrentlyContext], ConsumeConcurrentlyStatus | None]
 AllocateStrategy = Callable[[str, list[MessageQueue]], Sequence[MessageQueue]]
 """``(topic, every queue of the topic, sorted) -> the queues this client consumes``."""
-
-
-class ProcessQueue:
-    """Pulled messages of one queue that are not consumed yet (``ProcessQueue``). Thread-safe.
-
-    ``next_offset`` is where the next pull starts; ``dropped`` is set when the queue is taken
-    away from this client (results of batches still running are then ignored).
-    """
-
-    def __init__(self, next_offset: int) -> None:
-        self.next_offset = next_offset
-        self.dropped = False
-        self.lock = threading.Lock()  # also orders offset updates of this queue
-        self._messages: dict[int, MessageExt] = {}
-        self._queue_offset_max = -1
-
-    def put_messages(self, messages: Sequence[MessageExt]) -> None:
-        """Add pulled messages (keyed by queue offset)."""
-        with self.lock:
-            for message in messages:
-                self._messages[message.queue_offset] = message
-                self._queue_offset_max = max(self._queue_offset_max, message.queue_offset)
-
-    def remove_messages(self, messages: Sequence[MessageExt], commit: Callable[[int], None] | None = None) -> int:
-        """Remove consumed messages; return the offset to commit: the smallest queue offset still
-        held, or the highest pulled offset + 1 when none is, or -1 when nothing was held.
-
-        ``commit`` is called with that offset (when it is >= 0 and the queue is not dropped)
-        before the queue's lock is released, so that concurrent batches commit in order.
-        """
-        with self.lock:
-            if not self._messages:
-                return -1
-            for message in messages:
-                self._messages.pop(message.queue_offset, None)
-            offset = min(self._messages) if self._messages else self._queue_offset_max + 1
-            if commit is not None and not self.dropped:
-                commit(offset)
-            return offset
-
-    @property
-    def cached_count(self) -> int:
-        """Messages held."""
-        with self.lock:
-            return len(self._messages)
-
-    @property
-    def max_span(self) -> int:
-        """Largest minus smallest queue offset held (0 when empty)."""
-        with self.lock:
-            return max(self._messages) - min(self._messages) if self._messages else 0
 
 
 @dataclass
@@ -276,7 +226,7 @@ class PushConsumer:
             start = self._compute_pull_from_where(queue)
             if start is not None:
                 with self._queues_lock:
-                    self._queues[queue] = ProcessQueue(start)
+                    self._queues[queue] = ProcessQueue(next_offset=start)
 
     def _compute_pull_from_where(self, queue: MessageQueue) -> int | None:
         """The first offset to pull of a newly taken queue; None when the offset store cannot be
