@@ -5,13 +5,13 @@
 from __future__ import annotations
 
 from broker_model.client.offset_store import LocalFileOffsetStore, ReadOffsetType, RemoteBrokerOffsetStore
-from broker_model.client.orderly_consumer import (
+from broker_model.client.orderly_config import (
     JAVA_INT_MAX,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     OrderlyConsumerConfig,
-    OrderlyPushConsumer,
 )
+from broker_model.client.orderly_consumer import OrderlyPushConsumer
 from broker_model.client.producer import (
     LatencyFaultTolerance,
     MessageQueue,

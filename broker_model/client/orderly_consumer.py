@@ -1,40 +1,8 @@
-"""The orderly push consumer: one listener call per queue at a time, in queue order.
-
-An :class:`OrderlyPushConsumer` follows RocketMQ's ``DefaultMQPushConsumer`` with a
-``MessageListenerOrderly`` (ROCKETMQ_FACTS.md section 11):
-
-- **Membership and rebalance.** The client heartbeats every broker of its topics; every
-  ``rebalance_interval_ms`` and whenever a broker reports a change in the group's membership it
-  splits each topic's queues over the group's live clients with
-  :func:`~broker_model.client.rebalance.allocate_averagely` (broadcasting: every client takes every queue).
-- **Locks (clustering only).** A queue is taken only after its broker granted the lock; the client
-  renews every lock it has every ``lock_interval_ms`` (20 s, first after 1 s) and trusts a lock for
-  ``client_lock_max_live_time_ms`` (30 s) after the last grant; the broker's lease is 60 s. A queue
-  the rebalance gives away is dropped, its offset persisted, and its lock released once no listener
-  call is running on it: at once when it has no cached message, ``unlock_delay_ms`` (20 s) later
-  when it still has some.
-- **Consumption.** Pulled messages wait in the queue's process queue; a consume request takes
-  ``consume_message_batch_max_size`` (default 1) messages at a time in queue order and calls the
-  listener under the queue's lock, so at most one call per queue runs at any moment. The result is
-  processed as ``ConsumeMessageOrderlyService.processConsumeResult`` does, with both
-  ``auto_commit`` modes; a listener that raises or returns None counts as
-  ``SUSPEND_CURRENT_QUEUE_A_MOMENT``. A suspended queue waits its suspend time (the context's, else
-  the consumer's 1000 ms, clamped to [10, 30000] ms) while the other queues go on. A message
-  suspended ``max_reconsume_times`` times (default -1: unlimited) goes to ``%DLQ%<group>`` through
-  the broker's send-back and counts as consumed.
-- **Offsets.** Committed offsets are ``last consumed queue offset + 1`` and are written with
-  ``increase_only=False``; they reach the brokers (clustering) or the local offset file
-  (broadcasting) every ``persist_offset_interval_ms`` (5 s), when a queue is given away, and at
-  shutdown.
-
-Time is an epoch-ms clock. :meth:`OrderlyPushConsumer.start` runs a service thread (rebalance,
-locks, pulls, timers) and a pool of consume threads; :meth:`OrderlyPushConsumer.poll_once` instead
-runs, in the calling thread, everything due at an explicit ``now``, for deterministic tests.
-
-Deviations from the Java client, all written down: pulls are never held (a pull that finds nothing
-is retried after ``pull_idle_delay_ms``); the consumer does not subscribe to ``%RETRY%<group>``
-(orderly failures never go there); a delayed unlock is skipped when the queue came back to this
-client in the meantime, and pending delayed unlocks run at shutdown, once consumption has stopped.
+"""The orderly push consumer: one listener call per queue at a time, in queue order, under broker
+locks (RocketMQ's ``DefaultMQPushConsumer`` with a ``MessageListenerOrderly``).
+:meth:`OrderlyPushConsumer.start` runs a service thread and a pool of consume threads;
+:meth:`OrderlyPushConsumer.poll_once` runs everything due at an explicit time, for deterministic
+tests. See docs/clients.md for its rules and where it deviates from the Java client.
 """
 
 from __future__ import annotations
@@ -46,22 +14,23 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from enum import Enum
-from pathlib import Path
 
 from broker_model.broker import Broker
 from broker_model.client.consume_core import (
-    ConsumeFromWhere,
-    MessageModel,
     ProcessQueue,
-    check_consume_from_where,
-    check_message_model,
     compute_pull_from_where,
 )
 from broker_model.client.offset_store import (
-    PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
     LocalFileOffsetStore,
     RemoteBrokerOffsetStore,
+)
+from broker_model.client.orderly_config import (
+    CONSUME_TIMESTAMP_DEFAULT_AGO_MS,
+    JAVA_INT_MAX,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    MessageListenerOrderly,
+    OrderlyConsumerConfig,
 )
 from broker_model.client.rebalance import allocate_averagely, queue_sort_key
 from broker_model.common import MessageQueue, now_ms, validate_group, validate_topic
@@ -69,8 +38,6 @@ from broker_model.common import constants as c
 from broker_model.store import MessageExt, PullStatus, Subscription
 from schemas.errors import BrokerError, ValidationError
 
-JAVA_INT_MAX = 2**31 - 1  # an orderly consumer's max_reconsume_times of -1 means Integer.MAX_VALUE
-CONSUME_TIMESTAMP_DEFAULT_AGO_MS = 30 * 60 * 1000  # consumeTimestamp defaults to half an hour ago
 LOCK_RETRY_IN_LOOP_MS = 10  # tryLockLaterAndReconsume delay inside the consume loop
 LOCK_RETRY_OUTSIDE_LOOP_MS = 100  # ... and when a request finds its queue unlocked
 RECONSUME_AFTER_LOCK_MS = 10  # a request resubmitted after the lock was regained
@@ -79,95 +46,6 @@ RESUBMIT_AFTER_YIELD_MS = 10  # a request that consumed for too long continues t
 CONSUME_LOCK_WAIT_S = 1.0  # removeUnnecessaryMessageQueue waits this long for a running listener
 SERVICE_MAX_WAIT_S = 0.05  # the service thread looks at its timers at least this often
 _client_numbers = itertools.count()
-
-
-class ConsumeOrderlyStatus(Enum):
-    """What an orderly listener returns (``ConsumeOrderlyStatus``)."""
-
-    SUCCESS = "SUCCESS"
-    ROLLBACK = "ROLLBACK"
-    COMMIT = "COMMIT"
-    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
-
-
-@dataclass
-class ConsumeOrderlyContext:
-    """Per-call context the listener may change: ``auto_commit`` (default True) and the suspend
-    time of this call (-1: the consumer's ``suspend_current_queue_time_millis``)."""
-
-    message_queue: MessageQueue
-    auto_commit: bool = True
-    suspend_current_queue_time_millis: int = -1
-
-
-MessageListenerOrderly = Callable[[list[MessageExt], ConsumeOrderlyContext], ConsumeOrderlyStatus | None]
-
-
-@dataclass(frozen=True)
-class OrderlyConsumerConfig:
-    """Settings of an orderly push consumer; defaults are RocketMQ's (section 11 and 12.1 of the
-    facts). ``client_id`` defaults to one unique to the consumer object; ``offset_dir`` is needed in
-    BROADCASTING mode; ``consume_timestamp`` (epoch ms) is for CONSUME_FROM_TIMESTAMP and defaults
-    to half an hour before the queue is first taken."""
-
-    message_model: MessageModel = "CLUSTERING"
-    client_id: str | None = None
-    offset_dir: str | Path | None = None
-    consume_from_where: ConsumeFromWhere = "CONSUME_FROM_LAST_OFFSET"
-    consume_timestamp: int | None = None
-    consume_message_batch_max_size: int = c.CONSUME_MESSAGE_BATCH_MAX_SIZE
-    pull_batch_size: int = c.PULL_BATCH_SIZE
-    pull_threshold_for_queue: int = c.PULL_THRESHOLD_FOR_QUEUE
-    pull_threshold_size_for_queue_mib: int = c.PULL_THRESHOLD_SIZE_FOR_QUEUE_MIB
-    suspend_current_queue_time_millis: int = c.SUSPEND_CURRENT_QUEUE_TIME_MS
-    max_reconsume_times: int = -1
-    consume_thread_max: int = 20  # consumeThreadMax
-    lock_interval_ms: int = c.REBALANCE_LOCK_INTERVAL_MS
-    client_lock_max_live_time_ms: int = c.CLIENT_LOCK_MAX_LIVE_TIME_MS
-    unlock_delay_ms: int = c.UNLOCK_DELAY_TIME_MS
-    rebalance_interval_ms: int = c.REBALANCE_INTERVAL_MS
-    heartbeat_interval_ms: int = c.HEARTBEAT_BROKER_INTERVAL_MS
-    persist_offset_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS
-    max_time_consume_continuously_ms: int = c.MAX_TIME_CONSUME_CONTINUOUSLY_MS
-    pull_idle_delay_ms: int = 100
-
-    def validate(self) -> None:
-        """Check every field before anything starts.
-
-        Raises:
-            ValidationError: the first bad field, with its value.
-        """
-        check_message_model(self.message_model)
-        if self.message_model == "BROADCASTING" and self.offset_dir is None:
-            raise ValidationError("offset_dir", None, "a broadcasting consumer keeps offsets in local files")
-        check_consume_from_where(self.consume_from_where)
-        ranges = {
-            "consume_message_batch_max_size": (1, 1024),
-            "pull_batch_size": (1, 1024),
-            "pull_threshold_for_queue": (1, 65535),
-            "pull_threshold_size_for_queue_mib": (1, 1024),
-            "consume_thread_max": (1, 1000),
-        }
-        for name, (low, high) in ranges.items():
-            value = getattr(self, name)
-            if not low <= value <= high:
-                raise ValidationError(name, value, f"must be in [{low}, {high}]")
-        if self.max_reconsume_times < -1:
-            raise ValidationError("max_reconsume_times", self.max_reconsume_times, "must be -1 (unlimited) or >= 0")
-        positive = (
-            "lock_interval_ms",
-            "client_lock_max_live_time_ms",
-            "rebalance_interval_ms",
-            "heartbeat_interval_ms",
-            "persist_offset_interval_ms",
-            "max_time_consume_continuously_ms",
-            "pull_idle_delay_ms",
-        )
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValidationError(name, getattr(self, name), "must be positive")
-        if self.unlock_delay_ms < 0:
-            raise ValidationError("unlock_delay_ms", self.unlock_delay_ms, "must not be negative")
 
 
 @dataclass
