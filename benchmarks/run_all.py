@@ -63,13 +63,13 @@ from pyspark.sql import types as T
 
 from broker_model.client import PullConsumer
 from broker_model.tools import run_workload, start_brokers
-from jobs.compact_commitlog import Bin, CompactConfig, eligible_paths, list_files, plan_bins
+from jobs.compact_commitlog import CompactConfig
 from jobs.compact_commitlog import run as run_compact
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as run_offsets
 from jobs.dlq.route import RouteDlqConfig
 from jobs.dlq.route import run as run_route
-from jobs.lake import Lake, build_session
+from jobs.lake import Bin, Lake, build_session, eligible_paths, list_files, plan_bins
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as run_rebuild
 from jobs.report import ReportConfig

@@ -1,32 +1,7 @@
-"""The ``consumer_offsets`` job: committed offsets and lag per group and queue, as of a time T.
-
-A queue is (``broker_name``, ``topic``, ``queue_id``). For each consumer group the job takes the
-latest offset commit at or before T from ``consumer_offset_commits``, the queue's bounds from the
-``consume_queue`` entries stored at or before T, and writes the ``consumer_offsets`` table: the
-figures of RocketMQ's ``mqadmin consumerProgress`` (broker offset, consumer offset, diff, last
-time), plus the store time of the oldest unconsumed message. Because only commits and entries at
-or before T count, ``--as-of`` in the past gives the lag a user would have seen at that time.
-
-Which queues a group gets a row for (RocketMQ's consumerProgress lists every read queue of every
-topic the group has offsets for, and the group's retry topic):
-
-- every queue it committed on at or before T;
-- every queue present in the consume queue at T of a topic it committed on (on any broker), and
-  of its retry topic ``%RETRY%<group>``, even without a commit. Such a row has a null
-  ``consumer_offset`` and is counted as RocketMQ shows it, from offset 0 (consumerProgress prints
-  a missing offset as 0, and a consumer starts a retry topic at 0): ``diff = broker_offset``;
-- a commit on a queue with no consume queue entry at T is kept, with null bounds, null diff and
-  ``anomaly = 'QUEUE_NOT_FOUND'`` (reported, never dropped).
-
-Idempotence: the job_runs row of each run stores the input table versions in ``input_versions``
-and T in ``message`` (``as_of=<epoch ms>; ...``). A run whose inputs and T equal those of the
-latest SUCCEEDED or NOOP run of this job, while ``consumer_offsets`` is still at the version that
-run wrote or read, writes nothing and records a NOOP run. Inputs are equal at the same versions, or
-at later ones reached only by commits that change no row (:func:`jobs.runs.same_inputs`: a
-compaction, an empty commit of an application transaction). Leaving out ``--as-of`` means
-"now", a new T on every run, so such runs always write; pass ``--as-of`` for reproducible reruns.
+"""The ``consumer_offsets`` job: committed offsets and lag per consumer group and queue as of a time
+T (RocketMQ's ``mqadmin consumerProgress`` figures), from ``consumer_offset_commits`` and
+``consume_queue``; a rerun on the same inputs and T changes nothing. See docs/jobs.md.
 """
-
 from __future__ import annotations
 
 import argparse

@@ -1,26 +1,7 @@
-"""Continuity of consume queues and broker logs, checked on the driver with numpy, part by part.
-
-``rebuild_consume_queue`` must know whether each queue's units and each broker's records follow
-each other. Sorting the whole log in Spark to find out costs a shuffle of every unit; the narrow
-columns this needs are a few bytes per record, so the driver reads them file by file instead and
-keeps, per data file, one :class:`Run` per queue and per broker: its first and last element and
-whether its neighbours inside the file followed each other. :class:`Chains` then joins the runs of
-all files with the same rules at the seams. A queue or broker that passes has no finding; the job
-sorts only the *suspect* ones in Spark to find what is wrong where.
-
-The rules are the job's (ROCKETMQ_FACTS 3.1, 3.2):
-
-- the units of a queue, ordered by ``(queue_offset, commit_log_offset)``, hold queue offsets
-  0, 1, 2, ... with rising commit log offsets (else GAP, DUPLICATE_QUEUE_OFFSET or
-  NON_MONOTONIC_OFFSET);
-- the records of a broker, ordered by ``(commit_log_offset, store_size)``, each lead to the next:
-  it starts where the record ends, or at the next segment when it did not fit in what the record
-  left of its segment (else SIZE_MISMATCH).
-
-A *context* run holds elements an earlier run checked already (the tails an incremental run
-starts from): it is not checked inside, and a queue whose chain starts with it need not start at 0.
+"""Continuity of consume queues and broker logs, checked on the driver with numpy, data file by data
+file: each queue's rows and each broker's records must follow one another. Used by
+``rebuild_consume_queue`` and by the replay's log order check. See docs/jobs.md (Log chains).
 """
-
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence

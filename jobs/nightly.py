@@ -1,27 +1,8 @@
-"""The main job: ``nightly``, the whole pipeline in one Spark session.
-
-On an empty lake it first writes a demo workload through real brokers (ordered, batched, delayed
-and transactional sends, several consumer groups, failing listeners, retries and dead letters).
-Then it runs, in order, each step recording its own ``job_runs`` row:
-
-1. ``compact_commitlog``: bin-packs the small files of the commit log's segments (only files
-   the incremental steps below have already read, so that they stay incremental);
-2. ``rebuild_consume_queue`` (incremental);
-3. ``consumer_offsets`` as of T;
-4. ``resolve_transactions`` as of T;
-5. ``route_dlq`` as of T (without ``--execute``: routing writes to the commit log, a decision
-   left to an operator);
-6. ``report``: the HTML report of T.
-
-T (``--as-of``) defaults to the time of the lake's latest data: the greatest store time of the
-commit log, commit time of an offset commit and update time of a group setting or redrive (from
-the Delta log's file statistics, no scan). So a rerun with no new data gives every step the same
-inputs and T: each is a no-op and no data table changes (``job_runs`` still records the runs).
-
-A failed step stops the pipeline: the steps before it keep their committed outputs, the failed
-step's own ``job_runs`` row says why, and the nightly row is FAILED with the step's name.
+"""The ``nightly`` pipeline: every job in order in one Spark session (compaction, consume queues,
+offsets, transactions, dead letters, report) at T = the lake's newest data time, so a rerun without
+new data changes no table; on an empty lake it first writes a demo workload. It sits above the jobs
+it runs. See docs/jobs.md (nightly).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -30,7 +11,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -133,18 +113,8 @@ def build_topic_summary(commitlog_df: DataFrame) -> DataFrame:
 def data_time(lake: Lake) -> int | None:
     """The newest time (epoch ms) of the lake's inputs (:data:`DATA_TIMES`), from the ``max``
     statistics of the Delta log's active files; None when no input has a row."""
-    newest: int | None = None
-    for spec, column in DATA_TIMES:
-        path = str(lake.location(spec))
-        if not DeltaTable.is_deltatable(path):
-            continue
-        actions = DeltaTable(path).get_add_actions(flatten=True)
-        name = f"max.{column}"
-        if actions.num_rows and name in actions.column_names:
-            values = [v for v in actions.column(name).to_pylist() if v is not None]
-            if values:
-                newest = max(values) if newest is None else max(newest, *values)
-    return newest
+    values = [lake.newest_value(spec, column) for spec, column in DATA_TIMES]
+    return max((int(v) for v in values if v is not None), default=None)
 
 
 def run(spark: SparkSession, config: NightlyConfig) -> JobRun:

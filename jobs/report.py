@@ -1,29 +1,7 @@
-"""The ``report`` job: one self-contained HTML page (plus its PNG plots) about the lake.
-
-Sections, each from the latest version of the tables it reads; a table that does not exist yet
-gives a short "no data yet" section, never an error:
-
-- lag per group and queue (``consumer_offsets``): a bar chart of the largest lags and the table;
-- lag over time (``consumer_offset_commits`` and ``commitlog``): each group's total lag at
-  ``samples`` evenly spaced times over the commit log's store time span (see
-  :func:`build_lag_over_time`), computed by one Spark query;
-- dead letters per group and day (``dlq``);
-- transaction outcomes: transactions per state (``transaction_state``);
-- messages and bytes per topic per hour (``commitlog``);
-- integrity findings (``consume_queue_integrity``): counts per problem and the findings;
-- recent job runs (``job_runs``).
-
-Output: ``report.html`` in the output directory, with every plot embedded as a base64 ``data:``
-URI (the page alone is the whole report: mail it, attach it), and the same plots as PNG files next
-to it. The default directory is ``<lake root>/../reports/<UTC date of --as-of>``, e.g.
-``data/reports/2026-11-22`` for the lake ``data/lake``; ``--out`` overrides it. A run writes
-nothing in the lake but its ``job_runs`` row.
-
-The ``build_*`` functions are pure Spark transforms (no collect); the small frames they return
-are collected by :func:`run` and drawn by the ``plot_*`` functions (matplotlib, ``Agg``, no
-display needed) and :func:`render_html`.
+"""The ``report`` job: one self-contained HTML page with PNG plots about the lake (lag, dead letters,
+transactions, traffic, integrity, runs), each section from the latest version of its tables; a table
+not there yet gives a "no data yet" section. See docs/jobs.md (report).
 """
-
 from __future__ import annotations
 
 import argparse

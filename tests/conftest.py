@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 from jobs.lake import build_session
 from tests.helpers import ManualClock
 
-# STYLE.md rule 12: local[2], 2 shuffle partitions, UI off; UTC and ANSI come from build_session.
+# local[2], 2 shuffle partitions, UI off; UTC and ANSI come from build_session.
 TEST_SPARK_CONF = {
     "spark.sql.shuffle.partitions": "2",
     "spark.default.parallelism": "2",

@@ -1,6 +1,6 @@
 """Pure tests (no Spark) of the codecs, the record layout and the send validation rules.
 
-Expected values come from ROCKETMQ_FACTS.md sections 1, 4.1, 5 and 14 (RocketMQ's own tests where
+Expected values come from docs/rocketmq.md (RocketMQ's own tests where
 it has them) or from reference implementations written here independently of the code under test.
 """
 

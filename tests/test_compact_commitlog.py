@@ -25,20 +25,19 @@ from broker_model.broker import Broker, BrokerConfig
 from broker_model.client import Producer, PullConsumer
 from broker_model.common import Message, MessageQueue
 from broker_model.store import AppendLog
-from jobs.compact_commitlog import (
+from jobs.compact_commitlog import CompactConfig, build_config, run
+from jobs.lake import (
     Bin,
-    CompactConfig,
     DataFile,
+    Lake,
     batches,
-    build_config,
     commit_bins,
     list_files,
+    open_table,
     plan_bins,
-    run,
     sealed_segments,
     write_bins,
 )
-from jobs.lake import Lake, open_table
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
 from jobs.replay import SUMMARY_COLUMNS, queues_out_of_log_order, summarize_source

@@ -1,6 +1,6 @@
 """Every golden Delta table (written by delta-spark) through the bridge, checked against delta-rs.
 
-For each table directory of ``delta-golden/`` (next to DESIGN.md; ``RMQ_DELTA_GOLDEN`` overrides)
+For each table directory of ``delta-golden/`` (beside the repository; ``RMQ_DELTA_GOLDEN`` overrides)
 and each version delta-rs can load, the bridge returns the schema (names and types, nullability
 aside) and the rows delta-rs returns, or refuses the table with UnsupportedTableError. Which
 tables are refused is asserted, so a refusal can neither appear nor vanish unnoticed.

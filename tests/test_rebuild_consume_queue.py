@@ -225,7 +225,7 @@ def test_outputs_ahead_of_the_commit_log_are_refused(
 # Column functions
 # ---------------------------------------------------------------------------------------------
 
-# ROCKETMQ_FACTS 3.2 and 14, plus characters outside ASCII and the BMP (two UTF-16 units each)
+# docs/rocketmq.md (tags code), plus characters outside ASCII and the BMP (two UTF-16 units each)
 HASH_CASES = [
     "TagA",
     "*",

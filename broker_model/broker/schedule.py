@@ -1,39 +1,8 @@
-"""Delayed delivery: the broker's ``ScheduleMessageService`` (FACTS 7.5).
-
-A message put with DELAY = level > 0 is stored in ``SCHEDULE_TOPIC_XXXX`` queue ``level - 1``
-with its real topic and queue in REAL_TOPIC / REAL_QID (the broker's put does that). This
-service moves it back when its time comes. Per level, entries are delivered in queue order from
-the level's progress offset:
-
-- an entry's delivery time is its store time plus the delay of its DELAY level (capped at 18);
-  ``correctDeliverTimestamp``: a delivery time more than one level delay after ``now`` is taken
-  as ``now`` (a clock that jumped back does not hold messages for ever);
-- an entry is due when its delivery time is at or before ``now``; the first entry that is not
-  due ends the level's round (later entries were stored later, so they are not due either);
-- a due entry is stored again in REAL_TOPIC / REAL_QID (``messageTimeUp``): body as stored,
-  flag, sys flag, born time and host, reconsume times copied; DELAY, TIMER_DELIVER_MS and
-  TIMER_DELAY_SEC removed; WAIT=false; REAL_TOPIC and REAL_QID kept; a new store time; the
-  consume queue's tags code is recomputed from TAGS by the store. An entry whose real topic is
-  the transaction half topic, or whose REAL_TOPIC / REAL_QID is missing or invalid, is dropped
-  (logged), as RocketMQ drops the half-topic case.
-
-Progress (the next schedule queue offset per level) lives in a JSON file per broker,
-``{lake}/_config/{broker_name}/delayOffset.json``, shaped like RocketMQ's ``delayOffset.json``
-(``{"offsetTable": {"<level>": offset}}``) plus a ``pending`` entry. A file rather than a lake
-table: progress changes after every delivery round and needs a synchronous, atomic, cheap write
-(a Delta commit per round would cost 10-30 ms and grow the table's log without end); it is the
-broker's private state, and the jobs can recompute delivery from the log itself.
-
-Crash safety: a round of one level (1) writes ``pending`` (level, the range [from, to) of queue
-offsets it delivers, and the commit log offset before the round) to the file, (2) stores every
-copy of the range in ONE put, which is one atomic Delta commit, and waits until it is durable,
-(3) writes the new offset and clears ``pending``. A restart that finds ``pending`` looks in the
-real queue of the range's first deliverable entry for its copy (a record at or after the saved
-commit log offset with the entry's UNIQ_KEY, born time, body CRC and reconsume times and a
-REAL_TOPIC property): found, the whole range was delivered and progress becomes ``to``; not
-found, none was and progress stays ``from``. So a restart never delivers twice and never skips.
+"""Delayed delivery: the broker's ``ScheduleMessageService``. A message put with a DELAY level waits
+in ``SCHEDULE_TOPIC_XXXX`` (queue level - 1) and this service moves it back to its real topic and
+queue when its time comes, level by level in queue order, keeping its progress per level in
+``delayOffset.json``. Its owner starts it (it attaches to the broker). See docs/broker.md.
 """
-
 from __future__ import annotations
 
 import json

@@ -94,7 +94,7 @@ class SendBack(PutPath):
         properties: Mapping[str, str] | None = None,
     ) -> PutResult:
         """``CONSUMER_SEND_MSG_BACK``: store again a message a consumer of ``group`` failed on, as a
-        retry or as a dead letter (FACTS 7.3, RocketMQ 5.3).
+        retry or as a dead letter (docs/rocketmq.md, RocketMQ 5.3).
 
         The original record is read back by ``commit_log_offset`` from this broker. Let ``times``
         be ``reconsume_times`` (None: the stored record's count) and ``limit`` be

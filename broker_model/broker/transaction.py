@@ -29,7 +29,7 @@ from schemas.errors import BrokerError
 TRANSACTION_GROUP = "CID_RMQ_SYS_TRANS"  # the internal consumer group of the check service
 TRANSACTION_TIMEOUT_MS = 6000  # transactionTimeOut
 TRANSACTION_CHECK_MAX = 15  # transactionCheckMax
-TRANSACTION_CHECK_INTERVAL_MS = 60_000  # transactionCheckInterval (seed 003)
+TRANSACTION_CHECK_INTERVAL_MS = 60_000  # transactionCheckInterval
 FILE_RESERVED_MS = 72 * 3600 * 1000  # fileReservedTime
 OP_PULL_NUMS = 32  # op messages read per fill
 REMOVE_TAG = "d"
@@ -143,7 +143,7 @@ def _final_message(half: MessageExt, prepared_offset: int) -> InnerMessage:
 
 
 def _op_message(broker: Broker, half_queue_offset: int, queue_id: int) -> InnerMessage:
-    """The op (remove) message of one half queue offset (seed 003: one op per end)."""
+    """The op (remove) message of one half queue offset (one op per end)."""
     return InnerMessage(
         topic=c.RMQ_SYS_TRANS_OP_HALF_TOPIC,
         queue_id=queue_id,

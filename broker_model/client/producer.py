@@ -61,7 +61,7 @@ def select_by_hash(queues: Sequence[MessageQueue], message: Message, arg: Any) -
 
 
 class LatencyFaultTolerance:
-    """The latency fault strategy of seed 004 (RocketMQ 5.x values): a broker whose last send
+    """RocketMQ's latency fault strategy (its 5.x values): a broker whose last send
     took long (or failed) is avoided for a while; see ``MQFaultStrategy``."""
 
     def __init__(self, clock: Callable[[], int]) -> None:

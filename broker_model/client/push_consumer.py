@@ -1,32 +1,8 @@
-"""The concurrent push consumer: ``DefaultMQPushConsumer`` with a concurrent listener (seed 001).
-
-A :class:`PushConsumer` of one group reads the queues of its subscribed topics on the given
-brokers (all of them, or the share an ``allocate`` callable picks, so that several clients of a
-group can split the queues). In CLUSTERING mode it also subscribes to ``%RETRY%group`` with
-``*``, as RocketMQ does, and hands retry records to the listener with their original topic
-restored from RETRY_TOPIC.
-
-Per queue it pulls batches of ``pull_batch_size`` (32) into a :class:`ProcessQueue` and hands
-the listener batches of ``consume_message_batch_max_size`` (1). The listener returns
-``CONSUME_SUCCESS`` or ``RECONSUME_LATER`` (an exception or None counts as RECONSUME_LATER) and
-may set the context's ``ack_index`` (messages after it failed) and
-``delay_level_when_next_consume`` (0: the broker's 3 + reconsume times; -1: straight to the DLQ).
-Failed messages of a CLUSTERING group go back to the broker with
-:meth:`Broker.consumer_send_back`; a message whose send-back fails is consumed again here 5 s
-later with its reconsume count raised. A BROADCASTING client logs failed messages and drops them.
-
-The committed offset of a queue follows the process-queue rule: after a batch is consumed, the
-smallest queue offset still in flight, or the highest pulled offset + 1 when none is. It only
-grows. Offsets go to the offset store (clustering: the queue's broker; broadcasting: a local file)
-every ``persist_consumer_offset_interval_ms`` and at shutdown.
-
-Two ways to run: :meth:`poll_once` does one deterministic round in the calling thread (rebalance,
-one pull per queue, every batch consumed in order), for tests and workloads driven by an explicit
-clock; :meth:`start` runs a pull thread and a pool of consume threads until :meth:`shutdown`. The
-pull thread polls every queue without holding a request (brokers of this process wake no client),
-and rests ``idle_wait_ms`` after a round that found nothing.
+"""The concurrent push consumer: RocketMQ's ``DefaultMQPushConsumer`` with a concurrent listener.
+It pulls its share of its topics' queues (and ``%RETRY%group`` in CLUSTERING mode), hands batches
+to the listener in a thread pool, sends failed messages back for retry, and commits the smallest
+offset still in flight. See docs/clients.md.
 """
-
 from __future__ import annotations
 
 import logging

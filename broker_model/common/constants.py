@@ -1,4 +1,4 @@
-"""RocketMQ constants the product follows (ROCKETMQ_FACTS.md gives the source of each)."""
+"""RocketMQ constants the product follows (docs/rocketmq.md gives the source of each)."""
 
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ LATENCY_MAX: Final = (50, 100, 550, 1800, 3000, 5000, 15000)
 NOT_AVAILABLE_DURATION: Final = (0, 0, 2000, 5000, 6000, 10000, 30000)
 ISOLATION_LATENCY: Final = 10000  # a failed send counts as this latency (5.x)
 
-# -- ordered consumption and rebalance (FACTS 11) ---------------------------------------------
+# -- ordered consumption and rebalance (docs/rocketmq.md) ---------------------------------------------
 REBALANCE_LOCK_MAX_LIVE_TIME_MS: Final = 60000  # broker RebalanceLockManager lease
 CLIENT_LOCK_MAX_LIVE_TIME_MS: Final = 30000  # ProcessQueue: the client trusts a lock this long
 REBALANCE_LOCK_INTERVAL_MS: Final = 20000  # ProcessQueue: the client renews its locks this often
@@ -199,7 +199,7 @@ REBALANCE_RETRY_MS: Final = 500  # rebalanceLater when a new queue could not be 
 HEARTBEAT_BROKER_INTERVAL_MS: Final = 30000  # ClientConfig.heartbeatBrokerInterval
 CHANNEL_EXPIRED_TIMEOUT_MS: Final = 120000  # BrokerConfig.channelExpiredTimeout: a silent client leaves
 
-# -- retries, dead letters and delayed delivery (FACTS 7) ---------------------------------------
+# -- retries, dead letters and delayed delivery (docs/rocketmq.md) ---------------------------------------
 DLQ_NUMS_PER_GROUP: Final = 1  # a group's %DLQ% topic has one queue: dead letters go to queue 0
 RETRY_MAX_TIMES: Final = 16  # SubscriptionGroupConfig.retryMaxTimes
 RETRY_QUEUE_NUMS: Final = 1  # SubscriptionGroupConfig.retryQueueNums

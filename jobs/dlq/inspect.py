@@ -18,7 +18,6 @@ from pyspark.sql import functions as F
 
 from broker_model.common import constants as c
 from broker_model.common import decode_msg_id, decompress_body, default_lake, parse_instant
-from broker_model.store import read_table
 from jobs.cli import format_age, iso_utc, text_table
 from jobs.dlq.chains import REASONS, SENT
 from jobs.lake import Lake
@@ -419,13 +418,13 @@ def _stored_flags(lake: Lake, broker_name: str, msg_id: str) -> tuple[int, int] 
     partition values and the files' offset statistics leave a file or two to open, where a
     Spark scan would list every file of the segment.
     """
-    brokers = read_table(
-        lake.root, BROKERS, ["broker_name", "segment_size", "started_timestamp"], [("broker_name", "=", broker_name)]
+    brokers = lake.read_rows(
+        BROKERS, ["broker_name", "segment_size", "started_timestamp"], [("broker_name", "=", broker_name)]
     ).to_pylist()
     offset = decode_msg_id(msg_id)[1]
     filters: list[tuple[str, str, Any]] = [("broker_name", "=", broker_name), ("commit_log_offset", "=", offset)]
     if brokers:
         size = max(brokers, key=lambda r: r["started_timestamp"])["segment_size"]
         filters.append(("segment", "=", offset - offset % size))
-    rows = read_table(lake.root, COMMITLOG, ["flag", "sys_flag"], filters).to_pylist()
+    rows = lake.read_rows(COMMITLOG, ["flag", "sys_flag"], filters).to_pylist()
     return (rows[0]["flag"], rows[0]["sys_flag"]) if rows else None

@@ -6,6 +6,21 @@ that knows which (see docs/architecture.md).
 from __future__ import annotations
 
 from jobs.lake.bridge import WrittenFile, WrittenFiles, commit_data_files, write_data_files
+from jobs.lake.compaction import (
+    Bin,
+    CompactSummary,
+    DataFile,
+    batches,
+    commit_bins,
+    commitlog_files,
+    compact,
+    eligible_paths,
+    list_files,
+    plan_bins,
+    plan_compaction,
+    sealed_segments,
+    write_bins,
+)
 from jobs.lake.conform import conform_to_catalog, create_table
 from jobs.lake.delta_log import IncrementalReadError, check_bridge_can_read, file_location, local_directory, open_table
 from jobs.lake.delta_spark import replace_where
@@ -15,20 +30,33 @@ from jobs.lake.session import ENGINE_CONF, ENGINES, build_session, detect_engine
 __all__ = [
     "ENGINES",
     "ENGINE_CONF",
+    "Bin",
+    "CompactSummary",
+    "DataFile",
     "IncrementalReadError",
     "Lake",
     "WrittenFile",
     "WrittenFiles",
+    "batches",
     "build_session",
     "check_bridge_can_read",
+    "commit_bins",
     "commit_data_files",
+    "commitlog_files",
+    "compact",
     "conform_to_catalog",
     "create_table",
     "detect_engine",
+    "eligible_paths",
     "file_location",
+    "list_files",
     "local_directory",
     "open_table",
+    "plan_bins",
+    "plan_compaction",
     "replace_where",
     "resolve_engine",
+    "sealed_segments",
+    "write_bins",
     "write_data_files",
 ]

@@ -1,40 +1,9 @@
-"""Lake I/O: the only code of the Spark side that reads or writes Delta tables.
-
-:class:`Lake` is a narrow table API over a lake root, with two engines (DESIGN.md section 2):
-
-``delta-spark``
-    Spark's own Delta data source: ``format("delta")``, ``versionAsOf``, ``replaceWhere``,
-    ``txnAppId``/``txnVersion``. Needs the Delta jars on the classpath.
-
-``bridge``
-    No Delta jars. Writes: Spark's Parquet writer puts the data files in a fresh directory inside
-    the table directory (``<table>/bridge-<uuid>/<k>=<v>/part-*.parquet``, partition columns not
-    stored in the files), then the driver commits them as Delta ``add`` actions with delta-rs,
-    with partition values and per-file statistics read from the Parquet footers. Until that commit
-    the files are invisible to every Delta reader, so an interrupted write changes nothing.
-    Reads: delta-rs gives the active files and their typed partition values for a version; Spark's
-    Parquet reader reads exactly those files with the table's data schema, and the partition
-    values are joined back by file path (never parsed from Hive-style directory names).
-
-The bridge refuses (:class:`UnsupportedTableError`) tables whose reader features it cannot
-honour, rather than return wrong rows: column mapping (``delta.columnMapping.mode`` ``name`` or
-``id``: the files hold physical column names), deletion vectors, and any reader feature it does
-not know. Deletion vectors are refused as soon as the protocol lists the ``deletionVectors``
-reader feature, even when no active file carries one: the protocol forbids a reader to read a
-table with a reader feature it does not support, and the check needs no scan of the log's files.
-
-Both engines: create a missing catalog table on first write with the catalog schema and
-partition columns (bridge: delta-rs ``DeltaTable.create``; delta-spark:
-``DeltaTable.createIfNotExists``), check that written frames have exactly the catalog columns and
-types, enforce the catalog's NOT NULL columns, and make writes idempotent with Delta application
-transactions: a write with ``(app_id, app_version)`` is skipped (returns None) when the table's
-transaction version for ``app_id`` is already ``>= app_version``. delta-spark checks that
-atomically with its commit; the bridge checks it just before writing and records the transaction
-in the same commit as the files, so run one bridge writer per ``app_id`` at a time.
-
-The bridge reads and writes a local (or locally mounted) lake root only.
+"""The lake door: :class:`Lake`, a narrow table API over a lake root, the only code of the Spark side
+that reads or writes Delta tables, with two engines: delta-spark (Delta's own data source, where its
+jars are on the classpath) and the bridge (Spark's Parquet reader and writer on the files a Delta
+log lists, committed with delta-rs). Both honour the catalog's columns, NOT NULL and application
+transactions; the bridge refuses tables it cannot read exactly. See docs/lake.md.
 """
-
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
@@ -46,7 +15,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
-from jobs.lake.bridge import _BridgeEngine, scan_files
+from jobs.lake.bridge import WrittenFiles, _BridgeEngine, commit_data_files, scan_files, write_data_files
 from jobs.lake.conform import (
     _check_catalog_schema,
     _check_partition_filter,
@@ -203,16 +172,73 @@ class Lake:
         """
         return self._write(name_or_spec, df, "partitions", partition_values, app_id, app_version)
 
-    def read_rows(self, name_or_spec: str | TableSpec) -> pa.Table:
-        """The latest rows of a small unpartitioned catalog table, read on the driver with
-        delta-rs for both engines (no Spark job); an absent table reads as empty."""
+    def read_rows(
+        self,
+        name_or_spec: str | TableSpec,
+        columns: Sequence[str] | None = None,
+        filters: Sequence[tuple[str, str, Any]] | None = None,
+    ) -> pa.Table:
+        """The latest rows of a catalog table read on the driver with delta-rs for both engines (no
+        Spark job): all ``columns`` by default, only rows matching every ``(column, op, value)`` of
+        ``filters`` (partition values prune files, statistics prune the rest). For tables, or
+        filtered parts, small enough to hold on the driver; an absent table reads as empty."""
         spec = _spec(name_or_spec)
+        names = list(columns) if columns is not None else list(spec.column_names)
         path = str(self.location(spec))
         if not DeltaTable.is_deltatable(path):
-            return spec.arrow_schema.empty_table()
+            return spec.arrow_schema.empty_table().select(names)
         dt = open_table(path)
         _check_catalog_schema(spec, _log_schema(dt), path)
-        return dt.to_pyarrow_table(columns=list(spec.column_names))
+        return dt.to_pyarrow_table(columns=names, filters=list(filters) if filters else None)
+
+    def schema(self, name_or_spec: str | TableSpec) -> pa.Schema | None:
+        """The Arrow schema the table's Delta log declares, None when there is no table."""
+        path = str(self.location(name_or_spec))
+        return pa.schema(open_table(path).schema().to_arrow()) if DeltaTable.is_deltatable(path) else None
+
+    def newest_value(self, name_or_spec: str | TableSpec, column: str) -> Any:
+        """The greatest value of ``column`` in the table's active files, from the ``max``
+        statistics of the Delta log (no file is read); None when the table is absent or no file
+        has that statistic."""
+        path = str(self.location(name_or_spec))
+        if not DeltaTable.is_deltatable(path):
+            return None
+        actions = pa.table(open_table(path).get_add_actions(flatten=True))
+        name = f"max.{column}"
+        if not actions.num_rows or name not in actions.column_names:
+            return None
+        return pc.max(actions.column(name)).as_py()
+
+    def stage_files(self, name_or_spec: str | TableSpec, df: DataFrame, stage_by: str) -> WrittenFiles:
+        """Write ``df`` (the table's columns plus ``stage_by``) as data files inside the table,
+        split by the values of ``stage_by``, and commit nothing: the files stay invisible until
+        :meth:`commit_staged`. Bridge engine only; creates the table when absent.
+
+        Raises:
+            LakeError: the engine is delta-spark (it has no uncommitted writes), or the table
+                exists with features the bridge cannot honour.
+        """
+        if self.engine != "bridge":
+            raise LakeError("staged writes need the bridge engine; with delta-spark write each batch with append")
+        spec = _spec(name_or_spec)
+        table_dir = local_directory(self.location(spec))
+        if not DeltaTable.is_deltatable(table_dir):
+            create_table(table_dir, spec)
+        check_bridge_can_read(open_table(table_dir), table_dir)
+        return write_data_files(df, table_dir, [stage_by])
+
+    def commit_staged(
+        self, name_or_spec: str | TableSpec, files: WrittenFiles, app_id: str, app_version: int
+    ) -> int | None:
+        """Commit staged files (:meth:`stage_files`, their staging partition values dropped) as one
+        append with the application transaction ``(app_id, app_version)``; skipped (None) when the
+        table already holds that version (a commit that raised after it landed)."""
+        table_dir = local_directory(self.location(name_or_spec))
+        committed = open_table(table_dir).transaction_version(app_id)
+        if committed is not None and committed >= app_version:
+            return None
+        commit_data_files(table_dir, files, "append", None, Transaction(app_id, app_version))
+        return open_table(table_dir).version()
 
     def append_rows(
         self, name_or_spec: str | TableSpec, rows: pa.Table, app_id: str | None = None, app_version: int | None = None

@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -98,7 +97,7 @@ def run(spark: SparkSession, config: ReplayConfig) -> JobRun:
     lake = Lake(spark, config.lake, config.engine)
     handler = load_handler(config.handler) if config.handler is not None else None
     if config.to_table is not None:
-        _check_sink_table(config.to_table)
+        _check_sink_table(lake, config.to_table)
     job_run = JobRun(JOB)
     with ReplayLock(config.lake, config.replay_id):
         try:
@@ -119,13 +118,13 @@ def run(spark: SparkSession, config: ReplayConfig) -> JobRun:
     return job_run
 
 
-def _check_sink_table(path: Path) -> None:
-    if not DeltaTable.is_deltatable(str(path)):
+def _check_sink_table(lake: Lake, path: Path) -> None:
+    actual = lake.schema(sink_spec(path))
+    if actual is None:
         if path.exists() and any(path.iterdir()):
             raise ValidationError("--to-table", str(path), "is a non-empty directory but no Delta table")
         return
     expected = sink_spec(path).arrow_schema
-    actual = pa.schema(DeltaTable(str(path)).schema().to_arrow())
     if [(f.name, str(f.type)) for f in actual] != [(f.name, str(f.type)) for f in expected]:
         raise ValidationError(
             "--to-table",

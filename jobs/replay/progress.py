@@ -12,13 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from broker_model.common import (
     QUEUE_KEY,
     QueueKey,
 )
-from broker_model.store import append_rows, read_table
 from jobs.lake import (
     Lake,
 )
@@ -69,10 +67,9 @@ class ReplayLock:
 
 def read_progress(lake: Lake, replay_id: str) -> dict[QueueKey, Progress]:
     """The progress of every queue of ``replay_id`` (empty when the table does not exist); a small
-    table, read from the driver with delta-rs as it is written."""
-    rows = read_table(lake.root, REPLAY_PROGRESS)
+    table, read from the driver as it is written."""
     rows = (
-        rows.filter(pc.equal(rows["replay_id"], replay_id))
+        lake.read_rows(REPLAY_PROGRESS, filters=[("replay_id", "=", replay_id)])
         .group_by(list(QUEUE_KEY))
         .aggregate([("last_offset", "min"), ("last_offset", "max"), ("updated_timestamp", "max")])
     )
@@ -97,6 +94,5 @@ def write_progress(lake: Lake, replay_id: str, last_offsets: Mapping[QueueKey, i
         "last_offset": [last_offsets[k] for k in keys],
         "updated_timestamp": [_now()] * len(keys),
     }
-    # a few rows per batch: appended from the driver with delta-rs (as the broker appends its small
-    # tables), so that a batch's progress costs a commit, not a Spark job
-    append_rows(lake.root, REPLAY_PROGRESS, pa.table(columns, schema=REPLAY_PROGRESS.arrow_schema))
+    # a few rows per batch: appended from the driver, so that a batch's progress costs a commit, not a Spark job
+    lake.append_rows(REPLAY_PROGRESS, pa.table(columns, schema=REPLAY_PROGRESS.arrow_schema))

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -20,13 +19,7 @@ from jobs.lake import (
     Lake,
     WrittenFile,
     WrittenFiles,
-    check_bridge_can_read,
-    commit_data_files,
     conform_to_catalog,
-    create_table,
-    local_directory,
-    open_table,
-    write_data_files,
 )
 from jobs.replay.config import _BATCH_DIR, MAX_PARTITIONS, ReplayConfig, sink_spec
 from jobs.replay.plan import QueueRange, batch_count, plan_ranges, progress_after
@@ -43,9 +36,7 @@ from schemas.catalog import (
 def replay_to_table(state: ReplayRun, job_run: JobRun, path: Path) -> ReplayOutcome:
     lake, config = state.lake, state.config
     spec = sink_spec(path)
-    committed = (
-        DeltaTable(str(path)).transaction_version(config.replay_id) if DeltaTable.is_deltatable(str(path)) else None
-    )
+    committed = lake.transaction_version(spec, config.replay_id)
     sink_last: dict[QueueKey, int] = {}
     if committed is not None:
         last_df = (
@@ -69,7 +60,7 @@ def replay_to_table(state: ReplayRun, job_run: JobRun, path: Path) -> ReplayOutc
         sink_df = build_sink_rows(ordered_df, config.replay_id)
         write = _write_batches_bridge if lake.engine == "bridge" else _write_batches_delta_spark
         outcome.rows = write(lake, spec, sink_df, ranges, first_batch, outcome.batches, config)
-        job_run.output_versions["sink"] = DeltaTable(str(path)).version()
+        job_run.output_versions["sink"] = lake.version(spec) or 0
     expected = expected_rows(state, ranges, from_resume=False)
     return finish_report(state, job_run, read_replayed_from_sink(lake, spec, config.replay_id), expected, outcome)
 
@@ -85,16 +76,12 @@ def _write_batches_bridge(
 ) -> int:
     """One Spark pass writes every batch's files (invisible until committed), then each batch is
     committed with its application transaction and its progress written after; the rows committed."""
-    table_dir = local_directory(spec.path)
-    if not DeltaTable.is_deltatable(table_dir):
-        create_table(table_dir, spec)
-    check_bridge_can_read(open_table(table_dir), table_dir)
     conform_to_catalog(sink_df, spec)  # checks the columns and types; its NOT NULL guards are left out:
     # a guard rewrites replay_batch, and the writer would then sort the rows by batch again, unstably.
     # Every sink column is a literal or a NOT NULL commit log column. The staging key is replay_batch
     # itself, the first key of the sort, so the writer keeps the order as it is.
     staged_df = sink_df.select(*spec.column_names, F.col("replay_batch").alias(_BATCH_DIR))
-    written = write_data_files(staged_df, table_dir, [_BATCH_DIR])
+    written = lake.stage_files(spec, staged_df, _BATCH_DIR)
     by_batch: dict[int, list[WrittenFile]] = {}
     for file in written.files:
         batch = int(file.partition_values[_BATCH_DIR] or 0)
@@ -104,27 +91,16 @@ def _write_batches_bridge(
         for index in range(batches):
             files = by_batch.pop(first_batch + index, [])
             if files:
-                _commit_batch(
-                    table_dir, WrittenFiles(written.directory, tuple(files)), config.replay_id, first_batch + index
+                lake.commit_staged(
+                    spec, WrittenFiles(written.directory, tuple(files)), config.replay_id, first_batch + index
                 )
                 rows += sum(_num_records(f) for f in files)
             write_progress(lake, config.replay_id, progress_after(ranges, index + 1, config.batch_rows))
     finally:
         for files in by_batch.values():  # files of batches an error kept from their commit
             for file in files:
-                Path(table_dir, file.path).unlink(missing_ok=True)
+                Path(lake.location(spec), file.path).unlink(missing_ok=True)
     return rows
-
-
-def _commit_batch(table_dir: str, files: WrittenFiles, replay_id: str, batch: int) -> None:
-    """Commit one batch's files with the application transaction (replay_id, batch), unless the
-    table already holds that version (a commit that raised after it happened)."""
-    from deltalake.transaction import Transaction
-
-    committed = open_table(table_dir).transaction_version(replay_id)
-    if committed is not None and committed >= batch:
-        return
-    commit_data_files(table_dir, files, "append", None, Transaction(replay_id, batch))
 
 
 def _num_records(file: WrittenFile) -> int:
