@@ -21,6 +21,6 @@ fi
 "$venv/bin/python" -m pip install --quiet -e ".[test]"
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
-"$venv/bin/mypy" broker_model schemas jobs
+"$venv/bin/mypy" --strict broker_model schemas jobs
 # two workers (RMQ_TEST_WORKERS), each with its own Spark session; a test module stays on one worker
 "$venv/bin/python" -m pytest -n "${RMQ_TEST_WORKERS:-2}" --dist loadfile "$@"
