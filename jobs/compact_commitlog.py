@@ -2,6 +2,7 @@
 ones (the broker's group commits leave many), by default only files every incremental job has read.
 The plan and the rewrite are in :mod:`jobs.lake.compaction`. See docs/jobs.md (compact_commitlog).
 """
+
 from __future__ import annotations
 
 import argparse

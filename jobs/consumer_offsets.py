@@ -2,6 +2,7 @@
 T (RocketMQ's ``mqadmin consumerProgress`` figures), from ``consumer_offset_commits`` and
 ``consume_queue``; a rerun on the same inputs and T changes nothing. See docs/jobs.md.
 """
+
 from __future__ import annotations
 
 import argparse

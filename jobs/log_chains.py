@@ -2,6 +2,7 @@
 file: each queue's rows and each broker's records must follow one another. Used by
 ``rebuild_consume_queue`` and by the replay's log order check. See docs/jobs.md (Log chains).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence

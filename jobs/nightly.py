@@ -3,6 +3,7 @@ offsets, transactions, dead letters, report) at T = the lake's newest data time,
 new data changes no table; on an empty lake it first writes a demo workload. It sits above the jobs
 it runs. See docs/jobs.md (nightly).
 """
+
 from __future__ import annotations
 
 import argparse

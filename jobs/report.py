@@ -2,6 +2,7 @@
 transactions, traffic, integrity, runs), each section from the latest version of its tables; a table
 not there yet gives a "no data yet" section. See docs/jobs.md (report).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,7 @@ in ``SCHEDULE_TOPIC_XXXX`` (queue level - 1) and this service moves it back to i
 queue when its time comes, level by level in queue order, keeping its progress per level in
 ``delayOffset.json``. Its owner starts it (it attaches to the broker). See docs/broker.md.
 """
+
 from __future__ import annotations
 
 import json

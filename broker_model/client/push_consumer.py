@@ -3,6 +3,7 @@ It pulls its share of its topics' queues (and ``%RETRY%group`` in CLUSTERING mod
 to the listener in a thread pool, sends failed messages back for retry, and commits the smallest
 offset still in flight. See docs/clients.md.
 """
+
 from __future__ import annotations
 
 import logging

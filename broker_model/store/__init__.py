@@ -8,7 +8,7 @@ from __future__ import annotations
 from broker_model.store.commitlog import recover_offsets, rows_to_table
 from broker_model.store.delta_log import AddFile, AppendLog, append_rows, ensure_table, read_table
 from broker_model.store.message_store import MessageExt, MessageStore, PullResult, PullStatus, Subscription
-from broker_model.store.name_lock import BrokerNameLock
+from broker_model.store.name_lock import BrokerNameLock, LakeLock
 from broker_model.store.offset_ledger import OffsetCommit, OffsetLedger
 from broker_model.store.record import (
     FIXED_RECORD_LENGTH,
@@ -28,6 +28,7 @@ __all__ = [
     "AddFile",
     "AppendLog",
     "BrokerNameLock",
+    "LakeLock",
     "MessageExt",
     "MessageStore",
     "OffsetCommit",

@@ -4,6 +4,7 @@ jars are on the classpath) and the bridge (Spark's Parquet reader and writer on 
 log lists, committed with delta-rs). Both honour the catalog's columns, NOT NULL and application
 transactions; the bridge refuses tables it cannot read exactly. See docs/lake.md.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence

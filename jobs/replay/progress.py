@@ -4,12 +4,8 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
-import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
@@ -17,6 +13,7 @@ from broker_model.common import (
     QUEUE_KEY,
     QueueKey,
 )
+from broker_model.store import LakeLock
 from jobs.lake import (
     Lake,
 )
@@ -29,40 +26,26 @@ from schemas.errors import ValidationError
 
 
 class ReplayLock:
-    """An OS file lock making a replay id exclusive on a lake; released when the holder dies."""
+    """The lake lock making a replay id exclusive on a lake; released when the holder dies."""
 
     def __init__(self, lake: Path, replay_id: str) -> None:
-        self.path = lake / "_locks" / f"replay-{replay_id}.lock"
+        self._lock = LakeLock(lake, f"replay-{replay_id}")
+        self.path = self._lock.path
         self.replay_id = replay_id
-        self._handle: Any = None
 
     def __enter__(self) -> ReplayLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            handle.close()
+        holder = self._lock.try_acquire()
+        if holder is not None:
             raise ValidationError(
                 "--replay-id",
                 self.replay_id,
                 f"is being replayed by another process ({holder})",
                 "wait for it to end or kill it, then run again",
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}@{socket.gethostname()}\n")
-        handle.flush()
-        self._handle = handle
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._handle is not None:
-            fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
-            self._handle.close()
-            self._handle = None
+        self._lock.release()
 
 
 def read_progress(lake: Lake, replay_id: str) -> dict[QueueKey, Progress]:
