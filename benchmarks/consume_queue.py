@@ -149,7 +149,7 @@ def time_floor(spark: SparkSession, lake: Path, floor_root: Path) -> float:
 # DuckDB: the peer
 # ---------------------------------------------------------------------------------------------
 
-# Java String.hashCode over UTF-16 units from code points: a code point above the BMP is the
+# Java String.hashCode over UTF-16 consume-queue rows from code points: a code point above the BMP is the
 # surrogate pair (hi, lo), i.e. two steps h*31+hi, h*31+lo, folded into h*961 + hi*31 + lo.
 _JAVA_HASH = """
   (list_reduce(
@@ -232,7 +232,7 @@ def delta_files(table_dir: Path) -> pa.Table:
 
 
 def time_peer(lake: Path, out_dir: Path, segment_size: int) -> tuple[float, float, int, int]:
-    """(seconds of the units query, seconds of the checks query, units, findings)."""
+    """(seconds of the consume-queue rows query, seconds of the checks query, consume-queue rows, findings)."""
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     con = duckdb.connect()
@@ -246,9 +246,9 @@ def time_peer(lake: Path, out_dir: Path, segment_size: int) -> tuple[float, floa
     checks = CHECKS_SQL.replace("$files", listing).replace("$segment_size", str(segment_size))
     con.execute(checks.replace("$findings", str(out_dir / "findings.parquet")))
     checks_seconds = time.perf_counter() - started
-    units = con.execute(f"SELECT count(*) FROM read_parquet('{out_dir}/units/**/*.parquet')").fetchone()
+    cq_rows = con.execute(f"SELECT count(*) FROM read_parquet('{out_dir}/units/**/*.parquet')").fetchone()
     findings = con.execute(f"SELECT count(*) FROM read_parquet('{out_dir}/findings.parquet')").fetchone()
-    return units_seconds, checks_seconds, int(units[0]) if units else -1, int(findings[0]) if findings else -1
+    return units_seconds, checks_seconds, int(cq_rows[0]) if cq_rows else -1, int(findings[0]) if findings else -1
 
 
 def units_digest(con: duckdb.DuckDBPyConnection, parquet_glob: str) -> tuple[int, int, int]:

@@ -577,10 +577,10 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, segment:
         elif name == "rebuild_consume_queue":
             spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
             row.floor = time_floor(spark, lake, root / "floor" / name)
-            units_s, checks_s, units, _ = time_peer(lake, root / "peer" / name, segment)
+            units_s, checks_s, cq_rows, _ = time_peer(lake, root / "peer" / name, segment)
             row.peer = units_s + checks_s
             same = units_digest(duckdb.connect(), f"{root}/peer/{name}/units/**/*.parquet") == job_digest(lake)
-            notes.append(f"{units:,} units, peer same: {same}; peer has no CRC")
+            notes.append(f"{cq_rows:,} consume-queue rows, peer same: {same}; peer has no CRC")
         else:
             row.floor = time_scan_floor(spark, name, lake, root / "floor" / name)
         if name == "consumer_offsets":

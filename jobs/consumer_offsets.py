@@ -55,7 +55,7 @@ class ConsumerOffsetsConfig:
 
 
 def build_queue_bounds(consume_queue_df: DataFrame, as_of: int) -> DataFrame:
-    """Per queue, the bounds of its consume queue entries stored at or before ``as_of``.
+    """Per queue, the bounds of its consume-queue rows stored at or before ``as_of``.
 
     Args:
         consume_queue_df: rows of ``consume_queue`` (at least the queue key, ``queue_offset`` and
@@ -68,7 +68,7 @@ def build_queue_bounds(consume_queue_df: DataFrame, as_of: int) -> DataFrame:
         such entry has no row.
     """
     return (
-        filter_entries_as_of(consume_queue_df, as_of)
+        filter_cq_rows_as_of(consume_queue_df, as_of)
         .groupBy(*QUEUE_KEY)
         .agg(
             F.min("queue_offset").alias("broker_min_offset"),
@@ -78,8 +78,8 @@ def build_queue_bounds(consume_queue_df: DataFrame, as_of: int) -> DataFrame:
     )
 
 
-def filter_entries_as_of(consume_queue_df: DataFrame, as_of: int) -> DataFrame:
-    """The consume queue entries stored at or before ``as_of`` (epoch ms), columns unchanged."""
+def filter_cq_rows_as_of(consume_queue_df: DataFrame, as_of: int) -> DataFrame:
+    """The consume-queue rows stored at or before ``as_of`` (epoch ms), columns unchanged."""
     return consume_queue_df.where(F.col("store_timestamp") <= F.lit(as_of))
 
 
@@ -107,12 +107,12 @@ def build_consumer_offsets(
         taken, so each key still has exactly one row.
     """
     rows_df = build_listed_queues(current_df, bounds_df).join(bounds_df, on=list(QUEUE_KEY), how="left")
-    entries_df = filter_entries_as_of(consume_queue_df, as_of)
+    cq_rows_df = filter_cq_rows_as_of(consume_queue_df, as_of)
     counted = F.coalesce(F.col("consumer_offset"), F.lit(0).cast("long"))
-    last_df = _entry_times(rows_df, entries_df, F.col("consumer_offset") - F.lit(1), "last_timestamp")
+    last_df = _cq_row_times(rows_df, cq_rows_df, F.col("consumer_offset") - F.lit(1), "last_timestamp")
     unconsumed_df = rows_df.where(counted < F.col("broker_offset"))
-    oldest_df = _entry_times(
-        unconsumed_df, entries_df, F.greatest(counted, F.col("broker_min_offset")), "oldest_unconsumed_timestamp"
+    oldest_df = _cq_row_times(
+        unconsumed_df, cq_rows_df, F.greatest(counted, F.col("broker_min_offset")), "oldest_unconsumed_timestamp"
     )
     return (
         rows_df.join(last_df, on=list(GROUP_QUEUE_KEY), how="left")
@@ -152,7 +152,7 @@ def build_listed_queues(current_df: DataFrame, bounds_df: DataFrame) -> DataFram
     )
 
 
-def _entry_times(rows_df: DataFrame, entries_df: DataFrame, queue_offset: Column, name: str) -> DataFrame:
+def _cq_row_times(rows_df: DataFrame, cq_rows_df: DataFrame, queue_offset: Column, name: str) -> DataFrame:
     """``group`` + queue key + ``name``: the store time of the entry at ``queue_offset`` of each row.
 
     An equi-join on (broker_name, topic, queue_id, queue_offset), not a per-row lookup; rows
@@ -160,7 +160,7 @@ def _entry_times(rows_df: DataFrame, entries_df: DataFrame, queue_offset: Column
     """
     wanted_df = rows_df.select(*GROUP_QUEUE_KEY, queue_offset.alias("queue_offset"))
     found_df = wanted_df.join(
-        entries_df.select(*QUEUE_KEY, "queue_offset", "store_timestamp"),
+        cq_rows_df.select(*QUEUE_KEY, "queue_offset", "store_timestamp"),
         on=[*QUEUE_KEY, "queue_offset"],
         how="inner",
     )

@@ -47,8 +47,8 @@ class Chains:
         """Check the commit log ``rows`` of one part (:data:`CHAIN_COLUMNS`) and keep their runs."""
         if rows.num_rows == 0:
             return
-        units = rows.filter(dispatched_mask(rows["sys_flag"]))
-        for key, run in _queue_runs(units):
+        cq_rows = rows.filter(dispatched_mask(rows["sys_flag"]))
+        for key, run in _queue_runs(cq_rows):
             self.queues.setdefault(key, []).append(run)
         for broker, run in _log_runs(rows, self.segment_sizes):
             self.logs.setdefault(broker, []).append(run)
@@ -58,27 +58,27 @@ class Chains:
     ) -> None:
         """Elements checked by an earlier run, each a context run of its own: per queue its
         ``(queue_offset, commit_log_offset)``, per broker its ``(commit_log_offset, store_size, segment)``."""
-        for key, unit in queue_tails.items():
-            self.queues.setdefault(key, []).append(Run(unit, unit, True, 1, context=True))
+        for key, cq_row in queue_tails.items():
+            self.queues.setdefault(key, []).append(Run(cq_row, cq_row, True, 1, context=True))
         for broker, record in log_tails.items():
             self.logs.setdefault(broker, []).append(Run(record, record, True, 1, context=True))
 
     def add_context_rows(self, queue_rows: pa.Table | None, log_rows: pa.Table | None) -> None:
-        """Units (``broker_name, topic, queue_id, queue_offset, commit_log_offset``) and records
+        """Consume-queue rows (``broker_name, topic, queue_id, queue_offset, commit_log_offset``) and records
         (``broker_name, segment, commit_log_offset, store_size``) checked by an earlier run, as
         :meth:`add_context`: every element is a context run of its own."""
         queue_tails: dict[QueueKey, list[tuple[int, int]]] = {}
         for r in [] if queue_rows is None else queue_rows.to_pylist():
             key = (r["broker_name"], r["topic"], r["queue_id"])
             queue_tails.setdefault(key, []).append((r["queue_offset"], r["commit_log_offset"]))
-        for key, units in queue_tails.items():
-            self.queues.setdefault(key, []).extend(Run(u, u, True, 1, context=True) for u in units)
+        for key, cq_rows in queue_tails.items():
+            self.queues.setdefault(key, []).extend(Run(u, u, True, 1, context=True) for u in cq_rows)
         for r in [] if log_rows is None else log_rows.to_pylist():
             record = (r["commit_log_offset"], r["store_size"], r["segment"])
             self.logs.setdefault(r["broker_name"], []).append(Run(record, record, True, 1, context=True))
 
     def suspect_queues(self) -> list[QueueKey]:
-        """The queues whose units might not hold offsets 0, 1, 2, ... with rising commit log offsets."""
+        """The queues whose consume-queue rows might not hold offsets 0, 1, 2, ... with rising commit log offsets."""
         return sorted(key for key, runs in self.queues.items() if not _queue_chain_holds(runs))
 
     def suspect_brokers(self) -> list[str]:
@@ -90,7 +90,7 @@ class Chains:
         )
 
     def queue_tails(self) -> dict[QueueKey, tuple[int, int]]:
-        """Per queue, its greatest ``(queue_offset, commit_log_offset)`` unit."""
+        """Per queue, its greatest ``(queue_offset, commit_log_offset)`` consume-queue row."""
         # a queue's runs hold (queue_offset, commit_log_offset) pairs (Run types them as tuple[int, ...])
         return {key: cast(tuple[int, int], max(run.last for run in runs)) for key, runs in self.queues.items()}
 
@@ -99,12 +99,12 @@ class Chains:
         # a broker's runs hold (commit_log_offset, store_size, segment) triples
         return {broker: cast(tuple[int, int, int], max(run.last for run in runs)) for broker, runs in self.logs.items()}
 
-    def new_units(self) -> int:
-        """Units in the parts (not in the context)."""
+    def new_cq_rows(self) -> int:
+        """Consume-queue rows in the parts (not in the context)."""
         return sum(run.count for runs in self.queues.values() for run in runs if not run.context)
 
     def new_queues(self) -> int:
-        """Queues with units in the parts."""
+        """Queues with consume-queue rows in the parts."""
         return sum(1 for runs in self.queues.values() if any(not run.context for run in runs))
 
 
@@ -122,16 +122,16 @@ def segment_sizes(brokers: pa.Table) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _queue_runs(units: pa.Table) -> Iterator[tuple[QueueKey, Run]]:
-    """One run per queue of ``units``, sorted by ``(queue_offset, commit_log_offset)``.
+def _queue_runs(cq_rows: pa.Table) -> Iterator[tuple[QueueKey, Run]]:
+    """One run per queue of ``consume-queue rows``, sorted by ``(queue_offset, commit_log_offset)``.
 
     The broker writes a file's records in commit log order; then a stable sort by queue keeps
-    each queue's units in that order, and when they are clean it is their ``(queue_offset,
-    commit_log_offset)`` order too. Otherwise the units are sorted by those columns."""
-    if units.num_rows == 0:
+    each queue's consume-queue rows in that order, and when they are clean it is their ``(queue_offset,
+    commit_log_offset)`` order too. Otherwise the consume-queue rows are sorted by those columns."""
+    if cq_rows.num_rows == 0:
         return
-    groups = group_codes(units, QUEUE_KEY)
-    offset, log_offset = _numpy(units, "queue_offset"), _numpy(units, "commit_log_offset")
+    groups = group_codes(cq_rows, QUEUE_KEY)
+    offset, log_offset = _numpy(cq_rows, "queue_offset"), _numpy(cq_rows, "commit_log_offset")
     order = None
     if _rising(log_offset):
         order = np.argsort(groups.astype(np.uint16) if groups.max() < 1 << 16 else groups, kind="stable")
@@ -143,7 +143,7 @@ def _queue_runs(units: pa.Table) -> Iterator[tuple[QueueKey, Run]]:
         order = np.lexsort((log_offset, offset, groups))
         sorted_offset, sorted_log_offset = offset[order], log_offset[order]
         follows = (sorted_offset[1:] == sorted_offset[:-1] + 1) & (sorted_log_offset[1:] > sorted_log_offset[:-1])
-    yield from _runs(units, QUEUE_KEY, order, groups[order], follows, [sorted_offset, sorted_log_offset])
+    yield from _runs(cq_rows, QUEUE_KEY, order, groups[order], follows, [sorted_offset, sorted_log_offset])
 
 
 def _log_runs(rows: pa.Table, sizes: Mapping[str, int]) -> Iterator[tuple[str, Run]]:
@@ -169,14 +169,14 @@ def _rising(values: np.ndarray) -> bool:
     return bool(np.all(values[1:] > values[:-1]))
 
 
-def _leads_to(offset: Any, size: Any, segment_size: Any, next_offset: Any, next_size: Any) -> Any:
-    """Whether a record ``(offset, size)`` leads to the record at ``next_offset``: it starts where
+def _leads_to(offset: Any, size: Any, segment_size: Any, next_commit_log_offset: Any, next_size: Any) -> Any:
+    """Whether a record ``(offset, size)`` leads to the record at ``next_commit_log_offset``: it starts where
     the record ends, or at the next segment when it did not fit (with the 8-byte blank) in what
     the record left of its segment. Works on numpy arrays and on ints."""
     end = offset + size
     segment_end = offset - offset % segment_size + segment_size
-    rolled = (next_offset == segment_end) & (end + next_size + c.END_FILE_MIN_BLANK_LENGTH > segment_end)
-    return (next_offset == end) | rolled
+    rolled = (next_commit_log_offset == segment_end) & (end + next_size + c.END_FILE_MIN_BLANK_LENGTH > segment_end)
+    return (next_commit_log_offset == end) | rolled
 
 
 def _runs(

@@ -143,8 +143,8 @@ def build_lag_over_time(
         sample from its first commit on.
     """
     last = start + (samples - 1) * step
-    entries_df = commitlog_df.where(is_dispatched(F.col("sys_flag")) & (F.col("store_timestamp") <= F.lit(last)))
-    broker_df = entries_df.groupBy(*QUEUE_KEY, sample_index(F.col("store_timestamp"), start, step).alias("sample")).agg(
+    cq_rows_df = commitlog_df.where(is_dispatched(F.col("sys_flag")) & (F.col("store_timestamp") <= F.lit(last)))
+    broker_df = cq_rows_df.groupBy(*QUEUE_KEY, sample_index(F.col("store_timestamp"), start, step).alias("sample")).agg(
         (F.max("queue_offset") + F.lit(1)).alias("broker_offset")
     )
     latest = F.max(F.struct("commit_timestamp", (F.col("source") == F.lit("reset")).alias("is_reset"), "offset"))

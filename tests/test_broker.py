@@ -100,7 +100,7 @@ def test_record_too_large_for_a_segment_is_refused_and_nothing_written(tmp_path:
         version = DeltaTable(str(tmp_path / "commitlog")).version()
         with pytest.raises(ValidationError, match="store_size"):
             broker.put_message(_inner(body=b"x" * 5000))
-        assert broker.next_offset == 0
+        assert broker.next_commit_log_offset == 0
     assert DeltaTable(str(tmp_path / "commitlog")).version() == version
 
 
@@ -160,9 +160,9 @@ def test_restart_recovers_physical_and_queue_offsets(tmp_path: Path) -> None:
     with _broker(tmp_path) as broker:
         for i in range(300):
             broker.put_message(_inner(queue_id=i % 3, body=b"y" * (i % 50 + 1)))
-        before = (broker.next_offset, dict(broker.queue_next))
+        before = (broker.next_commit_log_offset, dict(broker.max_offsets))
     with _broker(tmp_path) as again:
-        assert (again.next_offset, again.queue_next) == before
+        assert (again.next_commit_log_offset, again.max_offsets) == before
         result = again.put_message(_inner(queue_id=1))
     assert result.queue_offsets == (100,)
     assert check_log(read_log(tmp_path, "broker-a"), SEGMENT) == []
@@ -269,7 +269,7 @@ def test_non_numeric_delay_level_is_refused_and_nothing_written(tmp_path: Path) 
     with _broker(tmp_path) as broker:
         with pytest.raises(ValidationError, match="DELAY='soon'"):
             broker.put_message(_inner(DELAY="soon"))
-        assert broker.next_offset == 0
+        assert broker.next_commit_log_offset == 0
     assert read_log(tmp_path, "broker-a") == []
 
 

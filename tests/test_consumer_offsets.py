@@ -1,7 +1,7 @@
 """The consumer_offsets job: its transforms on hand-built frames, its view, and runs on real lakes.
 
 Hand-built queues use small store times (100, 200, ...) so that every expected figure can be
-checked by eye; ``E`` rows are consume queue entries (broker, topic, queue id, queue offset,
+checked by eye; ``E`` rows are consume-queue rows (broker, topic, queue id, queue offset,
 store time), ``C`` rows offset commits (group, broker, topic, queue id, offset, commit time, source).
 """
 
@@ -65,10 +65,10 @@ def _current(spark: SparkSession, rows: list[tuple[str, str, str, int, int]]) ->
 
 
 def _consumer_offsets(
-    spark: SparkSession, current: list[tuple[str, str, str, int, int]], entries: list[E], as_of: int = _AS_OF
+    spark: SparkSession, current: list[tuple[str, str, str, int, int]], cq_rows: list[E], as_of: int = _AS_OF
 ) -> DataFrame:
-    entries_df = _entries(spark, entries)
-    return build_consumer_offsets(_current(spark, current), build_queue_bounds(entries_df, as_of), entries_df, as_of)
+    cq_rows_df = _entries(spark, cq_rows)
+    return build_consumer_offsets(_current(spark, current), build_queue_bounds(cq_rows_df, as_of), cq_rows_df, as_of)
 
 
 def _orders_q0(*times: int) -> list[E]:
@@ -126,7 +126,7 @@ def test_current_offset_tie_goes_to_reset_then_to_the_larger_offset(spark: Spark
 
 @pytest.mark.spark
 def test_queue_bounds_span_the_entries_stored_at_or_before_as_of(spark: SparkSession) -> None:
-    entries_df = _entries(
+    cq_rows_df = _entries(
         spark,
         [
             ("broker-a", "Orders", 0, 3, 100),  # the head (0..2) is gone: min offset 3
@@ -139,7 +139,7 @@ def test_queue_bounds_span_the_entries_stored_at_or_before_as_of(spark: SparkSes
     expected_df = spark.createDataFrame(
         [("broker-a", "Orders", 0, 3, 5), ("broker-b", "Orders", 0, 0, 1)], _BOUNDS_SCHEMA
     )
-    assert_frames_equal(build_queue_bounds(entries_df, as_of=200), expected_df)
+    assert_frames_equal(build_queue_bounds(cq_rows_df, as_of=200), expected_df)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,23 +163,23 @@ def test_caught_up_consumer_has_no_diff_and_no_unconsumed_message(spark: SparkSe
 
 @pytest.mark.spark
 def test_commit_beyond_the_queue_end_keeps_its_negative_diff(spark: SparkSession) -> None:
-    entries = _orders_q0(100, 200, 300, 400, 2000, 2100)  # 4 and 5 are stored after as_of: they do not count
-    actual_df = _consumer_offsets(spark, [("g", "broker-a", "Orders", 0, 6)], entries)
+    cq_rows = _orders_q0(100, 200, 300, 400, 2000, 2100)  # 4 and 5 are stored after as_of: they do not count
+    actual_df = _consumer_offsets(spark, [("g", "broker-a", "Orders", 0, 6)], cq_rows)
     expected_df = _offsets(spark, [("g", "broker-a", "Orders", 0, 6, 0, 4, -2, None, None, _AS_OF, None)])
     assert_frames_equal(actual_df, expected_df)
 
 
 @pytest.mark.spark
 def test_commit_below_the_first_entry_is_unconsumed_from_the_first_entry(spark: SparkSession) -> None:
-    entries = [("broker-a", "Orders", 0, 2, 300), ("broker-a", "Orders", 0, 3, 400)]  # 0 and 1 are gone
-    actual_df = _consumer_offsets(spark, [("g", "broker-a", "Orders", 0, 1)], entries)
+    cq_rows = [("broker-a", "Orders", 0, 2, 300), ("broker-a", "Orders", 0, 3, 400)]  # 0 and 1 are gone
+    actual_df = _consumer_offsets(spark, [("g", "broker-a", "Orders", 0, 1)], cq_rows)
     expected_df = _offsets(spark, [("g", "broker-a", "Orders", 0, 1, 2, 4, 3, None, 300, _AS_OF, None)])
     assert_frames_equal(actual_df, expected_df)
 
 
 @pytest.mark.spark
 def test_commit_on_a_queue_without_entries_as_of_t_is_reported_not_dropped(spark: SparkSession) -> None:
-    entries = [*_orders_q0(100), ("broker-a", "Gone", 0, 0, 2000)]  # Gone's only entry comes after as_of
+    cq_rows = [*_orders_q0(100), ("broker-a", "Gone", 0, 0, 2000)]  # Gone's only entry comes after as_of
     current = [("g", "broker-a", "Orders", 0, 1), ("g", "broker-a", "Gone", 0, 5)]
     expected_df = _offsets(
         spark,
@@ -188,12 +188,12 @@ def test_commit_on_a_queue_without_entries_as_of_t_is_reported_not_dropped(spark
             ("g", "broker-a", "Gone", 0, 5, None, None, None, None, None, _AS_OF, _NOT_FOUND),
         ],
     )
-    assert_frames_equal(_consumer_offsets(spark, current, entries), expected_df)
+    assert_frames_equal(_consumer_offsets(spark, current, cq_rows), expected_df)
 
 
 @pytest.mark.spark
 def test_retry_queues_of_committing_groups_are_listed_without_a_commit(spark: SparkSession) -> None:
-    entries = [
+    cq_rows = [
         *_orders_q0(100),
         ("broker-a", "%RETRY%g", 0, 0, 150),
         ("broker-a", "%RETRY%g", 0, 1, 250),
@@ -207,12 +207,12 @@ def test_retry_queues_of_committing_groups_are_listed_without_a_commit(spark: Sp
             ("g", "broker-a", "%RETRY%g", 0, None, 0, 2, 2, None, 150, _AS_OF, None),
         ],
     )
-    assert_frames_equal(_consumer_offsets(spark, [("g", "broker-a", "Orders", 0, 1)], entries), expected_df)
+    assert_frames_equal(_consumer_offsets(spark, [("g", "broker-a", "Orders", 0, 1)], cq_rows), expected_df)
 
 
 @pytest.mark.spark
 def test_never_consumed_queues_of_a_consumed_topic_are_listed(spark: SparkSession) -> None:
-    entries = [
+    cq_rows = [
         *_orders_q0(100),
         ("broker-a", "Orders", 1, 0, 120),
         ("broker-b", "Orders", 0, 4, 130),  # another broker's queue, head gone
@@ -226,12 +226,12 @@ def test_never_consumed_queues_of_a_consumed_topic_are_listed(spark: SparkSessio
             ("g", "broker-b", "Orders", 0, None, 4, 5, 5, None, 130, _AS_OF, None),
         ],
     )
-    assert_frames_equal(_consumer_offsets(spark, [("g", "broker-a", "Orders", 0, 1)], entries), expected_df)
+    assert_frames_equal(_consumer_offsets(spark, [("g", "broker-a", "Orders", 0, 1)], cq_rows), expected_df)
 
 
 @pytest.mark.spark
 def test_gaps_and_duplicate_entries_still_give_one_row_per_queue(spark: SparkSession) -> None:
-    entries = [
+    cq_rows = [
         ("broker-a", "Orders", 0, 0, 100),
         ("broker-a", "Orders", 0, 1, 160),
         ("broker-a", "Orders", 0, 1, 150),  # duplicate queue offset: the earlier store time wins
@@ -245,7 +245,7 @@ def test_gaps_and_duplicate_entries_still_give_one_row_per_queue(spark: SparkSes
             ("gap", "broker-a", "Orders", 0, 3, 0, 4, 1, None, 400, _AS_OF, None),
         ],
     )
-    assert_frames_equal(_consumer_offsets(spark, current, entries), expected_df)
+    assert_frames_equal(_consumer_offsets(spark, current, cq_rows), expected_df)
 
 
 _TIMELINE_COMMITS: list[C] = [
@@ -267,9 +267,9 @@ _TIMELINE = [
 def test_lag_as_of_a_past_time_counts_only_commits_and_entries_until_then(
     spark: SparkSession, as_of: int, expected: list[tuple[object, ...]]
 ) -> None:
-    entries_df = _entries(spark, _orders_q0(100, 200, 300, 400))
+    cq_rows_df = _entries(spark, _orders_q0(100, 200, 300, 400))
     current_df = build_current_offsets(_commits(spark, _TIMELINE_COMMITS), as_of)
-    actual_df = build_consumer_offsets(current_df, build_queue_bounds(entries_df, as_of), entries_df, as_of)
+    actual_df = build_consumer_offsets(current_df, build_queue_bounds(cq_rows_df, as_of), cq_rows_df, as_of)
     assert_frames_equal(actual_df, _offsets(spark, expected))
 
 

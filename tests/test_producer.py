@@ -93,7 +93,7 @@ def test_batch_rules_are_enforced_before_anything_is_sent(brokers: list[Broker])
     producer = Producer(brokers, seed=4)
     with pytest.raises(ValidationError, match="differs from the batch's topic"):
         producer.send_batch([Message.create("Orders", b"a"), Message.create("Other", b"b")])
-    assert all(b.next_offset == 0 for b in brokers)
+    assert all(b.next_commit_log_offset == 0 for b in brokers)
 
 
 def test_delayed_send_reports_the_chosen_queue_and_is_stored_on_the_schedule_topic(brokers: list[Broker]) -> None:

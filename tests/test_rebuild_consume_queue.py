@@ -172,9 +172,9 @@ def _record_finding(offset: int, problem: str, detail: str, broker: str = "broke
         (5, 5, 5, 5, True, ("noop", 5, 5)),  # --full on processed versions changes nothing either
         (3, 3, 3, 5, False, ("incremental", 3, 5)),
         (3, 3, 3, 5, True, ("full", 3, 5)),
-        (5, 3, 3, 5, False, ("full", 5, 5)),  # units of 4..5 committed, findings not: rebuild
+        (5, 3, 3, 5, False, ("full", 5, 5)),  # consume-queue rows of 4..5 committed, findings not: rebuild
         (3, None, None, 5, False, ("full", 3, 5)),
-        (5, 5, 3, 5, False, ("full", 5, 5)),  # units and findings of 4..5 committed, tails not: rebuild
+        (5, 5, 3, 5, False, ("full", 5, 5)),  # consume-queue rows and findings of 4..5 committed, tails not: rebuild
         (3, 3, None, 5, False, ("full", 3, 5)),  # a lake built before the tails table
     ],
 )
@@ -206,7 +206,7 @@ def test_queue_starts_are_the_first_record_and_the_first_unit_of_each_queue() ->
         schema=pa.schema([COMMITLOG.arrow_schema.field(n) for n in names]),
     )
     starts = sorted(queue_starts(table), key=lambda s: (s.broker_name, s.queue_id))
-    assert [(s.broker_name, s.queue_id, s.first_offset, s.first_unit) for s in starts] == [
+    assert [(s.broker_name, s.queue_id, s.first_offset, s.first_cq_row) for s in starts] == [
         ("broker-a", 0, 700, 5),
         ("broker-a", 1, 600, None),
         ("broker-b", 0, 50, 0),
@@ -225,7 +225,7 @@ def test_outputs_ahead_of_the_commit_log_are_refused(
 # Column functions
 # ---------------------------------------------------------------------------------------------
 
-# docs/rocketmq.md (tags code), plus characters outside ASCII and the BMP (two UTF-16 units each)
+# docs/rocketmq.md (tags code), plus characters outside ASCII and the BMP (two UTF-16 consume-queue rows each)
 HASH_CASES = [
     "TagA",
     "*",
@@ -308,8 +308,8 @@ def test_only_not_and_commit_records_get_a_unit(spark: SparkSession) -> None:
 def test_tags_code_is_the_java_hash_of_tags_and_zero_without_tags(spark: SparkSession) -> None:
     tags = [None, "", "TagA", "polygenelubricants", "😀"]
     records = _laid_out(_record(i, properties={"TAGS": t} if t is not None else {}) for i, t in enumerate(tags))
-    units = _frame(spark, COMMITLOG, records).transform(build_consume_queue)
-    codes = [r["tags_code"] for r in units.orderBy("queue_offset").collect()]
+    cq_rows = _frame(spark, COMMITLOG, records).transform(build_consume_queue)
+    codes = [r["tags_code"] for r in cq_rows.orderBy("queue_offset").collect()]
     assert codes == [0, 0, 2598919, -2147483648, java_string_hash("😀")]
 
 
@@ -327,8 +327,8 @@ def test_on_the_schedule_topic_tags_code_is_the_delivery_time(spark: SparkSessio
         ("TopicA", {"DELAY": "3", "TAGS": "TagA"}, 2598919),  # DELAY elsewhere means nothing
     ]
     records = _laid_out(_record(i, topic=t, properties=p) for i, (t, p, _) in enumerate(cases))
-    units = _frame(spark, COMMITLOG, records).transform(build_consume_queue)
-    assert [r["tags_code"] for r in units.orderBy("queue_offset").collect()] == [code for _, _, code in cases]
+    cq_rows = _frame(spark, COMMITLOG, records).transform(build_consume_queue)
+    assert [r["tags_code"] for r in cq_rows.orderBy("queue_offset").collect()] == [code for _, _, code in cases]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,7 +386,7 @@ def test_a_queue_offset_held_twice_is_a_duplicate(spark: SparkSession) -> None:
 def test_a_unit_whose_commit_log_offset_goes_back_is_non_monotonic(spark: SparkSession) -> None:
     records = _laid_out([_record(0), _record(2), _record(1), _record(3)])
     o = [r["commit_log_offset"] for r in records]
-    # queue order 0, 1, 2, 3 visits offsets o0, o2, o1, o3: only unit 2 goes back
+    # queue order 0, 1, 2, 3 visits offsets o0, o2, o1, o3: only consume-queue row 2 goes back
     expected = _findings(
         spark,
         [
@@ -634,9 +634,9 @@ def test_a_context_run_needs_no_start_at_zero_and_only_seams_with_new_runs_are_c
     schema = pa.schema([COMMITLOG.arrow_schema.field(n) for n in CHAIN_COLUMNS])
     chains.add_part(pa.Table.from_pylist([{n: r[n] for n in CHAIN_COLUMNS} for r in new], schema))
     assert (chains.suspect_queues(), chains.suspect_brokers()) == ([], [])
-    assert (chains.new_units(), chains.new_queues()) == (2, 1)
+    assert (chains.new_cq_rows(), chains.new_queues()) == (2, 1)
     assert chains.queue_tails() == {("broker-a", "TopicA", 0): (7, new[1]["commit_log_offset"])}
-    # two old units out of order are not this run's finding; a new unit after a gap is
+    # two old consume-queue rows out of order are not this run's finding; a new consume-queue row after a gap is
     chains.add_context_rows(
         pa.Table.from_pylist(
             [
@@ -678,8 +678,8 @@ def test_the_queue_context_is_the_unit_before_the_new_ones_and_any_unit_after_it
     old = _laid_out([_record(i) for i in range(5)] + [_record(0, queue_id=1)])
     new = _laid_out([_record(5), _record(2), _record(1, queue_id=1), _record(0, queue_id=2)], start=10_000)
     context = build_queue_context(_cq_rows(spark, old), _cq_rows(spark, new))
-    # queue 0: the first new unit (offset 2) sorts after old unit 2 (a lower commit log offset), the
-    # unit before it, and before units 3 and 4; queue 1: unit 0; queue 2: nothing old
+    # queue 0: the first new row (offset 2) sorts after old row 2 (a lower commit log offset), the
+    # row before it, and before rows 3 and 4; queue 1: row 0; queue 2: nothing old
     got = sorted((r["queue_id"], r["queue_offset"]) for r in context.collect())
     assert got == [(0, 2), (0, 3), (0, 4), (1, 0)]
 
@@ -705,7 +705,7 @@ def test_new_rows_are_checked_against_their_context_and_old_rows_only_against_ne
     log_context = build_log_context(_frame(spark, COMMITLOG, old), new_df)
     incremental = build_integrity_report(new_df, sizes_df, V, queue_context, log_context)
     full = build_integrity_report(all_df, sizes_df, V)
-    # new unit 1 duplicates old unit 1, old unit 2 now follows it and goes back, new unit 4 leaves a gap
+    # new row 1 duplicates old row 1, old row 2 now follows it and goes back, new row 4 leaves a gap
     assert sorted(r["problem"] for r in full.collect()) == ["DUPLICATE_QUEUE_OFFSET", "GAP", "NON_MONOTONIC_OFFSET"]
     assert_frames_equal(incremental, full)
 
@@ -939,7 +939,7 @@ def test_a_run_that_stopped_before_its_tails_is_completed_in_full_and_rewrites_t
     _append_log(lake, spark, second)
     run(spark, RebuildConfig(tmp_path, engine="bridge"))
     tails = _sorted_rows(lake.read(CONSUME_QUEUE_TAILS))
-    # the last unit of queues 0 and 1 (offsets 0..5 each), the last record of broker-a
+    # the last consume-queue row of queues 0 and 1 (offsets 0..5 each), the last record of broker-a
     last = second[-1]
     assert [(r[0], r[3], r[4]) for r in tails] == [("LOG", None, None), ("QUEUE", 0, 5), ("QUEUE", 1, 5)]
     assert tails[0][5:8] == (last["segment"], last["commit_log_offset"], last["store_size"])
@@ -947,8 +947,8 @@ def test_a_run_that_stopped_before_its_tails_is_completed_in_full_and_rewrites_t
     units_version = lake.version(CONSUME_QUEUE)
     capsys.readouterr()
     assert run(spark, RebuildConfig(tmp_path, engine="bridge")).status == "SUCCEEDED"
-    assert "full rebuild (the tails are behind the units" in capsys.readouterr().out
-    assert lake.version(CONSUME_QUEUE) == units_version  # the units were complete: not written again
+    assert "full rebuild (the tails are behind the consume-queue rows" in capsys.readouterr().out
+    assert lake.version(CONSUME_QUEUE) == units_version  # the consume-queue rows were complete: not written again
     assert _sorted_rows(lake.read(CONSUME_QUEUE_TAILS)) == tails
 
 
@@ -979,11 +979,11 @@ def test_a_run_that_stopped_between_its_units_and_its_findings_is_completed_in_f
     _append_log(lake, spark, first + second)
     run(spark, RebuildConfig(tmp_path, engine="bridge"))
     version = _append_log(lake, spark, third)
-    # what a run that stopped after its first commit leaves: the units of `third`, no findings
+    # what a run that stopped after its first commit leaves: the consume-queue rows of `third`, no findings
     lake.append(CONSUME_QUEUE, build_consume_queue(_frame(spark, COMMITLOG, third)), APP_ID, version)
     units_version = lake.version(CONSUME_QUEUE)
     run(spark, RebuildConfig(tmp_path, engine="bridge"))
-    assert lake.version(CONSUME_QUEUE) == units_version  # the units were complete: not written again
+    assert lake.version(CONSUME_QUEUE) == units_version  # the consume-queue rows were complete: not written again
     problems = sorted(r["problem"] for r in lake.read(CONSUME_QUEUE_INTEGRITY).collect())
     assert problems == ["BEYOND_SEGMENT", "CRC_MISMATCH", "DUPLICATE_QUEUE_OFFSET", "GAP"]
     assert lake.transaction_version(CONSUME_QUEUE_INTEGRITY, APP_ID) == version
@@ -998,7 +998,7 @@ def test_a_run_that_stopped_between_its_units_and_its_findings_is_completed_in_f
 def _expected_units(lake_root: Path) -> set[tuple[Any, ...]]:
     """The consume queue recomputed in Python from the commit log read with delta-rs."""
     rows = DeltaTable(str(lake_root / "commitlog")).to_pyarrow_table().to_pylist()
-    units = set()
+    cq_rows = set()
     for row in rows:
         if row["sys_flag"] & c.TRANSACTION_ROLLBACK_TYPE not in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
             continue
@@ -1007,7 +1007,7 @@ def _expected_units(lake_root: Path) -> set[tuple[Any, ...]]:
         if row["topic"] == c.SCHEDULE_TOPIC and "DELAY" in properties:
             level = min(int(properties["DELAY"]), c.MAX_DELAY_LEVEL)
             code = row["store_timestamp"] + c.DELAY_LEVEL_MILLIS[level - 1] if level > 0 else code
-        units.add(
+        cq_rows.add(
             (
                 row["broker_name"],
                 row["topic"],
@@ -1019,17 +1019,17 @@ def _expected_units(lake_root: Path) -> set[tuple[Any, ...]]:
                 row["store_timestamp"],
             )
         )
-    return units
+    return cq_rows
 
 
 def _expected_tails(lake_root: Path) -> set[tuple[Any, ...]]:
     """The consume_queue_tails rows recomputed in Python: each queue's greatest (queue offset,
-    commit log offset) unit, each broker's greatest (offset, size) record."""
+    commit log offset) consume-queue row, each broker's greatest (offset, size) record."""
     version = DeltaTable(str(lake_root / "commitlog")).version()
     queues: dict[tuple[str, str, int], tuple[int, int]] = {}
-    for unit in _expected_units(lake_root):
-        key = unit[:3]
-        queues[key] = max(queues.get(key, unit[3:5]), unit[3:5])
+    for cq_row in _expected_units(lake_root):
+        key = cq_row[:3]
+        queues[key] = max(queues.get(key, cq_row[3:5]), cq_row[3:5])
     logs: dict[str, tuple[int, int, int]] = {}
     for row in DeltaTable(str(lake_root / "commitlog")).to_pyarrow_table().to_pylist():
         record = (row["commit_log_offset"], row["store_size"], row["segment"])
@@ -1050,7 +1050,7 @@ def _units_of(lake_root: Path) -> list[tuple[Any, ...]]:
 
 
 def _corrupt_copy(source: Path, target: Path, spark: SparkSession) -> int:
-    """Copy the lake and append to broker-a a record duplicating the last unit's queue offset,
+    """Copy the lake and append to broker-a a record duplicating the last consume-queue row's queue offset,
     with a wrong body CRC, right after broker-a's last record; returns the new commit log version."""
     shutil.copytree(source, target)
     rows = DeltaTable(str(target / "commitlog")).to_pyarrow_table().to_pylist()
@@ -1075,9 +1075,9 @@ def test_the_job_on_a_broker_workload_and_on_a_corrupted_copy(
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", "2")  # main's session builder set the job default
     out = capsys.readouterr().out
-    units = _units_of(lake_root)
-    assert re.search(rf"entries written +{len(units)}\n", out) and re.search(r"findings +0\n", out)
-    assert len(units) == len(set(units)) and set(units) == _expected_units(lake_root)
+    cq_rows = _units_of(lake_root)
+    assert re.search(rf"consume-queue rows written +{len(cq_rows)}\n", out) and re.search(r"findings +0\n", out)
+    assert len(cq_rows) == len(set(cq_rows)) and set(cq_rows) == _expected_units(lake_root)
     assert DeltaTable(str(lake_root / "consume_queue_integrity")).to_pyarrow_table().num_rows == 0
     assert _tails_of(lake_root) == _expected_tails(lake_root)
 

@@ -28,7 +28,7 @@ from broker_model.common import (
 )
 from broker_model.common import constants as c
 from jobs import rules
-from jobs.rebuild_consume_queue.driver import consume_queue_units
+from jobs.rebuild_consume_queue.driver import consume_queue_rows
 from jobs.replay.plan import select_queue_id
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSETS, REPLAY_PROGRESS
 
@@ -83,9 +83,11 @@ def test_dispatch_python_and_arrow_agree() -> None:
 def test_the_driver_path_gives_the_python_tags_code() -> None:
     records = _records(400)
     rows = pa.Table.from_pylist([{k: v for k, v in r.items() if k != "delay"} for r in records])
-    units = consume_queue_units(rows)
+    cq_rows = consume_queue_rows(rows)
     expected = sorted((r["commit_log_offset"], _python_tags_code(r)) for r in records if is_dispatched(r["sys_flag"]))
-    assert sorted(zip(units["commit_log_offset"].to_pylist(), units["tags_code"].to_pylist(), strict=True)) == expected
+    assert (
+        sorted(zip(cq_rows["commit_log_offset"].to_pylist(), cq_rows["tags_code"].to_pylist(), strict=True)) == expected
+    )
 
 
 @pytest.mark.spark

@@ -161,7 +161,7 @@ def test_a_round_left_pending_by_a_crash_is_settled_from_the_log(
     With the copies in the log the range counts as delivered; without them it is delivered now."""
     broker = _start(tmp_path, clock)
     keys = [_send_delayed(broker, 1, f"m{i}".encode()) for i in range(3)]
-    log_offset = broker.next_offset
+    log_offset = broker.next_commit_log_offset
     clock.now = T0 + 1000
     if copies_stored:
         assert ScheduleMessageService(broker).deliver_due(clock.now).total == 3

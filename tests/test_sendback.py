@@ -150,10 +150,10 @@ def test_retry_queue_is_random_among_the_group_retry_queues(broker: Broker) -> N
 def test_zero_retry_queues_succeed_without_storing_anything(broker: Broker) -> None:
     broker.update_subscription_group(SubscriptionGroupConfig(GROUP, retry_queue_nums=0))
     original = _send(broker)
-    before = broker.next_offset
+    before = broker.next_commit_log_offset
     result = broker.consumer_send_back(GROUP, original.commit_log_offset)
     assert (result.commit_log_offsets, result.queue_offsets, result.msg_ids) == ((), (), ())
-    assert broker.next_offset == before
+    assert broker.next_commit_log_offset == before
     assert broker.queue_nums(RETRY) is None
 
 
@@ -198,12 +198,12 @@ def test_bad_input_is_refused_naming_the_field_and_nothing_is_written(
     broker: Broker, group: str, offset: int, field: str
 ) -> None:
     _send(broker)
-    before = broker.next_offset
+    before = broker.next_commit_log_offset
     with pytest.raises(ValidationError) as caught:
         broker.consumer_send_back(group, offset)
     assert caught.value.field == field
     assert caught.value.value == (group if field == "group" else offset)
-    assert broker.next_offset == before
+    assert broker.next_commit_log_offset == before
     assert broker.queue_nums(RETRY) is None and broker.queue_nums(DLQ) is None
 
 

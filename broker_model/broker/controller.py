@@ -68,9 +68,9 @@ class Broker(SendBack):
         self._lock_file: BrokerNameLock | None = None
         self._committer: threading.Thread | None = None
         self.segment_size = config.segment_size or c.DEFAULT_SEGMENT_SIZE
-        self.next_offset = 0
+        self.next_commit_log_offset = 0
         self.segment_base = 0
-        self.queue_next: dict[tuple[str, int], int] = {}
+        self.max_offsets: dict[tuple[str, int], int] = {}
         self.topics: dict[str, int] = {}
         self.commits = 0
         self.store = MessageStore(

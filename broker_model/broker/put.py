@@ -177,9 +177,9 @@ class PutPath:
     _failed: BaseException | None
     _log: AppendLog
     segment_size: int
-    next_offset: int
+    next_commit_log_offset: int
     segment_base: int
-    queue_next: dict[tuple[str, int], int]
+    max_offsets: dict[tuple[str, int], int]
     topics: dict[str, int]
     commits: int
 
@@ -337,18 +337,18 @@ class PutPath:
         offsets, segments, queue_offsets = [], [], []
         rows = zip(records.sizes, records.topics, records.queue_ids, records.sys_flags, strict=True)
         for size, topic, queue_id, sys_flag in rows:
-            if self.next_offset + size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_base + self.segment_size:
+            if self.next_commit_log_offset + size + c.END_FILE_MIN_BLANK_LENGTH > self.segment_base + self.segment_size:
                 # the rest of the segment becomes the blank; the record starts the next segment
                 self.segment_base += self.segment_size
-                self.next_offset = self.segment_base
-            offsets.append(self.next_offset)
+                self.next_commit_log_offset = self.segment_base
+            offsets.append(self.next_commit_log_offset)
             segments.append(self.segment_base)
-            self.next_offset += size
+            self.next_commit_log_offset += size
             queue_offset = 0
             if is_dispatched(sys_flag):
                 key = (topic, queue_id)
-                queue_offset = self.queue_next.get(key, 0)
-                self.queue_next[key] = queue_offset + 1
+                queue_offset = self.max_offsets.get(key, 0)
+                self.max_offsets[key] = queue_offset + 1
             queue_offsets.append(queue_offset)
         prefix, pack = self._msg_id_prefix, _LONG.pack
         return {
@@ -426,7 +426,7 @@ class PutPath:
         """Rebuild the next physical offset, queue offsets and topics from the lake."""
         columns = ["segment", "commit_log_offset", "store_size", "topic", "queue_id", "queue_offset", "sys_flag"]
         log = read_table(self.config.lake, COMMITLOG, columns, [("broker_name", "=", self.broker_name)])
-        self.next_offset, self.segment_base, self.queue_next = recover_offsets(log)
+        self.next_commit_log_offset, self.segment_base, self.max_offsets = recover_offsets(log)
         self.topics = self._load_topics(log)
 
     def _load_topics(self, log: pa.Table) -> dict[str, int]:
@@ -474,7 +474,7 @@ class PutPath:
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """The queue's next offset to be written (its message count so far)."""
-        return self.queue_next.get((topic, queue_id), 0)
+        return self.max_offsets.get((topic, queue_id), 0)
 
 
 def default_queue_nums(topic: str) -> int:

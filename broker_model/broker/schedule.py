@@ -243,12 +243,12 @@ class ScheduleMessageService:
         """Deliver up to ``batch_size`` due entries of ``level``; True when a full batch went."""
         store, queue_id = self.broker.store, level - 1
         start = self._offsets.get(level, 0)
-        log_offset = self.broker.next_offset  # read BEFORE the flush: everything below it is then durable
+        log_offset = self.broker.next_commit_log_offset  # read BEFORE the flush: everything below it is then durable
         self.broker.flush()
-        end_of_queue = store.max_offset(c.SCHEDULE_TOPIC, queue_id)
+        max_offset = store.max_offset(c.SCHEDULE_TOPIC, queue_id)
         copies: list[InnerMessage] = []
         position = start
-        while position < end_of_queue and len(copies) < self.batch_size:
+        while position < max_offset and len(copies) < self.batch_size:
             entry = store.message_at(c.SCHEDULE_TOPIC, queue_id, position, decompress=False)
             if entry is None or correct_deliver_timestamp(now, deliver_timestamp(entry), level) > now:
                 break

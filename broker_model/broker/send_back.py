@@ -90,7 +90,7 @@ class SendBack(PutPath):
         delay_level: int = 0,
         max_reconsume_times: int | None = None,
         reconsume_times: int | None = None,
-        origin_msg_id: str | None = None,
+        client_msg_id: str | None = None,
         properties: Mapping[str, str] | None = None,
     ) -> PutResult:
         """``CONSUMER_SEND_MSG_BACK``: store again a message a consumer of ``group`` failed on, as a
@@ -110,7 +110,7 @@ class SendBack(PutPath):
         has ``reconsume_times = times + 1``, WAIT=false, RETRY_TOPIC (the original's topic unless
         already set) and ORIGIN_MESSAGE_ID (the original's ``msg_id``, the offset message id,
         unless already set, so it names the first stored copy through every retry).
-        ``origin_msg_id`` is the client's id of the message, which RocketMQ's request carries for
+        ``client_msg_id`` is the client's id of the message, which RocketMQ's request carries for
         its hooks only; it is not stored. ``properties`` are added to the copy's (a tool that
         dead-letters a message on a group's behalf marks the copy with them).
 
@@ -214,7 +214,7 @@ class SendBack(PutPath):
 
     def _search_queues(self, commit_log_offset: int) -> MessageExt | None:
         """Binary search of every consume queue (commit log offsets rise with queue offsets)."""
-        if commit_log_offset >= self.next_offset:
+        if commit_log_offset >= self.next_commit_log_offset:
             return None
         self.flush()  # an ASYNC_FLUSH put becomes readable once committed
         store = self.store

@@ -83,19 +83,19 @@ class ProcessQueue:
     Pulled messages wait in a cache in queue-offset order. The concurrent consumer removes them as
     their batches finish (:meth:`remove_messages`: the offset to commit is the smallest one still
     cached); the orderly consumer moves the first ones to a consuming map (:meth:`take_messages`)
-    until they are committed, rolled back or made to consume again. ``next_offset`` is where the
+    until they are committed, rolled back or made to consume again. ``pull_offset`` is where the
     next pull starts; ``locked`` and ``last_lock_timestamp`` mirror the broker lock as the client
     last saw it (orderly); ``dropped`` is set when the queue is taken away from this client (results
     of batches still running are then ignored).
     """
 
-    def __init__(self, now: int = 0, next_offset: int = 0) -> None:
+    def __init__(self, now: int = 0, pull_offset: int = 0) -> None:
         self.lock = threading.Lock()  # guards the messages; also orders offset updates of this queue
         self._cached: dict[int, MessageExt] = {}
         self._cached_offsets: list[int] = []  # sorted keys of _cached
         self._consuming: dict[int, MessageExt] = {}
         self._bytes = 0
-        self.next_offset = next_offset
+        self.pull_offset = pull_offset
         self.consume_lock = threading.Lock()  # held around each orderly listener call
         self.consuming = False  # an orderly consume request is submitted or running
         self.locked = False

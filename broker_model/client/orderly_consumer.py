@@ -52,7 +52,7 @@ _client_numbers = itertools.count()
 class _PullRequest:
     queue: MessageQueue
     process_queue: ProcessQueue
-    next_offset: int
+    pull_offset: int
     previously_locked: bool = False
 
 
@@ -355,13 +355,13 @@ class OrderlyPushConsumer:
                 continue
             pq = ProcessQueue(now)
             pq.locked = self.clustering
-            next_offset = self._compute_pull_from_where(queue, now)
-            if next_offset is None:
+            pull_offset = self._compute_pull_from_where(queue, now)
+            if pull_offset is None:
                 all_held = False
                 continue
             with self._table_lock:
                 self.process_queues[queue] = pq
-            self._pull_later(_PullRequest(queue, pq, next_offset), now)
+            self._pull_later(_PullRequest(queue, pq, pull_offset), now)
         return all_held
 
     def _remove_unnecessary(self, queue: MessageQueue, pq: ProcessQueue, now: int) -> bool:
@@ -495,13 +495,13 @@ class OrderlyPushConsumer:
                     again(c.PULL_TIME_DELAY_MS_WHEN_EXCEPTION)
                     return
                 request.previously_locked = True
-                request.next_offset = offset
+                request.pull_offset = offset
         broker = self.brokers[queue.broker_name]
         try:
             result = broker.pull(
                 queue.topic,
                 queue.queue_id,
-                request.next_offset,
+                request.pull_offset,
                 self.config.pull_batch_size,
                 self.subscriptions.get(queue.topic, "*"),
             )
@@ -511,14 +511,14 @@ class OrderlyPushConsumer:
         if result.status is PullStatus.OFFSET_ILLEGAL:
             self._offset_moved(request, result.next_begin_offset, now)
             return
-        request.next_offset = result.next_begin_offset
+        request.pull_offset = result.next_begin_offset
         if result.status is PullStatus.FOUND:
             if result.messages and pq.put_messages(result.messages):
                 self._schedule(now, consume=(pq, queue))
             again(0)
             return
         if pq.cached_count == 0:  # correctTagsOffset
-            self.offset_store.update_offset(queue, request.next_offset, increase_only=True)
+            self.offset_store.update_offset(queue, request.pull_offset, increase_only=True)
         again(self.config.pull_idle_delay_ms)
 
     def _offset_moved(self, request: _PullRequest, next_begin: int, now: int) -> None:
@@ -651,7 +651,7 @@ class OrderlyPushConsumer:
                 delay_level=-1,
                 max_reconsume_times=self.max_reconsume_times(),
                 reconsume_times=message.reconsume_times,
-                origin_msg_id=origin,
+                client_msg_id=origin,
             )
         except Exception as error:  # the message is suspended and tried again, as in RocketMQ
             self.last_listener_error = error

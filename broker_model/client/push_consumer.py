@@ -203,7 +203,7 @@ class PushConsumer:
             start = self._compute_pull_from_where(queue)
             if start is not None:
                 with self._queues_lock:
-                    self._queues[queue] = ProcessQueue(next_offset=start)
+                    self._queues[queue] = ProcessQueue(pull_offset=start)
 
     def _compute_pull_from_where(self, queue: MessageQueue) -> int | None:
         """The first offset to pull of a newly taken queue; None when the offset store cannot be
@@ -337,12 +337,12 @@ class PushConsumer:
         subscription = self.subscriptions[queue.topic]
         try:
             result = broker.pull(
-                queue.topic, queue.queue_id, process_queue.next_offset, self.pull_batch_size, subscription.expression
+                queue.topic, queue.queue_id, process_queue.pull_offset, self.pull_batch_size, subscription.expression
             )
         except RmqLakeError:
             _log.exception("pull of %s failed", queue)
             return []
-        process_queue.next_offset = result.next_begin_offset
+        process_queue.pull_offset = result.next_begin_offset
         if result.status is PullStatus.FOUND and result.messages:
             process_queue.put_messages(result.messages)
             size = self.consume_message_batch_max_size
@@ -422,7 +422,7 @@ class PushConsumer:
                 message.commit_log_offset,
                 context.delay_level_when_next_consume,
                 limit,
-                origin_msg_id=message.uniq_key or message.msg_id,
+                client_msg_id=message.uniq_key or message.msg_id,
             )
         except RmqLakeError:
             _log.warning("send-back of %s failed", message.msg_id, exc_info=True)

@@ -20,12 +20,12 @@ def recover_offsets(log: pa.Table) -> tuple[int, int, dict[tuple[str, int], int]
         return 0, 0, {}
     ends = pc.add(log["commit_log_offset"], pc.cast(log["store_size"], pa.int64()))
     last = pc.index(ends, pc.max(ends)).as_py()
-    next_offset = ends[last].as_py()
+    next_commit_log_offset = ends[last].as_py()
     segment = log["segment"][last].as_py()
     dispatched = log.filter(dispatched_mask(log["sys_flag"]))
     queues = dispatched.group_by(["topic", "queue_id"]).aggregate([("queue_offset", "max")])
-    queue_next = {(r["topic"], r["queue_id"]): r["queue_offset_max"] + 1 for r in queues.to_pylist()}
-    return next_offset, segment, queue_next
+    max_offsets = {(r["topic"], r["queue_id"]): r["queue_offset_max"] + 1 for r in queues.to_pylist()}
+    return next_commit_log_offset, segment, max_offsets
 
 
 def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:

@@ -1,7 +1,7 @@
-"""Consume queue units and record checks of a few commit log rows, computed on the driver.
+"""Consume queue rows and record checks of a few commit log rows, computed on the driver.
 
 An incremental ``rebuild_consume_queue`` run over a small, clean increment needs no Spark job:
-the new rows are read with pyarrow, checked here and in :mod:`jobs.log_chains`, and their units
+the new rows are read with pyarrow, checked here and in :mod:`jobs.log_chains`, and their consume-queue rows
 appended with delta-rs. These functions give the same answers as the job's Spark columns
 (``record_checks`` and ``with_tags_code`` in :mod:`jobs.rebuild_consume_queue.transforms`); where a
 row is unusual enough that they might not (property bytes that are not UTF-8), they decline and the
@@ -79,23 +79,23 @@ def has_record_problem(rows: pa.Table, segment_sizes: Mapping[str, int]) -> bool
     return bool(np.any(segment != offset - offset % segment_size) or np.any(beyond))
 
 
-def consume_queue_units(rows: pa.Table) -> pa.Table:
+def consume_queue_rows(rows: pa.Table) -> pa.Table:
     """The ``consume_queue`` rows of the dispatched records of ``rows`` (:data:`DRIVER_COLUMNS`),
     sorted by queue and queue offset as the Spark write sorts them.
 
     Raises:
         Declined: property bytes on the schedule topic that are not UTF-8.
     """
-    units = rows.filter(dispatched_mask(rows["sys_flag"]))
-    distinct = pc.unique(units["tags"])
+    cq_rows = rows.filter(dispatched_mask(rows["sys_flag"]))
+    distinct = pc.unique(cq_rows["tags"])
     hashes = np.array([tags_code(t) for t in distinct.to_pylist()], dtype=np.int64)
-    codes = hashes[_ints(pc.index_in(units["tags"], value_set=distinct, skip_nulls=False))]
-    topics = units["topic"].to_pylist()
+    codes = hashes[_ints(pc.index_in(cq_rows["tags"], value_set=distinct, skip_nulls=False))]
+    topics = cq_rows["topic"].to_pylist()
     for i in (i for i, topic in enumerate(topics) if topic == c.SCHEDULE_TOPIC):
-        delay = _delay_property(units["raw_properties"][i].as_py())
-        tags = units["tags"][i].as_py()
-        codes[i] = consume_queue_tags_code(c.SCHEDULE_TOPIC, tags, delay, units["store_timestamp"][i].as_py())
-    table = units.select([n for n in CONSUME_QUEUE.column_names if n != "tags_code"])
+        delay = _delay_property(cq_rows["raw_properties"][i].as_py())
+        tags = cq_rows["tags"][i].as_py()
+        codes[i] = consume_queue_tags_code(c.SCHEDULE_TOPIC, tags, delay, cq_rows["store_timestamp"][i].as_py())
+    table = cq_rows.select([n for n in CONSUME_QUEUE.column_names if n != "tags_code"])
     table = table.append_column("tags_code", pa.array(codes, pa.int64()))
     ordered = table.sort_by(
         [

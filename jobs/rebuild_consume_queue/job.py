@@ -23,7 +23,7 @@ from broker_model.common import QUEUE_KEY
 from jobs.cli import job_parser
 from jobs.lake import IncrementalReadError, Lake, build_session
 from jobs.log_chains import CHAIN_COLUMNS, Chains, segment_sizes
-from jobs.rebuild_consume_queue.driver import DRIVER_COLUMNS, Declined, consume_queue_units, has_record_problem
+from jobs.rebuild_consume_queue.driver import DRIVER_COLUMNS, Declined, consume_queue_rows, has_record_problem
 from jobs.rebuild_consume_queue.tails import _START_COLUMNS, QueueStart, Tails, queue_starts
 from jobs.rebuild_consume_queue.transforms import (
     _QUEUE_PARTITION,
@@ -76,7 +76,7 @@ DRIVER_INCREMENT_BYTES = 256 << 20
 
 
 # ---------------------------------------------------------------------------------------------
-# Checks of records and queue units
+# Checks of records and queue rows
 # ---------------------------------------------------------------------------------------------
 
 
@@ -119,10 +119,10 @@ class RebuildPlan:
 
 @dataclass
 class RebuildSummary:
-    """What a run wrote: units, queues with new units, findings per problem; for an incremental
+    """What a run wrote: consume-queue rows, queues with new rows, findings per problem; for an incremental
     run, what the new rows were checked against (``context``)."""
 
-    entries: int = 0
+    cq_rows: int = 0
     queues: int = 0
     findings: dict[str, int] = field(default_factory=dict)
     context: str | None = None
@@ -130,7 +130,7 @@ class RebuildSummary:
     def row_counts(self) -> dict[str, int]:
         """The ``job_runs.row_counts`` of the run."""
         return {
-            "consume_queue": self.entries,
+            "consume_queue": self.cq_rows,
             "queues": self.queues,
             "consume_queue_integrity": sum(self.findings.values()),
             **self.findings,
@@ -138,7 +138,11 @@ class RebuildSummary:
 
     def lines(self) -> list[str]:
         """The summary printed on stdout."""
-        counts = [("entries written", self.entries), ("queues", self.queues), ("findings", sum(self.findings.values()))]
+        counts = [
+            ("consume-queue rows written", self.cq_rows),
+            ("queues", self.queues),
+            ("findings", sum(self.findings.values())),
+        ]
         kinds = [(f"  {problem}", self.findings.get(problem, 0)) for problem in PROBLEMS]
         checked = [f"  new rows checked against {self.context}"] if self.context else []
         return [*checked, *[f"  {name:<26}{count:>12}" for name, count in [*counts, *kinds]]]
@@ -154,7 +158,7 @@ def plan_run(
     """The plan of a run, from the commit log versions the output tables record as processed.
 
     ``findings_processed`` or ``tails_processed`` below ``processed`` means a run committed its
-    units but stopped before its findings or its tails (or the lake predates the tails table):
+    consume-queue rows but stopped before its findings or its tails (or the lake predates the tails table):
     the run rebuilds in full, whatever else is asked.
 
     Raises:
@@ -168,9 +172,9 @@ def plan_run(
             f"{latest}: it was replaced; {_DELETE_OUTPUTS} and run again"
         )
     if processed is not None and (findings_processed is None or findings_processed < processed):
-        return RebuildPlan("full", processed, latest, "the findings are behind the units (a run stopped)")
+        return RebuildPlan("full", processed, latest, "the findings are behind the consume-queue rows (a run stopped)")
     if processed is not None and (tails_processed is None or tails_processed < processed):
-        return RebuildPlan("full", processed, latest, "the tails are behind the units (a run stopped)")
+        return RebuildPlan("full", processed, latest, "the tails are behind the consume-queue rows (a run stopped)")
     if processed is not None and processed >= latest:
         reason = f"commitlog version {latest} is already processed"
         if full:
@@ -193,10 +197,10 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
     latest = lake.version(COMMITLOG)
     if latest is None:
         raise LakeError(f"no commitlog table under {config.lake}; write a workload first (python -m broker_model)")
-    units, findings, tails = (
+    cq_rows, findings, tails = (
         lake.transaction_version(spec, APP_ID) for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS)
     )
-    plan = plan_run(units, findings, tails, latest, config.full)
+    plan = plan_run(cq_rows, findings, tails, latest, config.full)
     job_run.input_versions = {COMMITLOG.name: plan.target}
     if plan.mode == "noop":
         print(f"{JOB}: nothing to do, {plan.reason} (lake {config.lake})")
@@ -215,7 +219,7 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
 
 def _execute(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildPlan, RebuildSummary]:
     """Run ``plan``; an incremental plan whose new rows cannot be read alone becomes a full one.
-    The tails commit last, with the same application transaction as the units and findings."""
+    The tails commit last, with the same application transaction as the consume-queue rows and findings."""
     if plan.mode == "incremental":
         try:
             summary, tails = _incremental(lake, plan, driver_bytes)
@@ -243,11 +247,11 @@ def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[Rebu
     """Read the new rows and the context they are checked against, then rebuild from them.
 
     The context is the tails when every new row comes after them (the broker appends); else the
-    old units and records next to the new ones, read from ``consume_queue`` and the commit log.
+    old consume-queue rows and records next to the new ones, read from ``consume_queue`` and the commit log.
     New rows in files of at most ``driver_bytes`` are read on the driver whole; when they follow
     the tails and are clean, :func:`_driver_increment` writes them without Spark. Otherwise the
     Spark path checks them; its new rows and contexts are small (they grow with the new data, not
-    with the log), so they are persisted: every check and the units pass reuse them.
+    with the log), so they are persisted: every check and the consume-queue rows pass reuse them.
     """
     processed = plan.processed if plan.processed is not None else -1
     old_tails = tails = Tails.from_arrow(lake.read_rows(CONSUME_QUEUE_TAILS))
@@ -280,7 +284,9 @@ def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[Rebu
             context = "the tails of their queues and brokers (consume_queue_tails)"
             queue_context_df, log_context_df = old_tails.contexts(lake.spark, starts)
         else:
-            context = "the old units and records from the one before them on (they do not all follow the tails)"
+            context = (
+                "the old consume-queue rows and records from the one before them on (they do not all follow the tails)"
+            )
             queue_context_df, log_context_df = _read_contexts(lake, starts, checked_df, processed, kept)
         chains.add_context_rows(
             None if queue_context_df is None else queue_context_df.toArrow(), log_context_df.toArrow()
@@ -297,7 +303,7 @@ def _driver_increment(
     lake: Lake, plan: RebuildPlan, rows: pa.Table, old_tails: Tails, sizes: Mapping[str, int]
 ) -> tuple[RebuildSummary, Tails] | None:
     """Check and write the new ``rows`` (:data:`~jobs.rebuild_consume_queue.driver.DRIVER_COLUMNS`) on the driver,
-    without Spark: their units appended with delta-rs, an empty findings commit, each with the
+    without Spark: their consume-queue rows appended with delta-rs, an empty findings commit, each with the
     application transaction. None (nothing written) when the rows do not all follow the tails,
     or a queue or broker is suspect, or a record fails a check, or a row is one the driver
     declines: the Spark path then finds what is wrong."""
@@ -310,21 +316,21 @@ def _driver_increment(
     if chains.suspect_queues() or chains.suspect_brokers() or has_record_problem(rows, sizes):
         return None
     try:
-        units = consume_queue_units(rows)
+        cq_rows = consume_queue_rows(rows)
     except Declined as err:
         print(f"{JOB}: the new rows go through Spark ({err})")
         return None
-    lake.append_rows(CONSUME_QUEUE, units, APP_ID, plan.target)
+    lake.append_rows(CONSUME_QUEUE, cq_rows, APP_ID, plan.target)
     lake.append_rows(CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_INTEGRITY.arrow_schema.empty_table(), APP_ID, plan.target)
     context = "the tails of their queues and brokers (consume_queue_tails), on the driver"
-    summary = RebuildSummary(entries=chains.new_units(), queues=chains.new_queues(), context=context)
+    summary = RebuildSummary(cq_rows=chains.new_cq_rows(), queues=chains.new_queues(), context=context)
     return summary, old_tails.merged(Tails.of_rows(rows))
 
 
 def _read_contexts(
     lake: Lake, starts: list[QueueStart], checked_df: DataFrame, processed: int, kept: Callable[[DataFrame], DataFrame]
 ) -> tuple[DataFrame | None, DataFrame]:
-    """(queue context, log context) of new rows that do not all follow the tails: the old units
+    """(queue context, log context) of new rows that do not all follow the tails: the old consume-queue rows
     and records from the one before the first new one on, read from ``consume_queue`` and from
     the commit log as of version ``processed``."""
     bounds: dict[str, int] = {}
@@ -332,29 +338,29 @@ def _read_contexts(
         bounds[start.broker_name] = min(bounds.get(start.broker_name, start.first_offset), start.first_offset)
     old_df = lake.read_around(COMMITLOG, "commit_log_offset", bounds, "broker_name", version=processed)
     log_context_df = kept(build_log_context(old_df, checked_df))
-    queues = [s for s in starts if s.first_unit is not None]
+    queues = [s for s in starts if s.first_cq_row is not None]
     if not queues:
         return None, log_context_df
-    units_df = kept(_read_queue_units(lake, queues, "tail"))
-    return kept(_queue_context(lake, queues, units_df, checked_df)), log_context_df
+    cq_rows_df = kept(_read_cq_rows(lake, queues, "tail"))
+    return kept(_queue_context(lake, queues, cq_rows_df, checked_df)), log_context_df
 
 
-def _queue_context(lake: Lake, queues: list[QueueStart], units_df: DataFrame, checked_df: DataFrame) -> DataFrame:
-    """The :func:`build_queue_context` of the new units, from ``units_df``: per queue, the units
-    from queue offset ``first_unit - 1`` on (see :func:`_read_queue_units`). Queues where that unit
-    is missing (a gap before the new units) are read whole."""
+def _queue_context(lake: Lake, queues: list[QueueStart], cq_rows_df: DataFrame, checked_df: DataFrame) -> DataFrame:
+    """The :func:`build_queue_context` of the new consume-queue rows, from ``cq_rows_df``: per queue, the rows
+    from queue offset ``first_unit - 1`` on (see :func:`_read_queue_units`). Queues where that consume-queue row
+    is missing (a gap before the new consume-queue rows) are read whole."""
     found = {
         (r["broker_name"], r["topic"], r["queue_id"])
-        for r in units_df.where(_at_offset(queues, "before")).select(*QUEUE_KEY).distinct().collect()
+        for r in cq_rows_df.where(_at_offset(queues, "before")).select(*QUEUE_KEY).distinct().collect()
     }
-    gapped = [q for q in queues if q.first_unit and (q.broker_name, q.topic, q.queue_id) not in found]
+    gapped = [q for q in queues if q.first_cq_row and (q.broker_name, q.topic, q.queue_id) not in found]
     if gapped:
-        units_df = units_df.unionByName(_read_queue_units(lake, gapped, "head"))
-    return build_queue_context(units_df, filter_dispatched(checked_df))
+        cq_rows_df = cq_rows_df.unionByName(_read_cq_rows(lake, gapped, "head"))
+    return build_queue_context(cq_rows_df, filter_dispatched(checked_df))
 
 
-def _read_queue_units(lake: Lake, queues: list[QueueStart], part: str) -> DataFrame:
-    """The units of ``queues`` at or above (``part="tail"``) or below (``"head"``) queue offset
+def _read_cq_rows(lake: Lake, queues: list[QueueStart], part: str) -> DataFrame:
+    """The consume-queue rows of ``queues`` at or above (``part="tail"``) or below (``"head"``) queue offset
     ``first_unit - 1``, one read per topic so that the literal predicate reaches the Parquet reader:
     ``consume_queue`` files are written sorted by queue, so the page statistics skip the rest."""
     topics = sorted({q.topic for q in queues})
@@ -368,11 +374,11 @@ def _read_queue_units(lake: Lake, queues: list[QueueStart], part: str) -> DataFr
 
 
 def _at_offset(queues: Sequence[QueueStart], part: str) -> Column:
-    """Units of ``queues`` (any topic) relative to queue offset ``first_unit - 1``: ``"tail"`` at or
+    """Consume-queue rows of ``queues`` (any topic) relative to queue offset ``first_unit - 1``: ``"tail"`` at or
     above it, ``"head"`` below it, ``"before"`` at it; literal terms a Parquet reader can use."""
     terms = F.lit(False)
     for q in queues:
-        bound, offset = (q.first_unit or 0) - 1, F.col("queue_offset")
+        bound, offset = (q.first_cq_row or 0) - 1, F.col("queue_offset")
         kept = {"tail": offset >= bound, "head": offset < bound, "before": offset == bound}[part]
         terms = terms | ((F.col("broker_name") == q.broker_name) & (F.col("queue_id") == q.queue_id) & kept)
     return terms
@@ -387,13 +393,13 @@ def _rebuild(
     queue_context_df: DataFrame | None,
     log_context_df: DataFrame | None,
 ) -> RebuildSummary:
-    """Write the units of ``checked_df`` while counting record problems, then the findings.
+    """Write the consume-queue rows of ``checked_df`` while counting record problems, then the findings.
 
     ``chains`` holds the runs of the same rows and their context (read on the driver), ``tags``
-    their distinct tags. The units pass reads the records with their bodies, counts record
-    problems, and writes the units of each scan task sorted by queue: no shuffle. The findings
+    their distinct tags. The consume-queue rows pass reads the records with their bodies, counts record
+    problems, and writes the consume-queue rows of each scan task sorted by queue: no shuffle. The findings
     are then computed only where something is wrong: the continuity of the brokers and the order
-    of the queues the chains suspect, and the record checks when the units pass saw a record fail.
+    of the queues the chains suspect, and the record checks when the consume-queue rows pass saw a record fail.
     """
     sizes_df = _segment_sizes(lake)
     records = Observation(f"{JOB}-records")
@@ -401,16 +407,16 @@ def _rebuild(
     failed = F.max(failing(record_checks()).cast("int")).alias("failed")
     sized_df = with_segment_size(checked_df, sizes_df).observe(records, failed)
     tags_df = lake.spark.createDataFrame([(t,) for t in sorted(t for t in tags if t)], "tags string")
-    unit_columns = [n for n in CONSUME_QUEUE.column_names if n != "tags_code"] + ["tags", "delay_level", "sys_flag"]
-    units_df = select_consume_queue(with_tags_code(filter_dispatched(sized_df).select(*unit_columns), tags_df))
+    cq_row_columns = [n for n in CONSUME_QUEUE.column_names if n != "tags_code"] + ["tags", "delay_level", "sys_flag"]
+    cq_rows_df = select_consume_queue(with_tags_code(filter_dispatched(sized_df).select(*cq_row_columns), tags_df))
     write = lake.overwrite if plan.mode == "full" else lake.append
     written = write(
-        CONSUME_QUEUE, units_df.sortWithinPartitions(*_QUEUE_PARTITION, "queue_offset"), APP_ID, plan.target
+        CONSUME_QUEUE, cq_rows_df.sortWithinPartitions(*_QUEUE_PARTITION, "queue_offset"), APP_ID, plan.target
     )
-    # a full run whose units were committed by a run that stopped has no observation: check every record
+    # a full run whose consume-queue rows were committed by a run that stopped has no observation: check every record
     problems = written is None or bool(records.get["failed"])
     suspect_queues, suspect_brokers = chains.suspect_queues(), chains.suspect_brokers()
-    summary = RebuildSummary(entries=chains.new_units(), queues=chains.new_queues())
+    summary = RebuildSummary(cq_rows=chains.new_cq_rows(), queues=chains.new_queues())
     findings: list[DataFrame] = []
     if suspect_brokers:
         findings.append(
@@ -418,13 +424,13 @@ def _rebuild(
         )
     if suspect_queues:
         keys_df = lake.spark.createDataFrame(suspect_queues, "broker_name string, topic string, queue_id int")
-        units_df = filter_dispatched(checked_df).join(F.broadcast(keys_df), list(QUEUE_KEY), "left_semi")
+        cq_rows_df = filter_dispatched(checked_df).join(F.broadcast(keys_df), list(QUEUE_KEY), "left_semi")
         context_df = (
             None
             if queue_context_df is None
             else queue_context_df.join(F.broadcast(keys_df), list(QUEUE_KEY), "left_semi")
         )
-        findings.append(build_findings(with_queue_order(units_df, context_df), queue_checks(), plan.target))
+        findings.append(build_findings(with_queue_order(cq_rows_df, context_df), queue_checks(), plan.target))
     if problems:
         findings.append(build_findings(with_segment_size(checked_df, sizes_df), record_checks(), plan.target))
     return _write_findings(lake, plan, reduce(DataFrame.unionByName, findings) if findings else None, summary)

@@ -23,9 +23,9 @@ from schemas.catalog import (
 @dataclass(frozen=True)
 class Tails:
     """Where the consume queue and the commit log end (``consume_queue_tails``): per queue, the
-    ``(queue_offset, commit_log_offset)`` of its last unit; per broker, the ``(commit_log_offset,
+    ``(queue_offset, commit_log_offset)`` of its last consume-queue row; per broker, the ``(commit_log_offset,
     store_size, segment)`` of its last record. An incremental run whose new rows all come after
-    them checks the new rows against these rows alone instead of reading old units and records."""
+    them checks the new rows against these rows alone instead of reading old consume-queue rows and records."""
 
     queues: dict[QueueKey, tuple[int, int]] = field(default_factory=dict)
     logs: dict[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -43,23 +43,23 @@ class Tails:
         return tails
 
     @classmethod
-    def of_rows(cls, rows: pa.Table, units: bool = True) -> Tails:
+    def of_rows(cls, rows: pa.Table, cq_rows: bool = True) -> Tails:
         """The tails of commit log ``rows`` (an Arrow table read on the driver): each broker's
-        greatest ``(commit_log_offset, store_size)`` record, and with ``units`` each queue's
+        greatest ``(commit_log_offset, store_size)`` record, and with ``consume-queue rows`` each queue's
         greatest ``(queue_offset, commit_log_offset)`` dispatched record. Needs ``broker_name``,
-        ``segment``, ``commit_log_offset`` and ``store_size``, and with ``units`` also ``topic``,
+        ``segment``, ``commit_log_offset`` and ``store_size``, and with ``consume-queue rows`` also ``topic``,
         ``queue_id``, ``queue_offset`` and ``sys_flag``."""
         tails = cls()
         for r in rows.to_pylist():
             record = (r["commit_log_offset"], r["store_size"], r["segment"])
             tails.logs[r["broker_name"]] = max(tails.logs.get(r["broker_name"], record), record)
-            dispatched = units and r["sys_flag"] & c.TRANSACTION_ROLLBACK_TYPE in (
+            dispatched = cq_rows and r["sys_flag"] & c.TRANSACTION_ROLLBACK_TYPE in (
                 c.TRANSACTION_NOT_TYPE,
                 c.TRANSACTION_COMMIT_TYPE,
             )
             if dispatched:
-                key, unit = (r["broker_name"], r["topic"], r["queue_id"]), (r["queue_offset"], r["commit_log_offset"])
-                tails.queues[key] = max(tails.queues.get(key, unit), unit)
+                key, cq_row = (r["broker_name"], r["topic"], r["queue_id"]), (r["queue_offset"], r["commit_log_offset"])
+                tails.queues[key] = max(tails.queues.get(key, cq_row), cq_row)
         return tails
 
     def to_arrow(self, commitlog_version: int) -> pa.Table:
@@ -100,39 +100,39 @@ class Tails:
         return Tails({**later.queues, **queues}, {**later.logs, **logs})
 
     def precede(self, starts: Sequence[QueueStart]) -> bool:
-        """Whether every new record and unit comes after these tails: each broker's first new
-        record after its last record, each queue's first new unit after its last unit. Then the
+        """Whether every new record and consume-queue row comes after these tails: each broker's first new
+        record after its last record, each queue's first new consume-queue row after its last one. Then the
         context of the new rows is exactly the tails of their queues and brokers."""
         for start in starts:
             log = self.logs.get(start.broker_name)
             if log is not None and start.first_offset <= log[0]:
                 return False
-            unit = self.queues.get((start.broker_name, start.topic, start.queue_id))
-            if unit is not None and start.first_unit is not None and start.first_unit <= unit[0]:
+            cq_row = self.queues.get((start.broker_name, start.topic, start.queue_id))
+            if cq_row is not None and start.first_cq_row is not None and start.first_cq_row <= cq_row[0]:
                 return False
         return True
 
     def contexts(self, spark: SparkSession, starts: Sequence[QueueStart]) -> tuple[DataFrame | None, DataFrame]:
         """(queue context, log context) of the new rows of ``starts`` when :meth:`precede` holds:
-        the last unit of their queues, the last record of their brokers (driver rows)."""
-        queues = {(s.broker_name, s.topic, s.queue_id) for s in starts if s.first_unit is not None}
+        the last consume-queue row of their queues, the last record of their brokers (driver rows)."""
+        queues = {(s.broker_name, s.topic, s.queue_id) for s in starts if s.first_cq_row is not None}
         brokers = {s.broker_name for s in starts}
-        unit_rows = [(*k, *self.queues[k]) for k in sorted(queues) if k in self.queues]
+        cq_row_rows = [(*k, *self.queues[k]) for k in sorted(queues) if k in self.queues]
         log_rows = [(b, segment, clo, size) for b, (clo, size, segment) in sorted(self.logs.items()) if b in brokers]
-        queue_context_df = spark.createDataFrame(unit_rows, _UNIT_CONTEXT_SCHEMA) if unit_rows else None
+        queue_context_df = spark.createDataFrame(cq_row_rows, _CQ_ROW_CONTEXT_SCHEMA) if cq_row_rows else None
         return queue_context_df, spark.createDataFrame(log_rows, _LOG_CONTEXT_SCHEMA)
 
 
 @dataclass(frozen=True)
 class QueueStart:
     """Where the new records of an incremental run start in one queue: the smallest commit log
-    offset of its records and the smallest queue offset of its units (None without units)."""
+    offset of its records and the smallest queue offset of its consume-queue rows (None without consume-queue rows)."""
 
     broker_name: str
     topic: str
     queue_id: int
     first_offset: int
-    first_unit: int | None
+    first_cq_row: int | None
 
 
 _START_COLUMNS = (*CHAIN_COLUMNS, "tags")
@@ -141,10 +141,10 @@ _START_COLUMNS = (*CHAIN_COLUMNS, "tags")
 def queue_starts(rows: pa.Table) -> list[QueueStart]:
     """The :class:`QueueStart` of every queue of commit log ``rows`` (:data:`_START_COLUMNS`, an
     Arrow table read on the driver: the new rows of an incremental run are few, and their starts
-    decide what the Spark work reads). Units are the dispatched records (:func:`is_dispatched`)."""
-    units = pc.if_else(dispatched_mask(rows["sys_flag"]), rows["queue_offset"], pa.scalar(None, pa.int64()))
+    decide what the Spark work reads). Consume-queue rows are the dispatched records (:func:`is_dispatched`)."""
+    cq_rows = pc.if_else(dispatched_mask(rows["sys_flag"]), rows["queue_offset"], pa.scalar(None, pa.int64()))
     keyed = rows.select(list(QUEUE_KEY)).append_column("first_offset", rows["commit_log_offset"])
-    keyed = keyed.append_column("first_unit", units)
+    keyed = keyed.append_column("first_unit", cq_rows)
     grouped = keyed.group_by(list(QUEUE_KEY)).aggregate([("first_offset", "min"), ("first_unit", "min")])
     return [
         QueueStart(r["broker_name"], r["topic"], r["queue_id"], r["first_offset_min"], r["first_unit_min"])
@@ -152,7 +152,7 @@ def queue_starts(rows: pa.Table) -> list[QueueStart]:
     ]
 
 
-_UNIT_CONTEXT_SCHEMA = "broker_name string, topic string, queue_id int, queue_offset long, commit_log_offset long"
+_CQ_ROW_CONTEXT_SCHEMA = "broker_name string, topic string, queue_id int, queue_offset long, commit_log_offset long"
 
 
 _LOG_CONTEXT_SCHEMA = "broker_name string, segment long, commit_log_offset long, store_size int"

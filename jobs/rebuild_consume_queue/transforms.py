@@ -29,7 +29,7 @@ PROBLEMS = (
 )
 
 
-# units are shuffled by queue with the topic first: they then come out sorted by topic, the
+# consume-queue rows are shuffled by queue with the topic first: they then come out sorted by topic, the
 # partition column of consume_queue, and the write needs no sort of its own
 _QUEUE_PARTITION = ("topic", "broker_name", "queue_id")
 
@@ -53,7 +53,7 @@ CHECKED_COLUMNS = (
 )
 
 
-Check = tuple[str, Column, Column, bool]  # problem, condition, detail, whether the finding names a queue unit
+Check = tuple[str, Column, Column, bool]  # problem, condition, detail, whether the finding names a queue row
 
 
 def with_delay_level(commitlog_df: DataFrame) -> DataFrame:
@@ -89,23 +89,23 @@ def with_tags_code(records_df: DataFrame, tags_df: DataFrame | None = None) -> D
 
 
 def filter_dispatched(records_df: DataFrame) -> DataFrame:
-    """The records that get a consume queue unit (transaction type NOT or COMMIT); needs ``sys_flag``."""
+    """The records that get a consume-queue row (transaction type NOT or COMMIT); needs ``sys_flag``."""
     return records_df.where(is_dispatched(F.col("sys_flag")))
 
 
 def select_consume_queue(coded_df: DataFrame) -> DataFrame:
-    """The consume queue units of records that already carry ``tags_code`` (see :func:`with_tags_code`)."""
+    """The consume-queue rows of records that already carry ``tags_code`` (see :func:`with_tags_code`)."""
     return coded_df.transform(filter_dispatched).select(*CONSUME_QUEUE.column_names)
 
 
 def build_consume_queue(commitlog_df: DataFrame) -> DataFrame:
-    """The consume queue units of ``commitlog_df``, as the broker dispatches them.
+    """The consume-queue rows of ``commitlog_df``, as the broker dispatches them.
 
-    One unit per record whose transaction type is NOT or COMMIT, whatever else is wrong with it
+    One consume-queue row per record whose transaction type is NOT or COMMIT, whatever else is wrong with it
     (the integrity report tells); columns exactly ``consume_queue``'s. Needs the commit log columns
     ``broker_name``, ``topic``, ``queue_id``, ``queue_offset``, ``commit_log_offset``,
     ``store_size``, ``sys_flag``, ``tags``, ``raw_properties`` and ``store_timestamp``.
-    Deterministic: the same rows give the same units.
+    Deterministic: the same rows give the same consume-queue rows.
     """
     return commitlog_df.transform(with_delay_level).transform(with_tags_code).transform(select_consume_queue)
 
@@ -215,22 +215,23 @@ def record_checks() -> list[Check]:
     ]
 
 
-def with_queue_order(units_df: DataFrame, context_df: DataFrame | None = None) -> DataFrame:
-    """The new units ``units_df`` and the context units, shuffled by queue, each with the unit before it.
+def with_queue_order(cq_rows_df: DataFrame, context_df: DataFrame | None = None) -> DataFrame:
+    """The new consume-queue rows ``cq_rows_df`` and the context rows, shuffled by queue, each with the row
+    before it.
 
-    Adds ``_new`` (false for context units) and ``_prior_offset``, ``_prior_log_offset``,
-    ``_prior_new``: the queue offset, commit log offset and ``_new`` of the unit before in the
-    queue, ordered by ``(queue_offset, commit_log_offset, _new)`` (units equal on all three are
-    the same record twice, interchangeable for every check); null for a queue's first unit.
+    Adds ``_new`` (false for context consume-queue rows) and ``_prior_offset``, ``_prior_log_offset``,
+    ``_prior_new``: the queue offset, commit log offset and ``_new`` of the consume-queue row before in the
+    queue, ordered by ``(queue_offset, commit_log_offset, _new)`` (consume-queue rows equal on all three are
+    the same record twice, interchangeable for every check); null for a queue's first consume-queue row.
 
     Args:
-        units_df: units of new records (dispatched rows, with at least the queue columns).
-        context_df: units already checked (``consume_queue`` columns) that precede or interleave
+        units_df: consume-queue rows of new records (dispatched rows, with at least the queue columns).
+        context_df: consume-queue rows already checked (``consume_queue`` columns) that precede or interleave
             the new ones (see :func:`build_queue_context`); None when there are none.
     """
-    rows_df = units_df.withColumn("_new", F.lit(True))
+    rows_df = cq_rows_df.withColumn("_new", F.lit(True))
     if context_df is not None:
-        rows_df = rows_df.unionByName(_as_context_units(context_df, rows_df.schema))
+        rows_df = rows_df.unionByName(_as_context_cq_rows(context_df, rows_df.schema))
     window = Window.partitionBy(*_QUEUE_PARTITION).orderBy("queue_offset", "commit_log_offset", "_new")
     priors = {
         f"_prior_{n}": F.lag(c_).over(window)
@@ -239,8 +240,8 @@ def with_queue_order(units_df: DataFrame, context_df: DataFrame | None = None) -
     return rows_df.repartition(*_QUEUE_PARTITION).withColumns(priors)
 
 
-def _as_context_units(context_df: DataFrame, schema: StructType) -> DataFrame:
-    """Context units in the shape of the new rows: columns they lack are null, ``_new`` false."""
+def _as_context_cq_rows(context_df: DataFrame, schema: StructType) -> DataFrame:
+    """Context consume-queue rows in the shape of the new rows: columns they lack are null, ``_new`` false."""
     present = set(context_df.columns)
     columns = [
         F.col(f.name) if f.name in present else F.lit(None).cast(f.dataType).alias(f.name)
@@ -252,7 +253,7 @@ def _as_context_units(context_df: DataFrame, schema: StructType) -> DataFrame:
 
 def queue_checks() -> list[Check]:
     """GAP, DUPLICATE_QUEUE_OFFSET and NON_MONOTONIC_OFFSET, on the rows of :func:`with_queue_order`
-    that are new or follow a new unit; a queue's first unit must have queue offset 0."""
+    that are new or follow a new consume-queue row; a queue's first consume-queue row must have queue offset 0."""
     offset, log_offset = F.col("queue_offset"), F.col("commit_log_offset")
     prior_offset, prior_log_offset = F.col("_prior_offset"), F.col("_prior_log_offset")
     checked = F.col("_new") | F.coalesce(F.col("_prior_new"), F.lit(False))
@@ -303,12 +304,12 @@ def build_integrity_report(
         segment_sizes_df: ``(broker_name, segment_size)``; brokers missing from it are taken to
             use RocketMQ's default 1 GiB segments.
         commitlog_version: the commit log version the check covers, written on every finding.
-        queue_context_df: units already checked (see :func:`with_queue_order`); None for a full check.
+        queue_context_df: consume-queue rows already checked (see :func:`with_queue_order`); None for a full check.
         log_context_df: records already checked (see :func:`build_continuity_findings`); None for
             a full check.
 
     Returns:
-        One row per finding; a record or unit with several problems has several rows. A finding
+        One row per finding; a record or consume-queue row with several problems has several rows. A finding
         about a record alone (CRC_MISMATCH, SIZE_MISMATCH, BEYOND_SEGMENT) has null topic,
         queue_id and queue_offset. Context rows are only checked against new neighbours.
     """
@@ -389,13 +390,13 @@ def build_continuity_findings(
         {f"_next_{n}": F.lead(n).over(window) for n in ("commit_log_offset", "store_size", "_new")}
     )
     offset, size = F.col("commit_log_offset"), F.col("store_size")
-    next_offset, next_size = F.col("_next_commit_log_offset"), F.col("_next_store_size")
+    next_commit_log_offset, next_size = F.col("_next_commit_log_offset"), F.col("_next_store_size")
     segment_end = offset - offset % F.col("segment_size") + F.col("segment_size")
     end = offset + size
-    rolled = (next_offset == segment_end) & (end + next_size + c.END_FILE_MIN_BLANK_LENGTH > segment_end)
-    bad = (F.col("_new") | F.col("_next__new")) & ~((next_offset == end) | rolled)
+    rolled = (next_commit_log_offset == segment_end) & (end + next_size + c.END_FILE_MIN_BLANK_LENGTH > segment_end)
+    bad = (F.col("_new") | F.col("_next__new")) & ~((next_commit_log_offset == end) | rolled)
     detail = F.when(
-        next_offset == segment_end,
+        next_commit_log_offset == segment_end,
         F.format_string(
             "the next record starts the next segment at %d though %d bytes fitted after the end of this one at %d",
             segment_end,
@@ -404,7 +405,11 @@ def build_continuity_findings(
         ),
     ).otherwise(
         F.format_string(
-            "the next record starts at %d, not at %d (offset %d + store_size %d)", next_offset, end, offset, size
+            "the next record starts at %d, not at %d (offset %d + store_size %d)",
+            next_commit_log_offset,
+            end,
+            offset,
+            size,
         )
     )
     return build_findings(next_df, [("SIZE_MISMATCH", bad, detail, False)], commitlog_version)
@@ -422,15 +427,15 @@ def _marked(new_df: DataFrame, context_df: DataFrame | None, columns: Sequence[s
     return marked_df.unionByName(context_df.select(*context, F.lit(False).alias("_new")))
 
 
-def build_queue_context(consume_queue_df: DataFrame, entries_df: DataFrame) -> DataFrame:
-    """The units of ``consume_queue_df`` the queue checks of the new units ``entries_df`` need.
+def build_queue_context(consume_queue_df: DataFrame, cq_rows_df: DataFrame) -> DataFrame:
+    """The consume-queue rows of ``consume_queue_df`` the queue checks of the new rows ``cq_rows_df`` need.
 
-    Per queue of ``entries_df``: the unit just before its first new unit in
-    ``(queue_offset, commit_log_offset)`` order, and every unit from there on (none after it when
-    the new units only append). Columns: broker_name, topic, queue_id, queue_offset, commit_log_offset.
+    Per queue of ``cq_rows_df``: the consume-queue row just before its first new consume-queue row in
+    ``(queue_offset, commit_log_offset)`` order, and every consume-queue row from there on (none after it when
+    the new consume-queue rows only append). Columns: broker_name, topic, queue_id, queue_offset, commit_log_offset.
     """
-    units_df = consume_queue_df.select(*QUEUE_KEY, "queue_offset", "commit_log_offset")
-    return _context(units_df, entries_df, list(QUEUE_KEY), ["queue_offset", "commit_log_offset"])
+    cq_rows_df = consume_queue_df.select(*QUEUE_KEY, "queue_offset", "commit_log_offset")
+    return _context(cq_rows_df, cq_rows_df, list(QUEUE_KEY), ["queue_offset", "commit_log_offset"])
 
 
 def build_log_context(commitlog_df: DataFrame, records_df: DataFrame) -> DataFrame:

@@ -43,14 +43,14 @@ class QueueRange:
 
 @dataclass(frozen=True)
 class QueueBounds:
-    """What the source knows of a queue: its offsets ``[min_offset, next_offset)``, the first offsets
+    """What the source knows of a queue: its offsets ``[min_offset, max_offset)``, the first offsets
     stored at or after the time range's start and end (None: none is), a group's committed offset."""
 
     broker_name: str
     topic: str
     queue_id: int
     min_offset: int
-    next_offset: int
+    max_offset: int
     time_start: int | None = None
     time_end: int | None = None
     committed: int | None = None
@@ -98,17 +98,17 @@ def plan_ranges(
 
 def _start_and_end(bound: QueueBounds, config: ReplayConfig) -> tuple[int, int]:
     def clamp(value: int) -> int:
-        return min(max(value, bound.min_offset), bound.next_offset)
+        return min(max(value, bound.min_offset), bound.max_offset)
 
-    start, end = bound.min_offset, bound.next_offset
+    start, end = bound.min_offset, bound.max_offset
     if config.from_offset is not None:
         start = clamp(config.from_offset)
     if config.to_offset is not None:
         end = clamp(config.to_offset)
     if config.from_time is not None:
-        start = bound.next_offset if bound.time_start is None else bound.time_start
+        start = bound.max_offset if bound.time_start is None else bound.time_start
     if config.to_time is not None:
-        end = bound.next_offset if bound.time_end is None else bound.time_end
+        end = bound.max_offset if bound.time_end is None else bound.time_end
     if bound.committed is not None:
         start = clamp(bound.committed)
     return start, end

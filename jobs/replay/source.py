@@ -40,7 +40,7 @@ def filter_source_records(commitlog_df: DataFrame, topics: Sequence[TopicQueues]
     return dispatched.where(wanted)
 
 
-_BOUNDS = ("min_offset", "next_offset", "time_start", "time_end")
+_BOUNDS = ("min_offset", "max_offset", "time_start", "time_end")
 
 
 def _bound_aggregates(from_time: int | None, to_time: int | None) -> list[Column]:
@@ -51,7 +51,7 @@ def _bound_aggregates(from_time: int | None, to_time: int | None) -> list[Column
 
     return [
         F.min("queue_offset").alias("min_offset"),
-        (F.max("queue_offset") + F.lit(1)).alias("next_offset"),
+        (F.max("queue_offset") + F.lit(1)).alias("max_offset"),
         first_at(from_time).alias("time_start"),
         first_at(to_time).alias("time_end"),
     ]
@@ -73,7 +73,7 @@ def summarize_source(
     chunks: Iterable[pa.Table], topics: Sequence[TopicQueues], from_time: int | None, to_time: int | None
 ) -> pa.Table:
     """Per chunk of commit log rows (:data:`SUMMARY_COLUMNS`, one chunk per data file) and queue,
-    the source records' bounds: ``min_offset``, ``next_offset`` (largest + 1), the first offsets
+    the source records' bounds: ``min_offset``, ``max_offset`` (largest + 1), the first offsets
     stored at or after ``from_time`` and ``to_time`` (``time_start``, ``time_end``; null when none
     is, or when the time is None), ``offsets``, the chunk's queue offsets of the queue, and what
     :func:`queues_out_of_log_order` needs: the least and greatest commit log offsets
@@ -114,7 +114,7 @@ def summarize_source(
                 {
                     **{k: grouped[k] for k in QUEUE_KEY},
                     "min_offset": grouped["queue_offset_min"],
-                    "next_offset": pc.add(grouped["queue_offset_max"], 1),
+                    "max_offset": pc.add(grouped["queue_offset_max"], 1),
                     "time_start": grouped["time_start_min"],
                     "time_end": grouped["time_end_min"],
                     "offsets": grouped["queue_offset_list"],
@@ -133,7 +133,7 @@ _SUMMARY_SCHEMA = pa.schema(
         ("topic", pa.string()),
         ("queue_id", pa.int32()),
         ("min_offset", pa.int64()),
-        ("next_offset", pa.int64()),
+        ("max_offset", pa.int64()),
         ("time_start", pa.int64()),
         ("time_end", pa.int64()),
         ("offsets", pa.list_(pa.int64())),
@@ -168,11 +168,11 @@ def queues_out_of_log_order(summary: pa.Table) -> list[QueueKey]:
     equal queue offsets by commit log offset, as the replay order breaks them)."""
     runs: dict[QueueKey, list[tuple[int, int, int, int, bool]]] = {}
     for r in summary.select(
-        [*QUEUE_KEY, "min_log_offset", "max_log_offset", "min_offset", "next_offset", "in_log_order"]
+        [*QUEUE_KEY, "min_log_offset", "max_log_offset", "min_offset", "max_offset", "in_log_order"]
     ).to_pylist():
         key = (r["broker_name"], r["topic"], r["queue_id"])
         runs.setdefault(key, []).append(
-            (r["min_log_offset"], r["max_log_offset"], r["min_offset"], r["next_offset"] - 1, r["in_log_order"])
+            (r["min_log_offset"], r["max_log_offset"], r["min_offset"], r["max_offset"] - 1, r["in_log_order"])
         )
     out = []
     for key, chunks in sorted(runs.items()):
@@ -201,7 +201,7 @@ def _source_mask(rows: pa.Table, topics: Sequence[TopicQueues]) -> pa.ChunkedArr
 def merge_queue_bounds(summary: pa.Table) -> list[QueueBounds]:
     """The bounds of each queue of ``summary`` (rows of :func:`summarize_source`, several per
     queue), sorted by queue; nulls are skipped, as Spark's ``min`` skips them."""
-    aggregates = [(n, "max" if n == "next_offset" else "min") for n in _BOUNDS]
+    aggregates = [(n, "max" if n == "max_offset" else "min") for n in _BOUNDS]
     merged = summary.group_by(list(QUEUE_KEY), use_threads=False).aggregate(aggregates)
     rows = merged.to_pylist()
     bounds = [
