@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker_model.broker.config import InnerMessage
+from broker_model.broker.service import PeriodicService
 from broker_model.common import constants as c
 from broker_model.common import consume_queue_tags_code, level_delay_ms, validate_name
 from broker_model.store import MessageExt
@@ -95,7 +96,7 @@ class DeliveryReport:
         return sum(self.delivered.values())
 
 
-class ScheduleMessageService:
+class ScheduleMessageService(PeriodicService):
     """Delayed delivery of one broker (see the module docstring).
 
     :meth:`deliver_due` runs one pass over every level at an explicit ``now`` (tests, replays);
@@ -103,6 +104,8 @@ class ScheduleMessageService:
     100 ms). Thread-safe: passes never overlap. Creating the service reads the progress file and
     settles a round a crash left pending, so the broker must be started.
     """
+
+    thread_name = "schedule"
 
     def __init__(
         self,
@@ -115,15 +118,11 @@ class ScheduleMessageService:
     ) -> None:
         if batch_size < 1:
             raise ValidationError("batch_size", batch_size, "must be at least 1")
-        self.broker = broker
+        super().__init__(broker, interval_ms, first_delay_ms)
         self.path = Path(path) if path is not None else progress_path(broker.config.lake, broker.broker_name)
         self.batch_size = batch_size
-        self.interval_ms = interval_ms
-        self.first_delay_ms = first_delay_ms
         self._lock = threading.Lock()
         self._offsets: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._load()
 
     # -- progress ---------------------------------------------------------------------------------
@@ -290,26 +289,6 @@ class ScheduleMessageService:
 
     # -- the background thread --------------------------------------------------------------------
 
-    def start(self) -> ScheduleMessageService:
-        """Run :meth:`deliver_due` on the broker's clock in a daemon thread, stopped by the broker's shutdown."""
-        self._stop.clear()
-        self.broker.attach(self)
-        self._thread = threading.Thread(target=self._loop, name=f"schedule-{self.broker.broker_name}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop the thread after its current pass (idempotent)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-
-    def _loop(self) -> None:
-        wait = self.first_delay_ms
-        while not self._stop.wait(wait / 1000):
-            wait = self.interval_ms
-            try:
-                self.deliver_due(self.broker.config.clock())
-            except Exception:  # the progress is exact after a failed pass; the next pass carries on
-                _log.exception("schedule delivery pass failed on broker %s", self.broker.broker_name)
+    def run_round(self, now: int) -> object:
+        """One round of the service at ``now`` (:meth:`deliver_due`)."""
+        return self.deliver_due(now)

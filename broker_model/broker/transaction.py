@@ -16,12 +16,12 @@ between the final message and the op) writes only the op, never a second final m
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from enum import Enum
 
 from broker_model.broker.config import InnerMessage
 from broker_model.broker.controller import Broker
+from broker_model.broker.service import PeriodicService
 from broker_model.common import constants as c
 from broker_model.store import MessageExt
 from schemas.errors import BrokerError
@@ -184,9 +184,11 @@ class CheckReport:
     op_offset: int = 0
 
 
-class TransactionCheckService:
+class TransactionCheckService(PeriodicService):
     """``TransactionalMessageCheckService`` of one broker: :meth:`check` runs one round with an
     explicit ``now``; :meth:`start` runs rounds every ``interval_ms`` on the broker's clock."""
+
+    thread_name = "tx-check"
 
     def __init__(
         self,
@@ -196,35 +198,14 @@ class TransactionCheckService:
         interval_ms: int = TRANSACTION_CHECK_INTERVAL_MS,
         reserved_ms: int = FILE_RESERVED_MS,
     ) -> None:
-        self.broker = broker
+        super().__init__(broker, interval_ms)
         self.timeout_ms = timeout_ms
         self.check_max = check_max
-        self.interval_ms = interval_ms
         self.reserved_ms = reserved_ms
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> TransactionCheckService:
-        """Run a check round every ``interval_ms`` in a background thread, stopped by the broker's shutdown."""
-        self._stop.clear()
-        self.broker.attach(self)
-        self._thread = threading.Thread(target=self._loop, name=f"tx-check-{self.broker.broker_name}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop the background thread (idempotent)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_ms / 1000):
-            try:
-                self.check(self.broker.config.clock())
-            except Exception:  # a failed round leaves the offsets where they were; the next retries
-                continue
+    def run_round(self, now: int) -> object:
+        """One round of the service at ``now`` (:meth:`check`)."""
+        return self.check(now)
 
     def check(self, now: int) -> CheckReport:
         """One round of ``TransactionalMessageServiceImpl.check`` over half queue 0 at ``now``."""
