@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from abc import ABC, abstractmethod
 from enum import Enum
 from pathlib import Path
 
@@ -24,25 +25,23 @@ class ReadOffsetType(Enum):
     MEMORY_FIRST_THEN_STORE = "MEMORY_FIRST_THEN_STORE"
 
 
-class RemoteBrokerOffsetStore:
-    """A clustering client's offsets: memory, backed by the queue's broker (``readOffset``
-    return codes: the offset, -1 not found, -2 broker unreachable, -3 bad request)."""
+class OffsetStore(ABC):
+    """A client's offsets in memory (RocketMQ's ``offsetTable``), backed by a store that
+    :meth:`_read_store` reads (``readOffset`` return codes: the offset, -1 not found, -2 the store
+    could not be read, -3 bad request)."""
 
-    def __init__(self, managers: dict[str, ConsumerOffsetManager], group: str, client_id: str) -> None:
-        self.managers = managers
-        self.group = group
-        self.client_id = client_id
+    def __init__(self) -> None:
         self._memory: dict[tuple[str, str, int], int] = {}
 
-    def update_offset(self, queue: MessageQueue, offset: int, increase_only: bool = True) -> None:
-        """Set the offset in memory (only upwards with ``increase_only``)."""
+    def _update(self, queue: MessageQueue, offset: int, increase_only: bool) -> None:
         key = (queue.broker_name, queue.topic, queue.queue_id)
         if increase_only and self._memory.get(key, -1) >= offset:
             return
         self._memory[key] = offset
 
     def read_offset(self, queue: MessageQueue | None, read_type: ReadOffsetType) -> int:
-        """The offset per ``read_type``, or one of the negative return codes."""
+        """The offset per ``read_type``, or one of the negative return codes; an offset read from
+        the store is kept in memory."""
         if queue is None or not isinstance(read_type, ReadOffsetType):
             return OFFSET_BAD_REQUEST
         key = (queue.broker_name, queue.topic, queue.queue_id)
@@ -50,16 +49,38 @@ class RemoteBrokerOffsetStore:
             return self._memory[key]
         if read_type is ReadOffsetType.READ_FROM_MEMORY:
             return OFFSET_NOT_FOUND
+        stored = self._read_store(queue)
+        if stored >= 0:
+            self._memory[key] = stored
+        return stored
+
+    @abstractmethod
+    def _read_store(self, queue: MessageQueue) -> int:
+        """The offset the store holds for ``queue``, or a negative return code."""
+
+
+class RemoteBrokerOffsetStore(OffsetStore):
+    """A clustering client's offsets: memory, backed by the queue's broker (``readOffset``
+    return codes: the offset, -1 not found, -2 broker unreachable, -3 bad request)."""
+
+    def __init__(self, managers: dict[str, ConsumerOffsetManager], group: str, client_id: str) -> None:
+        super().__init__()
+        self.managers = managers
+        self.group = group
+        self.client_id = client_id
+
+    def update_offset(self, queue: MessageQueue, offset: int, increase_only: bool = True) -> None:
+        """Set the offset in memory (only upwards with ``increase_only``)."""
+        self._update(queue, offset, increase_only)
+
+    def _read_store(self, queue: MessageQueue) -> int:
         manager = self.managers.get(queue.broker_name)
         if manager is None:
             return OFFSET_READ_ERROR
         try:
-            offset = manager.query_offset(self.group, queue.topic, queue.queue_id)
+            return manager.query_offset(self.group, queue.topic, queue.queue_id)
         except RmqLakeError:
             return OFFSET_READ_ERROR
-        if offset >= 0:
-            self._memory[key] = offset
-        return offset
 
     def persist(self, queue: MessageQueue) -> None:
         """Send the memory offset of ``queue`` to its broker."""
@@ -75,7 +96,7 @@ class RemoteBrokerOffsetStore:
             self.persist(MessageQueue(broker_name, topic, queue_id))
 
 
-class LocalFileOffsetStore:
+class LocalFileOffsetStore(OffsetStore):
     """Broadcasting offsets of one client and group in ``{base}/{client_id}/{group}/offsets.json``.
 
     The file is strict JSON ``{"offsetTable": [{"brokerName", "topic", "queueId", "offset"}, ...]}``
@@ -84,29 +105,15 @@ class LocalFileOffsetStore:
     """
 
     def __init__(self, base_dir: str | Path, client_id: str, group: str) -> None:
+        super().__init__()
         self.path = Path(base_dir) / client_id / group / "offsets.json"
-        self._memory: dict[tuple[str, str, int], int] = {}
 
     def update_offset(self, queue: MessageQueue, offset: int, increase_only: bool = False) -> None:
         """Set the offset in memory (only upwards with ``increase_only``)."""
-        key = (queue.broker_name, queue.topic, queue.queue_id)
-        if increase_only and self._memory.get(key, -1) >= offset:
-            return
-        self._memory[key] = offset
+        self._update(queue, offset, increase_only)
 
-    def read_offset(self, queue: MessageQueue | None, read_type: ReadOffsetType) -> int:
-        """The offset per ``read_type``; -1 for every "not found", -3 for a bad request."""
-        if queue is None or not isinstance(read_type, ReadOffsetType):
-            return OFFSET_BAD_REQUEST
-        key = (queue.broker_name, queue.topic, queue.queue_id)
-        if read_type is not ReadOffsetType.READ_FROM_STORE and key in self._memory:
-            return self._memory[key]
-        if read_type is ReadOffsetType.READ_FROM_MEMORY:
-            return OFFSET_NOT_FOUND
-        stored = self._read_file().get(key, OFFSET_NOT_FOUND)
-        if stored >= 0:
-            self._memory[key] = stored
-        return stored
+    def _read_store(self, queue: MessageQueue) -> int:
+        return self._read_file().get((queue.broker_name, queue.topic, queue.queue_id), OFFSET_NOT_FOUND)
 
     def persist_all(self) -> None:
         """Write every memory offset to the file (atomic replace, previous kept as .bak)."""
