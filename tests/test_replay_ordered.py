@@ -16,8 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -119,8 +118,11 @@ def test_batches_cover_every_queue_by_whole_batches_and_progress_stops_at_the_en
     assert progress_after(ranges, 3, 3) == {KEY: 10, ("broker-b", "Orders", 0): 2}
 
 
-def test_progress_rows_give_the_pinned_first_offset_and_the_last_offset_per_queue(tmp_path: Path) -> None:
-    lake = cast(Lake, SimpleNamespace(root=tmp_path))
+@pytest.mark.spark
+def test_progress_rows_give_the_pinned_first_offset_and_the_last_offset_per_queue(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    lake = Lake(spark, tmp_path, "bridge")
     assert read_progress(lake, "r1") == {}
     write_progress(lake, "r1", {KEY: 9, ("broker-b", "Orders", 0): -1})
     write_progress(lake, "r1", {KEY: 12})
