@@ -1,4 +1,8 @@
-"""Command line of the broker: ``python -m broker_model <command> --help``."""
+"""Command line of the broker: ``python -m broker_model <command> --help``.
+
+The process ends with the command's exit status (0 done, 1 failed, 2 bad input), without finalizing
+the native libraries, which can abort an ending process (:mod:`broker_model.cli_exit`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from broker_model.cli_exit import run_and_exit
 from broker_model.errors import RmqLakeError
 from broker_model.lake_root import default_lake
 from broker_model.storefiles import add_import_export_commands
@@ -66,4 +71,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit(main)

@@ -1,0 +1,112 @@
+"""How a command line process ends: with its own exit status, never by a signal.
+
+The native libraries under the lake I/O keep threads of their own (pyarrow's I/O and CPU thread
+pools, delta-rs' tokio runtime). When such a thread still holds a Python object while the
+interpreter finalizes, it can take the process down after the command's work and output are done:
+a pyarrow read-ahead thread that releases a Python buffer during finalization is made to exit
+(``PyGILState_Ensure`` on a finalizing interpreter calls ``pthread_exit``) from inside a C++
+destructor, and the process aborts with ``terminate called without an active exception``, exit
+status 134 (SIGABRT). Known upstream: delta-rs issue #2184, polars issue #24169.
+
+:func:`run_and_exit` is the end of every command line entry point (``python -m broker_model``,
+``python -m jobs``, the ``spark-submit`` driver script). It runs ``main`` to its exit status, then
+does what the interpreter's own exit does for Python code, in the same order: it waits for the
+non-daemon threads, runs the :mod:`atexit` handlers (logging's flush among them) and flushes stdout
+and stderr; then it ends the process with :func:`os._exit`, which skips only the finalization of
+modules and native libraries, where the abort happens. ``main(argv) -> int`` functions stay plain
+functions that return their status: only the ``__main__`` entry calls this.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import NoReturn
+
+# exit statuses of the command lines
+EXIT_OK = 0
+EXIT_FAILED = 1  # an unexpected exception (its traceback is printed)
+EXIT_BAD_INPUT = 2  # a usage error or an error of the product (RmqLakeError), printed as one line
+EXIT_FLUSH_FAILED = 120  # as CPython: stdout could not be flushed at exit (e.g. a closed pipe)
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports a process killed by it
+
+
+def status_of(exc: SystemExit) -> int:
+    """The exit status ``sys.exit(code)`` gives: None is 0, an int is itself, anything else is
+    printed to stderr and gives 1."""
+    code = exc.code
+    if code is None:
+        return EXIT_OK
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return EXIT_FAILED
+
+
+def run_main(main: Callable[[], int]) -> int:
+    """``main()``'s exit status, as the interpreter would make it of an uncaught exception.
+
+    ``SystemExit`` (argparse's usage errors and ``--help``) gives its code; ``KeyboardInterrupt``
+    gives 130; any other exception prints its traceback through :data:`sys.excepthook` and gives 1.
+    """
+    try:
+        return main()
+    except SystemExit as exc:
+        return status_of(exc)
+    except KeyboardInterrupt as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        return EXIT_INTERRUPTED
+    except BaseException as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        return EXIT_FAILED
+
+
+def run_and_exit(main: Callable[[], int], cleanup: Callable[[], None] | None = None) -> NoReturn:
+    """Run ``main``, then ``cleanup`` (e.g. stop the Spark session), then end the process with
+    ``main``'s exit status without finalizing the native libraries (see the module docstring).
+
+    A failing ``cleanup`` prints its traceback and turns a status of 0 into 1.
+    """
+    status = run_main(main)
+    if cleanup is not None:
+        cleanup_status = run_main(_returning_zero(cleanup))
+        if status == EXIT_OK:
+            status = cleanup_status
+    exit_now(status)
+
+
+def exit_now(status: int) -> NoReturn:
+    """End the process with ``status`` after the Python part of an interpreter exit: wait for the
+    non-daemon threads, run the :mod:`atexit` handlers, flush stdout and stderr."""
+    # threading._shutdown is what the interpreter's exit calls first: it runs the threading atexit
+    # hooks (concurrent.futures stops its idle workers) and joins every non-daemon thread
+    shutdown_threads: Callable[[], None] | None = getattr(threading, "_shutdown", None)
+    if shutdown_threads is not None:
+        shutdown_threads()
+    atexit._run_exitfuncs()
+    if not _flush(sys.stdout) and status == EXIT_OK:
+        status = EXIT_FLUSH_FAILED
+    _flush(sys.stderr)
+    os._exit(status)
+
+
+def _flush(stream: object) -> bool:
+    flush = getattr(stream, "flush", None)
+    if flush is None:
+        return True
+    try:
+        flush()
+    except (OSError, ValueError):  # a closed pipe or a closed stream: nothing more can be written
+        return False
+    return True
+
+
+def _returning_zero(function: Callable[[], None]) -> Callable[[], int]:
+    def call() -> int:
+        function()
+        return EXIT_OK
+
+    return call
