@@ -1,4 +1,10 @@
-"""Run a job: ``python -m jobs <job> [options]`` (also the ``spark-submit`` entry point)."""
+"""Run a job: ``python -m jobs <job> [options]`` (also the ``spark-submit`` entry point).
+
+Run as a program (``python -m jobs``, or as the driver script of ``spark-submit.sh``), the process
+ends with the job's exit status (0 done, 1 failed, 2 bad input) after stopping the Spark session,
+without finalizing the native libraries, which can abort an ending process
+(:mod:`broker_model.cli_exit`).
+"""
 
 from __future__ import annotations
 
@@ -40,4 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from broker_model.cli_exit import run_and_exit
+    from jobs.session import stop_spark
+
+    run_and_exit(main, cleanup=stop_spark)
