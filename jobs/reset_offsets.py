@@ -160,5 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m jobs.reset_offsets: the same as python -m jobs reset_offsets
+    from broker_model.cli_exit import run_and_exit
+    from jobs.__main__ import main as run_job
+
+    run_and_exit(lambda: run_job(["reset_offsets", *sys.argv[1:]]))
