@@ -1,15 +1,18 @@
-"""Command line of the broker: ``python -m broker_model <command> --help``."""
+"""Command line of the broker: ``python -m broker_model <command> --help``.
+
+The process ends with the command's exit status (0 done, 1 failed, 2 bad input), without finalizing
+the native libraries, which can abort an ending process (:mod:`broker_model.cli_exit`).
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from broker_model.cli_exit import run_and_exit, run_command
 from broker_model.common import default_lake
 from broker_model.tools import add_import_export_commands
-from schemas.errors import RmqLakeError
 
 
 def _workload(args: argparse.Namespace) -> int:
@@ -56,14 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one broker command; bad input prints a clear error and exits 2."""
+    """Run one broker command: 0 done, 1 failed, 2 bad input (a clear one-line error)."""
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args))
-    except RmqLakeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(lambda: int(args.func(args)))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit(main)

@@ -154,5 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m jobs.reset_offsets: the same as python -m jobs reset_offsets
+    from broker_model.cli_exit import run_and_exit, run_command
+
+    run_and_exit(lambda: run_command(lambda: main(sys.argv[1:])))

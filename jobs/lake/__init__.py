@@ -25,7 +25,7 @@ from jobs.lake.conform import conform_to_catalog, create_table
 from jobs.lake.delta_log import IncrementalReadError, check_bridge_can_read, file_location, local_directory, open_table
 from jobs.lake.delta_spark import replace_where
 from jobs.lake.facade import Lake
-from jobs.lake.session import ENGINE_CONF, ENGINES, build_session, detect_engine, resolve_engine
+from jobs.lake.session import ENGINE_CONF, ENGINES, build_session, detect_engine, resolve_engine, stop_spark
 
 __all__ = [
     "ENGINES",
@@ -57,6 +57,7 @@ __all__ = [
     "replace_where",
     "resolve_engine",
     "sealed_segments",
+    "stop_spark",
     "write_bins",
     "write_data_files",
 ]

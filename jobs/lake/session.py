@@ -16,6 +16,8 @@ An explicit choice wins over detection, in this order: the ``engine`` argument, 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 from schemas.catalog import PLAIN_ENCODED_COLUMNS
@@ -54,6 +56,9 @@ BASE_CONF: dict[str, str] = {
     # Parquet's per-column dictionary switch (read by every Spark Parquet write, Delta's included)
     **{f"spark.hadoop.parquet.enable.dictionary#{path}": "false" for path in PLAIN_ENCODED_COLUMNS},
 }
+
+# how long a stopped session's JVM may take to end (its shutdown hooks delete Spark's temp dirs)
+JVM_EXIT_TIMEOUT_S = 60
 
 DELTA_CONF: dict[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -103,6 +108,35 @@ def build_session(
     if chosen == "delta-spark":
         _require_delta_classes(spark)
     return spark
+
+
+def stop_spark() -> None:
+    """Stop this process's Spark session, if one was started, and wait for the JVM it launched.
+
+    The end of a job's process (``python -m jobs``, the ``spark-submit`` driver script) calls this
+    before it exits: the SparkContext stops cleanly, and a JVM that ``pyspark`` launched as a child
+    (``python -m jobs``; under ``spark-submit`` the JVM is the parent and ends after this process)
+    is told to exit by closing its stdin, as the end of the Python process would, and is waited
+    for, so that it does not outlive the process. A JVM that has not ended after
+    :data:`JVM_EXIT_TIMEOUT_S` seconds is killed. Does nothing when pyspark was never imported.
+    """
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is not None:
+        context.stop()
+    jvm = getattr(SparkContext._gateway, "proc", None)
+    if not isinstance(jvm, subprocess.Popen):
+        return
+    if jvm.stdin is not None:
+        jvm.stdin.close()  # PythonGatewayServer exits on end of file of its stdin
+    try:
+        jvm.wait(timeout=JVM_EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        jvm.kill()
+        jvm.wait()
 
 
 def resolve_engine(spark: SparkSession, engine: str = "auto") -> str:
