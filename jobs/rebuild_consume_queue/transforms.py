@@ -434,8 +434,8 @@ def build_queue_context(consume_queue_df: DataFrame, cq_rows_df: DataFrame) -> D
     ``(queue_offset, commit_log_offset)`` order, and every consume-queue row from there on (none after it when
     the new consume-queue rows only append). Columns: broker_name, topic, queue_id, queue_offset, commit_log_offset.
     """
-    cq_rows_df = consume_queue_df.select(*QUEUE_KEY, "queue_offset", "commit_log_offset")
-    return _context(cq_rows_df, cq_rows_df, list(QUEUE_KEY), ["queue_offset", "commit_log_offset"])
+    old_df = consume_queue_df.select(*QUEUE_KEY, "queue_offset", "commit_log_offset")
+    return _context(old_df, cq_rows_df, list(QUEUE_KEY), ["queue_offset", "commit_log_offset"])
 
 
 def build_log_context(commitlog_df: DataFrame, records_df: DataFrame) -> DataFrame:
