@@ -4,6 +4,7 @@ code (non-daemon threads, atexit handlers, flushed output), then ends the proces
 :func:`os._exit`, skipping the native libraries' finalization, where a pyarrow or delta-rs thread
 can abort the process (SIGABRT). See docs/jobs.md (How a command line process ends).
 """
+
 from __future__ import annotations
 
 import atexit

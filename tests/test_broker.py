@@ -285,3 +285,16 @@ def test_stored_property_string_over_32767_bytes_is_refused(tmp_path: Path, valu
                 broker.put_message(message)
     rows = read_log(tmp_path, "broker-a")
     assert [len(r["raw_properties"]) for r in rows] == ([32767] if stored else [])
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [("messages", {"messages": -1}), ("transactions", {"transactions": -2}), ("brokers", {"brokers": 0})],
+)
+def test_a_workload_with_a_negative_count_is_refused_and_writes_nothing(
+    tmp_path: Path, field: str, kwargs: dict[str, int]
+) -> None:
+    arguments = {"messages": 10, **kwargs}
+    with pytest.raises(ValidationError, match=rf"^{field}="):
+        run_workload(tmp_path, arguments.pop("messages"), 1, **arguments)
+    assert list(tmp_path.iterdir()) == []

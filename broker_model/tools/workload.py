@@ -38,6 +38,7 @@ from broker_model.client import (
 from broker_model.common import Message, MessageQueue, now_ms
 from broker_model.common import constants as c
 from broker_model.store import MessageExt, PullStatus
+from schemas.errors import ValidationError
 
 # (topic, queue count per broker, tags, share of sends) of the demo business
 TOPICS: tuple[tuple[str, int, tuple[str, ...], float], ...] = (
@@ -170,7 +171,16 @@ def run_workload(
     push consumer groups of :data:`RETRY_GROUPS` consume with failing listeners while the clock
     jumps from one delivery time to the next (:func:`run_retries`): retries, delays and dead
     letters appear in the log at realistic store times within seconds of wall time.
+
+    Raises:
+        ValidationError: a negative count of messages, transactions, brokers or threads (nothing
+            is written).
     """
+    for name, value, low in (("messages", messages, 0), ("transactions", transactions, 0), ("brokers", brokers, 1)):
+        if value < low:
+            raise ValidationError(name, value, f"must be at least {low}")
+    if threads < 1:
+        raise ValidationError("threads", threads, "must be at least 1")
     plan = plan_sends(messages, seed)
     clock = SimulatedClock(-RETRY_HISTORY_MS) if retries else now_ms
     started = start_brokers(lake, brokers, segment_size, flush_mode, clock)
