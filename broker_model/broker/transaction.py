@@ -370,18 +370,7 @@ class TransactionCheckService(PeriodicService):
         properties = dict(half.properties)
         properties[c.PROPERTY_TRANSACTION_CHECK_TIMES] = str(check_times)
         properties[c.PROPERTY_WAIT_STORE_MSG_OK] = "false"
-        result = self.broker.put_message(
-            InnerMessage(
-                c.RMQ_SYS_TRANS_HALF_TOPIC,
-                0,
-                half.body,
-                properties,
-                0,
-                _plain_flag(half.sys_flag),
-                half.born_timestamp,
-                half.born_host,
-            )
-        )
+        result = self.broker.put_message(_half_copy(half, properties))
         self.broker.flush()  # the check-back names the copy, which must be readable
         return self.broker.store.message_at(c.RMQ_SYS_TRANS_HALF_TOPIC, 0, result.queue_offsets[0])
 
@@ -391,18 +380,7 @@ class TransactionCheckService(PeriodicService):
         properties = dict(half.properties)
         properties[c.PROPERTY_TRANSACTION_CHECK_TIMES] = str(check_times)
         properties[c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET] = prepared
-        self.broker.put_message(
-            InnerMessage(
-                c.RMQ_SYS_TRANS_HALF_TOPIC,
-                0,
-                half.body,
-                properties,
-                0,
-                _plain_flag(half.sys_flag),
-                half.born_timestamp,
-                half.born_host,
-            )
-        )
+        self.broker.put_message(_half_copy(half, properties))
 
     def _discard(self, half: MessageExt) -> None:
         """``resolveDiscardMsg``: a copy in TRANS_CHECK_MAX_TIME_TOPIC queue 0."""
@@ -421,6 +399,20 @@ class TransactionCheckService(PeriodicService):
                 half.reconsume_times,
             )
         )
+
+
+def _half_copy(half: MessageExt, properties: dict[str, str]) -> InnerMessage:
+    """A copy of ``half`` for half queue 0 with ``properties`` (a re-put or an immunity renewal)."""
+    return InnerMessage(
+        c.RMQ_SYS_TRANS_HALF_TOPIC,
+        0,
+        half.body,
+        properties,
+        0,
+        _plain_flag(half.sys_flag),
+        half.born_timestamp,
+        half.born_host,
+    )
 
 
 def _plain_flag(sys_flag: int) -> int:

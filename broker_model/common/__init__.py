@@ -30,6 +30,7 @@ from broker_model.common.lake_root import default_lake
 from broker_model.common.message import (
     Message,
     MessageQueue,
+    WithProperties,
     validate_batch,
     validate_group,
     validate_message,
@@ -68,6 +69,7 @@ __all__ = [
     "MessageQueue",
     "QueueKey",
     "UniqKeyFactory",
+    "WithProperties",
     "body_crc",
     "compute_deliver_timestamp",
     "consume_queue_tags_code",

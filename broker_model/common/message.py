@@ -22,8 +22,25 @@ class MessageQueue:
     queue_id: int
 
 
+class WithProperties:
+    """The properties every message carries, read by name (a mixin of :class:`Message` and the
+    store's ``MessageExt``)."""
+
+    properties: dict[str, str]
+
+    @property
+    def tags(self) -> str | None:
+        """The TAGS property, or None."""
+        return self.properties.get(c.PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> str | None:
+        """The KEYS property (space separated), or None."""
+        return self.properties.get(c.PROPERTY_KEYS)
+
+
 @dataclass
-class Message:
+class Message(WithProperties):
     """A message as a producer hands it to the broker.
 
     ``properties`` holds every property, system ones (TAGS, KEYS, WAIT, DELAY, UNIQ_KEY, ...)
@@ -70,16 +87,6 @@ class Message:
             _check_user_property(name, value)
             properties[name] = value
         return cls(topic=topic, body=body, flag=flag, properties=properties)
-
-    @property
-    def tags(self) -> str | None:
-        """The TAGS property, or None."""
-        return self.properties.get(c.PROPERTY_TAGS)
-
-    @property
-    def keys(self) -> str | None:
-        """The KEYS property (space separated), or None."""
-        return self.properties.get(c.PROPERTY_KEYS)
 
     @property
     def delay_level(self) -> int:

@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from broker_model.common import WithProperties, consume_queue_tags_code, decompress_body, dispatched_mask, tags_code
 from broker_model.common import constants as c
-from broker_model.common import consume_queue_tags_code, decompress_body, dispatched_mask, tags_code
 from broker_model.store.delta_log import LogChange, LogTail
 from schemas.catalog import COMMITLOG
 from schemas.errors import ValidationError
@@ -112,7 +112,7 @@ class Subscription:
 
 
 @dataclass
-class MessageExt:
+class MessageExt(WithProperties):
     """A stored message as a consumer sees it; ``body`` is decompressed."""
 
     broker_name: str
@@ -133,16 +133,6 @@ class MessageExt:
     prepared_transaction_offset: int
     body_crc: int
     msg_id: str
-
-    @property
-    def tags(self) -> str | None:
-        """The TAGS property."""
-        return self.properties.get(c.PROPERTY_TAGS)
-
-    @property
-    def keys(self) -> str | None:
-        """The KEYS property."""
-        return self.properties.get(c.PROPERTY_KEYS)
 
     @property
     def uniq_key(self) -> str | None:
