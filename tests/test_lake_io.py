@@ -7,6 +7,7 @@ writer the bridge is checked against.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,6 +27,7 @@ from schemas.catalog import (
     spark_schema,
 )
 from schemas.errors import LakeError, ValidationError
+from tests.builders import commitlog_frame, commitlog_record
 from tests.helpers import assert_frames_equal, canonical_rows
 
 pytestmark = pytest.mark.spark
@@ -76,33 +78,19 @@ def _queue_units(spark: SparkSession, topics: tuple[str, ...] = TOPICS, base: in
     return _frame(spark, CONSUME_QUEUE, rows)
 
 
-def _record(broker: str, segment: int, offset: int, body: bytes, properties: dict[str, str]) -> tuple[object, ...]:
-    tags = properties.get("TAGS")
-    return (
-        broker,
-        segment,
-        offset,
-        100 + len(body),
-        -626843477,
-        12345,
-        0,
-        0,
-        offset // 100,
-        0,
-        1_700_000_000_000,
-        "10.0.0.9:5000",
-        1_700_000_000_005,
-        "10.0.0.1:10911",
-        0,
-        0,
-        body,
-        "TopicA",
-        properties,
-        b"\x00".join(f"{k}\x01{v}".encode() for k, v in properties.items()),
-        tags,
-        None,
-        properties.get("UNIQ_KEY"),
-        f"0A00000100002A9F{offset:016X}",
+def _record(
+    broker: str, segment: int, offset: int, body: bytes, properties: dict[str, str], **columns: Any
+) -> dict[str, Any]:
+    return commitlog_record(
+        broker_name=broker,
+        segment=segment,
+        commit_log_offset=offset,
+        queue_offset=offset // 100,
+        body=body,
+        properties=properties,
+        born_timestamp=1_700_000_000_000,
+        store_timestamp=1_700_000_000_005,
+        **columns,
     )
 
 
@@ -113,7 +101,7 @@ def _commitlog(spark: SparkSession) -> DataFrame:
         _record("broker-a", 4096, 4096, b"x" * 300, {"KEYS": "k1 k2", "DELAY": "3"}),
         _record("broker b/%é", 0, 0, b"\xde\xad", {"TAGS": "t2"}),
     ]
-    return _frame(spark, COMMITLOG, rows)
+    return commitlog_frame(spark, rows)
 
 
 def _delta_rs_rows(path: Path, version: int | None = None) -> list[object]:
@@ -199,10 +187,9 @@ def test_message_bodies_ids_and_property_values_are_written_without_a_dictionary
     # every value repeats, so that a dictionary would pay off and be kept wherever it is allowed
     properties = [{"TAGS": "t1", "KEYS": "k", "UNIQ_KEY": f"u{i}"} for i in range(3)]
     rows = [
-        (*_record("broker-a", 0, 200 * i, bytes([i % 3]) * 50, properties[i % 3])[:-1], f"ID{i % 3}")
-        for i in range(200)
+        _record("broker-a", 0, 200 * i, bytes([i % 3]) * 50, properties[i % 3], msg_id=f"ID{i % 3}") for i in range(200)
     ]
-    lake.append("commitlog", _frame(spark, COMMITLOG, rows))
+    lake.append("commitlog", commitlog_frame(spark, rows))
 
     encodings: dict[str, set[str]] = {}
     for file in lake.location(COMMITLOG).rglob("*.parquet"):
@@ -394,8 +381,8 @@ def test_a_partition_overwrite_by_a_subset_of_the_partition_columns(lake: Lake, 
 
     lake.overwrite_partitions("commitlog", replacement_df.limit(1), [{"broker_name": "broker-a"}])
 
-    rows = lake.read("commitlog").select("broker_name", "segment").collect()
-    assert sorted((r.broker_name, r.segment) for r in rows) == [("broker b/%é", 0), ("broker-a", 0)]
+    expected_df = spark.createDataFrame([("broker b/%é", 0), ("broker-a", 0)], "broker_name string, segment long")
+    assert_frames_equal(lake.read("commitlog").select("broker_name", "segment"), expected_df)
 
 
 def test_reading_a_version_the_table_does_not_have_is_a_lake_error(lake: Lake, spark: SparkSession) -> None:

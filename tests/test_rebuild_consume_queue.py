@@ -24,9 +24,8 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_model.common import body_crc, encode_properties, java_string_hash, tags_code
+from broker_model.common import body_crc, java_string_hash, tags_code
 from broker_model.common import constants as c
-from broker_model.store import record_length
 from jobs.lake import IncrementalReadError, Lake
 from jobs.log_chains import CHAIN_COLUMNS, Chains
 from jobs.rebuild_consume_queue import (
@@ -56,9 +55,10 @@ from schemas.catalog import (
     spark_schema,
 )
 from schemas.errors import LakeError
+from tests.builders import SEGMENT_SIZE, commitlog_frame, commitlog_record, laid_out
 from tests.helpers import assert_frames_equal
 
-SEGMENT = 4096  # segment size of the hand-built logs
+SEGMENT = SEGMENT_SIZE  # segment size of the hand-built logs (laid_out's default)
 T0 = 1_700_000_000_000
 V = 7  # the commit log version the transform tests report
 
@@ -69,72 +69,20 @@ V = 7  # the commit log version the transform tests report
 
 
 def _record(
-    queue_offset: int = 0,
-    *,
-    broker: str = "broker-a",
-    topic: str = "TopicA",
-    queue_id: int = 0,
-    body: bytes = b"hello",
-    properties: dict[str, str] | None = None,
-    sys_flag: int = 0,
-    magic: int = c.MAGIC_CODE_V1,
-    store_timestamp: int = T0,
+    queue_offset: int = 0, *, properties: dict[str, str] | None = None, store_timestamp: int = T0, **columns: Any
 ) -> dict[str, Any]:
-    """A commit log row (no offset yet) whose store_size and body_crc are right."""
-    props = {"WAIT": "true", **(properties or {})}
-    raw = encode_properties(props).encode()
-    size = record_length(
-        len(body),
-        len(topic.encode()),
-        len(raw),
-        bool(sys_flag & c.BORNHOST_V6_FLAG),
-        bool(sys_flag & c.STOREHOSTADDRESS_V6_FLAG),
-        magic == c.MAGIC_CODE_V2,
+    """A commit log row of these tests (no offset yet): WAIT set, born 5 ms before it is stored."""
+    return commitlog_record(
+        queue_offset=queue_offset,
+        properties={"WAIT": "true", **(properties or {})},
+        store_timestamp=store_timestamp,
+        born_timestamp=store_timestamp - 5,
+        **columns,
     )
-    return {
-        "broker_name": broker,
-        "segment": 0,
-        "commit_log_offset": 0,
-        "store_size": size,
-        "magic_code": magic,
-        "body_crc": body_crc(body),
-        "queue_id": queue_id,
-        "flag": 0,
-        "queue_offset": queue_offset,
-        "sys_flag": sys_flag,
-        "born_timestamp": store_timestamp - 5,
-        "born_host": "10.0.0.9:5000",
-        "store_timestamp": store_timestamp,
-        "store_host": "10.0.0.1:10911",
-        "reconsume_times": 0,
-        "prepared_transaction_offset": 0,
-        "body": body,
-        "topic": topic,
-        "properties": props,
-        "raw_properties": raw,
-        "tags": props.get("TAGS"),
-        "keys": props.get("KEYS"),
-        "uniq_key": None,
-        "msg_id": "00",
-    }
 
 
-def _laid_out(records: Iterable[dict[str, Any]], segment_size: int = SEGMENT, start: int = 0) -> list[dict[str, Any]]:
-    """``records`` (one broker) placed as the broker places them: contiguous, rolling to the next
-    segment when a record and the 8-byte blank do not fit in what is left."""
-    placed, offset = [], start
-    for record in records:
-        base = offset - offset % segment_size
-        if offset + record["store_size"] + c.END_FILE_MIN_BLANK_LENGTH > base + segment_size:
-            offset = base + segment_size
-        placed.append({**record, "commit_log_offset": offset, "segment": offset - offset % segment_size})
-        offset += record["store_size"]
-    return placed
-
-
-def _frame(spark: SparkSession, spec: TableSpec, rows: Iterable[dict[str, Any] | tuple[Any, ...]]) -> DataFrame:
-    tuples = [tuple(r[n] for n in spec.column_names) if isinstance(r, dict) else r for r in rows]
-    return spark.createDataFrame(tuples, spark_schema(spec))
+def _frame(spark: SparkSession, spec: TableSpec, rows: Iterable[tuple[Any, ...]]) -> DataFrame:
+    return spark.createDataFrame(list(rows), spark_schema(spec))
 
 
 def _brokers(spark: SparkSession, *rows: tuple[str, int, int]) -> DataFrame:
@@ -144,7 +92,7 @@ def _brokers(spark: SparkSession, *rows: tuple[str, int, int]) -> DataFrame:
 
 
 def _report(spark: SparkSession, records: list[dict[str, Any]], segment_size: int = SEGMENT) -> DataFrame:
-    checked_df = _frame(spark, COMMITLOG, records).transform(build_checked_records)
+    checked_df = commitlog_frame(spark, records).transform(build_checked_records)
     sizes_df = build_segment_sizes(_brokers(spark, ("broker-a", segment_size, T0), ("broker-b", segment_size, T0)))
     return build_integrity_report(checked_df, sizes_df, V)
 
@@ -290,7 +238,7 @@ def test_only_not_and_commit_records_get_a_unit(spark: SparkSession) -> None:
     prepared, commit = c.TRANSACTION_PREPARED_TYPE, c.TRANSACTION_COMMIT_TYPE
     rollback = c.TRANSACTION_ROLLBACK_TYPE
     flags = [0, prepared, commit, rollback, commit | c.COMPRESSED_FLAG, prepared | c.BORNHOST_V6_FLAG]
-    records = _laid_out(_record(i, sys_flag=f) for i, f in enumerate(flags))
+    records = laid_out(_record(i, sys_flag=f) for i, f in enumerate(flags))
     expected_df = _frame(
         spark,
         CONSUME_QUEUE,
@@ -300,15 +248,15 @@ def test_only_not_and_commit_records_get_a_unit(spark: SparkSession) -> None:
             if r["sys_flag"] & 12 in (0, 8)
         ],
     )
-    assert_frames_equal(build_consume_queue(_frame(spark, COMMITLOG, records)), expected_df)
+    assert_frames_equal(build_consume_queue(commitlog_frame(spark, records)), expected_df)
     assert expected_df.count() == 3
 
 
 @pytest.mark.spark
 def test_tags_code_is_the_java_hash_of_tags_and_zero_without_tags(spark: SparkSession) -> None:
     tags = [None, "", "TagA", "polygenelubricants", "😀"]
-    records = _laid_out(_record(i, properties={"TAGS": t} if t is not None else {}) for i, t in enumerate(tags))
-    cq_rows = _frame(spark, COMMITLOG, records).transform(build_consume_queue)
+    records = laid_out(_record(i, properties={"TAGS": t} if t is not None else {}) for i, t in enumerate(tags))
+    cq_rows = commitlog_frame(spark, records).transform(build_consume_queue)
     codes = [r["tags_code"] for r in cq_rows.orderBy("queue_offset").collect()]
     assert codes == [0, 0, 2598919, -2147483648, java_string_hash("😀")]
 
@@ -326,8 +274,8 @@ def test_on_the_schedule_topic_tags_code_is_the_delivery_time(spark: SparkSessio
         (schedule, {"TAGS": "TagA"}, 2598919),  # no DELAY
         ("TopicA", {"DELAY": "3", "TAGS": "TagA"}, 2598919),  # DELAY elsewhere means nothing
     ]
-    records = _laid_out(_record(i, topic=t, properties=p) for i, (t, p, _) in enumerate(cases))
-    cq_rows = _frame(spark, COMMITLOG, records).transform(build_consume_queue)
+    records = laid_out(_record(i, topic=t, properties=p) for i, (t, p, _) in enumerate(cases))
+    cq_rows = commitlog_frame(spark, records).transform(build_consume_queue)
     assert [r["tags_code"] for r in cq_rows.orderBy("queue_offset").collect()] == [code for _, _, code in cases]
 
 
@@ -338,7 +286,7 @@ def test_on_the_schedule_topic_tags_code_is_the_delivery_time(spark: SparkSessio
 
 @pytest.mark.spark
 def test_a_clean_log_with_segment_rolls_has_no_findings(spark: SparkSession) -> None:
-    records = _laid_out(_record(i, body=b"x" * 900, queue_id=i % 2) for i in range(10))
+    records = laid_out(_record(i, body=b"x" * 900, queue_id=i % 2) for i in range(10))
     for record in records:
         record["queue_offset"] //= 2
     assert {r["segment"] for r in records} == {0, 4096, 8192}  # three segments, two rolls
@@ -347,7 +295,7 @@ def test_a_clean_log_with_segment_rolls_has_no_findings(spark: SparkSession) -> 
 
 @pytest.mark.spark
 def test_gaps_include_a_queue_that_does_not_start_at_zero(spark: SparkSession) -> None:
-    records = _laid_out([_record(0), _record(1), _record(3), _record(2, queue_id=1), _record(3, queue_id=1)])
+    records = laid_out([_record(0), _record(1), _record(3), _record(2, queue_id=1), _record(3, queue_id=1)])
     o = [r["commit_log_offset"] for r in records]
     expected = _findings(
         spark,
@@ -362,8 +310,8 @@ def test_gaps_include_a_queue_that_does_not_start_at_zero(spark: SparkSession) -
 @pytest.mark.spark
 def test_a_queue_offset_held_twice_is_a_duplicate(spark: SparkSession) -> None:
     # queue 0 of broker-b is another queue: the same offsets there are no duplicate
-    records = _laid_out([_record(0), _record(1), _record(1), _record(2)])
-    other = _laid_out([_record(0, broker="broker-b"), _record(1, broker="broker-b")])
+    records = laid_out([_record(0), _record(1), _record(1), _record(2)])
+    other = laid_out([_record(0, broker_name="broker-b"), _record(1, broker_name="broker-b")])
     o = [r["commit_log_offset"] for r in records]
     expected = _findings(
         spark,
@@ -384,7 +332,7 @@ def test_a_queue_offset_held_twice_is_a_duplicate(spark: SparkSession) -> None:
 
 @pytest.mark.spark
 def test_a_unit_whose_commit_log_offset_goes_back_is_non_monotonic(spark: SparkSession) -> None:
-    records = _laid_out([_record(0), _record(2), _record(1), _record(3)])
+    records = laid_out([_record(0), _record(2), _record(1), _record(3)])
     o = [r["commit_log_offset"] for r in records]
     # queue order 0, 1, 2, 3 visits offsets o0, o2, o1, o3: only consume-queue row 2 goes back
     expected = _findings(
@@ -407,7 +355,7 @@ def test_a_unit_whose_commit_log_offset_goes_back_is_non_monotonic(spark: SparkS
 @pytest.mark.spark
 def test_a_body_crc_that_is_not_the_masked_crc_of_the_body_is_a_mismatch(spark: SparkSession) -> None:
     # zlib.crc32(b"hello!q!") = 3167863075 has its top bit set: stored masked, 1020379427
-    records = _laid_out([_record(0, body=b"hello!q!"), _record(1, body=b""), _record(2, body=b"\x00\xff")])
+    records = laid_out([_record(0, body=b"hello!q!"), _record(1, body=b""), _record(2, body=b"\x00\xff")])
     assert records[0]["body_crc"] == 1020379427 and records[1]["body_crc"] == 0
     stored, actual = body_crc(b"\x00\xfe"), body_crc(b"\x00\xff")
     records[2]["body_crc"] = stored
@@ -424,11 +372,16 @@ def test_a_body_crc_that_is_not_the_masked_crc_of_the_body_is_a_mismatch(spark: 
 @pytest.mark.spark
 def test_a_store_size_that_is_not_rocketmq_s_record_length_is_a_mismatch(spark: SparkSession) -> None:
     ipv6 = c.BORNHOST_V6_FLAG | c.STOREHOSTADDRESS_V6_FLAG
-    records = [_record(0, sys_flag=ipv6), _record(0, magic=c.MAGIC_CODE_V2, topic="é" * 70), _record(1), _record(2)]
+    records = [
+        _record(0, sys_flag=ipv6),
+        _record(0, magic_code=c.MAGIC_CODE_V2, topic="é" * 70),
+        _record(1),
+        _record(2),
+    ]
     assert records[0]["store_size"] == records[2]["store_size"] + 24
     records[2] = {**records[2], "store_size": records[2]["store_size"] + 3}  # 3 bytes nothing accounts for
     records[3] = {**records[3], "magic_code": c.BLANK_MAGIC_CODE}
-    records = _laid_out(records)  # laid out with the stored sizes: the offsets agree with them
+    records = laid_out(records)  # laid out with the stored sizes: the offsets agree with them
     o = [r["commit_log_offset"] for r in records]
     expected = _findings(
         spark,
@@ -452,7 +405,7 @@ def test_a_store_size_that_is_not_rocketmq_s_record_length_is_a_mismatch(spark: 
 
 @pytest.mark.spark
 def test_a_store_size_that_does_not_lead_to_the_next_record_is_a_mismatch(spark: SparkSession) -> None:
-    records = _laid_out(_record(i, body=b"x" * 900) for i in range(6))
+    records = laid_out(_record(i, body=b"x" * 900) for i in range(6))
     o = [r["commit_log_offset"] for r in records]
     size = records[0]["store_size"]
     assert o[4] == 4096 and o[3] + size + size + 8 > 4096  # the roll 3 -> 4 is right: 4 did not fit
@@ -484,12 +437,12 @@ def test_a_store_size_that_does_not_lead_to_the_next_record_is_a_mismatch(spark:
 
 @pytest.mark.spark
 def test_a_record_overrunning_its_segment_or_in_the_wrong_one_is_beyond_segment(spark: SparkSession) -> None:
-    records = _laid_out(_record(i, body=b"x" * 900) for i in range(4))
+    records = laid_out(_record(i, body=b"x" * 900) for i in range(4))
     size = records[0]["store_size"]
     # offset 4096 - 8 - size leaves exactly the 8-byte blank: fine; 4 bytes later it does not
     records[2] = {**records[2], "commit_log_offset": 4096 - 8 - size}
     records[3] = {**records[3], "commit_log_offset": 4096 - 4 - size, "segment": 0}
-    records.append({**_record(9, queue_id=9), "commit_log_offset": 5000, "segment": 0})  # lies in segment 4096
+    records.append(_record(9, queue_id=9, commit_log_offset=5000, segment=0))  # lies in segment 4096
     expected = _findings(
         spark,
         [
@@ -521,9 +474,9 @@ def test_the_segment_size_is_the_latest_one_of_the_broker_else_one_gib(spark: Sp
     sizes = {r["broker_name"]: r["segment_size"] for r in build_segment_sizes(brokers_df).collect()}
     assert sizes == {"broker-a": 8192, "broker-b": 16384}
     # a record at 5000 in segment 4096 is right for 4 KiB segments, wrong for 8 KiB and for 1 GiB
-    record = {**_record(0), "commit_log_offset": 5000, "segment": 4096}
+    record = _record(0, commit_log_offset=5000, segment=4096)
     lone = {**record, "broker_name": "broker-z"}
-    checked_df = _frame(spark, COMMITLOG, [record, lone]).transform(build_checked_records)
+    checked_df = commitlog_frame(spark, [record, lone]).transform(build_checked_records)
     report = build_integrity_report(checked_df, build_segment_sizes(brokers_df), V)
     assert sorted(r["broker_name"] for r in report.where(F.col("problem") == "BEYOND_SEGMENT").collect()) == [
         "broker-a",
@@ -536,8 +489,8 @@ _QUEUE_PROBLEMS = ("GAP", "DUPLICATE_QUEUE_OFFSET", "NON_MONOTONIC_OFFSET")
 
 def _chain_scenarios() -> dict[str, list[dict[str, Any]]]:
     """Logs of two brokers (two queues each, segment rolls), clean or broken in one way."""
-    clean = _laid_out(_record(i // 2, queue_id=i % 2, body=b"x" * 900) for i in range(10))
-    other = _laid_out(_record(i, broker="broker-b", topic="%RETRY%g", body=b"x" * 300) for i in range(12))
+    clean = laid_out(_record(i // 2, queue_id=i % 2, body=b"x" * 900) for i in range(10))
+    other = laid_out(_record(i, broker_name="broker-b", topic="%RETRY%g", body=b"x" * 300) for i in range(12))
     mid = clean[4]["commit_log_offset"]
     return {
         "clean": clean + other,
@@ -547,7 +500,7 @@ def _chain_scenarios() -> dict[str, list[dict[str, Any]]]:
             *clean[4:],
             *other,
         ],
-        "a segment rolled early": [*clean[:5], *_laid_out(clean[5:], start=mid + SEGMENT), *other],
+        "a segment rolled early": [*clean[:5], *laid_out(clean[5:], start=mid + SEGMENT), *other],
         "a record is missing": clean + other[:4] + other[5:],
         "a queue offset is held twice": [*clean, *other[:7], {**other[7], "queue_offset": 6}, *other[8:]],
         "a unit goes back in the log": [
@@ -605,7 +558,7 @@ def test_the_driver_chains_suspect_exactly_where_the_spark_checks_find_something
 
 @pytest.mark.parametrize("encoded", [False, True], ids=["plain", "dictionary"])
 def test_a_foreign_row_without_a_topic_is_a_queue_of_its_own_to_the_chains(encoded: bool) -> None:
-    records = _laid_out(_record(i) for i in range(4))
+    records = laid_out(_record(i) for i in range(4))
     records[2] = {**records[2], "topic": None, "queue_offset": 0}
     schema = pa.schema([COMMITLOG.arrow_schema.field(n).with_nullable(True) for n in CHAIN_COLUMNS])
     rows = pa.Table.from_pylist([{n: r[n] for n in CHAIN_COLUMNS} for r in records], schema)
@@ -624,13 +577,13 @@ def test_a_foreign_row_without_a_topic_is_a_queue_of_its_own_to_the_chains(encod
 
 def test_a_context_run_needs_no_start_at_zero_and_only_seams_with_new_runs_are_checked() -> None:
     chains = Chains({"broker-a": SEGMENT})
-    old = _laid_out(_record(i) for i in range(6))
+    old = laid_out(_record(i) for i in range(6))
     last = old[5]
     chains.add_context(
         {("broker-a", "TopicA", 0): (5, last["commit_log_offset"])},
         {"broker-a": (last["commit_log_offset"], last["store_size"], last["segment"])},
     )
-    new = _laid_out((_record(i) for i in (6, 7)), start=old[5]["commit_log_offset"] + old[5]["store_size"])
+    new = laid_out((_record(i) for i in (6, 7)), start=old[5]["commit_log_offset"] + old[5]["store_size"])
     schema = pa.schema([COMMITLOG.arrow_schema.field(n) for n in CHAIN_COLUMNS])
     chains.add_part(pa.Table.from_pylist([{n: r[n] for n in CHAIN_COLUMNS} for r in new], schema))
     assert (chains.suspect_queues(), chains.suspect_brokers()) == ([], [])
@@ -659,7 +612,7 @@ def test_a_context_run_needs_no_start_at_zero_and_only_seams_with_new_runs_are_c
         None,
     )
     assert chains.suspect_queues() == []
-    gapped = _laid_out([_record(9)], start=new[1]["commit_log_offset"] + new[1]["store_size"])
+    gapped = laid_out([_record(9)], start=new[1]["commit_log_offset"] + new[1]["store_size"])
     chains.add_part(pa.Table.from_pylist([{n: r[n] for n in CHAIN_COLUMNS} for r in gapped], schema))
     assert (chains.suspect_queues(), chains.suspect_brokers()) == ([("broker-a", "TopicA", 0)], [])
 
@@ -670,39 +623,41 @@ def test_a_context_run_needs_no_start_at_zero_and_only_seams_with_new_runs_are_c
 
 
 def _cq_rows(spark: SparkSession, records: list[dict[str, Any]]) -> DataFrame:
-    return build_consume_queue(_frame(spark, COMMITLOG, records))
+    return build_consume_queue(commitlog_frame(spark, records))
 
 
 @pytest.mark.spark
 def test_the_queue_context_is_the_unit_before_the_new_ones_and_any_unit_after_it(spark: SparkSession) -> None:
-    old = _laid_out([_record(i) for i in range(5)] + [_record(0, queue_id=1)])
-    new = _laid_out([_record(5), _record(2), _record(1, queue_id=1), _record(0, queue_id=2)], start=10_000)
+    old = laid_out([_record(i) for i in range(5)] + [_record(0, queue_id=1)])
+    new = laid_out([_record(5), _record(2), _record(1, queue_id=1), _record(0, queue_id=2)], start=10_000)
     context = build_queue_context(_cq_rows(spark, old), _cq_rows(spark, new))
     # queue 0: the first new row (offset 2) sorts after old row 2 (a lower commit log offset), the
     # row before it, and before rows 3 and 4; queue 1: row 0; queue 2: nothing old
-    got = sorted((r["queue_id"], r["queue_offset"]) for r in context.collect())
-    assert got == [(0, 2), (0, 3), (0, 4), (1, 0)]
+    expected_df = spark.createDataFrame([(0, 2), (0, 3), (0, 4), (1, 0)], "queue_id int, queue_offset long")
+    assert_frames_equal(context.select("queue_id", "queue_offset"), expected_df)
 
 
 @pytest.mark.spark
 def test_the_log_context_is_the_record_before_the_new_ones_and_any_record_after_it(spark: SparkSession) -> None:
-    old = _laid_out([_record(i) for i in range(4)]) + _laid_out([_record(0, broker="broker-b")])
-    new = _laid_out([_record(4)], start=old[3]["commit_log_offset"] + old[3]["store_size"])
-    new_b = [{**_record(1, broker="broker-b"), "commit_log_offset": 0}]  # a second record at broker-b's offset 0
-    context = build_log_context(_frame(spark, COMMITLOG, old), _frame(spark, COMMITLOG, new + new_b))
-    got = sorted((r["broker_name"], r["commit_log_offset"]) for r in context.collect())
-    assert got == [("broker-a", old[3]["commit_log_offset"]), ("broker-b", 0)]
+    old = laid_out([_record(i) for i in range(4)]) + laid_out([_record(0, broker_name="broker-b")])
+    new = laid_out([_record(4)], start=old[3]["commit_log_offset"] + old[3]["store_size"])
+    new_b = [_record(1, broker_name="broker-b")]  # a second record at broker-b's offset 0
+    context = build_log_context(commitlog_frame(spark, old), commitlog_frame(spark, new + new_b))
+    expected_df = spark.createDataFrame(
+        [("broker-a", old[3]["commit_log_offset"]), ("broker-b", 0)], "broker_name string, commit_log_offset long"
+    )
+    assert_frames_equal(context.select("broker_name", "commit_log_offset"), expected_df)
 
 
 @pytest.mark.spark
 def test_new_rows_are_checked_against_their_context_and_old_rows_only_against_new_ones(spark: SparkSession) -> None:
-    old = _laid_out([_record(0), _record(1), _record(2)])
-    new = _laid_out([_record(4), _record(1)], start=old[2]["commit_log_offset"] + old[2]["store_size"])
-    all_df = _frame(spark, COMMITLOG, old + new).transform(build_checked_records)
-    new_df = _frame(spark, COMMITLOG, new).transform(build_checked_records)
+    old = laid_out([_record(0), _record(1), _record(2)])
+    new = laid_out([_record(4), _record(1)], start=old[2]["commit_log_offset"] + old[2]["store_size"])
+    all_df = commitlog_frame(spark, old + new).transform(build_checked_records)
+    new_df = commitlog_frame(spark, new).transform(build_checked_records)
     sizes_df = build_segment_sizes(_brokers(spark, ("broker-a", SEGMENT, T0)))
     queue_context = build_queue_context(_cq_rows(spark, old), _cq_rows(spark, new))
-    log_context = build_log_context(_frame(spark, COMMITLOG, old), new_df)
+    log_context = build_log_context(commitlog_frame(spark, old), new_df)
     incremental = build_integrity_report(new_df, sizes_df, V, queue_context, log_context)
     full = build_integrity_report(all_df, sizes_df, V)
     # new row 1 duplicates old row 1, old row 2 now follows it and goes back, new row 4 leaves a gap
@@ -716,7 +671,7 @@ def test_new_rows_are_checked_against_their_context_and_old_rows_only_against_ne
 
 
 def _append_log(lake: Lake, spark: SparkSession, records: list[dict[str, Any]]) -> int:
-    version = lake.append(COMMITLOG, _frame(spark, COMMITLOG, records))
+    version = lake.append(COMMITLOG, commitlog_frame(spark, records))
     assert version is not None
     return version
 
@@ -724,23 +679,23 @@ def _append_log(lake: Lake, spark: SparkSession, records: list[dict[str, Any]]) 
 @pytest.mark.spark
 def test_read_appended_reads_the_rows_of_later_commits_only(spark: SparkSession, tmp_path: Path) -> None:
     lake = Lake(spark, tmp_path, "bridge")
-    first = _laid_out(_record(i) for i in range(3))
-    second = _laid_out([_record(3), _record(4)], start=5000)
-    third = _laid_out([_record(0, broker="broker-b")])
+    first = laid_out(_record(i) for i in range(3))
+    second = laid_out([_record(3), _record(4)], start=5000)
+    third = laid_out([_record(0, broker_name="broker-b")])
     v1 = _append_log(lake, spark, first)
     _append_log(lake, spark, second)
     v3 = _append_log(lake, spark, third)
-    assert_frames_equal(lake.read_appended(COMMITLOG, v1), _frame(spark, COMMITLOG, second + third))
-    assert_frames_equal(lake.read_appended(COMMITLOG, v1, v1 + 1), _frame(spark, COMMITLOG, second))
+    assert_frames_equal(lake.read_appended(COMMITLOG, v1), commitlog_frame(spark, second + third))
+    assert_frames_equal(lake.read_appended(COMMITLOG, v1, v1 + 1), commitlog_frame(spark, second))
     assert lake.read_appended(COMMITLOG, v3).count() == 0
 
 
 @pytest.mark.spark
 def test_read_appended_refuses_a_range_it_cannot_read_as_appends(spark: SparkSession, tmp_path: Path) -> None:
     lake = Lake(spark, tmp_path, "bridge")
-    v1 = _append_log(lake, spark, _laid_out([_record(0)]))
-    v2 = _append_log(lake, spark, _laid_out([_record(1)], start=100))
-    lake.overwrite(COMMITLOG, _frame(spark, COMMITLOG, _laid_out([_record(0)])))
+    v1 = _append_log(lake, spark, laid_out([_record(0)]))
+    v2 = _append_log(lake, spark, laid_out([_record(1)], start=100))
+    lake.overwrite(COMMITLOG, commitlog_frame(spark, laid_out([_record(0)])))
     with pytest.raises(IncrementalReadError, match="removed or rewrote"):
         lake.read_appended(COMMITLOG, v2)
     DeltaTable(str(tmp_path / "commitlog")).create_checkpoint()
@@ -753,8 +708,8 @@ def test_read_appended_refuses_a_range_it_cannot_read_as_appends(spark: SparkSes
 def test_read_around_reads_the_files_next_to_the_bounds_only(spark: SparkSession, tmp_path: Path) -> None:
     lake = Lake(spark, tmp_path, "bridge")
     for start in (0, 1000, 2000, 3000):  # one file per commit, offsets start..start+2*size
-        _append_log(lake, spark, _laid_out([_record(0), _record(1)], start=start))
-    _append_log(lake, spark, _laid_out([_record(0, broker="broker-b")]))
+        _append_log(lake, spark, laid_out([_record(0), _record(1)], start=start))
+    _append_log(lake, spark, laid_out([_record(0, broker_name="broker-b")]))
     rows = lake.read_around(COMMITLOG, "commit_log_offset", {"broker-a": 2050}, "broker_name").collect()
     # the greatest offset below 2050 is in the file starting at 2000; the files after it may hold more
     assert sorted({r["commit_log_offset"] // 1000 * 1000 for r in rows}) == [2000, 3000]
@@ -766,12 +721,12 @@ def test_read_max_rows_reads_the_greatest_rows_of_each_broker_from_their_files(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     lake = Lake(spark, tmp_path, "bridge")
-    first = _laid_out([_record(0), _record(1)])
+    first = laid_out([_record(0), _record(1)])
     _append_log(lake, spark, first)
-    second = _laid_out([_record(2)], start=first[-1]["commit_log_offset"] + first[-1]["store_size"])
+    second = laid_out([_record(2)], start=first[-1]["commit_log_offset"] + first[-1]["store_size"])
     _append_log(lake, spark, second)
     twin = {**second[0], "body": b"longer body", "store_size": second[0]["store_size"] + 6}  # same offset
-    _append_log(lake, spark, [twin, *_laid_out([_record(0, broker="broker-b")], start=9000)])
+    _append_log(lake, spark, [twin, *laid_out([_record(0, broker_name="broker-b")], start=9000)])
     columns = ["broker_name", "segment", "commit_log_offset", "store_size"]
     rows = lake.read_max_rows(COMMITLOG, "commit_log_offset", "broker_name", columns).to_pylist()
     got = sorted((r["broker_name"], r["segment"], r["commit_log_offset"], r["store_size"]) for r in rows)
@@ -799,13 +754,13 @@ def _sorted_rows(df: DataFrame) -> list[tuple[Any, ...]]:
 def _clean_and_corrupt_appends() -> list[list[dict[str, Any]]]:
     """Three commit log appends of broker-a; the third holds a duplicate queue offset, a bad CRC,
     a gap and a record in the wrong segment."""
-    first = _laid_out(_record(i, queue_id=i % 2, body=b"y" * 700) for i in range(8))
-    second = _laid_out(
+    first = laid_out(_record(i, queue_id=i % 2, body=b"y" * 700) for i in range(8))
+    second = laid_out(
         (_record(i, queue_id=i % 2, body=b"y" * 700) for i in range(8, 12)),
         start=first[-1]["commit_log_offset"] + first[-1]["store_size"],
     )
     end = second[-1]["commit_log_offset"] + second[-1]["store_size"]
-    third = _laid_out([_record(5), _record(7, queue_id=1), _record(6)], start=end)
+    third = laid_out([_record(5), _record(7, queue_id=1), _record(6)], start=end)
     third[0]["body_crc"] ^= 1
     third[2]["segment"] += 1
     for record in [*first, *second]:
@@ -838,7 +793,7 @@ def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_not
     assert ("on the driver" in out) == bool(driver_bytes)  # the clean second append, without Spark
     run(spark, RebuildConfig(full.root, full=True, engine="bridge"))
     for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
-        assert _sorted_rows(incremental.read(spec)) == _sorted_rows(full.read(spec))
+        assert_frames_equal(incremental.read(spec), full.read(spec))
     problems = sorted(r["problem"] for r in full.read(CONSUME_QUEUE_INTEGRITY).collect())
     assert problems == ["BEYOND_SEGMENT", "CRC_MISMATCH", "DUPLICATE_QUEUE_OFFSET", "GAP"]
     assert incremental.transaction_version(CONSUME_QUEUE, APP_ID) == incremental.version(COMMITLOG)
@@ -857,7 +812,7 @@ def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_not
     )
     for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
         assert incremental.transaction_version(spec, APP_ID) == empty
-    assert _sorted_rows(incremental.read(CONSUME_QUEUE)) == _sorted_rows(full.read(CONSUME_QUEUE))
+    assert_frames_equal(incremental.read(CONSUME_QUEUE), full.read(CONSUME_QUEUE))
 
 
 def _increments() -> dict[str, list[dict[str, Any]]]:
@@ -867,7 +822,7 @@ def _increments() -> dict[str, list[dict[str, Any]]]:
     start = base[-1]["commit_log_offset"] + base[-1]["store_size"]
 
     def laid(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-        return _laid_out(records, start=start)
+        return laid_out(records, start=start)
 
     delayed = {"DELAY": "3", "TAGS": "late"}
     clean = laid([_record(4), _record(4, queue_id=1, properties={"TAGS": "b"}), _record(5)])
@@ -885,7 +840,7 @@ def _increments() -> dict[str, list[dict[str, Any]]]:
         "a wrong segment column": [*clean[:2], {**clean[2], "segment": clean[2]["segment"] + SEGMENT}],
         "a store size that is not the record's length": [*clean[:2], {**clean[2], "store_size": 999}],
         "a record beyond its segment": [
-            {**_record(4, body=b"z" * 3000), "commit_log_offset": start, "segment": start - start % SEGMENT}
+            _record(4, body=b"z" * 3000, commit_log_offset=start, segment=start - start % SEGMENT)
         ],
         "a record missing": [clean[0], clean[2]],
         "a queue offset held twice": laid([_record(3), _record(4, queue_id=1)]),
@@ -900,7 +855,7 @@ def _increments() -> dict[str, list[dict[str, Any]]]:
 
 
 def _base_log() -> list[dict[str, Any]]:
-    return _laid_out(_record(i // 2, queue_id=i % 2, body=b"y" * 400) for i in range(8))
+    return laid_out(_record(i // 2, queue_id=i % 2, body=b"y" * 400) for i in range(8))
 
 
 @pytest.mark.spark
@@ -923,7 +878,7 @@ def test_an_increment_on_the_driver_gives_what_a_full_rebuild_gives(
     assert (spark_jobs == 0) == on_driver
     run(spark, RebuildConfig(full.root, full=True, engine="bridge"))
     for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
-        assert _sorted_rows(incremental.read(spec)) == _sorted_rows(full.read(spec)), spec.name
+        assert_frames_equal(incremental.read(spec), full.read(spec))
     assert bool(incremental.read(CONSUME_QUEUE_INTEGRITY).count()) == increment.startswith(("a ", "an "))
 
 
@@ -980,7 +935,7 @@ def test_a_run_that_stopped_between_its_units_and_its_findings_is_completed_in_f
     run(spark, RebuildConfig(tmp_path, engine="bridge"))
     version = _append_log(lake, spark, third)
     # what a run that stopped after its first commit leaves: the consume-queue rows of `third`, no findings
-    lake.append(CONSUME_QUEUE, build_consume_queue(_frame(spark, COMMITLOG, third)), APP_ID, version)
+    lake.append(CONSUME_QUEUE, build_consume_queue(commitlog_frame(spark, third)), APP_ID, version)
     units_version = lake.version(CONSUME_QUEUE)
     run(spark, RebuildConfig(tmp_path, engine="bridge"))
     assert lake.version(CONSUME_QUEUE) == units_version  # the consume-queue rows were complete: not written again
@@ -1057,7 +1012,7 @@ def _corrupt_copy(source: Path, target: Path, spark: SparkSession) -> int:
     last = max((r for r in rows if r["broker_name"] == "broker-a"), key=lambda r: r["commit_log_offset"])
     segment_size = 16384
     record = {**last, "properties": dict(last["properties"]), "body_crc": last["body_crc"] ^ 1}
-    placed = _laid_out([record], segment_size, start=last["commit_log_offset"] + last["store_size"])
+    placed = laid_out([record], segment_size, start=last["commit_log_offset"] + last["store_size"])
     return _append_log(Lake(spark, target, "bridge"), spark, placed)
 
 

@@ -31,6 +31,7 @@ from broker_model.store import MessageExt, read_table
 from jobs.lake import Lake
 from jobs.replay import (
     REPLAYED_COLUMNS,
+    SUMMARY_COLUMNS,
     Progress,
     QueueBounds,
     QueueRange,
@@ -60,6 +61,8 @@ from jobs.replay import (
 from schemas.catalog import COMMITLOG, CONSUMER_OFFSET_COMMITS, REPLAY_PROGRESS, REPLAY_REPORT
 from schemas.errors import ValidationError
 from tests import replay_handlers
+from tests.builders import commitlog_frame, commitlog_record, commitlog_table
+from tests.helpers import assert_frames_equal
 
 LAKE = Path("/lake")
 REPO = Path(__file__).resolve().parent.parent
@@ -202,28 +205,21 @@ def test_a_batch_never_advanced_fails_its_queue_after_max_attempts() -> None:
 # Transforms on hand-built rows
 # ---------------------------------------------------------------------------------------------
 
-_RECORD_SCHEMA = (
-    "broker_name string, topic string, queue_id int, queue_offset long, commit_log_offset long, sys_flag int, "
-    "msg_id string, store_size int, body_crc int, flag int, born_timestamp long, born_host string, "
-    "store_timestamp long, store_host string, reconsume_times int, body binary, properties map<string,string>, "
-    "tags string, keys string, uniq_key string"
-)
 _RANGES_SCHEMA = "broker_name string, topic string, queue_id int, resume long, end long, first_batch long"
 
 
-def _records(spark: SparkSession, rows: list[tuple[str, str, int, int, int]]) -> Any:
-    """Commit log rows from (broker, topic, queue_id, queue_offset, sys_flag)."""
-    full = [
-        (b, t, q, o, 1000 * o + q, f, f"id-{b}-{o}", 100, 1, 0, 1, "h:1", 2, "h:2", 0, b"x", {}, None, None, None)
+def _records(rows: list[tuple[str, str, int, int, int]]) -> list[dict[str, Any]]:
+    """Commit log rows from (broker, topic, queue_id, queue_offset, sys_flag), each at commit log
+    offset 1000 * queue_offset + queue_id."""
+    return [
+        commitlog_record(broker_name=b, topic=t, queue_id=q, queue_offset=o, sys_flag=f, commit_log_offset=1000 * o + q)
         for b, t, q, o, f in rows
     ]
-    return spark.createDataFrame(full, _RECORD_SCHEMA)
 
 
 @pytest.mark.spark
 def test_source_rows_are_dispatched_records_in_range_numbered_by_batch(spark: SparkSession) -> None:
-    records_df = _records(
-        spark,
+    records = _records(
         [
             ("broker-a", "Orders", 0, 3, 0),
             ("broker-a", "Orders", 0, 4, c.TRANSACTION_COMMIT_TYPE),
@@ -231,12 +227,12 @@ def test_source_rows_are_dispatched_records_in_range_numbered_by_batch(spark: Sp
             ("broker-a", "Orders", 0, 6, 0),
             ("broker-a", "Orders", 0, 9, 0),
             ("broker-a", "Orders", 1, 4, 0),
-        ],
+        ]
     )
-    dispatched_df = filter_source_records(records_df, [TopicQueues("Orders", (0,))])
+    dispatched_df = filter_source_records(commitlog_frame(spark, records), [TopicQueues("Orders", (0,))])
     ranges_df = spark.createDataFrame([("broker-a", "Orders", 0, 4, 9, 7)], _RANGES_SCHEMA)
-    rows = build_source_rows(dispatched_df, ranges_df, batch_rows=2).select("queue_offset", "replay_batch").collect()
-    assert sorted((r["queue_offset"], r["replay_batch"]) for r in rows) == [(4, 7), (6, 8)]
+    rows_df = build_source_rows(dispatched_df, ranges_df, batch_rows=2).select("queue_offset", "replay_batch")
+    assert_frames_equal(rows_df, spark.createDataFrame([(4, 7), (6, 8)], "queue_offset long, replay_batch long"))
 
 
 def test_the_report_finds_gaps_duplicates_reordering_and_missing_queues() -> None:
@@ -324,10 +320,8 @@ def test_the_source_summary_keeps_dispatched_records_of_the_topics_and_finds_the
 def _summary_rows(records: list[tuple[Any, ...]]) -> pa.Table:
     """Commit log rows of :data:`SUMMARY_COLUMNS` from (broker, topic, queue id, queue offset, store
     timestamp, sys_flag, commit log offset) tuples."""
-    names = ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp", "sys_flag", "commit_log_offset")
-    types = (pa.string(), pa.string(), pa.int32(), pa.int64(), pa.int64(), pa.int32(), pa.int64())
-    columns = [pa.array(col, t) for col, t in zip(zip(*records, strict=True), types, strict=True)]
-    return pa.Table.from_arrays(columns, names=list(names))
+    rows = [commitlog_record(**dict(zip(SUMMARY_COLUMNS, record, strict=True))) for record in records]
+    return commitlog_table(rows).select(list(SUMMARY_COLUMNS))
 
 
 @pytest.mark.parametrize(
@@ -370,25 +364,28 @@ def test_the_running_hash_is_the_chain_it_names() -> None:
 
 @pytest.mark.spark
 def test_dead_letters_are_found_in_their_dlq_queue_by_broker_and_msg_id(spark: SparkSession) -> None:
-    records_df = _records(
-        spark,
+    records = _records(
         [
             ("broker-a", "%DLQ%cg", 0, 0, 0),
             ("broker-a", "%DLQ%cg", 0, 1, 0),
-            ("broker-a", "%DLQ%other", 0, 0, 0),
+            ("broker-a", "%DLQ%other", 0, 0, 0),  # at log offset 0 as well: the msg_id of %DLQ%cg offset 0
             ("broker-b", "%DLQ%cg", 0, 1, 0),
-        ],
+        ]
     )
     dlq_df = spark.createDataFrame(
         [
-            ("cg", "broker-a", "id-broker-a-1"),
-            ("cg", "broker-b", "id-broker-b-1"),
-            ("other", "broker-a", "id-broker-a-0"),
+            ("cg", "broker-a", records[1]["msg_id"]),
+            ("cg", "broker-b", records[3]["msg_id"]),
+            ("other", "broker-a", records[2]["msg_id"]),
         ],
         "group string, broker_name string, msg_id string",
     )
-    rows = build_dlq_selection(dlq_df, records_df, ["cg"]).collect()
-    assert sorted(tuple(r) for r in rows) == [("broker-a", "%DLQ%cg", 0, 1), ("broker-b", "%DLQ%cg", 0, 1)]
+    selection_df = build_dlq_selection(dlq_df, commitlog_frame(spark, records), ["cg"])
+    expected_df = spark.createDataFrame(
+        [("broker-a", "%DLQ%cg", 0, 1), ("broker-b", "%DLQ%cg", 0, 1)],
+        "broker_name string, topic string, queue_id int, queue_offset long",
+    )
+    assert_frames_equal(selection_df, expected_df)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,9 +19,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from broker_model.common import body_crc, create_msg_id, encode_properties, parse_host
 from broker_model.common import constants as c
-from broker_model.store import record_length
 from jobs.cli import format_age
 from jobs.lake import Lake
 from jobs.resolve_transactions import (
@@ -40,6 +38,7 @@ from jobs.resolve_transactions import (
 )
 from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE, spark_schema
 from schemas.errors import LakeError, ValidationError
+from tests.builders import commitlog_frame, commitlog_record
 from tests.helpers import assert_frames_equal
 
 T0 = 1_700_000_000_000
@@ -95,38 +94,24 @@ class _Log:
         prepared: int = 0,
     ) -> Row:
         """Append a record with every commit log column filled; returns it."""
-        raw = encode_properties(properties).encode()
         queue_offset = self.queues.get((topic, queue_id), 0)
         self.queues[(topic, queue_id)] = queue_offset + 1
-        size = record_length(len(body), len(topic.encode()), len(raw))
-        row: Row = {
-            "broker_name": self.broker,
-            "segment": 0,
-            "commit_log_offset": self.next_offset,
-            "store_size": size,
-            "magic_code": c.MAGIC_CODE_V1,
-            "body_crc": body_crc(body),
-            "queue_id": queue_id,
-            "flag": 0,
-            "queue_offset": queue_offset,
-            "sys_flag": sys_flag,
-            "born_timestamp": store if born is None else born,
-            "born_host": "10.0.0.9:5000",
-            "store_timestamp": store,
-            "store_host": STORE_HOST,
-            "reconsume_times": 0,
-            "prepared_transaction_offset": prepared,
-            "body": body,
-            "topic": topic,
-            "properties": properties,
-            "raw_properties": raw,
-            "tags": properties.get(c.PROPERTY_TAGS),
-            "keys": properties.get(c.PROPERTY_KEYS),
-            "uniq_key": properties.get(c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
-            "msg_id": create_msg_id(parse_host(STORE_HOST), self.next_offset),
-        }
+        row = commitlog_record(
+            broker_name=self.broker,
+            topic=topic,
+            queue_id=queue_id,
+            queue_offset=queue_offset,
+            body=body,
+            properties=properties,
+            sys_flag=sys_flag,
+            commit_log_offset=self.next_offset,
+            store_timestamp=store,
+            born_timestamp=born,
+            store_host=STORE_HOST,
+            prepared_transaction_offset=prepared,
+        )
         self.rows.append(row)
-        self.next_offset += size
+        self.next_offset += row["store_size"]
         return row
 
     def half(
@@ -181,10 +166,7 @@ class _Log:
 
     def frame(self, spark: SparkSession, *others: _Log) -> DataFrame:
         """This log's rows (and those of ``others``) as a commitlog frame."""
-        rows = [row for log in (self, *others) for row in log.rows]
-        return spark.createDataFrame(
-            [tuple(r[n] for n in COMMITLOG.column_names) for r in rows], spark_schema(COMMITLOG)
-        )
+        return commitlog_frame(spark, [row for log in (self, *others) for row in log.rows])
 
 
 def _states(spark: SparkSession, commitlog_df: DataFrame, as_of: int, **settings: int) -> DataFrame:

@@ -20,7 +20,6 @@ from broker_model.common import (
     MessageQueue,
     consume_queue_tags_code,
     dispatched_mask,
-    encode_properties,
     is_dispatched,
     parse_delay_level,
     schedule_level,
@@ -31,6 +30,7 @@ from jobs import rules
 from jobs.rebuild_consume_queue.driver import consume_queue_rows
 from jobs.replay.plan import select_queue_id
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSETS, REPLAY_PROGRESS
+from tests.builders import commitlog_frame, commitlog_record, commitlog_table
 
 SEED = 20261125
 DELAY_TEXTS = ["0", "1", "3", "18", "19", "99", "-1", "+5", "-0", "007", " 3", "3 ", "", "x", "1.5", "٣", "²"]
@@ -47,26 +47,23 @@ def _records(count: int) -> list[dict[str, Any]]:
         properties = {"TAGS": t} if (t := rng.choice(TAGS)) else {}
         if delay is not None:
             properties["DELAY"] = delay
+        sys_flag = rng.choice([0, 4, 8, 12, 1, 9, 13, 0x100 | 8, 0x7FFFFFFF, -1])
         records.append(
-            {
-                "broker_name": "broker-a",
-                "topic": topic,
-                "queue_id": 0,
-                "queue_offset": i,
-                "commit_log_offset": i * 100,
-                "store_size": 100,
-                "sys_flag": rng.choice([0, 4, 8, 12, 1, 9, 13, 0x100 | 8, 0x7FFFFFFF, -1]),
-                "tags": properties.get("TAGS") or None,
-                "store_timestamp": rng.randrange(0, 2**41),
-                "raw_properties": encode_properties(properties).encode(),
-                "delay": delay,
-            }
+            commitlog_record(
+                topic=topic,
+                queue_offset=i,
+                commit_log_offset=i * 100,
+                properties=properties,
+                sys_flag=sys_flag,
+                store_timestamp=rng.randrange(0, 2**41),
+            )
         )
     return records
 
 
 def _python_tags_code(record: dict[str, Any]) -> int:
-    return consume_queue_tags_code(record["topic"], record["tags"], record["delay"], record["store_timestamp"])
+    delay = record["properties"].get("DELAY")
+    return consume_queue_tags_code(record["topic"], record["tags"], delay, record["store_timestamp"])
 
 
 def test_the_delay_level_is_read_as_java_integer_parse_int() -> None:
@@ -82,8 +79,7 @@ def test_dispatch_python_and_arrow_agree() -> None:
 
 def test_the_driver_path_gives_the_python_tags_code() -> None:
     records = _records(400)
-    rows = pa.Table.from_pylist([{k: v for k, v in r.items() if k != "delay"} for r in records])
-    cq_rows = consume_queue_rows(rows)
+    cq_rows = consume_queue_rows(commitlog_table(records))
     expected = sorted((r["commit_log_offset"], _python_tags_code(r)) for r in records if is_dispatched(r["sys_flag"]))
     assert (
         sorted(zip(cq_rows["commit_log_offset"].to_pylist(), cq_rows["tags_code"].to_pylist(), strict=True)) == expected
@@ -93,10 +89,7 @@ def test_the_driver_path_gives_the_python_tags_code() -> None:
 @pytest.mark.spark
 def test_the_spark_columns_give_the_python_forms(spark: SparkSession) -> None:
     records = _records(400)
-    schema = (
-        "topic string, sys_flag int, tags string, store_timestamp long, raw_properties binary, commit_log_offset long"
-    )
-    records_df = spark.createDataFrame([tuple(r[n] for n in schema_names(schema)) for r in records], schema)
+    records_df = commitlog_frame(spark, records)
     level = F.when(F.col("topic") == c.SCHEDULE_TOPIC, rules.delay_level(F.col("raw_properties")))
     rows = records_df.select(
         "commit_log_offset",
@@ -111,12 +104,8 @@ def test_the_spark_columns_give_the_python_forms(spark: SparkSession) -> None:
         row = by_offset[record["commit_log_offset"]]
         scheduled = record["topic"] == c.SCHEDULE_TOPIC
         assert row["dispatched"] == is_dispatched(record["sys_flag"]), record
-        assert row["level"] == (parse_delay_level(record["delay"]) if scheduled else None), record
+        assert row["level"] == (parse_delay_level(record["properties"].get("DELAY")) if scheduled else None), record
         assert row["tags_code"] == _python_tags_code(record), record
-
-
-def schema_names(ddl: str) -> list[str]:
-    return [part.split()[0] for part in ddl.split(",")]
 
 
 def test_queue_selection_by_hash_has_one_form() -> None:
