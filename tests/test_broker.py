@@ -20,7 +20,7 @@ from broker_model.client import Producer, decompress_body
 from broker_model.common import Message
 from broker_model.common import constants as c
 from broker_model.tools import plan_sends, run_workload
-from schemas.errors import BrokerLockedError, CommitFailedError, ValidationError
+from schemas.errors import BrokerError, BrokerLockedError, CommitFailedError, ValidationError
 from tests.log_invariants import check_log, read_log
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,6 +147,38 @@ def test_failed_commit_is_reported_and_offsets_continue_without_gap(tmp_path: Pa
         log_dir.write_text("not a directory")  # every commit attempt now fails for real
         with pytest.raises(CommitFailedError):
             broker.put_message(_inner())
+        log_dir.unlink()
+        hidden.rename(log_dir)
+        retried = broker.put_message(_inner())
+    rows = read_log(tmp_path, "broker-a")
+    assert len(rows) == 2
+    assert retried.queue_offsets == (1,)
+    assert check_log(rows, SEGMENT) == []
+
+
+def test_a_log_unreadable_after_a_failed_commit_fails_puts_until_it_is_readable_again(tmp_path: Path) -> None:
+    with _broker(tmp_path, commit_retries=0) as broker:
+        broker.put_message(_inner())
+        log_dir = tmp_path / "commitlog" / "_delta_log"
+        hidden = tmp_path / "hidden_log"
+        log_dir.rename(hidden)
+        log_dir.write_text("not a directory")  # commits fail, and so does reading the offsets back
+        with pytest.raises(CommitFailedError):
+            broker.put_message(_inner())
+        outcome: list[BaseException | None] = []
+
+        def put() -> None:
+            try:
+                broker.put_message(_inner())
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        putter = threading.Thread(target=put, daemon=True)
+        putter.start()
+        putter.join(timeout=30)
+        assert not putter.is_alive(), "a put after the failed recovery waited for a committer that had died"
+        assert isinstance(outcome[0], BrokerError) and "offsets are unknown" in str(outcome[0])
         log_dir.unlink()
         hidden.rename(log_dir)
         retried = broker.put_message(_inner())

@@ -208,6 +208,13 @@ class PutPath:
         with self._lock:
             if not self._running:
                 raise BrokerError(f"broker {self.broker_name!r} is not running; start it first")
+            if self._failed is not None:
+                self._recover_or_mark_failed()
+            if self._failed is not None:
+                raise BrokerError(
+                    f"broker {self.broker_name!r} cannot read its commit log after a failed commit, so its offsets are "
+                    f"unknown: {self._failed}; nothing was stored, put again once the log is readable"
+                ) from self._failed
             store_timestamp = self._clock()
             if self._pending is None:
                 self._pending = _Group()
@@ -415,10 +422,21 @@ class PutPath:
             failed = [group] if self._pending is None else [group, self._pending]
             self._pending = None
             self._committing = None
+            self._recover_or_mark_failed()
             for each in failed:
                 each.error = error
                 each.done.set()
+
+    def _recover_or_mark_failed(self) -> None:
+        """Re-read the offsets from the log (caller holds the lock); when the log cannot be read
+        now, remember why, so that the next put tries again instead of placing records at offsets
+        the broker cannot know (and the committer thread lives on)."""
+        try:
             self._recover()
+        except Exception as exc:  # kept for the next put, which retries the recovery
+            self._failed = exc
+        else:
+            self._failed = None
 
     # -- recovery ---------------------------------------------------------------------------------
 
