@@ -32,3 +32,17 @@ def spark() -> Iterator[SparkSession]:
 def clock() -> ManualClock:
     """A clock at :data:`tests.helpers.CLOCK_START` that the test moves."""
     return ManualClock()
+
+
+_HEAVY_MARKS = ("spark", "slow", "subprocess")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with the most Spark, slow or subprocess tests first: the two workers each take a
+    whole module at a time, in this order, so the long ones start early and the workers end
+    together instead of one finishing a long module alone."""
+    weight: dict[str, int] = {}
+    for item in items:
+        heavy = any(item.get_closest_marker(mark) is not None for mark in _HEAVY_MARKS)
+        weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0) + heavy
+    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])
