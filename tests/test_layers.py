@@ -179,3 +179,16 @@ def test_the_broker_never_imports_pyspark_or_the_jobs() -> None:
         if imported.split(".")[0] in ("pyspark", "jobs")
     ]
     assert found == []
+
+
+def test_the_distribution_holds_every_package() -> None:
+    """``pip install .`` (a wheel, not an editable install) ships every package of the product:
+    the setuptools package list of pyproject.toml finds each directory with an ``__init__.py``."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    found = set(find_packages(str(ROOT), include=config["include"]))
+    expected = {module_name(init) for package in PACKAGES for init in (ROOT / package).rglob("__init__.py")}
+    assert expected <= found and not any(name.startswith(("tests", "benchmarks")) for name in found)
