@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from broker_model.common import GROUP_QUEUE_KEY, QUEUE_KEY, RETRY_GROUP_TOPIC_PREFIX
-from jobs.cli import as_of_of, iso_utc, job_parser, run_spark_job, text_table
+from jobs.cli import add_as_of, as_of_of, iso_utc, job_parser, run_spark_job, text_table
 from jobs.lake import Lake
 from jobs.rules import build_current_offsets
 from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions
@@ -302,9 +302,7 @@ def _or_dash(value: int | None) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``consumer_offsets``."""
     parser = job_parser(JOB, __doc__)
-    parser.add_argument(
-        "--as-of", help="time T: epoch ms or ISO-8601 with a zone, e.g. 2026-11-22T02:00:00Z (default: now)"
-    )
+    add_as_of(parser)
     parser.add_argument(
         "--group",
         action="append",

@@ -15,8 +15,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_model.common import parse_instant
-from jobs.cli import iso_utc, job_parser, run_spark_job, text_table
+from jobs.cli import add_as_of, as_of_of, iso_utc, job_parser, run_spark_job, text_table
 from jobs.lake import Lake
 from jobs.runs import JobRun, record_run, table_versions
 from schemas.catalog import (
@@ -241,9 +240,8 @@ def _print_frame(title: str, df: DataFrame) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``nightly``."""
     parser = job_parser(JOB, __doc__)
-    parser.add_argument(
-        "--as-of",
-        help="T for every step: epoch ms or ISO-8601 with a zone (default: the time of the lake's latest data)",
+    add_as_of(
+        parser, "T for every step: epoch ms or ISO-8601 with a zone (default: the time of the lake's latest data)"
     )
     parser.add_argument("--out", help="directory of the report (default: <lake>/../reports/<UTC date of T>)")
     parser.add_argument(
@@ -261,7 +259,7 @@ def build_config(argv: Sequence[str] | None = None) -> NightlyConfig:
         ValidationError: a bad ``--as-of`` or demo size.
     """
     args = build_parser().parse_args(argv)
-    as_of = parse_instant(args.as_of, "--as-of") if args.as_of is not None else None
+    as_of = as_of_of(args.as_of) if args.as_of is not None else None
     out = Path(args.out) if args.out else None
     return NightlyConfig(
         Path(args.lake), as_of, args.demo_messages, args.demo_transactions, args.seed, out, args.engine

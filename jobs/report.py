@@ -19,7 +19,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from broker_model.common import QUEUE_KEY
-from jobs.cli import as_of_of, job_parser, run_spark_job
+from jobs.cli import add_as_of, as_of_of, job_parser, run_spark_job
 from jobs.lake import Lake
 from jobs.rules import is_dispatched
 from jobs.runs import JobRun, record_run, table_versions
@@ -610,9 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", default=None, help="output directory (default: <lake>/../reports/<UTC date of --as-of>)"
     )
-    parser.add_argument(
-        "--as-of", default=None, help="the report's time: epoch ms or ISO-8601 with a zone (default: now)"
-    )
+    add_as_of(parser, "the report's time: epoch ms or ISO-8601 with a zone (default: now)")
     parser.add_argument(
         "--samples",
         type=int,

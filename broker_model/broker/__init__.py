@@ -9,7 +9,7 @@ from broker_model.broker.config import BrokerConfig, FlushMode, InnerMessage, Pu
 from broker_model.broker.consumer_groups import ConsumerGroupManager
 from broker_model.broker.consumer_offsets import ConsumerOffsetManager
 from broker_model.broker.controller import Broker
-from broker_model.broker.lake_brokers import last_store_hosts, start_lake_brokers
+from broker_model.broker.lake_brokers import start_lake_brokers
 from broker_model.broker.rebalance_locks import RebalanceLockManager
 from broker_model.broker.schedule import (
     ScheduleMessageService,
@@ -58,7 +58,6 @@ __all__ = [
     "calculate_op_offset",
     "correct_deliver_timestamp",
     "end_transaction",
-    "last_store_hosts",
     "parse_op_body",
     "progress_path",
     "start_lake_brokers",

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from broker_model.common import constants as c
-from jobs.cli import as_of_of, iso_utc, job_parser, run_spark_job, text_table
+from jobs.cli import add_as_of, as_of_of, iso_utc, job_parser, run_spark_job, text_table
 from jobs.dlq.chains import (
     CHAIN_KEY,
     POLICY_NOT_WRITTEN,
@@ -369,7 +369,7 @@ def format_summary(summary: RouteSummary) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``route_dlq``."""
     parser = job_parser(JOB, __doc__)
-    parser.add_argument("--as-of", help="time T: epoch ms or ISO-8601 with a zone (default: now)")
+    add_as_of(parser)
     parser.add_argument(
         "--execute",
         action="store_true",

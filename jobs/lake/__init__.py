@@ -21,9 +21,8 @@ from jobs.lake.compaction import (
     sealed_segments,
     write_bins,
 )
-from jobs.lake.conform import conform_to_catalog, create_table
-from jobs.lake.delta_log import IncrementalReadError, check_bridge_can_read, file_location, local_directory, open_table
-from jobs.lake.delta_spark import replace_where
+from jobs.lake.conform import conform_to_catalog
+from jobs.lake.delta_log import IncrementalReadError, open_table
 from jobs.lake.facade import Lake
 from jobs.lake.session import ENGINE_CONF, ENGINES, build_session, detect_engine, resolve_engine, stop_spark
 
@@ -39,22 +38,17 @@ __all__ = [
     "WrittenFiles",
     "batches",
     "build_session",
-    "check_bridge_can_read",
     "commit_bins",
     "commit_data_files",
     "commitlog_files",
     "compact",
     "conform_to_catalog",
-    "create_table",
     "detect_engine",
     "eligible_paths",
-    "file_location",
     "list_files",
-    "local_directory",
     "open_table",
     "plan_bins",
     "plan_compaction",
-    "replace_where",
     "resolve_engine",
     "sealed_segments",
     "stop_spark",

@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from broker_model.broker import FILE_RESERVED_MS, REMOVE_TAG, TRANSACTION_CHECK_MAX, TRANSACTION_TIMEOUT_MS
-from jobs.cli import as_of_of, format_age, iso_utc, job_parser, run_spark_job, text_table
+from jobs.cli import add_as_of, as_of_of, format_age, iso_utc, job_parser, run_spark_job, text_table
 from jobs.extract import update_extract
 from jobs.lake import Lake
 from jobs.resolve_transactions.transforms import (
@@ -276,9 +276,7 @@ def _due_cells(row: Mapping[str, Any], as_of: int) -> tuple[str, ...]:
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``resolve_transactions``."""
     parser = job_parser(JOB, __doc__)
-    parser.add_argument(
-        "--as-of", help="time T: epoch ms or ISO-8601 with a zone, e.g. 2026-11-22T02:00:00Z (default: now)"
-    )
+    add_as_of(parser)
     parser.add_argument(
         "--timeout-ms",
         type=int,
