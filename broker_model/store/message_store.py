@@ -384,9 +384,7 @@ class MessageStore:
                 continue
             queue.offsets.append(columns["commit_log_offset"][i])
             queue.sizes.append(columns["store_size"][i])
-            delay = dict(columns["properties"][i]).get(c.PROPERTY_DELAY_TIME_LEVEL)
-            tags_code = consume_queue_tags_code(key[0], columns["tags"][i], delay, columns["store_timestamp"][i])
-            queue.tags_codes.append(tags_code)
+            queue.tags_codes.append(_tags_code(columns, i))
             queue.timestamps.append(columns["store_timestamp"][i])
             queue.files.append(columns["file_id"][i])
             queue.rows.append(columns["row"][i])
@@ -631,6 +629,16 @@ class MessageStore:
         if queue is None or len(queue) <= offset:
             return False
         return any(sub.matches_code(queue.tags_codes[q]) for q in range(max(offset, 0), len(queue)))
+
+
+def _tags_code(columns: dict[str, list[Any]], i: int) -> int:
+    """The tags code of dispatched record ``i``; its properties are read only on the schedule
+    topic, where the DELAY level decides it (indexing a whole log stays one hash per record)."""
+    topic, tags = columns["topic"][i], columns["tags"][i]
+    if topic != c.SCHEDULE_TOPIC:
+        return tags_code(tags)
+    delay = dict(columns["properties"][i]).get(c.PROPERTY_DELAY_TIME_LEVEL)
+    return consume_queue_tags_code(topic, tags, delay, columns["store_timestamp"][i])
 
 
 def _response_code(result: GetMessageResult, offset: int) -> str:
