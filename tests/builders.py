@@ -28,6 +28,27 @@ STORE_HOST = "10.0.0.1:10911"
 SEGMENT_SIZE = 4096
 """Default segment size of :func:`laid_out`: small, so that a few records roll a segment."""
 
+RECORD_FIELDS = (
+    "store_size",
+    "magic_code",
+    "body_crc",
+    "queue_id",
+    "flag",
+    "queue_offset",
+    "commit_log_offset",
+    "sys_flag",
+    "born_timestamp",
+    "born_host",
+    "store_timestamp",
+    "store_host",
+    "reconsume_times",
+    "prepared_transaction_offset",
+    "body",
+    "topic",
+    "raw_properties",
+)
+"""The columns a record's bytes carry, in the order of RocketMQ's record layout."""
+
 DERIVED_COLUMNS = ("magic_code", "raw_properties", "store_size", "body_crc", "tags", "keys", "uniq_key", "msg_id")
 
 
@@ -111,6 +132,11 @@ def commitlog_record(
     }
     row.update(derived)
     return {name: row[name] for name in COMMITLOG.column_names}
+
+
+def record_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`RECORD_FIELDS` of a built row: what encoding it writes and decoding gives back."""
+    return {name: row[name] for name in RECORD_FIELDS}
 
 
 def laid_out(

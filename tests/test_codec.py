@@ -39,6 +39,7 @@ from broker_model.common import (
 from broker_model.common import constants as c
 from broker_model.store import decode_record, encode_blank, encode_record, magic_for_topic, peek_header, record_length
 from schemas.errors import CorruptRecordError, ValidationError
+from tests.builders import commitlog_record, record_fields
 
 SOH, STX = "\x01", "\x02"  # NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
 
@@ -327,31 +328,25 @@ def make_row(
     extra_sys_flag: int = 0,
 ) -> dict[str, Any]:
     """A record row with every field set to a distinct value; store_size from the formula."""
-    born, store = parse_host(born_host), parse_host(store_host)
-    sys_flag = extra_sys_flag | (c.BORNHOST_V6_FLAG if born.is_v6 else 0)
-    sys_flag |= c.STOREHOSTADDRESS_V6_FLAG if store.is_v6 else 0
-    size = record_length(
-        len(body), len(topic.encode()), len(raw_properties), born.is_v6, store.is_v6, magic == c.MAGIC_CODE_V2
+    return record_fields(
+        commitlog_record(
+            topic=topic,
+            body=body,
+            born_host=str(parse_host(born_host)),
+            store_host=str(parse_host(store_host)),
+            commit_log_offset=commit_log_offset,
+            sys_flag=extra_sys_flag,
+            queue_id=1,
+            flag=7,
+            queue_offset=123,
+            born_timestamp=1_700_000_000_001,
+            store_timestamp=1_700_000_000_002,
+            reconsume_times=2,
+            prepared_transaction_offset=99,
+            magic_code=magic,
+            raw_properties=raw_properties,
+        )
     )
-    return {
-        "store_size": size,
-        "magic_code": magic,
-        "body_crc": body_crc(body),
-        "queue_id": 1,
-        "flag": 7,
-        "queue_offset": 123,
-        "commit_log_offset": commit_log_offset,
-        "sys_flag": sys_flag,
-        "born_timestamp": 1_700_000_000_001,
-        "born_host": str(born),
-        "store_timestamp": 1_700_000_000_002,
-        "store_host": str(store),
-        "reconsume_times": 2,
-        "prepared_transaction_offset": 99,
-        "body": body,
-        "topic": topic,
-        "raw_properties": raw_properties,
-    }
 
 
 @pytest.mark.parametrize(("trailing", "expected"), [(False, 107), (True, 108)])

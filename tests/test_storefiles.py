@@ -35,12 +35,12 @@ from broker_model.store import (
     export_commitlog,
     import_commitlog,
     read_table,
-    record_length,
     rows_to_table,
 )
 from broker_model.tools import add_import_export_commands
 from schemas.catalog import BROKERS, COMMITLOG, TOPIC_CONFIG
 from schemas.errors import BrokerLockedError, CorruptRecordError, ValidationError
+from tests.builders import commitlog_record, record_fields
 from tests.log_invariants import check_log, read_log
 
 SEGMENT = 4096
@@ -231,29 +231,21 @@ def rocketmq_row(
     topic: str, body: bytes, properties: dict[str, str], trailing: bool, born: str, store: str, queue_offset: int
 ) -> dict[str, Any]:
     """A record row as a RocketMQ broker fills it (offset set when laid out)."""
-    raw = encode_properties(properties, trailing_separator=trailing).encode()
-    born_host, store_host = parse_host(born), parse_host(store)
-    v2 = len(topic) > 127
-    sys_flag = (c.BORNHOST_V6_FLAG if born_host.is_v6 else 0) | (c.STOREHOSTADDRESS_V6_FLAG if store_host.is_v6 else 0)
-    return {
-        "store_size": record_length(len(body), len(topic), len(raw), born_host.is_v6, store_host.is_v6, v2),
-        "magic_code": c.MAGIC_CODE_V2 if v2 else c.MAGIC_CODE_V1,
-        "body_crc": body_crc(body),
-        "queue_id": queue_offset % 3,
-        "flag": 0,
-        "queue_offset": queue_offset,
-        "commit_log_offset": -1,
-        "sys_flag": sys_flag,
-        "born_timestamp": 1_600_000_000_000 + queue_offset,
-        "born_host": str(born_host),
-        "store_timestamp": 1_600_000_000_500 + queue_offset,
-        "store_host": str(store_host),
-        "reconsume_times": 0,
-        "prepared_transaction_offset": 0,
-        "body": body,
-        "topic": topic,
-        "raw_properties": raw,
-    }
+    return record_fields(
+        commitlog_record(
+            topic=topic,
+            body=body,
+            properties=properties,
+            raw_properties=encode_properties(properties, trailing_separator=trailing).encode(),
+            born_host=str(parse_host(born)),
+            store_host=str(parse_host(store)),
+            queue_id=queue_offset % 3,
+            queue_offset=queue_offset,
+            commit_log_offset=-1,
+            born_timestamp=1_600_000_000_000 + queue_offset,
+            store_timestamp=1_600_000_000_500 + queue_offset,
+        )
+    )
 
 
 def lay_out(directory: Path, files: list[list[dict[str, Any]]], first_base: int, empty_files: int = 0) -> list[Path]:
