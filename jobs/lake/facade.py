@@ -178,17 +178,20 @@ class Lake:
         name_or_spec: str | TableSpec,
         columns: Sequence[str] | None = None,
         filters: Sequence[tuple[str, str, Any]] | None = None,
+        version: int | None = None,
     ) -> pa.Table:
-        """The latest rows of a catalog table read on the driver with delta-rs for both engines (no
-        Spark job): all ``columns`` by default, only rows matching every ``(column, op, value)`` of
-        ``filters`` (partition values prune files, statistics prune the rest). For tables, or
-        filtered parts, small enough to hold on the driver; an absent table reads as empty."""
+        """The rows of a catalog table (at ``version``; None: the latest) read on the driver with
+        delta-rs for both engines (no Spark job): all ``columns`` by default, only rows matching
+        every ``(column, op, value)`` of ``filters`` (partition values prune files, statistics
+        prune the rest). For tables, or filtered parts, small enough to hold on the driver; an
+        absent table reads as empty."""
         spec = _spec(name_or_spec)
+        _check_version(version)
         names = list(columns) if columns is not None else list(spec.column_names)
         path = str(self.location(spec))
         if not DeltaTable.is_deltatable(path):
             return spec.arrow_schema.empty_table().select(names)
-        dt = open_table(path)
+        dt = open_table(path, version)
         _check_catalog_schema(spec, _log_schema(dt), path)
         return dt.to_pyarrow_table(columns=names, filters=list(filters) if filters else None)
 
@@ -197,18 +200,45 @@ class Lake:
         path = str(self.location(name_or_spec))
         return pa.schema(open_table(path).schema().to_arrow()) if DeltaTable.is_deltatable(path) else None
 
-    def newest_value(self, name_or_spec: str | TableSpec, column: str) -> Any:
-        """The greatest value of ``column`` in the table's active files, from the ``max``
-        statistics of the Delta log (no file is read); None when the table is absent or no file
-        has that statistic."""
+    def newest_value(
+        self, name_or_spec: str | TableSpec, column: str, version: int | None = None, strict: bool = False
+    ) -> Any:
+        """The greatest value of ``column`` in the table's active files (at ``version``; None: the
+        latest), from the ``max`` statistics of the Delta log (no file is read); None when the
+        table is absent or no file has that statistic. ``strict``: None also when a file that may
+        hold rows lacks it, so that a value returned bounds every row."""
+        _check_version(version)
         path = str(self.location(name_or_spec))
         if not DeltaTable.is_deltatable(path):
             return None
-        actions = pa.table(open_table(path).get_add_actions(flatten=True))
+        actions = pa.table(open_table(path, version).get_add_actions(flatten=True))
         name = f"max.{column}"
         if not actions.num_rows or name not in actions.column_names:
             return None
+        if strict:
+            records = actions.column("num_records") if "num_records" in actions.column_names else None
+            may_hold = pc.invert(pc.fill_null(pc.equal(records, 0), False)) if records is not None else None
+            lacking = pc.is_null(actions.column(name))
+            if pc.any(pc.and_(lacking, may_hold) if may_hold is not None else lacking).as_py():
+                return None
         return pc.max(actions.column(name)).as_py()
+
+    def row_count(self, name_or_spec: str | TableSpec, version: int | None = None) -> int:
+        """The number of rows of the table (at ``version``; None: the latest): the sum of the
+        ``numRecords`` statistics of its active files, counted by a scan when a file lacks it; 0
+        when the table is absent."""
+        _check_version(version)
+        spec = _spec(name_or_spec)
+        path = str(self.location(spec))
+        if not DeltaTable.is_deltatable(path):
+            return 0
+        actions = pa.table(open_table(path, version).get_add_actions(flatten=True))
+        if not actions.num_rows:
+            return 0
+        records = actions.column("num_records") if "num_records" in actions.column_names else None
+        if records is None or records.null_count:
+            return self.read(spec, version=version).count()
+        return int(pc.sum(records).as_py())
 
     def stage_files(self, name_or_spec: str | TableSpec, df: DataFrame, stage_by: str) -> WrittenFiles:
         """Write ``df`` (the table's columns plus ``stage_by``) as data files inside the table,
@@ -252,11 +282,12 @@ class Lake:
         return self._write_rows(_spec(name_or_spec), rows, "append", _transaction(app_id, app_version))
 
     def overwrite_rows(
-        self, name_or_spec: str | TableSpec, rows: pa.Table, app_id: str, app_version: int
+        self, name_or_spec: str | TableSpec, rows: pa.Table, app_id: str | None = None, app_version: int | None = None
     ) -> int | None:
         """Replace the rows of a small unpartitioned catalog table by ``rows``, written from the
         driver with delta-rs for both engines (one commit, no Spark job), with the application
-        transaction ``(app_id, app_version)``; skipped (None) when the table already holds it.
+        transaction ``(app_id, app_version)`` when given; skipped (None) when the table already
+        holds it.
 
         Raises:
             ValidationError: ``rows`` lacks a catalog column or has a null in a NOT NULL one, or a

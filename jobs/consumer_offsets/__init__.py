@@ -1,0 +1,44 @@
+"""The ``consumer_offsets`` job: committed offsets and lag per consumer group and queue as of a time
+T (RocketMQ's ``mqadmin consumerProgress`` figures), from ``consumer_offset_commits`` and
+``consume_queue``, moved on incrementally when it can be (see docs/jobs.md).
+"""
+
+from __future__ import annotations
+
+from jobs.consumer_offsets.fold import Previous, can_fold, fold
+from jobs.consumer_offsets.job import (
+    ConsumerOffsetsConfig,
+    as_of_of_message,
+    build_config,
+    build_parser,
+    format_progress,
+    main,
+    run,
+    through_of_message,
+)
+from jobs.consumer_offsets.transforms import (
+    QUEUE_NOT_FOUND,
+    build_consumer_offsets,
+    build_listed_queues,
+    build_queue_bounds,
+    filter_cq_rows_as_of,
+)
+
+__all__ = [
+    "QUEUE_NOT_FOUND",
+    "ConsumerOffsetsConfig",
+    "Previous",
+    "as_of_of_message",
+    "build_config",
+    "build_consumer_offsets",
+    "build_listed_queues",
+    "build_parser",
+    "build_queue_bounds",
+    "can_fold",
+    "filter_cq_rows_as_of",
+    "fold",
+    "format_progress",
+    "main",
+    "run",
+    "through_of_message",
+]

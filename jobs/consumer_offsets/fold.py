@@ -1,0 +1,255 @@
+"""The incremental ``consumer_offsets``: the previous table moved on to a later T by the offset commits
+and consume-queue rows appended since, on the driver (no Spark job). The caller checks when this
+gives the full run's table exactly (:func:`can_fold`); see docs/jobs.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from broker_model.common import RETRY_GROUP_TOPIC_PREFIX, GroupQueueKey, QueueKey
+from jobs.consumer_offsets.transforms import QUEUE_NOT_FOUND
+
+COMMIT_COLUMNS = ("group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp", "source")
+CQ_ROW_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp")
+
+OffsetLookup = Callable[[Mapping[QueueKey, set[int]]], dict[tuple[QueueKey, int], int]]
+"""Store times of consume-queue rows at queue offsets (the earliest per offset; absent: no row)."""
+TopicRead = Callable[[set[str]], pa.Table]
+"""The :data:`CQ_ROW_COLUMNS` of every consume-queue row of the topics (at the run's version)."""
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The run moved on: its table rows, its T and the greatest input time it had read."""
+
+    rows: list[dict[str, Any]]
+    as_of: int
+    through: int
+
+
+def can_fold(previous: Previous, as_of: int, new_commits: pa.Table) -> str | None:
+    """Why the previous table cannot be moved on to ``as_of`` exactly, None when it can.
+
+    Exact when every input row the previous run read counted at its T (``through <= as_of`` of
+    that run: none was waiting for a later T), the new T is not earlier, and every new commit
+    comes after that T (so it is later than each commit already counted for its key).
+    """
+    if as_of < previous.as_of:
+        return f"as_of {as_of} is before the previous run's {previous.as_of}"
+    if previous.through > previous.as_of:
+        return f"the previous run read rows stored after its as_of ({previous.through} > {previous.as_of})"
+    if new_commits.num_rows:
+        first = pc.min(new_commits["commit_timestamp"]).as_py()
+        if first <= previous.as_of:
+            return f"a new offset commit is timed {first}, not after the previous as_of {previous.as_of}"
+    return None
+
+
+def latest_time(*tables: tuple[pa.Table, str]) -> int | None:
+    """The greatest value of the named time column over the tables, None when all are empty."""
+    times = [pc.max(table[column]).as_py() for table, column in tables if table.num_rows]
+    return max(times) if times else None
+
+
+def fold(
+    previous: Previous,
+    as_of: int,
+    new_commits: pa.Table,
+    new_cq_rows: pa.Table,
+    read_topics: TopicRead,
+    lookup: OffsetLookup,
+) -> list[dict[str, Any]]:
+    """The ``consumer_offsets`` rows as of ``as_of``: ``previous`` moved on by ``new_commits``
+    (:data:`COMMIT_COLUMNS`) and ``new_cq_rows`` (:data:`CQ_ROW_COLUMNS`), the rows appended to the
+    inputs since. When :func:`can_fold` holds, equal to the full run's rows.
+
+    Reads old consume-queue rows only where the previous table cannot tell: every row of a topic
+    a group subscribes to for the first time (``read_topics``), and the store times at the offsets
+    a moved commit points at inside the old rows (``lookup``).
+    """
+    current: dict[GroupQueueKey, int] = {}
+    bounds: dict[QueueKey, tuple[int, int]] = {}
+    known: dict[tuple[QueueKey, int], int | None] = {}
+    for row in previous.rows:
+        key, queue = _keys(row)
+        offset, low, high = row["consumer_offset"], row["broker_min_offset"], row["broker_offset"]
+        if offset is not None:
+            current[key] = offset
+            known[(queue, offset - 1)] = row["last_timestamp"]
+        if high is not None:
+            bounds[queue] = (low, high)
+            if (offset or 0) < high:
+                known[(queue, max(offset or 0, low))] = row["oldest_unconsumed_timestamp"]
+    old_bounds = dict(bounds)
+    known_topics = _subscribed_topics(current)
+
+    current.update(_latest_commits(new_commits.filter(pc.field("commit_timestamp") <= as_of)))
+    new_rows = new_cq_rows.filter(pc.field("store_timestamp") <= as_of)
+    new_times = _earliest_times(new_rows)
+    for queue, (low, high) in _queue_bounds(new_rows).items():
+        if queue in bounds:
+            bounds[queue] = (min(low, bounds[queue][0]), max(high, bounds[queue][1]))
+        elif queue[1] in known_topics:
+            bounds[queue] = (low, high)
+
+    read_whole: dict[tuple[QueueKey, int], int] = {}
+    first_topics = _subscribed_topics(current) - known_topics
+    if first_topics:
+        whole = read_topics(first_topics).filter(pc.field("store_timestamp") <= as_of)
+        bounds.update(_queue_bounds(whole))
+        read_whole = _earliest_times(whole)
+
+    listed = _listed(current, bounds)
+    wanted: dict[QueueKey, set[int]] = {}
+
+    def needs(queue: QueueKey, offset: int) -> None:
+        if queue[1] not in first_topics and _old(queue, offset, old_bounds, known) is _UNKNOWN:
+            wanted.setdefault(queue, set()).add(offset)
+
+    for key in listed:
+        _visit(key, current.get(key), bounds.get(key[1:]), needs)
+    looked_up = lookup(wanted) if wanted else {}
+
+    def time_at(queue: QueueKey, offset: int) -> int | None:
+        if queue[1] in first_topics:
+            return read_whole.get((queue, offset))
+        if queue in wanted and offset in wanted[queue]:
+            return looked_up.get((queue, offset))
+        old = _old(queue, offset, old_bounds, known)
+        return _earliest(old if isinstance(old, int) else None, new_times.get((queue, offset)))
+
+    return [_row(key, current.get(key), bounds.get(key[1:]), time_at, as_of) for key in sorted(listed)]
+
+
+class _Unknown:
+    """The old rows were not read at that offset."""
+
+
+_UNKNOWN = _Unknown()
+
+
+def _old(
+    queue: QueueKey,
+    offset: int,
+    old_bounds: Mapping[QueueKey, tuple[int, int]],
+    known: Mapping[tuple[QueueKey, int], int | None],
+) -> int | _Unknown | None:
+    """The store time of the old row at ``offset`` of ``queue`` as the previous table tells, None
+    when there is none, :data:`_UNKNOWN` when only a read can tell."""
+    if queue not in old_bounds:
+        return None  # a queue of a subscribed topic missing from the previous table had no row
+    low, high = old_bounds[queue]
+    if offset < low or offset >= high:
+        return None
+    return known.get((queue, offset), _UNKNOWN)
+
+
+def _visit(
+    key: GroupQueueKey, offset: int | None, bound: tuple[int, int] | None, needs: Callable[[QueueKey, int], None]
+) -> None:
+    queue = key[1:]
+    if offset is not None:
+        needs(queue, offset - 1)
+    if bound is not None and (offset or 0) < bound[1]:
+        needs(queue, max(offset or 0, bound[0]))
+
+
+def _row(
+    key: GroupQueueKey,
+    offset: int | None,
+    bound: tuple[int, int] | None,
+    time_at: Callable[[QueueKey, int], int | None],
+    as_of: int,
+) -> dict[str, Any]:
+    queue = key[1:]
+    counted = offset or 0
+    low, high = bound if bound is not None else (None, None)
+    oldest = None
+    if low is not None and high is not None and counted < high:
+        oldest = time_at(queue, max(counted, low))
+    return {
+        "group": key[0],
+        "broker_name": key[1],
+        "topic": key[2],
+        "queue_id": key[3],
+        "consumer_offset": offset,
+        "broker_min_offset": low,
+        "broker_offset": high,
+        "diff": None if high is None else high - counted,
+        "last_timestamp": None if offset is None else time_at(queue, offset - 1),
+        "oldest_unconsumed_timestamp": oldest,
+        "as_of": as_of,
+        "anomaly": QUEUE_NOT_FOUND if high is None else None,
+    }
+
+
+def _keys(row: Mapping[str, Any]) -> tuple[GroupQueueKey, QueueKey]:
+    queue = (row["broker_name"], row["topic"], row["queue_id"])
+    return (row["group"], *queue), queue
+
+
+def _subscribed_topics(current: Iterable[GroupQueueKey]) -> set[str]:
+    """The topics of the committed keys and the retry topic of each group that commits."""
+    keys = list(current)
+    return {key[2] for key in keys} | {RETRY_GROUP_TOPIC_PREFIX + key[0] for key in keys}
+
+
+def _listed(current: Mapping[GroupQueueKey, int], bounds: Mapping[QueueKey, tuple[int, int]]) -> set[GroupQueueKey]:
+    """The committed keys plus, per group, every queue of its topics and of its retry topic."""
+    queues_of: dict[str, list[QueueKey]] = {}
+    for queue in bounds:
+        queues_of.setdefault(queue[1], []).append(queue)
+    listed = set(current)
+    for group, topic in {(key[0], key[2]) for key in current} | {
+        (key[0], RETRY_GROUP_TOPIC_PREFIX + key[0]) for key in current
+    }:
+        listed.update((group, *queue) for queue in queues_of.get(topic, ()))
+    return listed
+
+
+def _latest_commits(commits: pa.Table) -> dict[GroupQueueKey, int]:
+    """Per key, the offset of the latest commit in :func:`jobs.rules.build_current_offsets`' order."""
+    latest: dict[GroupQueueKey, tuple[int, bool, int, str]] = {}
+    for row in commits.select(list(COMMIT_COLUMNS)).to_pylist():
+        key = (row["group"], row["broker_name"], row["topic"], row["queue_id"])
+        order = (row["commit_timestamp"], row["source"] == "reset", row["offset"], row["source"])
+        if key not in latest or order > latest[key]:
+            latest[key] = order
+    return {key: order[2] for key, order in latest.items()}
+
+
+def _queue_bounds(rows: pa.Table) -> dict[QueueKey, tuple[int, int]]:
+    """Per queue of consume-queue ``rows``, (smallest queue offset, greatest plus one)."""
+    if not rows.num_rows:
+        return {}
+    grouped = rows.group_by(["broker_name", "topic", "queue_id"]).aggregate(
+        [("queue_offset", "min"), ("queue_offset", "max")]
+    )
+    return {
+        (r["broker_name"], r["topic"], r["queue_id"]): (r["queue_offset_min"], r["queue_offset_max"] + 1)
+        for r in grouped.to_pylist()
+    }
+
+
+def _earliest_times(rows: pa.Table) -> dict[tuple[QueueKey, int], int]:
+    """Per (queue, queue offset) of consume-queue ``rows``, the earliest store time."""
+    if not rows.num_rows:
+        return {}
+    grouped = rows.group_by(["broker_name", "topic", "queue_id", "queue_offset"]).aggregate(
+        [("store_timestamp", "min")]
+    )
+    return {
+        ((r["broker_name"], r["topic"], r["queue_id"]), r["queue_offset"]): r["store_timestamp_min"]
+        for r in grouped.to_pylist()
+    }
+
+
+def _earliest(*times: int | None) -> int | None:
+    present = [t for t in times if t is not None]
+    return min(present) if present else None

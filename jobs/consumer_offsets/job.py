@@ -1,0 +1,319 @@
+"""The ``consumer_offsets`` job: committed offsets and lag per consumer group and queue as of a time
+T (RocketMQ's ``mqadmin consumerProgress`` figures), from ``consumer_offset_commits`` and
+``consume_queue``. A rerun on the same inputs and T changes nothing; a run after new rows moves the
+previous table on by them when that gives the same table. See docs/jobs.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from broker_model.common import QueueKey
+from jobs.cli import add_as_of, as_of_of, iso_utc, job_parser, run_spark_job, text_table
+from jobs.consumer_offsets.fold import COMMIT_COLUMNS, CQ_ROW_COLUMNS, Previous, can_fold, fold, latest_time
+from jobs.consumer_offsets.transforms import build_consumer_offsets, build_queue_bounds
+from jobs.lake import IncrementalReadError, Lake
+from jobs.rules import build_current_offsets
+from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions
+from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS
+from schemas.errors import LakeError, ValidationError
+
+JOB = "consumer_offsets"
+INPUTS = (CONSUMER_OFFSET_COMMITS, CONSUME_QUEUE)
+INPUT_NAMES = tuple(spec.name for spec in INPUTS)
+
+_AS_OF_MESSAGE = re.compile(r"^as_of=(-?\d+)(?:;|$)")
+_THROUGH_MESSAGE = re.compile(r"(?:^|; )through=(-?\d+)(?:;|$)")
+
+
+@dataclass(frozen=True)
+class ConsumerOffsetsConfig:
+    """Options of the job.
+
+    Attributes:
+        lake: the lake root.
+        as_of: the time T the figures are computed for, epoch milliseconds.
+        groups: groups to print (empty: all); the table always holds every group.
+        engine: lake engine, ``auto``, ``bridge`` or ``delta-spark``.
+        full: compute from the whole inputs even when the previous table could be moved on.
+    """
+
+    lake: Path
+    as_of: int
+    groups: tuple[str, ...] = ()
+    engine: str = "auto"
+    full: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------------------------
+
+
+def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
+    """Compute ``consumer_offsets`` as of ``config.as_of``, print the progress view, record the run.
+
+    Reads the current versions of ``consumer_offset_commits`` and ``consume_queue`` (a missing
+    table counts as empty, giving an empty output table). A no-op when the latest run had the same
+    inputs and T; else the previous table moved on by the rows appended since, when that gives the
+    full run's table exactly (:func:`can_fold`); else (or with ``config.full``) computed from the
+    whole inputs with Spark. Appends one ``job_runs`` row: SUCCEEDED or NOOP with the input
+    versions, the output version and row counts, or FAILED before re-raising.
+
+    Returns:
+        The recorded run.
+    """
+    lake = Lake(spark, config.lake, config.engine)
+    job_run = JobRun(JOB)
+    job_run.input_versions = table_versions(lake, [spec.name for spec in INPUTS])
+    through: int | None = None
+    try:
+        previous = _previous_run(lake)
+        version = _reusable_output_version(lake, previous, job_run.input_versions, config.as_of)
+        status, how = ("NOOP", "inputs and as_of unchanged, nothing written") if version is not None else ("", "")
+        if version is None and not config.full and previous is not None:
+            folded = _fold_and_write(lake, job_run, previous, config.as_of)
+            if isinstance(folded, str):
+                print(f"{JOB}: computing from the whole inputs: {folded}")
+            else:
+                version, through = folded
+                status, how = "SUCCEEDED", "consumer_offsets moved on by the new rows"
+        if version is None:
+            version, through = _compute_and_write(lake, job_run, config.as_of)
+            status, how = "SUCCEEDED", "consumer_offsets overwritten"
+        elif status == "NOOP" and previous is not None:
+            through = through_of_message(previous["message"])
+        offsets = lake.read_rows(CONSUMER_OFFSETS, version=version)
+        job_run.output_versions[CONSUMER_OFFSETS.name] = version
+        job_run.row_counts[CONSUMER_OFFSETS.name] = offsets.num_rows
+        print("\n".join(format_progress(_progress_rows(offsets, config.groups), config.as_of, config.groups)))
+    except Exception as err:
+        record_run(lake, job_run.finish("FAILED", f"as_of={config.as_of}; {type(err).__name__}: {err}"))
+        raise
+    record_run(lake, job_run.finish(status, _message(config.as_of, through, how)))
+    return job_run
+
+
+def _compute_and_write(lake: Lake, job_run: JobRun, as_of: int) -> tuple[int, int | None]:
+    """Read the inputs at the recorded versions, compute, overwrite; the committed version and the
+    greatest input time (from the Delta statistics; None when they cannot bound every row)."""
+    commits_df = read_or_empty(lake, CONSUMER_OFFSET_COMMITS, job_run.input_versions)
+    queue_df = read_or_empty(lake, CONSUME_QUEUE, job_run.input_versions)
+    current_df = build_current_offsets(commits_df, as_of)
+    offsets_df = build_consumer_offsets(current_df, build_queue_bounds(queue_df, as_of), queue_df, as_of)
+    version = lake.overwrite(CONSUMER_OFFSETS, offsets_df)
+    if version is None:
+        raise LakeError(f"the overwrite of {lake.location(CONSUMER_OFFSETS)} committed no version; run the job again")
+    for spec in INPUTS:
+        counted = job_run.input_versions.get(spec.name)
+        job_run.row_counts[spec.name] = lake.row_count(spec, counted) if counted is not None else 0
+    return version, _newest_input_time(lake, job_run.input_versions)
+
+
+def _newest_input_time(lake: Lake, versions: Mapping[str, int]) -> int | None:
+    """The greatest commit and store time in the inputs at ``versions`` (-1 for empty tables);
+    None when unknown or when there is no input table."""
+    times = []
+    for spec, column in ((CONSUMER_OFFSET_COMMITS, "commit_timestamp"), (CONSUME_QUEUE, "store_timestamp")):
+        if spec.name not in versions:
+            continue
+        newest = lake.newest_value(spec, column, versions[spec.name], strict=True)
+        if newest is None and lake.read_rows(spec, [column], version=versions[spec.name]).num_rows:
+            return None
+        times.append(newest if newest is not None else -1)
+    return max(times) if times else None
+
+
+def _fold_and_write(lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], as_of: int) -> tuple[int, int] | str:
+    """The previous table moved on to ``as_of`` and written (version, greatest input time), or
+    why it cannot be (then nothing is written)."""
+    before, now = previous_run["input_versions"], job_run.input_versions
+    if set(before) != set(INPUT_NAMES) or set(now) != set(INPUT_NAMES):
+        return "an input table was missing"
+    previous_as_of, through = as_of_of_message(previous_run["message"]), through_of_message(previous_run["message"])
+    output_version = previous_run["output_versions"].get(CONSUMER_OFFSETS.name)
+    if previous_as_of is None or through is None or output_version != lake.version(CONSUMER_OFFSETS):
+        return "the previous run left no table to move on"
+    try:
+        commits_range = (before[CONSUMER_OFFSET_COMMITS.name], now[CONSUMER_OFFSET_COMMITS.name])
+        commits = lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, COMMIT_COLUMNS, *commits_range)
+        cq_range = (before[CONSUME_QUEUE.name], now[CONSUME_QUEUE.name])
+        cq_rows = lake.read_appended_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, *cq_range)
+    except (IncrementalReadError, ValidationError) as err:
+        return str(err)
+    previous = Previous(lake.read_rows(CONSUMER_OFFSETS, version=output_version).to_pylist(), previous_as_of, through)
+    why_not = can_fold(previous, as_of, commits)
+    if why_not is not None:
+        return why_not
+    cq_version = now[CONSUME_QUEUE.name]
+
+    def read_topics(topics: set[str]) -> pa.Table:
+        return lake.read_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, [("topic", "in", sorted(topics))], cq_version)
+
+    def lookup(wanted: Mapping[QueueKey, set[int]]) -> dict[tuple[QueueKey, int], int]:
+        return cq_row_times(lake, cq_version, wanted, as_of)
+
+    rows = fold(previous, as_of, commits, cq_rows, read_topics, lookup)
+    version = lake.overwrite_rows(CONSUMER_OFFSETS, pa.Table.from_pylist(rows, schema=CONSUMER_OFFSETS.arrow_schema))
+    if version is None:
+        raise LakeError(f"the overwrite of {lake.location(CONSUMER_OFFSETS)} committed no version; run the job again")
+    job_run.row_counts[f"new {CONSUMER_OFFSET_COMMITS.name}"] = commits.num_rows
+    job_run.row_counts[f"new {CONSUME_QUEUE.name}"] = cq_rows.num_rows
+    newest = latest_time((commits, "commit_timestamp"), (cq_rows, "store_timestamp"))
+    return version, max(through, newest if newest is not None else through)
+
+
+def cq_row_times(
+    lake: Lake, version: int, wanted: Mapping[QueueKey, set[int]], as_of: int
+) -> dict[tuple[QueueKey, int], int]:
+    """The earliest store time at or before ``as_of`` of the consume-queue rows (at ``version``)
+    at the ``wanted`` queue offsets of each queue; offsets without such a row are absent."""
+    topics = sorted({queue[1] for queue in wanted})
+    filters = [
+        ("topic", "in", topics),
+        ("queue_offset", ">=", min(min(offsets) for offsets in wanted.values())),
+        ("queue_offset", "<=", max(max(offsets) for offsets in wanted.values())),
+        ("store_timestamp", "<=", as_of),
+    ]
+    rows = lake.read_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, filters, version)
+    times: dict[tuple[QueueKey, int], int] = {}
+    for row in rows.to_pylist():
+        queue = (row["broker_name"], row["topic"], row["queue_id"])
+        offset = row["queue_offset"]
+        if offset in wanted.get(queue, ()):
+            key = (queue, offset)
+            times[key] = min(times.get(key, row["store_timestamp"]), row["store_timestamp"])
+    return times
+
+
+def _previous_run(lake: Lake) -> dict[str, Any] | None:
+    return latest_reusable_run(lake, JOB) if lake.version(CONSUMER_OFFSETS) is not None else None
+
+
+def _reusable_output_version(
+    lake: Lake, previous: Mapping[str, Any] | None, input_versions: Mapping[str, int], as_of: int
+) -> int | None:
+    """The current ``consumer_offsets`` version when the latest reusable run had these inputs and
+    this ``as_of`` and wrote (or kept) that very version; else None (compute again)."""
+    if previous is None:
+        return None
+    current = lake.version(CONSUMER_OFFSETS)
+    unchanged = same_inputs(lake, previous["input_versions"], input_versions)
+    same_output = previous["output_versions"].get(CONSUMER_OFFSETS.name) == current
+    return current if unchanged and same_output and as_of_of_message(previous["message"]) == as_of else None
+
+
+def as_of_of_message(message: str | None) -> int | None:
+    """The ``as_of`` a run of this job recorded in its job_runs ``message``, None when absent."""
+    found = _AS_OF_MESSAGE.match(message or "")
+    return int(found.group(1)) if found else None
+
+
+def through_of_message(message: str | None) -> int | None:
+    """The greatest input time a run of this job recorded in its ``message``, None when absent."""
+    found = _THROUGH_MESSAGE.search(message or "")
+    return int(found.group(1)) if found else None
+
+
+def _message(as_of: int, through: int | None, how: str) -> str:
+    return f"as_of={as_of}; " + (f"through={through}; " if through is not None else "") + how
+
+
+def _progress_rows(offsets: pa.Table, groups: Sequence[str]) -> list[dict[str, Any]]:
+    rows = offsets.to_pylist()
+    return [row for row in rows if row["group"] in groups] if groups else rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The printed view
+# ---------------------------------------------------------------------------------------------
+
+_HEADER = ("#Topic", "#Broker Name", "#QID", "#Broker Offset", "#Consumer Offset", "#Diff", "#LastTime", "#Note")
+
+
+def format_progress(rows: Sequence[Mapping[str, Any]], as_of: int, groups: Sequence[str] = ()) -> list[str]:
+    """The lines of a consumerProgress-like view of ``consumer_offsets`` rows, per group.
+
+    Per group (sorted by name): a title, then one line per queue sorted by (topic, broker_name,
+    queue_id) as RocketMQ sorts message queues, then ``Diff Total`` (sum of the known diffs).
+    A null consumer offset prints as 0 (as RocketMQ prints a missing offset) with the note
+    ``no commit``; unknown bounds print as ``-``; times are UTC ISO-8601, ``N/A`` when null.
+    Each group of ``groups`` without rows gets a line saying so.
+    """
+    lines = [f"consumer progress as of {iso_utc(as_of)} ({as_of})"]
+    by_group: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_group.setdefault(row["group"], []).append(row)
+    for group in sorted(by_group):
+        queue_rows = sorted(by_group[group], key=lambda r: (r["topic"], r["broker_name"], r["queue_id"]))
+        lines += ["", f"Group: {group}", *text_table([_HEADER, *(_cells(r) for r in queue_rows)])]
+        lines.append(f"Diff Total: {sum(r['diff'] for r in queue_rows if r['diff'] is not None)}")
+    lines += [f"Group: {group}: no offsets as of {iso_utc(as_of)}" for group in groups if group not in by_group]
+    return lines
+
+
+def _cells(row: Mapping[str, Any]) -> tuple[str, ...]:
+    note = row["anomaly"] or ("no commit" if row["consumer_offset"] is None else "")
+    return (
+        row["topic"],
+        row["broker_name"],
+        str(row["queue_id"]),
+        _or_dash(row["broker_offset"]),
+        str(row["consumer_offset"] if row["consumer_offset"] is not None else 0),
+        _or_dash(row["diff"]),
+        iso_utc(row["last_timestamp"]) if row["last_timestamp"] is not None else "N/A",
+        note,
+    )
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Options of ``consumer_offsets``."""
+    parser = job_parser(JOB, __doc__)
+    add_as_of(parser)
+    parser.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        help="print only this group (repeatable); the table always holds every group",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="compute from the whole inputs instead of moving the previous table on by the new rows",
+    )
+    return parser
+
+
+def build_config(argv: Sequence[str] | None = None) -> ConsumerOffsetsConfig:
+    """The config of ``argv``; ``--as-of`` defaults to the current time.
+
+    Raises:
+        ValidationError: ``--as-of`` is neither epoch ms nor ISO-8601 with a zone.
+        SystemExit: argparse usage errors and ``--help``.
+    """
+    args = build_parser().parse_args(argv)
+    as_of = as_of_of(args.as_of)
+    return ConsumerOffsetsConfig(Path(args.lake), as_of, tuple(dict.fromkeys(args.group)), args.engine, args.full)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse and validate ``argv`` (before starting Spark), build the session, run."""
+    run_spark_job(JOB, build_config(argv), run)
+    return 0

@@ -1,0 +1,128 @@
+"""The Spark transforms of ``consumer_offsets``: queue bounds, listed queues and the table as of T."""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from broker_model.common import GROUP_QUEUE_KEY, QUEUE_KEY, RETRY_GROUP_TOPIC_PREFIX
+
+QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"
+QUEUE_BOUNDS_COLUMNS = (*QUEUE_KEY, "broker_min_offset", "broker_offset")
+
+
+def build_queue_bounds(consume_queue_df: DataFrame, as_of: int) -> DataFrame:
+    """Per queue, the bounds of its consume-queue rows stored at or before ``as_of``.
+
+    Args:
+        consume_queue_df: rows of ``consume_queue`` (at least the queue key, ``queue_offset`` and
+            ``store_timestamp``).
+        as_of: epoch milliseconds; entries with ``store_timestamp <= as_of`` count.
+
+    Returns:
+        :data:`QUEUE_BOUNDS_COLUMNS`: ``broker_min_offset`` is the smallest queue offset,
+        ``broker_offset`` the largest plus one (the next offset to be written). A queue with no
+        such entry has no row.
+    """
+    return (
+        filter_cq_rows_as_of(consume_queue_df, as_of)
+        .groupBy(*QUEUE_KEY)
+        .agg(
+            F.min("queue_offset").alias("broker_min_offset"),
+            (F.max("queue_offset") + F.lit(1)).alias("broker_offset"),
+        )
+        .select(*QUEUE_BOUNDS_COLUMNS)
+    )
+
+
+def filter_cq_rows_as_of(consume_queue_df: DataFrame, as_of: int) -> DataFrame:
+    """The consume-queue rows stored at or before ``as_of`` (epoch ms), columns unchanged."""
+    return consume_queue_df.where(F.col("store_timestamp") <= F.lit(as_of))
+
+
+def build_consumer_offsets(
+    current_df: DataFrame, bounds_df: DataFrame, consume_queue_df: DataFrame, as_of: int
+) -> DataFrame:
+    """The ``consumer_offsets`` table: offsets and lag per (group, broker_name, topic, queue_id).
+
+    Args:
+        current_df: :func:`build_current_offsets` at ``as_of``.
+        bounds_df: :func:`build_queue_bounds` at ``as_of``.
+        consume_queue_df: rows of ``consume_queue``; entries stored after ``as_of`` are ignored.
+        as_of: epoch milliseconds, written to every row.
+
+    Returns:
+        Exactly the ``consumer_offsets`` catalog columns, one row per listed queue (see the module
+        docstring for which queues are listed). With ``c = coalesce(consumer_offset, 0)``:
+        ``diff = broker_offset - c`` (negative when a commit is beyond the queue's end; null for
+        QUEUE_NOT_FOUND); ``last_timestamp`` is the store time of the entry at
+        ``consumer_offset - 1`` (null when there is none: no commit, an offset at or below the
+        first entry or beyond the last, a gap); ``oldest_unconsumed_timestamp`` is the store time
+        of the entry at ``greatest(c, broker_min_offset)`` when ``c < broker_offset`` (an offset
+        below the first entry is served from the first entry on, as RocketMQ moves it there).
+        Should the consume queue hold two entries at one queue offset, the earlier store time is
+        taken, so each key still has exactly one row.
+    """
+    rows_df = build_listed_queues(current_df, bounds_df).join(bounds_df, on=list(QUEUE_KEY), how="left")
+    cq_rows_df = filter_cq_rows_as_of(consume_queue_df, as_of)
+    counted = F.coalesce(F.col("consumer_offset"), F.lit(0).cast("long"))
+    last_df = _cq_row_times(rows_df, cq_rows_df, F.col("consumer_offset") - F.lit(1), "last_timestamp")
+    unconsumed_df = rows_df.where(counted < F.col("broker_offset"))
+    oldest_df = _cq_row_times(
+        unconsumed_df, cq_rows_df, F.greatest(counted, F.col("broker_min_offset")), "oldest_unconsumed_timestamp"
+    )
+    return (
+        rows_df.join(last_df, on=list(GROUP_QUEUE_KEY), how="left")
+        .join(oldest_df, on=list(GROUP_QUEUE_KEY), how="left")
+        .select(
+            *GROUP_QUEUE_KEY,
+            "consumer_offset",
+            "broker_min_offset",
+            "broker_offset",
+            (F.col("broker_offset") - counted).alias("diff"),
+            "last_timestamp",
+            "oldest_unconsumed_timestamp",
+            F.lit(as_of).cast("long").alias("as_of"),
+            _anomaly().alias("anomaly"),
+        )
+    )
+
+
+def build_listed_queues(current_df: DataFrame, bounds_df: DataFrame) -> DataFrame:
+    """The committed queues plus, per group, every queue of its topics and of its retry topic.
+
+    Args:
+        current_df: :func:`build_current_offsets`.
+        bounds_df: :func:`build_queue_bounds`; only its queues are added.
+
+    Returns:
+        ``group, broker_name, topic, queue_id, consumer_offset``, one row per key; added queues
+        have a null ``consumer_offset``.
+    """
+    retry_topic = F.concat(F.lit(RETRY_GROUP_TOPIC_PREFIX), F.col("group")).alias("topic")
+    subscribed_df = current_df.select("group", "topic").unionByName(current_df.select("group", retry_topic)).distinct()
+    listed_df = subscribed_df.join(bounds_df.select(*QUEUE_KEY), on="topic", how="inner").select(*GROUP_QUEUE_KEY)
+    return (
+        current_df.select(*GROUP_QUEUE_KEY, "consumer_offset")
+        .join(listed_df, on=list(GROUP_QUEUE_KEY), how="full")
+        .select(*GROUP_QUEUE_KEY, "consumer_offset")
+    )
+
+
+def _cq_row_times(rows_df: DataFrame, cq_rows_df: DataFrame, queue_offset: Column, name: str) -> DataFrame:
+    """``group`` + queue key + ``name``: the store time of the entry at ``queue_offset`` of each row.
+
+    An equi-join on (broker_name, topic, queue_id, queue_offset), not a per-row lookup; rows
+    without such an entry are absent; duplicate entries resolve to the earliest store time.
+    """
+    wanted_df = rows_df.select(*GROUP_QUEUE_KEY, queue_offset.alias("queue_offset"))
+    found_df = wanted_df.join(
+        cq_rows_df.select(*QUEUE_KEY, "queue_offset", "store_timestamp"),
+        on=[*QUEUE_KEY, "queue_offset"],
+        how="inner",
+    )
+    return found_df.groupBy(*GROUP_QUEUE_KEY).agg(F.min("store_timestamp").alias(name)).select(*GROUP_QUEUE_KEY, name)
+
+
+def _anomaly() -> Column:
+    return F.when(F.col("broker_offset").isNull(), F.lit(QUEUE_NOT_FOUND)).otherwise(F.lit(None).cast("string"))

@@ -1,0 +1,157 @@
+"""The incremental ``consumer_offsets``: a chain of runs, each moving the previous table on by the
+rows appended since, gives after every step the table a full run gives on the same inputs.
+
+Seeded random steps on real Delta tables: consume-queue rows appended to the tails of queues (some
+new, some of a topic nobody subscribed to yet, some offsets held twice), offset commits by consumers
+and resets (at the tail, inside the old rows, beyond the end, on queues the log does not have, by a
+group that appears later), and now and then rows stored after the step's T, which make the next run
+compute from the whole inputs.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from broker_model.common import RETRY_GROUP_TOPIC_PREFIX
+from jobs.consumer_offsets import ConsumerOffsetsConfig, Previous, can_fold, run
+from jobs.lake import Lake
+from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS
+from tests.helpers import canonical_rows
+
+pytestmark = pytest.mark.spark
+
+BROKERS = ("broker-a", "broker-b")
+GROUPS = ("g1", "g2", "g3")
+TOPICS = ("Orders", "Audit", "Later", *(RETRY_GROUP_TOPIC_PREFIX + g for g in GROUPS))
+STEP_MS = 1_000
+
+
+class _Story:
+    """The inputs written so far, and the generator of the next step's rows."""
+
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+        self.tails: dict[tuple[str, str, int], int] = {}
+        self.now = 1_000_000
+
+    def step(self, late: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+        """(consume-queue rows, offset commits, T) of one step, stored after the last T; ``late``
+        adds rows stored after this step's T."""
+        r, start = self.random, self.now
+        self.now += STEP_MS
+        cq_rows = []
+        for _ in range(r.randint(0, 25)):
+            topic = r.choice(TOPICS if r.random() < 0.8 else ("Orders",))
+            queue = (r.choice(BROKERS), topic, r.randint(0, 2))
+            offset = self.tails.get(queue, r.choice((0, 0, 5)))
+            stored = r.randint(start + 1, self.now)
+            cq_rows.append(_cq_row(queue, offset, stored))
+            if r.random() < 0.1:  # the same queue offset held twice, the second in this step
+                cq_rows.append(_cq_row(queue, offset, r.randint(start + 1, self.now)))
+            if r.random() < 0.1 and offset:  # an offset of an earlier step held again, stored earlier
+                cq_rows.append(_cq_row(queue, offset - 1, start - r.randint(0, 3 * STEP_MS)))
+            self.tails[queue] = offset + 1
+        commits = []
+        groups = GROUPS if start > 1_003_000 else GROUPS[:2]
+        for _ in range(r.randint(0, 8)):
+            group = r.choice(groups)
+            queue = (r.choice(BROKERS), r.choice(("Orders", "Audit", "Later", "Nowhere")), r.randint(0, 3))
+            tail = self.tails.get(queue, 0)
+            offset = r.choice((tail, tail, r.randint(0, tail + 1), tail + 3, 0))
+            source = "reset" if r.random() < 0.2 else "consumer"
+            commits.append(_commit(group, queue, offset, r.randint(start + 1, self.now), source))
+        if commits and r.random() < 0.3:  # a tie of time on one key
+            tied = dict(commits[-1])
+            tied["offset"] += 1
+            tied["source"] = "reset" if tied["source"] == "consumer" else "consumer"
+            commits.append(tied)
+        if late:
+            queue = ("broker-a", "Orders", 0)
+            cq_rows.append(_cq_row(queue, self.tails.get(queue, 0), self.now + 500))
+            self.tails[queue] = self.tails.get(queue, 0) + 1
+            commits.append(_commit("g1", queue, 1, self.now + 400, "consumer"))
+        return cq_rows, commits, self.now
+
+
+def _cq_row(queue: tuple[str, str, int], offset: int, stored: int) -> dict[str, Any]:
+    broker, topic, queue_id = queue
+    return {
+        "broker_name": broker,
+        "topic": topic,
+        "queue_id": queue_id,
+        "queue_offset": offset,
+        "commit_log_offset": 1_000 * offset,
+        "store_size": 100,
+        "tags_code": 0,
+        "store_timestamp": stored,
+    }
+
+
+def _commit(group: str, queue: tuple[str, str, int], offset: int, at: int, source: str) -> dict[str, Any]:
+    reset = source == "reset"
+    return {
+        "group": group,
+        "broker_name": queue[0],
+        "topic": queue[1],
+        "queue_id": queue[2],
+        "offset": offset,
+        "commit_timestamp": at,
+        "source": source,
+        "client_id": "10.0.0.1@1",
+        "reset_id": "r-1" if reset else None,
+        "previous_offset": 0 if reset else None,
+        "reason": "test" if reset else None,
+        "operator": "ops@host" if reset else None,
+    }
+
+
+def _append(lake: Lake, cq_rows: list[dict[str, Any]], commits: list[dict[str, Any]]) -> None:
+    if cq_rows:
+        lake.append_rows(CONSUME_QUEUE, pa.Table.from_pylist(cq_rows, schema=CONSUME_QUEUE.arrow_schema))
+    if commits:
+        lake.append_rows(
+            CONSUMER_OFFSET_COMMITS, pa.Table.from_pylist(commits, schema=CONSUMER_OFFSET_COMMITS.arrow_schema)
+        )
+
+
+def _messages(lake: Lake) -> list[str]:
+    runs = lake.read_rows(JOB_RUNS, ["started_timestamp", "run_id", "message"]).to_pylist()
+    return [r["message"] for r in sorted(runs, key=lambda r: (r["started_timestamp"], r["run_id"]))]
+
+
+@pytest.mark.parametrize("seed", [3, 8])
+def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSession, tmp_path: Path, seed: int) -> None:
+    story = _Story(seed)
+    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
+    late_steps = {3, 6}
+    for step in range(8):
+        cq_rows, commits, as_of = story.step(late=step in late_steps)
+        _append(chained, cq_rows, commits)
+        _append(whole, cq_rows, commits)
+
+        run(spark, ConsumerOffsetsConfig(chained.root, as_of, engine="bridge"))
+        run(spark, ConsumerOffsetsConfig(whole.root, as_of, engine="bridge", full=True))
+
+        expected = canonical_rows(whole.read_rows(CONSUMER_OFFSETS))
+        assert canonical_rows(chained.read_rows(CONSUMER_OFFSETS)) == expected, f"step {step}"
+
+    moved_on = [i for i, m in enumerate(_messages(chained)) if m.endswith("moved on by the new rows")]
+    # the first run and the run after each step with late rows compute from the whole inputs
+    assert moved_on == [i for i in range(8) if i != 0 and i - 1 not in late_steps]
+
+
+def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_rows_it_left_for_a_later_one() -> None:
+    previous = Previous([], as_of=2_000, through=2_000)
+    commits = pa.Table.from_pylist(
+        [_commit("g", ("b", "t", 0), 1, 2_000, "consumer")], schema=CONSUMER_OFFSET_COMMITS.arrow_schema
+    )
+    assert can_fold(previous, 2_500, commits.slice(0, 0)) is None
+    assert "before the previous run's" in str(can_fold(previous, 1_999, commits.slice(0, 0)))
+    assert "stored after its as_of" in str(can_fold(Previous([], 2_000, 2_001), 2_500, commits.slice(0, 0)))
+    assert "not after the previous as_of" in str(can_fold(previous, 2_500, commits))
