@@ -242,7 +242,7 @@ def job_call(name: str, lake: Path, full: bool, as_of: int, root: Path, up_to: i
     configs: dict[str, JobCall] = {
         "compact_commitlog": lambda s: run_compact(s, CompactConfig(lake, files_up_to_version=up_to, engine=ENGINE)),
         "rebuild_consume_queue": lambda s: run_rebuild(s, RebuildConfig(lake, full=full, engine=ENGINE)),
-        "consumer_offsets": lambda s: run_offsets(s, ConsumerOffsetsConfig(lake, as_of, engine=ENGINE)),
+        "consumer_offsets": lambda s: run_offsets(s, ConsumerOffsetsConfig(lake, as_of, engine=ENGINE, full=full)),
         "resolve_transactions": lambda s: run_resolve(
             s, ResolveTransactionsConfig(lake, as_of, engine=ENGINE, full=full)
         ),
@@ -604,7 +604,7 @@ def _incremental_runs(
         print(f"incremental: {name}", flush=True)
         row = time_job(spark, name, "incremental", job_call(name, lake, False, as_of, root, processed), logs)
         row.notes = f"{row.status}; {row.seconds / full[name]:.0%} of full"
-        if name in ("consumer_offsets", "report"):
+        if name == "report":
             row.notes += " (recomputes everything by design)"
         rows.append(row)
     return rows
