@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from broker_model.common import body_crc, create_msg_id, encode_properties, parse_host
 from broker_model.common import constants as c
-from broker_model.store import magic_for_topic, record_length, rows_to_table
+from broker_model.store import RECORD_COLUMNS, magic_for_topic, record_length, rows_to_table
 from schemas.catalog import COMMITLOG, spark_schema
 
 if TYPE_CHECKING:
@@ -27,27 +27,6 @@ BORN_HOST = "10.0.0.9:5000"
 STORE_HOST = "10.0.0.1:10911"
 SEGMENT_SIZE = 4096
 """Default segment size of :func:`laid_out`: small, so that a few records roll a segment."""
-
-RECORD_FIELDS = (
-    "store_size",
-    "magic_code",
-    "body_crc",
-    "queue_id",
-    "flag",
-    "queue_offset",
-    "commit_log_offset",
-    "sys_flag",
-    "born_timestamp",
-    "born_host",
-    "store_timestamp",
-    "store_host",
-    "reconsume_times",
-    "prepared_transaction_offset",
-    "body",
-    "topic",
-    "raw_properties",
-)
-"""The columns a record's bytes carry, in the order of RocketMQ's record layout."""
 
 DERIVED_COLUMNS = ("magic_code", "raw_properties", "store_size", "body_crc", "tags", "keys", "uniq_key", "msg_id")
 
@@ -135,8 +114,8 @@ def commitlog_record(
 
 
 def record_fields(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The :data:`RECORD_FIELDS` of a built row: what encoding it writes and decoding gives back."""
-    return {name: row[name] for name in RECORD_FIELDS}
+    """The ``RECORD_COLUMNS`` of a built row: what encoding it writes and decoding gives back."""
+    return {name: row[name] for name in RECORD_COLUMNS}
 
 
 def laid_out(

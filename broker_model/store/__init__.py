@@ -13,6 +13,7 @@ from broker_model.store.offset_ledger import OffsetCommit, OffsetLedger
 from broker_model.store.record import (
     FIXED_RECORD_LENGTH,
     IPV6_HOST_EXTRA,
+    RECORD_COLUMNS,
     decode_record,
     encode_blank,
     encode_record,
@@ -25,6 +26,7 @@ from broker_model.store.segment_files import export_commitlog, import_commitlog
 __all__ = [
     "FIXED_RECORD_LENGTH",
     "IPV6_HOST_EXTRA",
+    "RECORD_COLUMNS",
     "AddFile",
     "AppendLog",
     "BrokerNameLock",

@@ -8,7 +8,7 @@ A record is handled as a dict of ``commitlog`` columns (without ``broker_name`` 
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Final
 
 from broker_model.common import body_crc, create_msg_id, decode_properties, host_from_bytes, parse_host
 from broker_model.common import constants as c
@@ -29,6 +29,28 @@ IPV6_HOST_EXTRA = 12
 """What an IPv6 host adds to a record over an IPv4 one (16 address bytes instead of 4)."""
 MAGIC_V2_EXTRA = 1
 """What magic v2 adds to a record (a two-byte topic length instead of one)."""
+
+
+RECORD_COLUMNS: Final = (
+    "commit_log_offset",
+    "store_size",
+    "magic_code",
+    "body_crc",
+    "queue_id",
+    "flag",
+    "queue_offset",
+    "sys_flag",
+    "born_timestamp",
+    "born_host",
+    "store_timestamp",
+    "store_host",
+    "reconsume_times",
+    "prepared_transaction_offset",
+    "body",
+    "topic",
+    "raw_properties",
+)
+"""The ``commitlog`` columns a record's bytes carry: what :func:`encode_record` reads."""
 
 
 def record_length(

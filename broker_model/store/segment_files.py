@@ -35,7 +35,7 @@ from broker_model.common import now_ms, parse_host, validate_name
 from broker_model.store.commitlog import rows_to_table
 from broker_model.store.delta_log import AddFile, AppendLog, _escape_path_value, append_rows, ensure_table, read_table
 from broker_model.store.name_lock import BrokerNameLock
-from broker_model.store.record import decode_record, encode_blank, encode_record, peek_header
+from broker_model.store.record import RECORD_COLUMNS, decode_record, encode_blank, encode_record, peek_header
 from schemas.catalog import BROKERS, COMMITLOG, TOPIC_CONFIG
 from schemas.errors import CorruptRecordError, ValidationError
 
@@ -45,26 +45,6 @@ MIN_SEGMENT_SIZE: Final = 4096  # Broker refuses smaller segments, so the import
 EXPORT_BATCH_ROWS: Final = 4096  # rows turned into Python objects at a time while exporting
 _FILE_NAME = re.compile(r"^[0-9]{20}$")  # UtilAll.offset2FileName: %020d of the base offset
 _MAX_OFFSET = 2**63 - 1  # offsets are Java longs
-# the commitlog columns encode_record reads
-_RECORD_COLUMNS: Final = (
-    "commit_log_offset",
-    "store_size",
-    "magic_code",
-    "body_crc",
-    "queue_id",
-    "flag",
-    "queue_offset",
-    "sys_flag",
-    "born_timestamp",
-    "born_host",
-    "store_timestamp",
-    "store_host",
-    "reconsume_times",
-    "prepared_transaction_offset",
-    "body",
-    "topic",
-    "raw_properties",
-)
 
 
 @dataclass(frozen=True)
@@ -590,7 +570,7 @@ class _Exporter:
         source = f"{COMMITLOG.name} table, broker_name={self.broker_name} segment={segment}"
         self._check_segment_start(segment, source)
         where = (ds.field("broker_name") == self.broker_name) & (ds.field("segment") == segment)
-        rows = self.dataset.to_table(filter=where, columns=list(_RECORD_COLUMNS)).sort_by("commit_log_offset")
+        rows = self.dataset.to_table(filter=where, columns=list(RECORD_COLUMNS)).sort_by("commit_log_offset")
         path = self.out_dir / f"{segment:020d}"
         with open(path, "xb") as handle:
             self.written.append(path)
