@@ -113,7 +113,9 @@ def fold(
             wanted.setdefault(queue, set()).add(offset)
 
     for key in listed:
-        _visit(key, current.get(key), bounds.get(key[1:]), needs)
+        for offset in _looked_up_offsets(current.get(key), bounds.get(key[1:])):
+            if offset is not None:
+                needs(key[1:], offset)
     looked_up = lookup(wanted) if wanted else {}
 
     def time_at(queue: QueueKey, offset: int) -> int | None:
@@ -150,14 +152,14 @@ def _old(
     return known.get((queue, offset), _UNKNOWN)
 
 
-def _visit(
-    key: GroupQueueKey, offset: int | None, bound: tuple[int, int] | None, needs: Callable[[QueueKey, int], None]
-) -> None:
-    queue = key[1:]
-    if offset is not None:
-        needs(queue, offset - 1)
+def _looked_up_offsets(offset: int | None, bound: tuple[int, int] | None) -> tuple[int | None, int | None]:
+    """The queue offsets whose store times a row shows: the last consumed one (``offset - 1``),
+    and the first unconsumed one when the group is behind (from the queue's first row on)."""
+    last = None if offset is None else offset - 1
+    oldest = None
     if bound is not None and (offset or 0) < bound[1]:
-        needs(queue, max(offset or 0, bound[0]))
+        oldest = max(offset or 0, bound[0])
+    return last, oldest
 
 
 def _row(
@@ -170,9 +172,7 @@ def _row(
     queue = key[1:]
     counted = offset or 0
     low, high = bound if bound is not None else (None, None)
-    oldest = None
-    if low is not None and high is not None and counted < high:
-        oldest = time_at(queue, max(counted, low))
+    last_offset, oldest_offset = _looked_up_offsets(offset, bound)
     return {
         "group": key[0],
         "broker_name": key[1],
@@ -182,8 +182,8 @@ def _row(
         "broker_min_offset": low,
         "broker_offset": high,
         "diff": None if high is None else high - counted,
-        "last_timestamp": None if offset is None else time_at(queue, offset - 1),
-        "oldest_unconsumed_timestamp": oldest,
+        "last_timestamp": None if last_offset is None else time_at(queue, last_offset),
+        "oldest_unconsumed_timestamp": None if oldest_offset is None else time_at(queue, oldest_offset),
         "as_of": as_of,
         "anomaly": QUEUE_NOT_FOUND if high is None else None,
     }
@@ -194,10 +194,14 @@ def _keys(row: Mapping[str, Any]) -> tuple[GroupQueueKey, QueueKey]:
     return (row["group"], *queue), queue
 
 
-def _subscribed_topics(current: Iterable[GroupQueueKey]) -> set[str]:
-    """The topics of the committed keys and the retry topic of each group that commits."""
+def _subscriptions(current: Iterable[GroupQueueKey]) -> set[tuple[str, str]]:
+    """(group, topic) of the committed keys, and each committing group's retry topic."""
     keys = list(current)
-    return {key[2] for key in keys} | {RETRY_GROUP_TOPIC_PREFIX + key[0] for key in keys}
+    return {(key[0], key[2]) for key in keys} | {(key[0], RETRY_GROUP_TOPIC_PREFIX + key[0]) for key in keys}
+
+
+def _subscribed_topics(current: Iterable[GroupQueueKey]) -> set[str]:
+    return {topic for _, topic in _subscriptions(current)}
 
 
 def _listed(current: Mapping[GroupQueueKey, int], bounds: Mapping[QueueKey, tuple[int, int]]) -> set[GroupQueueKey]:
@@ -206,9 +210,7 @@ def _listed(current: Mapping[GroupQueueKey, int], bounds: Mapping[QueueKey, tupl
     for queue in bounds:
         queues_of.setdefault(queue[1], []).append(queue)
     listed = set(current)
-    for group, topic in {(key[0], key[2]) for key in current} | {
-        (key[0], RETRY_GROUP_TOPIC_PREFIX + key[0]) for key in current
-    }:
+    for group, topic in _subscriptions(current):
         listed.update((group, *queue) for queue in queues_of.get(topic, ()))
     return listed
 

@@ -126,7 +126,7 @@ def _newest_input_time(lake: Lake, versions: Mapping[str, int]) -> int | None:
         if spec.name not in versions:
             continue
         newest = lake.newest_value(spec, column, versions[spec.name], strict=True)
-        if newest is None and lake.read_rows(spec, [column], version=versions[spec.name]).num_rows:
+        if newest is None and lake.row_count(spec, versions[spec.name]):
             return None
         times.append(newest if newest is not None else -1)
     return max(times) if times else None
