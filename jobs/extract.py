@@ -9,14 +9,36 @@ job's outputs, neither skips nor repeats a commit log version.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 
 from jobs.lake import IncrementalReadError, Lake
 from schemas.catalog import COMMITLOG, TableSpec
 from schemas.errors import LakeError
+
+DRIVER_INCREMENT_BYTES = 256 << 20
+"""An increment whose new commit log data files hold at most this many bytes (Parquet) is read on
+the driver: a few Spark jobs would cost more than the work."""
+
+
+@dataclass(frozen=True)
+class DriverDecode:
+    """How an extract's rows are made from a few commit log rows on the driver, without Spark.
+
+    Attributes:
+        columns: the commit log columns ``decode`` reads.
+        decode: the extract's rows of those commit log rows, equal to the Spark ``build``'s.
+        max_bytes: new data files up to this many bytes in all are decoded on the driver, larger
+            increments with Spark.
+    """
+
+    columns: Sequence[str]
+    decode: Callable[[pa.Table], pa.Table]
+    max_bytes: int = DRIVER_INCREMENT_BYTES
 
 
 def update_extract(
@@ -26,6 +48,7 @@ def update_extract(
     build: Callable[[DataFrame], DataFrame],
     latest: int | None,
     full: bool = False,
+    driver: DriverDecode | None = None,
 ) -> int:
     """Bring ``extract`` up to commit log version ``latest``; the number of rows written.
 
@@ -34,6 +57,8 @@ def update_extract(
     (``app_id``, ``latest``). Builds it from the whole commit log (an overwrite) on a first run,
     when ``full`` and the extract is behind, or when those versions cannot be read as appends
     (rows were removed, a commit file is gone). ``latest`` None (no commit log) writes nothing.
+    With ``driver``, new versions whose data files are small enough are read and decoded on the
+    driver and appended from there (no Spark job).
 
     Raises:
         LakeError: the extract was built from a later commit log version than ``latest`` (the
@@ -53,6 +78,10 @@ def update_extract(
         return 0
     if processed is not None and not full:
         try:
+            if driver is not None and lake.appended_size(COMMITLOG, processed, latest) <= driver.max_bytes:
+                rows = driver.decode(lake.read_appended_rows(COMMITLOG, driver.columns, processed, latest))
+                lake.append_rows(extract, rows, app_id, latest)
+                return int(rows.num_rows)
             return _write(lake, extract, build(lake.read_appended(COMMITLOG, processed, latest)), app_id, latest, False)
         except IncrementalReadError as err:
             print(f"{app_id}: cannot read the new commit log rows alone ({err}); reading the whole commit log")

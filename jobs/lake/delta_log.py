@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -215,41 +216,63 @@ def _check_column_names(
 
 def _read_files(table_dir: str, files: pa.Table, spec: TableSpec, columns: Sequence[str]) -> pa.Table:
     """``columns`` of the rows of ``files`` (the shape of :func:`_active_files`), read with pyarrow
-    on the driver; partition columns from the log's values, every column typed as the catalog says."""
-    parts = list(_file_tables(table_dir, files, spec, columns))
-    return pa.concat_tables(parts) if parts else pa.schema([spec.arrow_schema.field(c) for c in columns]).empty_table()
+    on the driver, a few files at a time; partition columns from the log's values, every column
+    typed as the catalog says."""
+    read = FileReader(table_dir, files, spec, columns)
+    if files.num_rows > 1:
+        with ThreadPoolExecutor(_READ_THREADS) as pool:
+            parts = list(pool.map(read, range(files.num_rows)))
+    else:
+        parts = [read(i) for i in range(files.num_rows)]
+    return pa.concat_tables(parts) if parts else read.target.empty_table()
 
 
-def _file_tables(
-    table_dir: str,
-    files: pa.Table,
-    spec: TableSpec,
-    columns: Sequence[str],
-    equal: Mapping[str, Any] | None = None,
-    dictionaries: Sequence[str] = (),
-) -> Iterator[pa.Table]:
-    """:func:`_read_files` one file at a time, each file's rows where every data column of
-    ``equal`` has its value (a filter the Parquet reader applies); ``dictionaries`` as
-    :meth:`Lake.iter_file_rows` says."""
-    schema = spec.arrow_schema
-    data_columns = [c for c in columns if c not in spec.partition_by]
-    coded = pa.dictionary(pa.int32(), pa.string())
-    target = pa.schema([schema.field(c).with_type(coded) if c in dictionaries else schema.field(c) for c in columns])
-    filters = [(column, "=", value) for column, value in (equal or {}).items()] or None
-    read_dictionary = [c for c in dictionaries if c in data_columns] or None
-    for i, path in enumerate(files.column("path").to_pylist()):
-        part = pq.read_table(
-            file_location(table_dir, path), columns=data_columns, filters=filters, read_dictionary=read_dictionary
+_READ_THREADS = 4  # files read at once on the driver: opening a small file costs more than reading it
+
+
+class FileReader:
+    """Reads the ``i``-th file of ``files`` (the shape of :func:`_active_files`): ``columns`` of its
+    rows where every data column of ``equal`` has its value (a filter the Parquet reader applies),
+    partition columns from the log's values, ``dictionaries`` as :meth:`Lake.iter_file_rows` says."""
+
+    def __init__(
+        self,
+        table_dir: str,
+        files: pa.Table,
+        spec: TableSpec,
+        columns: Sequence[str],
+        equal: Mapping[str, Any] | None = None,
+        dictionaries: Sequence[str] = (),
+    ) -> None:
+        schema = spec.arrow_schema
+        coded = pa.dictionary(pa.int32(), pa.string())
+        self.table_dir, self.files, self.spec, self.columns = table_dir, files, spec, list(columns)
+        self.paths = files.column("path").to_pylist()
+        self.dictionaries = dictionaries
+        self.data_columns = [c for c in columns if c not in spec.partition_by]
+        self.target = pa.schema(
+            [schema.field(c).with_type(coded) if c in dictionaries else schema.field(c) for c in columns]
         )
-        for column in (c for c in columns if c in spec.partition_by):
-            value = files.column(f"partition.{column}")[i]
-            if column in dictionaries:
+        self.filters = [(column, "=", value) for column, value in (equal or {}).items()] or None
+        self.read_dictionary = [c for c in dictionaries if c in self.data_columns] or None
+
+    def __call__(self, i: int) -> pa.Table:
+        location = file_location(self.table_dir, self.paths[i])
+        if self.filters is None and self.data_columns:
+            part = pq.ParquetFile(location, read_dictionary=self.read_dictionary).read(columns=self.data_columns)
+        else:
+            part = pq.read_table(
+                location, columns=self.data_columns, filters=self.filters, read_dictionary=self.read_dictionary
+            )
+        for column in (c for c in self.columns if c in self.spec.partition_by):
+            value = self.files.column(f"partition.{column}")[i]
+            if column in self.dictionaries:
                 indices = pa.array(np.zeros(part.num_rows, np.int32))
                 constant: pa.Array = pa.DictionaryArray.from_arrays(indices, pa.array([value.as_py()], pa.string()))
             else:
                 constant = pa.repeat(value, part.num_rows).cast(value.type)
-            part = part.append_column(target.field(column), constant)
-        yield part.select(list(columns)).cast(target).unify_dictionaries()
+            part = part.append_column(self.target.field(column), constant)
+        return part.select(self.columns).cast(self.target).unify_dictionaries()
 
 
 def _stat(actions: pa.Table, name: str) -> list[Any]:

@@ -26,6 +26,7 @@ from jobs.lake.conform import (
     create_table,
 )
 from jobs.lake.delta_log import (
+    FileReader,
     IncrementalReadError,
     PartitionFilter,
     PartitionValues,
@@ -36,7 +37,6 @@ from jobs.lake.delta_log import (
     _check_column_names,
     _commit_actions,
     _data_neutral,
-    _file_tables,
     _log_schema,
     _prune,
     _read_files,
@@ -177,14 +177,14 @@ class Lake:
         self,
         name_or_spec: str | TableSpec,
         columns: Sequence[str] | None = None,
-        filters: Sequence[tuple[str, str, Any]] | None = None,
+        filters: Sequence[tuple[str, str, Any]] | Sequence[Sequence[tuple[str, str, Any]]] | None = None,
         version: int | None = None,
     ) -> pa.Table:
         """The rows of a catalog table (at ``version``; None: the latest) read on the driver with
         delta-rs for both engines (no Spark job): all ``columns`` by default, only rows matching
-        every ``(column, op, value)`` of ``filters`` (partition values prune files, statistics
-        prune the rest). For tables, or filtered parts, small enough to hold on the driver; an
-        absent table reads as empty."""
+        every ``(column, op, value)`` of ``filters``, or any list of them when ``filters`` is a
+        list of lists (partition values prune files, statistics prune the rest). For tables, or
+        filtered parts, small enough to hold on the driver; an absent table reads as empty."""
         spec = _spec(name_or_spec)
         _check_version(version)
         names = list(columns) if columns is not None else list(spec.column_names)
@@ -438,7 +438,7 @@ class Lake:
         dt = open_table(table_dir, version)
         check_bridge_can_read(dt, table_dir)
         files = _prune(_active_files(dt, spec.partition_by), partition_filter)
-        return _file_tables(table_dir, files, spec, columns, equal, dictionaries)
+        return map(FileReader(table_dir, files, spec, columns, equal, dictionaries), range(files.num_rows))
 
     def read_max_rows(
         self, name_or_spec: str | TableSpec, column: str, by: str, columns: Sequence[str], version: int | None = None

@@ -4,7 +4,8 @@ report (see docs/jobs.md).
 
 from __future__ import annotations
 
-from jobs.rebuild_consume_queue.job import APP_ID, DRIVER_INCREMENT_BYTES, RebuildConfig, main, plan_run, run
+from jobs.extract import DRIVER_INCREMENT_BYTES
+from jobs.rebuild_consume_queue.job import APP_ID, RebuildConfig, main, plan_run, run
 from jobs.rebuild_consume_queue.tails import queue_starts
 from jobs.rebuild_consume_queue.transforms import (
     build_checked_records,

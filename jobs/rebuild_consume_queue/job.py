@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from broker_model.common import QUEUE_KEY
 from jobs.cli import job_parser
+from jobs.extract import DRIVER_INCREMENT_BYTES
 from jobs.lake import IncrementalReadError, Lake, build_session
 from jobs.log_chains import CHAIN_COLUMNS, Chains, segment_sizes
 from jobs.rebuild_consume_queue.driver import DRIVER_COLUMNS, Declined, consume_queue_rows, has_record_problem
@@ -59,10 +60,6 @@ APP_ID = JOB  # the Delta application transaction id; its version is the commit 
 
 
 # the property string entry holding DELAY (string2messageProperties: key, \x01, non-empty value)
-
-# an increment whose new commit log files hold at most this many bytes (Parquet) is read, checked
-# and written on the driver when it is clean: a few Spark jobs would cost more than the work
-DRIVER_INCREMENT_BYTES = 256 << 20
 
 
 # ---------------------------------------------------------------------------------------------

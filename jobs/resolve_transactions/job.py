@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from broker_model.broker import FILE_RESERVED_MS, REMOVE_TAG, TRANSACTION_CHECK_MAX, TRANSACTION_TIMEOUT_MS
 from jobs.cli import add_as_of, as_of_of, format_age, iso_utc, job_parser, run_spark_job, text_table
-from jobs.extract import update_extract
-from jobs.lake import Lake
+from jobs.extract import DriverDecode, update_extract
+from jobs.lake import IncrementalReadError, Lake
+from jobs.resolve_transactions.decode import decode_transaction_records
+from jobs.resolve_transactions.fold import CannotFold, Key, Offset, Position, Previous, Settings, can_fold, fold
 from jobs.resolve_transactions.transforms import (
     ANOMALIES,
     CHECK_DUE,
@@ -27,6 +31,7 @@ from jobs.resolve_transactions.transforms import (
     FINAL,
     HALF,
     OP,
+    RECORD_COLUMNS,
     STATES,
     build_transaction_records,
     build_transaction_state,
@@ -42,6 +47,9 @@ from schemas.errors import LakeError, ValidationError
 JOB = "resolve_transactions"
 APP_ID = JOB  # the Delta application transaction id of transaction_records: the commit log version read
 _PARAMETERS = re.compile(r"^(as_of=-?\d+; timeout_ms=\d+; check_max=\d+; reserve_ms=\d+)(?:;|$)")
+_AS_OF = re.compile(r"^as_of=(-?\d+); ")
+_THROUGH = re.compile(r"(?:^|; )through=(-?\d+)(?:;|$)")
+DRIVER_DECODE = DriverDecode(RECORD_COLUMNS, decode_transaction_records)
 
 
 @dataclass(frozen=True)
@@ -107,13 +115,15 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
     """Bring ``transaction_records`` up to the commit log, compute ``transaction_state`` as of
     ``config.as_of``, print the summary, record the run.
 
-    Reads the current version of ``commitlog`` (a missing table counts as empty), appends the
-    transaction records of its versions not read yet (module docstring), overwrites
-    ``transaction_state`` unless the run is a no-op, and appends one ``job_runs`` row: SUCCEEDED
-    or NOOP with the input versions (``commitlog``, ``transaction_records``), the output version
-    and row counts (``new_transaction_records``, ``half_records``, ``op_records``,
-    ``ignored_op_records``, ``final_records``, ``discard_records`` stored at or before T,
-    ``transaction_state``), or FAILED before re-raising.
+    Reads the current version of ``commitlog`` (a missing table counts as empty) and appends the
+    transaction records of its versions not read yet (module docstring). A no-op when the latest
+    run had the same inputs and settings; else the previous table moved on by the records
+    appended since, when that gives the full run's table exactly (:mod:`.fold`); else (or with
+    ``config.full``) computed from the whole ``transaction_records`` with Spark. Appends one
+    ``job_runs`` row: SUCCEEDED or NOOP with the input versions (``commitlog``,
+    ``transaction_records``), the output version and row counts (``new_transaction_records``,
+    ``half_records``, ``op_records``, ``ignored_op_records``, ``final_records``,
+    ``discard_records`` stored at or before T, ``transaction_state``), or FAILED before re-raising.
 
     Raises:
         LakeError: ``transaction_records`` was built from a later commit log version than the
@@ -125,33 +135,49 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
     lake = Lake(spark, config.lake, config.engine)
     job_run = JobRun(JOB)
     job_run.input_versions = table_versions(lake, [COMMITLOG.name])
+    through: int | None = None
     try:
         latest = job_run.input_versions.get(COMMITLOG.name)
-        new_records = update_extract(lake, TRANSACTION_RECORDS, APP_ID, build_transaction_records, latest, config.full)
+        new_records = update_extract(
+            lake, TRANSACTION_RECORDS, APP_ID, build_transaction_records, latest, config.full, DRIVER_DECODE
+        )
         job_run.input_versions.update(table_versions(lake, [TRANSACTION_RECORDS.name]))
-        previous = _reusable_run(lake, job_run.input_versions, config.parameters)
-        status = "SUCCEEDED" if previous is None else "NOOP"
-        if previous is None:
-            version = _compute_and_write(lake, job_run, config)
+        previous_run = latest_reusable_run(lake, JOB) if lake.version(TRANSACTION_STATE) is not None else None
+        reused = _reusable_run(lake, previous_run, job_run.input_versions, config.parameters)
+        if reused is not None:
+            status, how = "NOOP", "inputs and settings unchanged, nothing written"
+            version, job_run.row_counts = reused
+            through = _through_of_message(previous_run["message"] if previous_run else None)
         else:
-            version, job_run.row_counts = previous
+            status, folded = "SUCCEEDED", None
+            if not config.full and previous_run is not None:
+                moved = _fold_and_write(lake, job_run, previous_run, config)
+                if isinstance(moved, str):
+                    print(f"{JOB}: deciding every transaction again: {moved}")
+                else:
+                    folded = moved
+            if folded is not None:
+                (version, through), how = folded, "transaction_state moved on by the new records"
+            else:
+                version, through = _compute_and_write(lake, job_run, config)
+                how = "transaction_state overwritten"
         job_run.row_counts["new_transaction_records"] = new_records
         job_run.output_versions[TRANSACTION_STATE.name] = version
-        summary = summarize(lake.read(TRANSACTION_STATE, version=version), config.as_of, config.show)
+        summary = summarize(lake.read_rows(TRANSACTION_STATE, version=version), config.as_of, config.show)
         summary.ignored_ops = job_run.row_counts.get("ignored_op_records")
         job_run.row_counts[TRANSACTION_STATE.name] = sum(summary.states.values())
         print("\n".join(format_summary(summary)))
     except Exception as err:
         record_run(lake, job_run.finish("FAILED", f"{config.parameters}; {type(err).__name__}: {err}"))
         raise
-    done = "inputs and settings unchanged, nothing written" if status == "NOOP" else "transaction_state overwritten"
-    record_run(lake, job_run.finish(status, f"{config.parameters}; {done}"))
+    recorded = f"through={through}; " if through is not None else ""
+    record_run(lake, job_run.finish(status, f"{config.parameters}; {recorded}{how}"))
     return job_run
 
 
-def _compute_and_write(lake: Lake, job_run: JobRun, config: ResolveTransactionsConfig) -> int:
+def _compute_and_write(lake: Lake, job_run: JobRun, config: ResolveTransactionsConfig) -> tuple[int, int | None]:
     """Compute the states from ``transaction_records`` at the recorded version, overwrite; the
-    committed version."""
+    committed version and the greatest record store time (None when the statistics cannot tell)."""
     records_df = read_or_empty(lake, TRANSACTION_RECORDS, job_run.input_versions)
     records_df = records_df.where(F.col("store_timestamp") <= F.lit(config.as_of)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
@@ -171,7 +197,99 @@ def _compute_and_write(lake: Lake, job_run: JobRun, config: ResolveTransactionsC
         records_df.unpersist()
     if version is None:
         raise LakeError(f"the overwrite of {lake.location(TRANSACTION_STATE)} committed no version; run the job again")
-    return version
+    counted = job_run.input_versions.get(TRANSACTION_RECORDS.name)
+    if counted is None:
+        return version, -1
+    newest = lake.newest_value(TRANSACTION_RECORDS, "store_timestamp", counted, strict=True)
+    if newest is None:
+        return version, None if lake.row_count(TRANSACTION_RECORDS, counted) else -1
+    return version, int(newest)
+
+
+def _fold_and_write(
+    lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], config: ResolveTransactionsConfig
+) -> tuple[int, int] | str:
+    """The previous table moved on to ``config.as_of`` and written (version, greatest record store
+    time), or why it cannot be (then nothing is written)."""
+    before = previous_run["input_versions"].get(TRANSACTION_RECORDS.name)
+    now = job_run.input_versions.get(TRANSACTION_RECORDS.name)
+    parameters = parameters_of_message(previous_run["message"])
+    as_of, through = _as_of_of_message(previous_run["message"]), _through_of_message(previous_run["message"])
+    output_version = previous_run["output_versions"].get(TRANSACTION_STATE.name)
+    if before is None or now is None:
+        return "no transaction_records version was recorded"
+    if parameters is None or _settings(parameters) != _settings(config.parameters):
+        return "the check settings differ from the previous run's"
+    if as_of is None or through is None or output_version != lake.version(TRANSACTION_STATE):
+        return "the previous run left no table to move on"
+    previous = Previous(
+        lake.read_rows(TRANSACTION_STATE, version=output_version).to_pylist(),
+        as_of,
+        through,
+        previous_run["row_counts"],
+    )
+    why_not = can_fold(previous, config.as_of)
+    if why_not is not None:
+        return why_not
+    try:
+        new = lake.read_appended_rows(TRANSACTION_RECORDS, TRANSACTION_RECORDS.column_names, before, now)
+        settings = Settings(config.timeout_ms, config.check_max, config.reserve_ms)
+        rows, counts = fold(previous, config.as_of, settings, new, _half_lookup(lake, now), _link_lookup(lake, now))
+    except (IncrementalReadError, ValidationError, CannotFold) as err:
+        return str(err)
+    version = lake.overwrite_rows(TRANSACTION_STATE, pa.Table.from_pylist(rows, schema=TRANSACTION_STATE.arrow_schema))
+    if version is None:
+        raise LakeError(f"the overwrite of {lake.location(TRANSACTION_STATE)} committed no version; run the job again")
+    job_run.row_counts.update(counts)
+    newest = pc.max(new["store_timestamp"]).as_py() if new.num_rows else None
+    return version, max(through, newest) if newest is not None else through
+
+
+def _half_lookup(lake: Lake, version: int) -> Callable[[set[Position], set[Offset]], pa.Table]:
+    """The HALF rows of ``transaction_records`` (at ``version``) at positions or commit log offsets."""
+
+    def lookup(positions: set[Position], offsets: set[Offset]) -> pa.Table:
+        filters = [[("kind", "=", HALF), *_within("queue_offset", {p[2] for p in positions})]] if positions else []
+        if offsets:
+            filters.append([("kind", "=", HALF), *_within("commit_log_offset", {o[1] for o in offsets})])
+        rows = lake.read_rows(TRANSACTION_RECORDS, filters=filters, version=version)
+        keep = [
+            (r["broker_name"], r["queue_id"], r["queue_offset"]) in positions
+            or (r["broker_name"], r["commit_log_offset"]) in offsets
+            for r in rows.select(["broker_name", "queue_id", "queue_offset", "commit_log_offset"]).to_pylist()
+        ]
+        return rows.filter(pa.array(keep, pa.bool_()))
+
+    return lookup
+
+
+def _link_lookup(lake: Lake, version: int) -> Callable[[set[Offset], set[Key]], pa.Table]:
+    """The FINAL rows naming commit log offsets and the DISCARD rows of keys among
+    ``transaction_records`` (at ``version``)."""
+
+    def lookup(offsets: set[Offset], keys: set[Key]) -> pa.Table:
+        filters = []
+        if offsets:
+            filters.append([("kind", "=", FINAL), *_within("prepared_transaction_offset", {o[1] for o in offsets})])
+        if keys:
+            filters.append([("kind", "=", DISCARD), ("uniq_key", "in", sorted({k[2] for k in keys}))])
+        if not filters:
+            return TRANSACTION_RECORDS.arrow_schema.empty_table()
+        rows = lake.read_rows(TRANSACTION_RECORDS, filters=filters, version=version)
+        keep = [
+            (r["broker_name"], r["prepared_transaction_offset"]) in offsets
+            if r["kind"] == FINAL
+            else (r["broker_name"], r["producer_group"], r["uniq_key"]) in keys
+            for r in rows.to_pylist()
+        ]
+        return rows.filter(pa.array(keep, pa.bool_()))
+
+    return lookup
+
+
+def _within(column: str, values: set[int]) -> list[tuple[str, str, Any]]:
+    """Filters keeping ``values`` of ``column``: the range first, which file statistics prune by."""
+    return [(column, ">=", min(values)), (column, "<=", max(values)), (column, "in", sorted(values))]
 
 
 def _record_counts(records_df: DataFrame) -> dict[str, int]:
@@ -190,19 +308,19 @@ def _record_counts(records_df: DataFrame) -> dict[str, int]:
     return {name: int(row[name]) if row is not None else 0 for name in counts}
 
 
-def _reusable_run(lake: Lake, input_versions: Mapping[str, int], parameters: str) -> tuple[int, dict[str, int]] | None:
-    """The current ``transaction_state`` version and the row counts of the latest reusable run,
-    when that run had these inputs and settings and wrote (or kept) that very version; else None."""
+def _reusable_run(
+    lake: Lake, previous: Mapping[str, Any] | None, input_versions: Mapping[str, int], parameters: str
+) -> tuple[int, dict[str, int]] | None:
+    """The current ``transaction_state`` version and the row counts of the latest reusable run
+    (``previous``), when that run had these inputs and settings and wrote (or kept) that very
+    version; else None."""
     current = lake.version(TRANSACTION_STATE)
-    if current is None:
-        return None
-    previous = latest_reusable_run(lake, JOB)
-    if previous is None:
+    if current is None or previous is None:
         return None
     unchanged = same_inputs(lake, previous["input_versions"], input_versions)
     same_output = previous["output_versions"].get(TRANSACTION_STATE.name) == current
     if unchanged and same_output and parameters_of_message(previous["message"]) == parameters:
-        return current, previous["row_counts"]
+        return current, dict(previous["row_counts"])
     return None
 
 
@@ -212,15 +330,33 @@ def parameters_of_message(message: str | None) -> str | None:
     return found.group(1) if found else None
 
 
-def summarize(state_df: DataFrame, as_of: int, show: int) -> TransactionSummary:
-    """Count ``transaction_state`` rows per state and per anomaly; list the ``show`` oldest CHECK_DUE rows."""
-    states = {row["state"]: int(row["count"]) for row in state_df.groupBy("state").count().collect()}
-    anomaly_df = state_df.select(F.explode(F.split(F.col("anomaly"), ",")).alias("anomaly"))
-    anomalies = {row["anomaly"]: int(row["count"]) for row in anomaly_df.groupBy("anomaly").count().collect()}
-    due_df = state_df.where(F.col("state") == F.lit(CHECK_DUE)).orderBy(
-        "born_timestamp", "broker_name", "half_commit_log_offset"
-    )
-    due = [row.asDict() for row in due_df.limit(show).collect()] if show else []
+def _settings(parameters: str) -> str:
+    """The check settings of recorded parameters, without ``as_of``."""
+    return parameters.split("; ", 1)[1]
+
+
+def _as_of_of_message(message: str | None) -> int | None:
+    found = _AS_OF.match(message or "")
+    return int(found.group(1)) if found else None
+
+
+def _through_of_message(message: str | None) -> int | None:
+    """The greatest record store time a run recorded in its ``message``, None when absent."""
+    found = _THROUGH.search(message or "")
+    return int(found.group(1)) if found else None
+
+
+def summarize(state: pa.Table, as_of: int, show: int) -> TransactionSummary:
+    """Count ``transaction_state`` rows per state and per anomaly; list the ``show`` oldest CHECK_DUE
+    rows (by born time, broker, half commit log offset). On the driver: the table holds one row per
+    transaction, not per record."""
+    counted = state.group_by("state").aggregate([("state", "count")]).to_pylist()
+    states = {row["state"]: int(row["state_count"]) for row in counted}
+    flags = pc.list_flatten(pc.split_pattern(state["anomaly"].drop_null(), ","))
+    anomalies = {str(item["values"]): int(item["counts"]) for item in pc.value_counts(flags).to_pylist()}
+    due_rows = state.filter(pc.equal(state["state"], CHECK_DUE))
+    order = [("born_timestamp", "ascending"), ("broker_name", "ascending"), ("half_commit_log_offset", "ascending")]
+    due = due_rows.sort_by(order).slice(0, show).to_pylist() if show else []
     return TransactionSummary(as_of, states, anomalies, due)
 
 

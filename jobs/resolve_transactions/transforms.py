@@ -195,7 +195,7 @@ def build_transaction_records(commitlog_df: DataFrame) -> DataFrame:
     )
     immunity_seconds = _property(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS).try_cast("long")
     immunity_ms = F.when(immunity_seconds != F.lit(NO_IMMUNITY), F.try_multiply(immunity_seconds, F.lit(1000)))
-    entries = F.filter(F.split(F.decode(F.col("body"), "UTF-8"), OFFSET_SEPARATOR), lambda e: e != F.lit(""))
+    entries = F.filter(F.split(F.col("body").cast("string"), OFFSET_SEPARATOR), lambda e: e != F.lit(""))
     is_half, is_op, is_final = (F.col("kind") == F.lit(k) for k in (HALF, OP, FINAL))
     has_check_times = is_half | (F.col("kind") == F.lit(DISCARD))
     entry = F.col("entry")

@@ -1,0 +1,243 @@
+"""The incremental ``resolve_transactions``: a chain of runs, each moving the previous table on by the
+transaction records appended since, gives after every step the table and the record counts a full
+run gives on the same commit log.
+
+Seeded random steps on real Delta tables: transactions begun on two brokers (with and without uniq
+key or producer group, with odd check immunities), check rounds writing re-put copies, resent
+halves, ops ending originals or copies (batched, with other tags, naming offsets no half has yet,
+or not a number), final records (some twice, some naming a record written later), discard records
+(some before their half), and now and then records stored after the step's T, which make the next
+run decide every transaction again. Short timeout and
+reserve times let transactions pass from PENDING to CHECK_DUE to EXPIRED between steps.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from broker_model.common import constants as c
+from jobs.lake import Lake
+from jobs.resolve_transactions import ResolveTransactionsConfig, run
+from jobs.resolve_transactions.fold import COUNTED, Previous, can_fold
+from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_STATE
+from tests.builders import commitlog_record, commitlog_table
+from tests.helpers import canonical_rows
+
+pytestmark = pytest.mark.spark
+
+STEP_MS = 1_000
+SETTINGS = {"timeout_ms": 1_500, "check_max": 3, "reserve_ms": 5_000}
+SEGMENT = 1 << 20
+
+
+class _Broker:
+    """One broker's offsets and the half records it holds."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.offset = 0
+        self.half_offset = 0
+        self.op_offset = 0
+        self.halves: list[dict[str, Any]] = []  # every half record: originals and copies
+
+
+class _Story:
+    """The commit log written so far, and the generator of the next step's records."""
+
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+        self.brokers = [_Broker("broker-a"), _Broker("broker-b")]
+        self.now = 1_000_000
+        self.serial = 0
+
+    def step(self, late: bool) -> tuple[list[dict[str, Any]], int]:
+        """(commit log rows, T) of one step, stored after the last T; ``late`` adds records stored
+        after this step's T."""
+        r, start = self.random, self.now
+        self.now += STEP_MS
+        rows: list[dict[str, Any]] = []
+        for _ in range(r.randint(4, 14)):
+            broker = r.choice(self.brokers)
+            stored = r.randint(start + 1, self.now)
+            rows.append(self._record(broker, stored))
+        if late:
+            rows.append(self._begin(self.brokers[0], self.now + 300))
+        return rows, self.now
+
+    def _record(self, broker: _Broker, stored: int) -> dict[str, Any]:
+        r = self.random
+        if not broker.halves or r.random() < 0.3:
+            return self._begin(broker, stored)
+        half = r.choice(broker.halves)
+        original = half["original"]
+        what = r.random()
+        if what < 0.25:  # a check round's re-put copy
+            checks = int(half["properties"].get(c.PROPERTY_TRANSACTION_CHECK_TIMES, "0")) + 1
+            extra = {c.PROPERTY_TRANSACTION_CHECK_TIMES: str(checks), c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET: "1"}
+            return self._half(broker, stored, {**original["properties"], **extra}, original["born"], original)
+        if what < 0.3:  # a resent half: a duplicate
+            return self._half(broker, stored, dict(original["properties"]), original["born"], original)
+        if what < 0.6:  # an op
+            offsets = [str(half["queue_offset"])]
+            if r.random() < 0.3:
+                offsets.append(str(r.choice(broker.halves)["queue_offset"]))
+            if r.random() < 0.1:
+                offsets.append(r.choice(["x", str(broker.half_offset + r.randint(0, 2))]))  # garbage, or ahead
+            body = ",".join(offsets) + ("," if r.random() < 0.5 else "")
+            tags = "d" if r.random() < 0.9 else "x"
+            broker.op_offset += 1
+            return self._put(
+                broker, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, broker.op_offset - 1, stored, {c.PROPERTY_TAGS: tags}, body
+            )
+        if what < 0.85:  # a final record in the real topic; now and then naming a record not written yet
+            ended = half["commit_log_offset"] if r.random() < 0.9 else broker.offset + 300 * r.randint(1, 3)
+            return self._put(
+                broker, "Orders", r.randint(0, 99), stored, {}, "m", sys_flag=c.TRANSACTION_COMMIT_TYPE, prepared=ended
+            )
+        if what < 0.88:  # a discard record of a transaction not begun yet
+            properties = {**original["properties"], c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: f"U{self.serial + 1:06d}"}
+            return self._put(broker, c.TRANS_CHECK_MAX_TIME_TOPIC, 0, stored, properties, "m")
+        properties = {
+            **original["properties"],
+            c.PROPERTY_TRANSACTION_CHECK_TIMES: half["properties"].get(c.PROPERTY_TRANSACTION_CHECK_TIMES, "0"),
+        }
+        return self._put(broker, c.TRANS_CHECK_MAX_TIME_TOPIC, 0, stored, properties, "m")
+
+    def _begin(self, broker: _Broker, stored: int) -> dict[str, Any]:
+        r = self.random
+        self.serial += 1
+        properties = {c.PROPERTY_REAL_TOPIC: "Orders", c.PROPERTY_REAL_QUEUE_ID: str(r.randint(0, 3))}
+        if r.random() < 0.9:
+            properties[c.PROPERTY_PRODUCER_GROUP] = r.choice(["pg-1", "pg-2"])
+        if r.random() < 0.9:
+            properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = f"U{self.serial:06d}"
+        if r.random() < 0.2:
+            properties[c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = r.choice(["2", "-1", "x", "0"])
+        born = stored - r.choice([0, 200, 1_200, 2_500, -300])
+        return self._half(broker, stored, properties, born, None)
+
+    def _half(
+        self, broker: _Broker, stored: int, properties: dict[str, str], born: int, original: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        broker.half_offset += 1
+        row = self._put(broker, c.RMQ_SYS_TRANS_HALF_TOPIC, broker.half_offset - 1, stored, properties, "m", born=born)
+        half = {
+            "queue_offset": row["queue_offset"],
+            "commit_log_offset": row["commit_log_offset"],
+            "properties": properties,
+            "born": born,
+        }
+        half["original"] = original if original is not None else half
+        broker.halves.append(half)
+        return row
+
+    def _put(
+        self,
+        broker: _Broker,
+        topic: str,
+        queue_offset: int,
+        stored: int,
+        properties: dict[str, str],
+        body: str,
+        *,
+        sys_flag: int = 0,
+        prepared: int = 0,
+        born: int | None = None,
+    ) -> dict[str, Any]:
+        offset = broker.offset
+        broker.offset += 300
+        return commitlog_record(
+            broker_name=broker.name,
+            topic=topic,
+            queue_offset=queue_offset,
+            body=body.encode(),
+            properties=properties,
+            sys_flag=sys_flag,
+            commit_log_offset=offset,
+            segment=offset - offset % SEGMENT,
+            store_timestamp=stored,
+            born_timestamp=born,
+            prepared_transaction_offset=prepared,
+        )
+
+
+def _runs(lake: Lake) -> list[dict[str, Any]]:
+    rows = lake.read_rows(JOB_RUNS, ["started_timestamp", "run_id", "message", "row_counts"]).to_pylist()
+    return sorted(rows, key=lambda r: (r["started_timestamp"], r["run_id"]))
+
+
+@pytest.mark.parametrize("seed", [5, 11])
+def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSession, tmp_path: Path, seed: int) -> None:
+    story = _Story(seed)
+    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
+    late_steps = {4}
+    steps = 9
+    seen_states: set[str] = set()
+    for step in range(steps):
+        rows, as_of = story.step(late=step in late_steps)
+        for lake in (chained, whole):
+            lake.append_rows(COMMITLOG, commitlog_table(rows))
+        run(spark, ResolveTransactionsConfig(chained.root, as_of, engine="bridge", **SETTINGS))
+        run(spark, ResolveTransactionsConfig(whole.root, as_of, engine="bridge", full=True, **SETTINGS))
+
+        expected = whole.read_rows(TRANSACTION_STATE)
+        assert canonical_rows(chained.read_rows(TRANSACTION_STATE)) == canonical_rows(expected), f"step {step}"
+        counts = [dict(_runs(lake)[-1]["row_counts"]) for lake in (chained, whole)]
+        assert [{k: n[k] for k in COUNTED} for n in counts] == [{k: counts[1][k] for k in COUNTED}] * 2
+        seen_states |= set(expected.column("state").to_pylist())
+
+    moved_on = [i for i, r in enumerate(_runs(chained)) if r["message"].endswith("moved on by the new records")]
+    assert set(moved_on) <= set(range(1, steps)) - {i + 1 for i in late_steps}
+    assert len(moved_on) >= steps - 4  # a half at an orphan op's offset also makes a run decide every one
+    assert seen_states >= {"COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING", "CHECK_DUE"}
+
+
+def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_records_it_left_for_a_later_one() -> None:
+    counts = dict.fromkeys(COUNTED, 0)
+    previous = Previous([], as_of=2_000, through=2_000, counts=counts)
+    assert can_fold(previous, 2_500) is None
+    assert "before the previous run's" in str(can_fold(previous, 1_999))
+    assert "stored after its as_of" in str(can_fold(Previous([], 2_000, 2_001, counts), 2_500))
+    assert "recorded no half_records" in str(can_fold(Previous([], 2_000, 2_000, {}), 2_500))
+
+
+def test_the_commit_log_rows_of_a_step_are_transaction_records(tmp_path: Path) -> None:
+    rows, _ = _Story(1).step(late=False)
+    topics = set(commitlog_table(rows).column("topic").to_pylist())
+    assert c.RMQ_SYS_TRANS_HALF_TOPIC in topics
+    assert pa.Table.from_pylist(rows).num_rows == len(rows)
+
+
+def test_a_final_and_a_discard_written_before_their_half_count_when_it_arrives(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    broker = _Broker("broker-a")
+    story = _Story(0)
+    key = {c.PROPERTY_PRODUCER_GROUP: "pg-1", c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U-early"}
+    half_at = 900  # the commit log offset the half will take: three records later
+    first = [
+        story._put(
+            broker, c.TRANS_CHECK_MAX_TIME_TOPIC, 0, 1_100, {**key, c.PROPERTY_TRANSACTION_CHECK_TIMES: "1"}, "m"
+        ),
+        story._put(broker, "Orders", 0, 1_200, {}, "m", sys_flag=c.TRANSACTION_COMMIT_TYPE, prepared=half_at),
+        story._put(broker, c.RMQ_SYS_TRANS_HALF_TOPIC, 0, 1_300, {c.PROPERTY_REAL_TOPIC: "Orders"}, "m"),
+    ]
+    second = [story._put(broker, c.RMQ_SYS_TRANS_HALF_TOPIC, 1, 2_100, {**key, c.PROPERTY_REAL_TOPIC: "Orders"}, "m")]
+    assert second[0]["commit_log_offset"] == half_at
+    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
+    for rows, as_of in ((first, 2_000), (second, 3_000)):
+        for lake in (chained, whole):
+            lake.append_rows(COMMITLOG, commitlog_table(rows))
+        run(spark, ResolveTransactionsConfig(chained.root, as_of, engine="bridge", **SETTINGS))
+        run(spark, ResolveTransactionsConfig(whole.root, as_of, engine="bridge", full=True, **SETTINGS))
+    state = {r["uniq_key"]: r for r in chained.read_rows(TRANSACTION_STATE).to_pylist()}
+    assert (state["U-early"]["state"], state["U-early"]["final_commit_log_offset"]) == ("DISCARDED", 300)
+    assert state["U-early"]["anomaly"] == "FINAL_WITHOUT_OP"
+    assert canonical_rows(chained.read_rows(TRANSACTION_STATE)) == canonical_rows(whole.read_rows(TRANSACTION_STATE))
+    assert _runs(chained)[-1]["message"].endswith("moved on by the new records")
