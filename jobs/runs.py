@@ -69,23 +69,14 @@ def record_run(lake: Lake, run: JobRun) -> int | None:
 def latest_reusable_run(lake: Lake, job: str) -> dict[str, Any] | None:
     """The latest SUCCEEDED or NOOP ``job_runs`` row of ``job`` (by start time, then run id) as a
     dict, None when there is none. A job whose inputs and settings equal that run's, while its
-    outputs are still at the versions that run left, has nothing to compute."""
-    from pyspark.sql import functions as F
-
-    if not lake.exists(JOB_RUNS):
-        return None
-    rows = (
-        lake.read(JOB_RUNS)
-        .where((F.col("job") == F.lit(job)) & F.col("status").isin(*REUSABLE_STATUSES))
-        .orderBy(F.col("started_timestamp").desc(), F.col("run_id").desc())
-        .limit(1)
-        .collect()
-    )
+    outputs are still at the versions that run left, has nothing to compute. Read on the driver."""
+    filters = [("job", "=", job), ("status", "in", list(REUSABLE_STATUSES))]
+    rows = lake.read_rows(JOB_RUNS, filters=filters).to_pylist()
     if not rows:
         return None
-    row = rows[0].asDict()
+    row: dict[str, Any] = max(rows, key=lambda r: (r["started_timestamp"], r["run_id"]))
     for name in ("input_versions", "output_versions", "row_counts"):
-        row[name] = dict(row[name] or {})
+        row[name] = dict(row[name] or ())
     return row
 
 

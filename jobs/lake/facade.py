@@ -76,6 +76,8 @@ class Lake:
         self._io: _BridgeEngine | _DeltaSparkEngine = (
             _BridgeEngine(spark) if self.engine == "bridge" else _DeltaSparkEngine(spark)
         )
+        # the appended files of version ranges already planned: committed versions never change
+        self._appended_ranges: dict[tuple[str, int, int], tuple[str, DeltaTable, pa.Table]] = {}
 
     def location(self, name_or_spec: str | TableSpec) -> Path:
         """The directory of a catalog table under the lake root."""
@@ -476,10 +478,15 @@ class Lake:
     def _appended(
         self, spec: TableSpec, after_version: int, up_to_version: int | None
     ) -> tuple[str, DeltaTable, pa.Table]:
-        """(table directory, table at ``up_to_version``, :func:`appended_files`) of :meth:`read_appended`."""
+        """(table directory, table at ``up_to_version``, :func:`appended_files`) of :meth:`read_appended`;
+        kept for the next call with the same explicit range."""
         _check_version(after_version)
         _check_version(up_to_version)
         table_dir = local_directory(self.location(spec))
+        key = (table_dir, after_version, up_to_version) if up_to_version is not None else None
+        planned = self._appended_ranges.get(key) if key is not None else None
+        if planned is not None:
+            return planned
         dt = open_table(table_dir, up_to_version)
         last = dt.version()
         if after_version > last:
@@ -488,7 +495,10 @@ class Lake:
             check_bridge_can_read(dt, table_dir)
         except UnsupportedTableError as err:
             raise IncrementalReadError(str(err)) from err
-        return table_dir, dt, appended_files(table_dir, after_version, last, spec)
+        planned = table_dir, dt, appended_files(table_dir, after_version, last, spec)
+        if key is not None:
+            self._appended_ranges[key] = planned
+        return planned
 
     def read_around(
         self,
