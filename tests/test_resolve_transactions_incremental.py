@@ -1,6 +1,6 @@
 """The incremental ``resolve_transactions``: a chain of runs, each moving the previous table on by the
 transaction records appended since, gives after every step the table and the record counts a full
-run gives on the same commit log.
+run with Spark gives on the same commit log, and so does a full run on the driver.
 
 Seeded random steps on real Delta tables: transactions begun on two brokers (with and without uniq
 key or producer group, with odd check immunities), check rounds writing re-put copies, resent
@@ -33,6 +33,8 @@ pytestmark = pytest.mark.spark
 
 STEP_MS = 1_000
 SETTINGS = {"timeout_ms": 1_500, "check_max": 3, "reserve_ms": 5_000}
+WITH_SPARK = {"engine": "bridge", "full": True, "driver_records": 0, **SETTINGS}  # the reference
+ON_THE_DRIVER = {"engine": "bridge", "full": True, **SETTINGS}
 SEGMENT = 1 << 20
 
 
@@ -176,21 +178,24 @@ def _runs(lake: Lake) -> list[dict[str, Any]]:
 def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSession, tmp_path: Path, seed: int) -> None:
     story = _Story(seed)
     chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
+    driver = Lake(spark, tmp_path / "driver", "bridge")
     late_steps = {4}
     steps = 9
     seen_states: set[str] = set()
     for step in range(steps):
         rows, as_of = story.step(late=step in late_steps)
-        for lake in (chained, whole):
+        for lake in (chained, whole, driver):
             lake.append_rows(COMMITLOG, commitlog_table(rows))
         run(spark, ResolveTransactionsConfig(chained.root, as_of, engine="bridge", **SETTINGS))
-        run(spark, ResolveTransactionsConfig(whole.root, as_of, engine="bridge", full=True, **SETTINGS))
+        run(spark, ResolveTransactionsConfig(whole.root, as_of, **WITH_SPARK))
+        run(spark, ResolveTransactionsConfig(driver.root, as_of, **ON_THE_DRIVER))
 
-        expected = whole.read_rows(TRANSACTION_STATE)
-        assert canonical_rows(chained.read_rows(TRANSACTION_STATE)) == canonical_rows(expected), f"step {step}"
-        counts = [dict(_runs(lake)[-1]["row_counts"]) for lake in (chained, whole)]
-        assert [{k: n[k] for k in COUNTED} for n in counts] == [{k: counts[1][k] for k in COUNTED}] * 2
-        seen_states |= set(expected.column("state").to_pylist())
+        expected = canonical_rows(whole.read_rows(TRANSACTION_STATE))
+        assert canonical_rows(chained.read_rows(TRANSACTION_STATE)) == expected, f"step {step}"
+        assert canonical_rows(driver.read_rows(TRANSACTION_STATE)) == expected, f"step {step}"
+        counts = [dict(_runs(lake)[-1]["row_counts"]) for lake in (chained, driver, whole)]
+        assert [{k: n[k] for k in COUNTED} for n in counts] == [{k: counts[2][k] for k in COUNTED}] * 3
+        seen_states |= set(whole.read_rows(TRANSACTION_STATE).column("state").to_pylist())
 
     moved_on = [i for i, r in enumerate(_runs(chained)) if r["message"].endswith("moved on by the new records")]
     assert set(moved_on) <= set(range(1, steps)) - {i + 1 for i in late_steps}
@@ -235,9 +240,32 @@ def test_a_final_and_a_discard_written_before_their_half_count_when_it_arrives(
         for lake in (chained, whole):
             lake.append_rows(COMMITLOG, commitlog_table(rows))
         run(spark, ResolveTransactionsConfig(chained.root, as_of, engine="bridge", **SETTINGS))
-        run(spark, ResolveTransactionsConfig(whole.root, as_of, engine="bridge", full=True, **SETTINGS))
+        run(spark, ResolveTransactionsConfig(whole.root, as_of, **WITH_SPARK))
     state = {r["uniq_key"]: r for r in chained.read_rows(TRANSACTION_STATE).to_pylist()}
     assert (state["U-early"]["state"], state["U-early"]["final_commit_log_offset"]) == ("DISCARDED", 300)
     assert state["U-early"]["anomaly"] == "FINAL_WITHOUT_OP"
     assert canonical_rows(chained.read_rows(TRANSACTION_STATE)) == canonical_rows(whole.read_rows(TRANSACTION_STATE))
     assert _runs(chained)[-1]["message"].endswith("moved on by the new records")
+
+
+def test_a_second_half_at_the_queue_offset_of_an_ended_one_is_ended_by_the_same_op(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    broker, story = _Broker("broker-a"), _Story(0)
+
+    def half(uniq_key: str, stored: int) -> dict[str, Any]:
+        properties = {c.PROPERTY_PRODUCER_GROUP: "pg-1", c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: uniq_key}
+        return story._put(broker, c.RMQ_SYS_TRANS_HALF_TOPIC, 5, stored, properties, "m")
+
+    first = [half("A", 1_100), story._put(broker, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, 0, 1_200, {c.PROPERTY_TAGS: "d"}, "5")]
+    second = [half("B", 2_100)]
+    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
+    for rows, as_of in ((first, 2_000), (second, 3_000)):
+        for lake in (chained, whole):
+            lake.append_rows(COMMITLOG, commitlog_table(rows))
+        run(spark, ResolveTransactionsConfig(chained.root, as_of, engine="bridge", **SETTINGS))
+        run(spark, ResolveTransactionsConfig(whole.root, as_of, **WITH_SPARK))
+    states = {r["uniq_key"]: r["state"] for r in chained.read_rows(TRANSACTION_STATE).to_pylist()}
+    assert states == {"A": "ROLLED_BACK", "B": "ROLLED_BACK"}
+    assert canonical_rows(chained.read_rows(TRANSACTION_STATE)) == canonical_rows(whole.read_rows(TRANSACTION_STATE))
+    assert "sits at the queue offset of an old one" not in _runs(chained)[-1]["message"]

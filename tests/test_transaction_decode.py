@@ -18,11 +18,15 @@ from schemas.catalog import TRANSACTION_RECORDS
 from tests.builders import T0, commitlog_frame, commitlog_record, commitlog_table
 
 NUMBERS = [
-    "5", " 5", "+5", "-1", "-0", "05", "5.0", "5.", "1e3", "", " ", "-", "+", "\t7\n", "\x005", "\xa05",
+    "5", " 5", "+5", "3\x7f", "\x7f1", "\x802", "-1", "-0", "05", "5.0", "5.", "1e3", "", " ", "-", "+",
+    "\t7\n", "\x005", "\xa05",
     "\uff19", "2147483647", "2147483648", "9223372036854775807", "9223372036854775808",
     "-9223372036854775808", "9223372036854775", "9223372036854776", "0x10", "1_000",
 ]  # fmt: skip
-BODIES = [b"", b"7", b"5,6,9,", b",,", b"1,x,2", b"\xff1,3", b" 4 ,+5", b"9223372036854775808", b"12"]
+BODIES = [
+    b"", b"7", b"5\x7f", b"\x7f6,\x807", b"5,6,9,", b",,", b"1,x,2", b"\xff1,3", b" 4 ,+5",
+    b"9223372036854775808", b"12",
+]  # fmt: skip
 TOPICS = [
     c.RMQ_SYS_TRANS_HALF_TOPIC, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, c.TRANS_CHECK_MAX_TIME_TOPIC, "Orders",
     c.RETRY_GROUP_TOPIC_PREFIX + "cg", c.DLQ_GROUP_TOPIC_PREFIX + "cg", c.SCHEDULE_TOPIC,

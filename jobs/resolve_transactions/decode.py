@@ -35,7 +35,7 @@ CANDIDATE_FILTERS = [[("topic", "in", list(TRANSACTION_TOPICS))], [("sys_flag", 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _INTEGER = re.compile(rb"[+-]?[0-9]+")
-_BLANK = bytes(range(0x21))  # what a cast of a string to a number trims at both ends
+_BLANK = bytes(range(0x21)) + b"\x7f"  # what a cast of a string to a number trims at both ends
 
 
 def decode_transaction_records(rows: pa.Table) -> pa.Table:
@@ -135,8 +135,9 @@ def _op_offset(entry: bytes | None) -> int | None:
 
 
 def _number(text: str | bytes | None, bounds: tuple[int, int]) -> int | None:
-    """An integer as a cast of a string that returns null on failure reads it: control characters
-    and spaces trimmed at both ends, an optional sign, ASCII digits, within ``bounds``."""
+    """An integer as a cast of a string that returns null on failure reads it: ASCII control
+    characters (DEL included) and spaces trimmed at both ends, an optional sign, ASCII digits,
+    within ``bounds``."""
     if text is None:
         return None
     raw = (text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text).strip(_BLANK)

@@ -40,8 +40,10 @@ from jobs.resolve_transactions.transforms import (
     ROLLED_BACK,
     UNKNOWN_OFFSET,
 )
+from schemas.errors import LakeError
 
 OPEN_STATES = (PENDING, CHECK_DUE)  # the states that move with T
+_LONG = (-(1 << 63), (1 << 63) - 1)  # the age is a long in the Spark decision, which fails beyond
 COUNTED = ("half_records", "op_records", "ignored_op_records", "final_records", "discard_records")
 
 Position = tuple[str, int, int]
@@ -176,12 +178,17 @@ def fold(
     for t in open_old:
         t.touched = True
     wanted_positions = {(r["broker_name"], r["queue_id"], r["half_queue_offset"]) for r in ops}
+    wanted_positions |= {_position(h) for h in new_halves}  # an old half there: its old ops end the new one too
     wanted_offsets = {(r["broker_name"], r["prepared_transaction_offset"]) for r in finals}
     wanted_offsets |= {(t.row["broker_name"], t.offset) for t in open_old}
+    new_positions = {_position(h) for h in new_halves}
+    new_offsets = {(h["broker_name"], h["commit_log_offset"]) for h in new_halves}
     if wanted_positions or wanted_offsets:
         for half in lookup_halves(wanted_positions, wanted_offsets).to_pylist():
             if half["store_timestamp"] > as_of:
                 continue
+            if _position(half) in new_positions and (half["broker_name"], half["commit_log_offset"]) not in new_offsets:
+                raise CannotFold(f"a new half record sits at the queue offset of an old one: {_where(half)}")
             owner = _transaction_of(half, by_id, by_key)
             if owner is None:
                 raise CannotFold(f"a half record belongs to no transaction of the previous table: {_where(half)}")
@@ -325,6 +332,8 @@ def _decided(transaction: _Transaction, as_of: int, settings: Settings) -> dict[
     has_op, has_final = transaction.first_op is not None, transaction.final_count > 0
     discarded = transaction.discarded or check_times >= settings.check_max
     age = as_of - row["born_timestamp"]
+    if not has_op and not discarded and not _LONG[0] <= age <= _LONG[1]:
+        raise LakeError(f"as_of {as_of} minus born_timestamp {row['born_timestamp']} overflows a long: {_where(row)}")
     if has_op:
         state = COMMITTED if has_final else ROLLED_BACK
     elif discarded:

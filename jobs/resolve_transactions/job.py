@@ -23,7 +23,17 @@ from jobs.cli import add_as_of, as_of_of, format_age, iso_utc, job_parser, run_s
 from jobs.extract import DriverDecode, update_extract
 from jobs.lake import IncrementalReadError, Lake
 from jobs.resolve_transactions.decode import decode_transaction_records
-from jobs.resolve_transactions.fold import CannotFold, Key, Offset, Position, Previous, Settings, can_fold, fold
+from jobs.resolve_transactions.fold import (
+    COUNTED,
+    CannotFold,
+    Key,
+    Offset,
+    Position,
+    Previous,
+    Settings,
+    can_fold,
+    fold,
+)
 from jobs.resolve_transactions.transforms import (
     ANOMALIES,
     CHECK_DUE,
@@ -50,6 +60,9 @@ _PARAMETERS = re.compile(r"^(as_of=-?\d+; timeout_ms=\d+; check_max=\d+; reserve
 _AS_OF = re.compile(r"^as_of=(-?\d+); ")
 _THROUGH = re.compile(r"(?:^|; )through=(-?\d+)(?:;|$)")
 DRIVER_DECODE = DriverDecode(RECORD_COLUMNS, decode_transaction_records)
+# up to this many transaction records, deciding every transaction on the driver (about 5 us a
+# record) costs less than the Spark joins' fixed cost
+DRIVER_RECORDS = 250_000
 
 
 @dataclass(frozen=True)
@@ -65,7 +78,9 @@ class ResolveTransactionsConfig:
         engine: lake engine, ``auto``, ``bridge`` or ``delta-spark``.
         show: how many CHECK_DUE transactions the summary lists (the oldest first), >= 0.
         full: rebuild ``transaction_records`` from the whole commit log instead of appending the
-            records of the commit log versions not read yet.
+            records of the commit log versions not read yet, and decide every transaction.
+        driver_records: every transaction is decided on the driver, without Spark, when
+            ``transaction_records`` holds at most this many rows (0: always with Spark), >= 0.
 
     Raises:
         ValidationError: a setting out of range.
@@ -79,9 +94,16 @@ class ResolveTransactionsConfig:
     engine: str = "auto"
     show: int = 20
     full: bool = False
+    driver_records: int = DRIVER_RECORDS
 
     def __post_init__(self) -> None:
-        for name, minimum in (("timeout_ms", 0), ("check_max", 1), ("reserve_ms", 0), ("show", 0)):
+        for name, minimum in (
+            ("timeout_ms", 0),
+            ("check_max", 1),
+            ("reserve_ms", 0),
+            ("show", 0),
+            ("driver_records", 0),
+        ):
             value = getattr(self, name)
             if value < minimum:
                 raise ValidationError(name, value, f"is below {minimum}", f"pass a value >= {minimum}")
@@ -176,8 +198,50 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
 
 
 def _compute_and_write(lake: Lake, job_run: JobRun, config: ResolveTransactionsConfig) -> tuple[int, int | None]:
-    """Compute the states from ``transaction_records`` at the recorded version, overwrite; the
-    committed version and the greatest record store time (None when the statistics cannot tell)."""
+    """Decide every transaction from ``transaction_records`` at the recorded version (on the driver
+    when it holds at most ``config.driver_records`` rows, else with Spark), overwrite; the committed
+    version and the greatest record store time (None when the statistics cannot tell)."""
+    counted = job_run.input_versions.get(TRANSACTION_RECORDS.name)
+    records = lake.row_count(TRANSACTION_RECORDS, counted) if counted is not None else 0
+    if records <= config.driver_records:
+        version = _decide_on_driver(lake, job_run, config, counted)
+    else:
+        version = _decide_with_spark(lake, job_run, config)
+    if version is None:
+        raise LakeError(f"the overwrite of {lake.location(TRANSACTION_STATE)} committed no version; run the job again")
+    if counted is None:
+        return version, -1
+    newest = lake.newest_value(TRANSACTION_RECORDS, "store_timestamp", counted, strict=True)
+    if newest is None:
+        return version, None if records else -1
+    return version, int(newest)
+
+
+def _decide_on_driver(
+    lake: Lake, job_run: JobRun, config: ResolveTransactionsConfig, version: int | None
+) -> int | None:
+    """Every transaction decided by :func:`fold` from no previous table: every record is new, so
+    nothing is looked up."""
+    records = lake.read_rows(TRANSACTION_RECORDS, version=version) if version is not None else _NO_RECORDS
+    settings = Settings(config.timeout_ms, config.check_max, config.reserve_ms)
+    nothing = Previous([], config.as_of, -1, dict.fromkeys(COUNTED, 0))
+    rows, counts = fold(nothing, config.as_of, settings, records, _nothing_at, _nothing_linked)
+    job_run.row_counts.update(counts)
+    return lake.overwrite_rows(TRANSACTION_STATE, pa.Table.from_pylist(rows, schema=TRANSACTION_STATE.arrow_schema))
+
+
+_NO_RECORDS = TRANSACTION_RECORDS.arrow_schema.empty_table()
+
+
+def _nothing_at(positions: set[Position], offsets: set[Offset]) -> pa.Table:
+    return _NO_RECORDS
+
+
+def _nothing_linked(offsets: set[Offset], keys: set[Key]) -> pa.Table:
+    return _NO_RECORDS
+
+
+def _decide_with_spark(lake: Lake, job_run: JobRun, config: ResolveTransactionsConfig) -> int | None:
     records_df = read_or_empty(lake, TRANSACTION_RECORDS, job_run.input_versions)
     records_df = records_df.where(F.col("store_timestamp") <= F.lit(config.as_of)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
@@ -195,15 +259,7 @@ def _compute_and_write(lake: Lake, job_run: JobRun, config: ResolveTransactionsC
         job_run.row_counts.update(_record_counts(records_df))
     finally:
         records_df.unpersist()
-    if version is None:
-        raise LakeError(f"the overwrite of {lake.location(TRANSACTION_STATE)} committed no version; run the job again")
-    counted = job_run.input_versions.get(TRANSACTION_RECORDS.name)
-    if counted is None:
-        return version, -1
-    newest = lake.newest_value(TRANSACTION_RECORDS, "store_timestamp", counted, strict=True)
-    if newest is None:
-        return version, None if lake.row_count(TRANSACTION_RECORDS, counted) else -1
-    return version, int(newest)
+    return version
 
 
 def _fold_and_write(
@@ -435,8 +491,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--full",
         action="store_true",
-        help="rebuild transaction_records from the whole commit log when it is behind (default: "
-        "read only the new versions)",
+        help="rebuild transaction_records from the whole commit log when it is behind and decide every "
+        "transaction (default: read only the new versions, decide only the transactions they touch)",
+    )
+    parser.add_argument(
+        "--driver-records",
+        type=int,
+        default=DRIVER_RECORDS,
+        help=f"decide every transaction on the driver up to this many transaction records, with Spark "
+        f"above (default {DRIVER_RECORDS}; 0: always Spark)",
     )
     return parser
 
@@ -452,7 +515,15 @@ def build_config(argv: Sequence[str] | None = None) -> ResolveTransactionsConfig
     args = build_parser().parse_args(argv)
     as_of = as_of_of(args.as_of)
     return ResolveTransactionsConfig(
-        Path(args.lake), as_of, args.timeout_ms, args.check_max, args.reserve_ms, args.engine, args.show, args.full
+        Path(args.lake),
+        as_of,
+        args.timeout_ms,
+        args.check_max,
+        args.reserve_ms,
+        args.engine,
+        args.show,
+        args.full,
+        args.driver_records,
     )
 
 
