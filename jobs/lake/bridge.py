@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
+from broker_model.store import latest_version
 from jobs.lake.conform import _check_partition_filter, create_table
 from jobs.lake.delta_log import (
     HIVE_NULL,
@@ -107,7 +108,9 @@ class _BridgeEngine:
         return DeltaTable.is_deltatable(local_directory(path))
 
     def version(self, path: str) -> int:
-        return open_table(local_directory(path)).version()
+        # the newest commit or checkpoint file of the log: a listing, not a replay of the log
+        newest = latest_version(local_directory(path))
+        return newest if newest >= 0 else open_table(local_directory(path)).version()
 
     def schema(self, path: str) -> StructType:
         return _log_schema(open_table(local_directory(path)))

@@ -78,6 +78,7 @@ class Lake:
         )
         # the appended files of version ranges already planned: committed versions never change
         self._appended_ranges: dict[tuple[str, int, int], tuple[str, DeltaTable, pa.Table]] = {}
+        self._opened: dict[tuple[str, int], DeltaTable] = {}
 
     def location(self, name_or_spec: str | TableSpec) -> Path:
         """The directory of a catalog table under the lake root."""
@@ -193,8 +194,12 @@ class Lake:
         path = str(self.location(spec))
         if not DeltaTable.is_deltatable(path):
             return spec.arrow_schema.empty_table().select(names)
-        dt = open_table(path, version)
-        _check_catalog_schema(spec, _log_schema(dt), path)
+        dt = self._opened.get((path, version)) if version is not None else None
+        if dt is None:
+            dt = open_table(path, version)
+            _check_catalog_schema(spec, _log_schema(dt), path)
+            if version is not None:  # a committed version never changes: later reads reuse its snapshot
+                self._opened[(path, version)] = dt
         return dt.to_pyarrow_table(columns=names, filters=list(filters) if filters else None)
 
     def schema(self, name_or_spec: str | TableSpec) -> pa.Schema | None:
