@@ -1,6 +1,7 @@
 """Every job of the nightly pipeline, full and incremental, against its floor and a DuckDB peer.
 
-    python benchmarks/run_all.py [--messages 2000000 | --large] [--seed 1] [--keep DIR] [--json PATH]
+    python benchmarks/run_all.py [--messages 2000000 | --large | --sizes N,N,...] [--seed 1] [--keep DIR]
+                                 [--json PATH]
 
 All figures come from one run, on one lake, in one Spark session (``local[*]``, engine ``bridge``).
 
@@ -30,6 +31,10 @@ offset commit per queue of ``cg-orders``; then every job again (the compaction o
 other jobs had read, as the nightly does). No new retries: the retry groups would consume the whole
 bulk (see above).
 
+**Growth** (``--sizes 500000,1000000,2000000,5000000``): the whole run once per size, each on a lake
+of its own, then per job and mode the seconds at every size and the exponent ``k`` of the
+least-squares fit ``seconds ~ messages^k`` (1 is linear; above 1.1 is flagged).
+
 Every job's stdout goes to ``<root>/logs``; the Spark UI's REST API gives each job's stages, so
 the table's last lines say which stages dominate the slowest job.
 """
@@ -40,6 +45,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -516,6 +522,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--messages", type=int, default=DEFAULT_MESSAGES, help="bulk messages (default 2,000,000)")
     size.add_argument("--large", action="store_true", help=f"{LARGE_MESSAGES:,} bulk messages")
+    size.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="bulk message counts, comma-separated (at least two): one run each, then how every job's time grows",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="figures as JSON (default: <work dir>/run_all.json)")
@@ -524,15 +536,75 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = (args.keep or Path(tempfile.mkdtemp(prefix="run-all-bench-"))).resolve()
     json_path = args.json or root / "run_all.json"
     try:
-        return _bench(root, messages, args.seed, json_path)
+        if args.sizes:
+            return _growth(root, args.sizes, args.seed, json_path)
+        _bench(root, messages, args.seed, json_path)
+        return 0
     finally:
         if args.keep is None:  # the figures and the jobs' stdout stay, next to where the lake was
             for child in root.iterdir():
-                if child.name not in ("logs", json_path.name):
+                if child.name != "logs" and child.suffix != ".json":
                     shutil.rmtree(child, ignore_errors=True)
 
 
-def _bench(root: Path, messages: int, seed: int, json_path: Path) -> int:
+def _sizes(text: str) -> list[int]:
+    """``--sizes``: at least two distinct positive message counts, in increasing order."""
+    try:
+        sizes = sorted({int(part.replace("_", "")) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes={text!r}: not a comma-separated list of integers") from None
+    if len(sizes) < 2 or sizes[0] <= 0:
+        raise argparse.ArgumentTypeError(f"--sizes={text!r}: give at least two positive message counts")
+    return sizes
+
+
+def _growth(root: Path, sizes: Sequence[int], seed: int, json_path: Path) -> int:
+    """One run per size, then the growth table; the figures of every size go to ``json_path``."""
+    measured: dict[int, list[Measured]] = {}
+    for messages in sizes:
+        print(f"\n=== {messages:,} bulk messages ===", flush=True)
+        figures = json_path.with_suffix(f".{messages}.json")
+        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures)
+    growth = growth_rows(measured)
+    print_growth(growth, sizes)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps({"sizes": list(sizes), "growth": growth, "machine": machine()}, indent=2))
+    print(f"\nfigures: {json_path}")
+    return 0
+
+
+def growth_rows(measured: dict[int, list[Measured]]) -> list[dict[str, Any]]:
+    """Per (job, mode): the seconds at each size and the exponent of the power-law fit."""
+    sizes = sorted(measured)
+    rows = []
+    for job, mode in ((r.job, r.mode) for r in measured[sizes[0]]):
+        seconds = [next(r.seconds for r in measured[n] if (r.job, r.mode) == (job, mode)) for n in sizes]
+        rows.append({"job": job, "mode": mode, "seconds": seconds, "exponent": fit_exponent(sizes, seconds)})
+    return rows
+
+
+def fit_exponent(sizes: Sequence[int], seconds: Sequence[float]) -> float:
+    """The slope of the least-squares line through (log size, log seconds)."""
+    xs = [math.log(n) for n in sizes]
+    ys = [math.log(max(t, 1e-3)) for t in seconds]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+
+
+def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int]) -> None:
+    """Seconds per size and the fitted exponent of every job and mode."""
+    header = f"{'job':<22}{'mode':<12}" + "".join(f"{n:>12,}" for n in sizes) + f"{'exponent':>10}"
+    print(f"\ngrowth over {', '.join(f'{n:,}' for n in sizes)} bulk messages (seconds)")
+    print(header)
+    print("-" * len(header))
+    for row in growth:
+        flag = "  above linear" if row["exponent"] > 1.1 else ""
+        cells = "".join(f"{t:>12.1f}" for t in row["seconds"])
+        print(f"{row['job']:<22}{row['mode']:<12}{cells}{row['exponent']:>10.2f}{flag}")
+
+
+def _bench(root: Path, messages: int, seed: int, json_path: Path) -> list[Measured]:
     lake, logs = root / "lake", root / "logs"
     print(f"writing the lake: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
     written = write_lake(lake, messages, seed)
@@ -560,7 +632,7 @@ def _bench(root: Path, messages: int, seed: int, json_path: Path) -> int:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(figures, indent=2, default=str))
     print(f"\nfigures: {json_path}")
-    return 0
+    return rows
 
 
 def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, segment: int) -> list[Measured]:
