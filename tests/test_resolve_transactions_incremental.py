@@ -219,6 +219,21 @@ def test_the_commit_log_rows_of_a_step_are_transaction_records(tmp_path: Path) -
     assert pa.Table.from_pylist(rows).num_rows == len(rows)
 
 
+def _incremental_against_spark(
+    spark: SparkSession, tmp_path: Path, steps: list[tuple[list[dict[str, Any]], int]]
+) -> Lake:
+    """The lake of incremental runs after each step's rows, checked equal to full Spark runs."""
+    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
+    for rows, as_of in steps:
+        for lake in (chained, whole):
+            lake.append_rows(COMMITLOG, commitlog_table(rows))
+        run(spark, ResolveTransactionsConfig(chained.root, as_of, engine="bridge", **SETTINGS))
+        run(spark, ResolveTransactionsConfig(whole.root, as_of, **WITH_SPARK))
+        expected = canonical_rows(whole.read_rows(TRANSACTION_STATE))
+        assert canonical_rows(chained.read_rows(TRANSACTION_STATE)) == expected, f"as of {as_of}"
+    return chained
+
+
 def test_a_final_and_a_discard_written_before_their_half_count_when_it_arrives(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -235,16 +250,10 @@ def test_a_final_and_a_discard_written_before_their_half_count_when_it_arrives(
     ]
     second = [story._put(broker, c.RMQ_SYS_TRANS_HALF_TOPIC, 1, 2_100, {**key, c.PROPERTY_REAL_TOPIC: "Orders"}, "m")]
     assert second[0]["commit_log_offset"] == half_at
-    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
-    for rows, as_of in ((first, 2_000), (second, 3_000)):
-        for lake in (chained, whole):
-            lake.append_rows(COMMITLOG, commitlog_table(rows))
-        run(spark, ResolveTransactionsConfig(chained.root, as_of, engine="bridge", **SETTINGS))
-        run(spark, ResolveTransactionsConfig(whole.root, as_of, **WITH_SPARK))
+    chained = _incremental_against_spark(spark, tmp_path, [(first, 2_000), (second, 3_000)])
     state = {r["uniq_key"]: r for r in chained.read_rows(TRANSACTION_STATE).to_pylist()}
     assert (state["U-early"]["state"], state["U-early"]["final_commit_log_offset"]) == ("DISCARDED", 300)
     assert state["U-early"]["anomaly"] == "FINAL_WITHOUT_OP"
-    assert canonical_rows(chained.read_rows(TRANSACTION_STATE)) == canonical_rows(whole.read_rows(TRANSACTION_STATE))
     assert _runs(chained)[-1]["message"].endswith("moved on by the new records")
 
 
@@ -259,13 +268,7 @@ def test_a_second_half_at_the_queue_offset_of_an_ended_one_is_ended_by_the_same_
 
     first = [half("A", 1_100), story._put(broker, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, 0, 1_200, {c.PROPERTY_TAGS: "d"}, "5")]
     second = [half("B", 2_100)]
-    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
-    for rows, as_of in ((first, 2_000), (second, 3_000)):
-        for lake in (chained, whole):
-            lake.append_rows(COMMITLOG, commitlog_table(rows))
-        run(spark, ResolveTransactionsConfig(chained.root, as_of, engine="bridge", **SETTINGS))
-        run(spark, ResolveTransactionsConfig(whole.root, as_of, **WITH_SPARK))
+    chained = _incremental_against_spark(spark, tmp_path, [(first, 2_000), (second, 3_000)])
     states = {r["uniq_key"]: r["state"] for r in chained.read_rows(TRANSACTION_STATE).to_pylist()}
     assert states == {"A": "ROLLED_BACK", "B": "ROLLED_BACK"}
-    assert canonical_rows(chained.read_rows(TRANSACTION_STATE)) == canonical_rows(whole.read_rows(TRANSACTION_STATE))
     assert "sits at the queue offset of an old one" not in _runs(chained)[-1]["message"]

@@ -132,8 +132,8 @@ def fold(
 
     Raises:
         CannotFold: the new records change what the previous table cannot tell (a new half record
-            older than its transaction's original, a half at the position of an op without half,
-            a negative check count): compute from the whole records instead.
+            older than its transaction's original, a half at the position of an op without half or
+            of an old half, a negative check count): compute from the whole records instead.
     """
     records = [r for r in new_records.to_pylist() if r["store_timestamp"] <= as_of]
     by_id: dict[Offset, _Transaction] = {}
@@ -164,12 +164,11 @@ def fold(
             _add_copy(known, half)
         _member(half, known, members_at, members_of)
 
+    new_positions = {_position(h) for h in new_halves}
+    new_offsets = {(h["broker_name"], h["commit_log_offset"]) for h in new_halves}
     links = _unique_links(
         [r for r in records if r["kind"] in (OP, FINAL, DISCARD)],
-        lookup_links(
-            {(h["broker_name"], h["commit_log_offset"]) for h in new_halves},
-            {key for t in created if (key := _key(t.row)) is not None},
-        ).to_pylist(),
+        lookup_links(new_offsets, {key for t in created if (key := _key(t.row)) is not None}).to_pylist(),
         as_of,
     )
     ops = [r for r in links if r["kind"] == OP and r["removes"] and r["half_queue_offset"] is not None]
@@ -178,11 +177,9 @@ def fold(
     for t in open_old:
         t.touched = True
     wanted_positions = {(r["broker_name"], r["queue_id"], r["half_queue_offset"]) for r in ops}
-    wanted_positions |= {_position(h) for h in new_halves}  # an old half there: its old ops end the new one too
+    wanted_positions |= new_positions  # an old half there: its old ops end the new one too
     wanted_offsets = {(r["broker_name"], r["prepared_transaction_offset"]) for r in finals}
     wanted_offsets |= {(t.row["broker_name"], t.offset) for t in open_old}
-    new_positions = {_position(h) for h in new_halves}
-    new_offsets = {(h["broker_name"], h["commit_log_offset"]) for h in new_halves}
     if wanted_positions or wanted_offsets:
         for half in lookup_halves(wanted_positions, wanted_offsets).to_pylist():
             if half["store_timestamp"] > as_of:
