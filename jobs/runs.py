@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -64,6 +65,13 @@ def record_run(lake: Lake, run: JobRun) -> int | None:
     maps = {"input_versions": run.input_versions, "output_versions": run.output_versions, "row_counts": run.row_counts}
     row.update({name: list(value.items()) for name, value in maps.items()})
     return lake.append_rows(JOB_RUNS, pa.Table.from_pylist([row], schema=JOB_RUNS.arrow_schema))
+
+
+def message_number(message: str | None, name: str) -> int | None:
+    """The integer a run recorded as ``name=<n>`` among the ``; ``-separated parts of its
+    ``message`` (``as_of``, ``through``), None when absent."""
+    found = re.search(rf"(?:^|; ){re.escape(name)}=(-?\d+)(?:;|$)", message or "")
+    return int(found.group(1)) if found else None
 
 
 def latest_reusable_run(lake: Lake, job: str) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ from broker_model.common import constants as c
 from jobs.lake import Lake
 from jobs.resolve_transactions import ResolveTransactionsConfig, run
 from jobs.resolve_transactions.fold import COUNTED, Previous, can_fold
+from jobs.runs import message_number
 from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_STATE
 from tests.builders import commitlog_record, commitlog_table
 from tests.helpers import canonical_rows
@@ -272,3 +273,18 @@ def test_a_second_half_at_the_queue_offset_of_an_ended_one_is_ended_by_the_same_
     states = {r["uniq_key"]: r["state"] for r in chained.read_rows(TRANSACTION_STATE).to_pylist()}
     assert states == {"A": "ROLLED_BACK", "B": "ROLLED_BACK"}
     assert "sits at the queue offset of an old one" not in _runs(chained)[-1]["message"]
+
+
+@pytest.mark.parametrize(
+    ("message", "name", "number"),
+    [
+        ("as_of=5; timeout_ms=6; through=-1; moved on", "through", -1),
+        ("as_of=5; timeout_ms=6; through=-1; moved on", "as_of", 5),
+        ("as_of=5; through=7", "through", 7),
+        ("as_of=5; unthrough=7", "through", None),
+        ("as_of=x; through=", "as_of", None),
+        (None, "as_of", None),
+    ],
+)
+def test_runs_read_back_the_numbers_they_recorded(message: str | None, name: str, number: int | None) -> None:
+    assert message_number(message, name) == number

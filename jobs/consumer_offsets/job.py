@@ -7,7 +7,6 @@ previous table on by them when that gives the same table. See docs/jobs.md.
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,16 +21,21 @@ from jobs.consumer_offsets.fold import COMMIT_COLUMNS, CQ_ROW_COLUMNS, Previous,
 from jobs.consumer_offsets.transforms import build_consumer_offsets, build_queue_bounds
 from jobs.lake import IncrementalReadError, Lake
 from jobs.rules import build_current_offsets
-from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions
+from jobs.runs import (
+    JobRun,
+    latest_reusable_run,
+    message_number,
+    read_or_empty,
+    record_run,
+    same_inputs,
+    table_versions,
+)
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS
 from schemas.errors import LakeError, ValidationError
 
 JOB = "consumer_offsets"
 INPUTS = (CONSUMER_OFFSET_COMMITS, CONSUME_QUEUE)
 INPUT_NAMES = tuple(spec.name for spec in INPUTS)
-
-_AS_OF_MESSAGE = re.compile(r"^as_of=(-?\d+)(?:;|$)")
-_THROUGH_MESSAGE = re.compile(r"(?:^|; )through=(-?\d+)(?:;|$)")
 
 
 @dataclass(frozen=True)
@@ -213,14 +217,12 @@ def _reusable_output_version(
 
 def as_of_of_message(message: str | None) -> int | None:
     """The ``as_of`` a run of this job recorded in its job_runs ``message``, None when absent."""
-    found = _AS_OF_MESSAGE.match(message or "")
-    return int(found.group(1)) if found else None
+    return message_number(message, "as_of")
 
 
 def through_of_message(message: str | None) -> int | None:
     """The greatest input time a run of this job recorded in its ``message``, None when absent."""
-    found = _THROUGH_MESSAGE.search(message or "")
-    return int(found.group(1)) if found else None
+    return message_number(message, "through")
 
 
 def _message(as_of: int, through: int | None, how: str) -> str:

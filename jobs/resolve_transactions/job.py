@@ -50,15 +50,21 @@ from jobs.resolve_transactions.transforms import (
     halves_of,
     ops_of,
 )
-from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions
+from jobs.runs import (
+    JobRun,
+    latest_reusable_run,
+    message_number,
+    read_or_empty,
+    record_run,
+    same_inputs,
+    table_versions,
+)
 from schemas.catalog import COMMITLOG, TRANSACTION_RECORDS, TRANSACTION_STATE
 from schemas.errors import LakeError, ValidationError
 
 JOB = "resolve_transactions"
 APP_ID = JOB  # the Delta application transaction id of transaction_records: the commit log version read
 _PARAMETERS = re.compile(r"^(as_of=-?\d+; timeout_ms=\d+; check_max=\d+; reserve_ms=\d+)(?:;|$)")
-_AS_OF = re.compile(r"^as_of=(-?\d+); ")
-_THROUGH = re.compile(r"(?:^|; )through=(-?\d+)(?:;|$)")
 DRIVER_DECODE = DriverDecode(RECORD_COLUMNS, decode_transaction_records)
 # up to this many transaction records, deciding every transaction on the driver (about 5 us a
 # record) costs less than the Spark joins' fixed cost
@@ -169,7 +175,7 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
         if reused is not None:
             status, how = "NOOP", "inputs and settings unchanged, nothing written"
             version, job_run.row_counts = reused
-            through = _through_of_message(previous_run["message"] if previous_run else None)
+            through = message_number(previous_run["message"] if previous_run else None, "through")
         else:
             status, folded = "SUCCEEDED", None
             if not config.full and previous_run is not None:
@@ -269,8 +275,9 @@ def _fold_and_write(
     time), or why it cannot be (then nothing is written)."""
     before = previous_run["input_versions"].get(TRANSACTION_RECORDS.name)
     now = job_run.input_versions.get(TRANSACTION_RECORDS.name)
-    parameters = parameters_of_message(previous_run["message"])
-    as_of, through = _as_of_of_message(previous_run["message"]), _through_of_message(previous_run["message"])
+    message = previous_run["message"]
+    parameters = parameters_of_message(message)
+    as_of, through = message_number(message, "as_of"), message_number(message, "through")
     output_version = previous_run["output_versions"].get(TRANSACTION_STATE.name)
     if before is None or now is None:
         return "no transaction_records version was recorded"
@@ -389,17 +396,6 @@ def parameters_of_message(message: str | None) -> str | None:
 def _settings(parameters: str) -> str:
     """The check settings of recorded parameters, without ``as_of``."""
     return parameters.split("; ", 1)[1]
-
-
-def _as_of_of_message(message: str | None) -> int | None:
-    found = _AS_OF.match(message or "")
-    return int(found.group(1)) if found else None
-
-
-def _through_of_message(message: str | None) -> int | None:
-    """The greatest record store time a run recorded in its ``message``, None when absent."""
-    found = _THROUGH.search(message or "")
-    return int(found.group(1)) if found else None
 
 
 def summarize(state: pa.Table, as_of: int, show: int) -> TransactionSummary:
