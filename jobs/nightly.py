@@ -150,7 +150,9 @@ def run(spark: SparkSession, config: NightlyConfig) -> JobRun:
             print(f"{JOB}: step {step} failed ({type(err).__name__}: {err}); the steps before it are committed")
             record_run(lake, job_run.finish("FAILED", f"step {step} failed: {type(err).__name__}: {err}"))
             raise
-    report_path = done[-1][1].message or ""
+    from jobs.report import page_of
+
+    report_path = page_of(done[-1][1].message)
     _print_steps(done)
     _print_frame("commit log per broker", build_broker_summary(lake.read(COMMITLOG)).orderBy("broker_name"))
     print(f"report: {report_path}")

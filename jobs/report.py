@@ -20,9 +20,9 @@ from pyspark.sql import functions as F
 
 from broker_model.common import QUEUE_KEY
 from jobs.cli import add_as_of, as_of_of, job_parser, run_spark_job
-from jobs.lake import Lake
+from jobs.lake import IncrementalReadError, Lake
 from jobs.rules import is_dispatched
-from jobs.runs import JobRun, record_run, table_versions
+from jobs.runs import JobRun, latest_reusable_run, record_run, same_inputs, table_versions
 from schemas.catalog import (
     COMMITLOG,
     CONSUME_QUEUE_INTEGRITY,
@@ -53,6 +53,8 @@ MAX_TABLE_ROWS = 200  # a page stays readable; the tables hold the rest
 MAX_BARS = 30  # bars beyond this are unreadable on a page-wide chart
 MAX_TOPIC_LINES = 10  # more lines than a legend can tell apart; the rest is summed as "other"
 HOUR_MS = 3_600_000
+RUNS_LISTED = 30
+UNLISTED_RUNS = ("report", "nightly")  # the runs section lists the runs of the other jobs that did something
 _DPI = 100
 
 
@@ -511,15 +513,18 @@ def _runs_section(lake: Lake, versions: Mapping[str, int]) -> Section:
     title = "Recent job runs"
     if JOB_RUNS.name not in versions:
         return _missing(title, JOB_RUNS)
-    runs_df = lake.read(JOB_RUNS, version=versions[JOB_RUNS.name]).select(
-        "job", "status", "started_timestamp", "duration_ms", "message", "run_id"
+    runs_df = (
+        lake.read(JOB_RUNS, version=versions[JOB_RUNS.name])
+        .where((F.col("status") != F.lit("NOOP")) & ~F.col("job").isin(*UNLISTED_RUNS))
+        .select("job", "status", "started_timestamp", "duration_ms", "message", "run_id")
     )
-    rows = _collect(runs_df, [F.desc("started_timestamp"), "run_id"], 30)
+    rows = _collect(runs_df, [F.desc("started_timestamp"), "run_id"], RUNS_LISTED)
     for row in rows:
         row["started"] = _iso(row["started_timestamp"])
     return Section(
         title,
-        f"job_runs version {versions[JOB_RUNS.name]}, latest 30",
+        f"job_runs version {versions[JOB_RUNS.name]}, the latest {RUNS_LISTED} runs that wrote or failed"
+        f" (no-op runs and the {' and '.join(UNLISTED_RUNS)} runs are left out)",
         tables=[_table(rows, ["started", "job", "status", "duration_ms", "message"])],
     )
 
@@ -579,14 +584,26 @@ def write_report(out_dir: Path, page: str, sections: Sequence[Section]) -> Path:
 def run(spark: SparkSession, config: ReportConfig) -> JobRun:
     """Write the report of ``config.lake`` into ``config.out_dir``; print its path; record the run.
 
+    A no-op (NOOP, nothing drawn) when the latest SUCCEEDED or NOOP report had the same time,
+    samples and page, the page is still there, its data tables hold the same data, and the runs
+    ``job_runs`` gained since are ones the page does not list (:data:`UNLISTED_RUNS`).
+
     Returns:
-        The recorded run (SUCCEEDED; ``message`` the page's path; ``row_counts`` the plots and
-        tables written), or FAILED re-raised.
+        The recorded run (``message``: ``as_of=<ms>; samples=<n>; <page path>``, the path read by
+        :func:`page_of`; ``row_counts``: the plots and tables written), or FAILED re-raised.
     """
     job_run = JobRun(JOB)
     lake = Lake(spark, config.lake, config.engine)
     job_run.input_versions = table_versions(lake, [s.name for s in INPUTS])
+    path = config.out_dir / "report.html"
+    settings = f"as_of={config.as_of}; samples={config.samples}"
     try:
+        previous = latest_reusable_run(lake, JOB)
+        if previous is not None and _drawn(lake, previous, job_run.input_versions, f"{settings}; {path}"):
+            job_run.row_counts = dict(previous["row_counts"])
+            print(f"{JOB}: {path} shows these inputs already, nothing drawn")
+            record_run(lake, job_run.finish("NOOP", f"{settings}; {path}"))
+            return job_run
         sections = build_sections(lake, job_run.input_versions, config.samples)
         subtitle = f"lake {config.lake} (engine {lake.engine}), as of {_iso(config.as_of)}"
         page = render_html("rmq-lake report", subtitle, sections)
@@ -600,8 +617,31 @@ def run(spark: SparkSession, config: ReportConfig) -> JobRun:
         "empty_sections": sum(1 for s in sections if not s.plots and not s.tables),
     }
     print(f"{JOB}: wrote {path} ({job_run.row_counts['plots']} plots)")
-    record_run(lake, job_run.finish("SUCCEEDED", str(path)))
+    record_run(lake, job_run.finish("SUCCEEDED", f"{settings}; {path}"))
     return job_run
+
+
+def page_of(message: str | None) -> str:
+    """The page path a report run recorded in its ``job_runs`` message."""
+    return (message or "").split("; ", 2)[-1]
+
+
+def _drawn(lake: Lake, previous: Mapping[str, Any], versions: Mapping[str, int], message: str) -> bool:
+    """Whether the previous report's page (``message``) is there and shows the data of ``versions``."""
+    recorded: Mapping[str, int] = previous["input_versions"]
+    if previous["message"] != message or not Path(page_of(message)).is_file():
+        return False
+    data = {name: version for name, version in versions.items() if name != JOB_RUNS.name}
+    if not same_inputs(lake, {n: v for n, v in recorded.items() if n != JOB_RUNS.name}, data):
+        return False
+    before, now = recorded.get(JOB_RUNS.name), versions.get(JOB_RUNS.name)
+    if before is None or now is None:
+        return before == now
+    try:
+        runs = lake.read_appended_rows(JOB_RUNS, ["job", "status"], before, now).to_pylist()
+    except IncrementalReadError:
+        return False
+    return all(r["status"] == "NOOP" or r["job"] in UNLISTED_RUNS for r in runs)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -110,6 +110,32 @@ def test_a_lake_without_tables_gives_a_report_of_empty_sections(spark: SparkSess
     assert page.count("no data yet") == 7 and "<img" not in page
 
 
+def test_a_report_whose_inputs_did_not_change_is_not_drawn_again(spark: SparkSession, tmp_path: Path) -> None:
+    from broker_model.tools import run_workload
+    from jobs.dlq.route import RouteDlqConfig
+    from jobs.dlq.route import run as route_dlq
+
+    lake_root, out, as_of = tmp_path / "lake", tmp_path / "report", 1_795_000_000_000
+    run_workload(lake_root, 300, seed=2, consumers=True)
+    route_dlq(spark, RouteDlqConfig(lake_root, as_of, engine="bridge"))
+    config = ReportConfig(lake_root, as_of, out, engine="bridge")
+    assert run(spark, config).status == "SUCCEEDED"
+    page = out / "report.html"
+    drawn = page.stat().st_mtime_ns
+
+    route_dlq(spark, RouteDlqConfig(lake_root, as_of, engine="bridge"))  # a no-op run: not listed
+    again = run(spark, config)
+    assert again.status == "NOOP" and again.row_counts["tables"] > 0 and page.stat().st_mtime_ns == drawn
+    assert again.message == f"as_of={as_of}; samples=24; {page}"
+
+    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine="bridge")).status == "SUCCEEDED"  # a new time
+    route_dlq(spark, RouteDlqConfig(lake_root, as_of + 2, engine="bridge"))  # a run that writes: listed
+    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine="bridge")).status == "SUCCEEDED"
+    page.unlink()
+    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine="bridge")).status == "SUCCEEDED"
+    assert page.is_file()
+
+
 # ---------------------------------------------------------------------------------------------
 # A real report in a real browser
 # ---------------------------------------------------------------------------------------------

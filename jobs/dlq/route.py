@@ -8,11 +8,14 @@ from __future__ import annotations
 import argparse
 import re
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -34,10 +37,19 @@ from jobs.dlq.chains import (
     build_retry_records,
     with_chain_key,
 )
+from jobs.dlq.driver import Outcome, compute_every_chain, move_on
 from jobs.extract import update_extract
 from jobs.lake import Lake
 from jobs.rules import build_current_offsets
-from jobs.runs import JobRun, latest_reusable_run, read_or_empty, record_run, same_inputs, table_versions
+from jobs.runs import (
+    JobRun,
+    latest_reusable_run,
+    message_number,
+    read_or_empty,
+    record_run,
+    same_inputs,
+    table_versions,
+)
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
@@ -65,12 +77,15 @@ class RouteDlqConfig:
         as_of: the time T, epoch milliseconds (with ``execute``, the time routing starts; the
             job moves it past the records it writes).
         execute: write the ``%DLQ%`` records of exhausted chains through their brokers.
-        full: rebuild ``retry_records`` from the whole commit log when it is behind.
+        full: rebuild ``retry_records`` from the whole commit log when it is behind, and compute
+            every chain instead of moving the previous tables on.
         engine: lake engine, ``auto``, ``bridge`` or ``delta-spark``.
         show: how many exhausted chains the summary lists, >= 0.
+        driver_records: compute every chain on the driver while ``retry_records`` holds at most
+            this many rows, >= 0 (0: always with Spark).
 
     Raises:
-        ValidationError: ``show`` below 0.
+        ValidationError: ``show`` or ``driver_records`` below 0.
     """
 
     lake: Path
@@ -79,10 +94,13 @@ class RouteDlqConfig:
     full: bool = False
     engine: str = "auto"
     show: int = 20
+    driver_records: int = 250_000
 
     def __post_init__(self) -> None:
         if self.show < 0:
             raise ValidationError("show", self.show, "is below 0", "pass a value >= 0")
+        if self.driver_records < 0:
+            raise ValidationError("driver_records", self.driver_records, "is below 0", "pass a value >= 0")
 
     @property
     def parameters(self) -> str:
@@ -116,6 +134,10 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
     """Update ``retry_records``, route when asked, compute ``retry_chains`` and ``dlq`` as of T,
     print the summary, record the run (module docstring).
 
+    The tables are the previous run's moved on by what changed since, when that gives what
+    computing every chain gives (:mod:`jobs.dlq.fold`); else every chain is computed, on the
+    driver while ``retry_records`` holds at most ``config.driver_records`` rows, else with Spark.
+
     Raises:
         LakeError: ``retry_records`` is ahead of the commit log (it was replaced), or a broker to
             route through cannot start (e.g. it is running elsewhere).
@@ -127,6 +149,7 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
     lake = Lake(spark, config.lake, config.engine)
     job_run = JobRun(JOB)
     as_of = config.as_of
+    through: int | None = None
     try:
         new = update_extract(lake, RETRY_RECORDS, APP_ID, build_retry_records, lake.version(COMMITLOG), config.full)
         routed = 0
@@ -136,11 +159,20 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
             new += update_extract(lake, RETRY_RECORDS, APP_ID, build_retry_records, lake.version(COMMITLOG))
         job_run.input_versions = table_versions(lake, _INPUTS)
         parameters = f"as_of={as_of}"
-        reused = _reusable_run(lake, job_run.input_versions, parameters)
-        if reused is None:
-            job_run.output_versions = _compute_and_write(lake, job_run.input_versions, as_of)
+        outputs = table_versions(lake, [RETRY_CHAINS.name, DLQ.name])
+        previous_run = latest_reusable_run(lake, JOB) if len(outputs) == 2 else None
+        if previous_run is not None and previous_run["output_versions"] != outputs:
+            previous_run = None  # the outputs were written since: nothing to reuse or move on
+        if _reusable(lake, previous_run, job_run.input_versions, parameters):
+            assert previous_run is not None
+            status, how = "NOOP", "inputs unchanged, nothing written"
+            job_run.output_versions = outputs
+            through = message_number(previous_run["message"], "through")
         else:
-            job_run.output_versions = reused
+            status = "SUCCEEDED"
+            job_run.output_versions, through, how = _compute_and_write(
+                lake, job_run.input_versions, as_of, config, previous_run
+            )
         job_run.row_counts.update({"new_retry_records": new, "routed": routed})
         summary = summarize(lake, job_run.output_versions, as_of, config.show)
         summary.routed = routed
@@ -151,9 +183,8 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
     except Exception as err:
         record_run(lake, job_run.finish("FAILED", f"as_of={as_of}; {type(err).__name__}: {err}"))
         raise
-    status = "NOOP" if reused is not None else "SUCCEEDED"
-    done = "inputs unchanged, nothing written" if reused is not None else "retry_chains and dlq overwritten"
-    record_run(lake, job_run.finish(status, f"{parameters}; {done}"))
+    recorded = f"through={through}; " if through is not None else ""
+    record_run(lake, job_run.finish(status, f"{parameters}; {recorded}{how}"))
     return job_run
 
 
@@ -195,7 +226,12 @@ def _origins(lake: Lake, versions: Mapping[str, int], records_df: DataFrame, as_
     hosts_df = build_origin_hosts([(name, host) for name, host, _ in brokers], spark)
     keys_df = with_chain_key(records_df.where(F.col("store_timestamp") <= F.lit(as_of))).select(*CHAIN_KEY).distinct()
     sizes = {name: size for name, _, size in brokers}
-    decoded_df = _decoded_origins(keys_df, hosts_df).select("broker_name", "commit_log_offset").distinct()
+    decoded_df = (
+        _decoded_origins(keys_df, hosts_df)
+        .where(F.col("commit_log_offset").isNotNull())
+        .select("broker_name", "commit_log_offset")
+        .distinct()
+    )
     segments = {
         (r["broker_name"], r["commit_log_offset"] - r["commit_log_offset"] % sizes[r["broker_name"]])
         for r in decoded_df.collect()
@@ -215,7 +251,41 @@ _ATTEMPT_DDL = (
 )
 
 
-def _compute_and_write(lake: Lake, versions: Mapping[str, int], as_of: int) -> dict[str, int]:
+def _compute_and_write(
+    lake: Lake,
+    versions: Mapping[str, int],
+    as_of: int,
+    config: RouteDlqConfig,
+    previous_run: Mapping[str, Any] | None,
+) -> tuple[dict[str, int], int | None, str]:
+    """Write ``retry_chains`` and ``dlq`` as of ``as_of``: (output versions, through, how)."""
+    if previous_run is not None and not config.full:
+        moved = move_on(lake, previous_run, versions, as_of)
+        if isinstance(moved, str):
+            print(f"{JOB}: computing every chain again: {moved}")
+        else:
+            kept = None if moved.dead_letters_changed else previous_run["output_versions"][DLQ.name]
+            return _write_rows(lake, moved, kept), moved.through, "retry_chains and dlq moved on by what changed"
+    counted = versions.get(RETRY_RECORDS.name)
+    if (lake.row_count(RETRY_RECORDS, counted) if counted is not None else 0) <= config.driver_records:
+        outcome = compute_every_chain(lake, versions, as_of)
+        return _write_rows(lake, outcome, None), outcome.through, "retry_chains and dlq overwritten"
+    return _write_with_spark(lake, versions, as_of), _newest(lake, versions), "retry_chains and dlq overwritten"
+
+
+def _write_rows(lake: Lake, outcome: Outcome, dlq_version: int | None) -> dict[str, int]:
+    """Overwrite ``retry_chains`` with the outcome's rows, and ``dlq`` unless ``dlq_version`` keeps it."""
+    chains_version = lake.overwrite_rows(
+        RETRY_CHAINS, pa.Table.from_pylist(outcome.chains, schema=RETRY_CHAINS.arrow_schema)
+    )
+    if dlq_version is None:
+        dlq_version = lake.overwrite_rows(DLQ, pa.Table.from_pylist(outcome.dead_letters, schema=DLQ.arrow_schema))
+    if chains_version is None or dlq_version is None:
+        raise LakeError("an overwrite of retry_chains or dlq committed no version; run the job again")
+    return {RETRY_CHAINS.name: chains_version, DLQ.name: dlq_version}
+
+
+def _write_with_spark(lake: Lake, versions: Mapping[str, int], as_of: int) -> dict[str, int]:
     records_df, chains_df = _frames(lake, versions, as_of)
     chains_df = chains_df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
@@ -228,6 +298,22 @@ def _compute_and_write(lake: Lake, versions: Mapping[str, int], as_of: int) -> d
     if chains_version is None or dlq_version is None:
         raise LakeError("an overwrite of retry_chains or dlq committed no version; run the job again")
     return {RETRY_CHAINS.name: chains_version, DLQ.name: dlq_version}
+
+
+def _newest(lake: Lake, versions: Mapping[str, int]) -> int | None:
+    """The greatest store time of ``retry_records`` and commit time of ``consumer_offset_commits``
+    (all topics: a bound of the retry queue commits) from the Delta log's statistics; -1 for none,
+    None when a file lacks the statistic."""
+    newest = -1
+    for spec, column in ((RETRY_RECORDS, "store_timestamp"), (CONSUMER_OFFSET_COMMITS, "commit_timestamp")):
+        version = versions.get(spec.name)
+        if version is None or not lake.row_count(spec, version):
+            continue
+        value = lake.newest_value(spec, column, version, strict=True)
+        if value is None:
+            return None
+        newest = max(newest, int(value))
+    return newest
 
 
 def _candidates(lake: Lake, as_of: int, versions: Mapping[str, int]) -> list[dict[str, Any]]:
@@ -296,33 +382,31 @@ def _dead_origins(broker: Any, group: str) -> set[str]:
     return found
 
 
-def _reusable_run(lake: Lake, input_versions: Mapping[str, int], parameters: str) -> dict[str, int] | None:
-    """The output versions of the latest reusable run with these inputs and T, when both outputs
-    are still at those versions; else None."""
-    current = table_versions(lake, [RETRY_CHAINS.name, DLQ.name])
-    previous = latest_reusable_run(lake, JOB) if len(current) == 2 else None
-    if previous is None:
-        return None
-    found = _PARAMETERS.match(previous["message"] or "")
-    same = same_inputs(lake, previous["input_versions"], input_versions) and previous["output_versions"] == current
-    return current if same and found is not None and found.group(1) == parameters else None
+def _reusable(
+    lake: Lake, previous_run: Mapping[str, Any] | None, input_versions: Mapping[str, int], parameters: str
+) -> bool:
+    """Whether the previous run (its outputs still current) had these inputs and this T."""
+    if previous_run is None:
+        return False
+    found = _PARAMETERS.match(previous_run["message"] or "")
+    same = found is not None and found.group(1) == parameters
+    return same and same_inputs(lake, previous_run["input_versions"], input_versions)
 
 
 def summarize(lake: Lake, versions: Mapping[str, int], as_of: int, show: int) -> RouteSummary:
     """Chains per state, dead letters per (group, reason), the ``show`` oldest exhausted chains."""
-    chains_df = lake.read(RETRY_CHAINS, version=versions[RETRY_CHAINS.name])
-    dlq_df = lake.read(DLQ, version=versions[DLQ.name])
+    columns = [*CHAIN_KEY, "origin_topic", "last_reconsume_times", "max_reconsume_times", "state", "exhausted"]
+    chains = lake.read_rows(RETRY_CHAINS, [*columns, "first_failure_timestamp"], version=versions[RETRY_CHAINS.name])
+    dead = lake.read_rows(DLQ, ["group", "reason"], version=versions[DLQ.name])
     summary = RouteSummary(as_of)
-    summary.chains = {r["state"]: int(r["count"]) for r in chains_df.groupBy("state").count().collect()}
-    summary.dead_letters = {
-        (r["group"], r["reason"]): int(r["count"]) for r in dlq_df.groupBy("group", "reason").count().collect()
-    }
-    exhausted_df = chains_df.where(F.col("exhausted"))
-    summary.exhausted_total = exhausted_df.count()
+    summary.chains = dict(Counter(chains.column("state").to_pylist()))
+    pairs = zip(dead.column("group").to_pylist(), dead.column("reason").to_pylist(), strict=True)
+    summary.dead_letters = dict(Counter(pairs))
+    exhausted = chains.filter(pc.field("exhausted"))
+    summary.exhausted_total = exhausted.num_rows
     if show:
-        summary.exhausted = [
-            r.asDict() for r in exhausted_df.orderBy("first_failure_timestamp", *CHAIN_KEY).limit(show).collect()
-        ]
+        order = [("first_failure_timestamp", "ascending"), *((k, "ascending") for k in CHAIN_KEY)]
+        summary.exhausted = exhausted.sort_by(order).slice(0, show).to_pylist()
     return summary
 
 
@@ -375,8 +459,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write the %%DLQ%% records of exhausted chains through their brokers (stop them first)",
     )
-    parser.add_argument("--full", action="store_true", help="rebuild retry_records from the whole commit log")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="rebuild retry_records from the whole commit log and compute every chain",
+    )
     parser.add_argument("--show", type=int, default=20, help="exhausted chains to list (default 20)")
+    parser.add_argument(
+        "--driver-records",
+        type=int,
+        default=250_000,
+        help="compute every chain on the driver up to this many retry records; 0: with Spark (default 250000)",
+    )
     return parser
 
 
@@ -384,7 +478,8 @@ def build_config(argv: Sequence[str] | None = None) -> RouteDlqConfig:
     """The config of ``argv``.
 
     Raises:
-        ValidationError: a bad ``--as-of``, ``--as-of`` with ``--execute``, or a bad ``--show``.
+        ValidationError: a bad ``--as-of``, ``--as-of`` with ``--execute``, or a bad ``--show`` or
+            ``--driver-records``.
     """
     args = build_parser().parse_args(argv)
     if args.execute and args.as_of is not None:
@@ -392,7 +487,7 @@ def build_config(argv: Sequence[str] | None = None) -> RouteDlqConfig:
             "--as-of", args.as_of, "cannot be combined with --execute", "route the log as it is now: leave out --as-of"
         )
     as_of = as_of_of(args.as_of)
-    return RouteDlqConfig(Path(args.lake), as_of, args.execute, args.full, args.engine, args.show)
+    return RouteDlqConfig(Path(args.lake), as_of, args.execute, args.full, args.engine, args.show, args.driver_records)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

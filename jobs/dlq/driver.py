@@ -1,0 +1,253 @@
+"""The lake reads of ``route_dlq`` on the driver (delta-rs and pyarrow, no Spark job): the inputs of
+:mod:`jobs.dlq.fold`, narrowed by filters that partition values and file statistics prune by, for
+a run that computes every chain and for one that moves the previous tables on.
+See docs/jobs.md (route_dlq incremental).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from broker_model.common import constants as c
+from jobs.dlq.chains import RETRY
+from jobs.dlq.fold import (
+    Context,
+    Key,
+    Original,
+    Position,
+    Previous,
+    QueueKey,
+    can_fold,
+    chain_key,
+    compute,
+    fold,
+    host_prefixes,
+    offsets_at,
+    origin_positions,
+    policies_at,
+    redrive_states,
+    touched_chains,
+    with_redrive_states,
+)
+from jobs.lake import IncrementalReadError, Lake
+from jobs.runs import message_number
+from schemas.catalog import (
+    BROKERS,
+    COMMITLOG,
+    CONSUMER_OFFSET_COMMITS,
+    DLQ,
+    DLQ_REDRIVES,
+    RETRY_CHAINS,
+    RETRY_RECORDS,
+    SUBSCRIPTION_GROUP,
+)
+
+_COMMIT_COLUMNS = ["group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp", "source"]
+# the topics of retry queues sort between these: every commit of another topic is pruned by statistics
+_RETRY_TOPICS = [("topic", ">=", c.RETRY_GROUP_TOPIC_PREFIX), ("topic", "<", c.RETRY_GROUP_TOPIC_PREFIX[:-1] + "&")]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The rows a run writes, the greatest store or commit time of the retry records and retry
+    queue commits it read (-1 when none), and whether the ``dlq`` rows differ from the previous
+    run's (a moved-on run whose dead letters are the same leaves ``dlq`` as it is)."""
+
+    chains: list[dict[str, Any]]
+    dead_letters: list[dict[str, Any]]
+    through: int
+    dead_letters_changed: bool = True
+
+
+def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> Outcome:
+    """Every chain of ``retry_records`` (at ``versions``) as of ``as_of``, on the driver."""
+    records = _rows(lake, RETRY_RECORDS, versions)
+    commits = _retry_commits(lake, versions)
+    hosts = _hosts(lake, versions.get(BROKERS.name))
+    keys = {chain_key(r) for r in records if r["store_timestamp"] <= as_of}
+    context = Context(
+        as_of,
+        policies_at(_rows(lake, SUBSCRIPTION_GROUP, versions), as_of),
+        offsets_at(commits, as_of),
+        hosts,
+        _originals(lake, versions, _positions(keys, hosts)),
+    )
+    chains, dead = compute(records, context)
+    dead = with_redrive_states(dead, redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
+    times = [r["store_timestamp"] for r in records] + [r["commit_timestamp"] for r in commits]
+    return Outcome(chains, dead, max(times, default=-1))
+
+
+def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, int], as_of: int) -> Outcome | str:
+    """The previous run's tables moved on to ``as_of`` (:mod:`jobs.dlq.fold`), or why they cannot
+    be (then the caller computes every chain)."""
+    before: Mapping[str, int] = previous_run["input_versions"]
+    message = previous_run["message"]
+    previous_as_of, through = message_number(message, "as_of"), message_number(message, "through")
+    if previous_as_of is None or through is None:
+        return "the previous run recorded no as_of and through"
+    for name in (RETRY_RECORDS.name, COMMITLOG.name):
+        if name not in before or name not in versions:
+            return f"no {name} version was recorded"
+    hosts = _hosts(lake, versions.get(BROKERS.name))
+    if hosts != _hosts(lake, before.get(BROKERS.name)):
+        return "a broker's store host changed"
+    outputs = previous_run["output_versions"]
+    previous = Previous(
+        lake.read_rows(RETRY_CHAINS, version=outputs[RETRY_CHAINS.name]).to_pylist(),
+        lake.read_rows(DLQ, version=outputs[DLQ.name]).to_pylist(),
+        previous_as_of,
+        through,
+        policies_at(_rows(lake, SUBSCRIPTION_GROUP, before), previous_as_of),
+    )
+    why_not = can_fold(previous, as_of)
+    if why_not is not None:
+        return why_not
+    try:
+        lake.appended_size(COMMITLOG, before[COMMITLOG.name], versions[COMMITLOG.name])
+        new = _appended(lake, RETRY_RECORDS, RETRY_RECORDS.column_names, before, versions).to_pylist()
+        new_commits = _retry_only(_appended(lake, CONSUMER_OFFSET_COMMITS, _COMMIT_COLUMNS, before, versions))
+    except IncrementalReadError as err:
+        return str(err)
+    commits = _retry_commits(lake, versions)
+    offsets = offsets_at(commits, as_of)
+    moved = {
+        (r["group"], r["broker_name"], r["topic"], r["queue_id"]) for r in new_commits if r["commit_timestamp"] <= as_of
+    }
+    policies = policies_at(_rows(lake, SUBSCRIPTION_GROUP, versions), as_of)
+    backlog = _backlog(lake, versions[RETRY_RECORDS.name], {q: offsets[q] for q in moved if q in offsets})
+    touched = touched_chains(previous, new, policies, backlog, hosts, as_of)
+    records = _chain_records(lake, versions[RETRY_RECORDS.name], touched, previous, new)
+    context = Context(as_of, policies, offsets, hosts, _originals(lake, versions, _positions(touched, hosts)))
+    chains, dead = fold(previous, touched, records, context, redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
+    times = [r["store_timestamp"] for r in new] + [r["commit_timestamp"] for r in new_commits]
+    return Outcome(chains, dead, max([through, *times]), _in_order(dead) != _in_order(previous.dead_letters))
+
+
+def _in_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: (r["group"], r["broker_name"], r["msg_id"], r["reason"], r["origin_msg_id"]))
+
+
+def _rows(
+    lake: Lake, spec: Any, versions: Mapping[str, int], columns: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The rows of a small table at its recorded version; none when it has no version."""
+    version = versions.get(spec.name)
+    return lake.read_rows(spec, columns, version=version).to_pylist() if version is not None else []
+
+
+def _appended(
+    lake: Lake, spec: Any, columns: Sequence[str], before: Mapping[str, int], now: Mapping[str, int]
+) -> pa.Table:
+    """The rows appended to a table between two recorded versions (every row when it had none)."""
+    if spec.name not in now:
+        return spec.arrow_schema.empty_table().select(list(columns))
+    if spec.name not in before:
+        return lake.read_rows(spec, columns, version=now[spec.name])
+    return lake.read_appended_rows(spec, columns, before[spec.name], now[spec.name])
+
+
+def _retry_only(commits: pa.Table) -> list[dict[str, Any]]:
+    return [r for r in commits.to_pylist() if r["topic"].startswith(c.RETRY_GROUP_TOPIC_PREFIX)]
+
+
+def _retry_commits(lake: Lake, versions: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The offset commits of retry queues (``%RETRY%`` topics)."""
+    version = versions.get(CONSUMER_OFFSET_COMMITS.name)
+    if version is None:
+        return []
+    return _retry_only(lake.read_rows(CONSUMER_OFFSET_COMMITS, _COMMIT_COLUMNS, _RETRY_TOPICS, version=version))
+
+
+def _brokers(lake: Lake, version: int | None) -> dict[str, dict[str, Any]]:
+    """Each broker's latest ``brokers`` row (by start time)."""
+    latest: dict[str, dict[str, Any]] = {}
+    if version is None:
+        return latest
+    columns = ["broker_name", "store_host", "segment_size", "started_timestamp"]
+    for row in lake.read_rows(BROKERS, columns, version=version).to_pylist():
+        seen = latest.get(row["broker_name"])
+        if seen is None or row["started_timestamp"] > seen["started_timestamp"]:
+            latest[row["broker_name"]] = row
+    return latest
+
+
+def _hosts(lake: Lake, version: int | None) -> dict[str, list[str]]:
+    """:func:`jobs.dlq.fold.host_prefixes` of each broker's latest store host."""
+    return host_prefixes((name, row["store_host"]) for name, row in _brokers(lake, version).items())
+
+
+def _positions(keys: Iterable[Key], hosts: Mapping[str, Sequence[str]]) -> set[Position]:
+    return {position for _, origin in keys for position in origin_positions(origin, hosts)}
+
+
+def _originals(lake: Lake, versions: Mapping[str, int], positions: set[Position]) -> dict[Position, list[Original]]:
+    """The commit log records (topic, store time) at ``positions``, reading only the segments
+    that can hold them."""
+    version = versions.get(COMMITLOG.name)
+    if version is None or not positions:
+        return {}
+    sizes = {name: row["segment_size"] for name, row in _brokers(lake, versions.get(BROKERS.name)).items()}
+    by_broker: dict[str, set[int]] = {}
+    for broker, offset in positions:
+        if broker in sizes:
+            by_broker.setdefault(broker, set()).add(offset)
+    filters = [
+        [
+            ("broker_name", "=", broker),
+            ("segment", "in", sorted({o - o % sizes[broker] for o in offsets})),
+            ("commit_log_offset", "in", sorted(offsets)),
+        ]
+        for broker, offsets in sorted(by_broker.items())
+    ]
+    if not filters:
+        return {}
+    columns = ["broker_name", "commit_log_offset", "topic", "store_timestamp"]
+    found: dict[Position, list[Original]] = {}
+    for row in lake.read_rows(COMMITLOG, columns, filters, version=version).to_pylist():
+        position = (row["broker_name"], row["commit_log_offset"])
+        if position in positions:
+            found.setdefault(position, []).append((row["topic"], row["store_timestamp"]))
+    return found
+
+
+def _backlog(lake: Lake, version: int, offsets: Mapping[QueueKey, int]) -> list[dict[str, Any]]:
+    """The RETRY rows of ``retry_records`` at or after the given consumer offset of their queue (of
+    any broker: a chain's offset is looked up under the broker of its first record)."""
+    if not offsets:
+        return []
+    filters = [
+        [("kind", "=", RETRY), ("topic", "=", topic), ("queue_id", "=", queue_id), ("queue_offset", ">=", offset)]
+        for (_, _, topic, queue_id), offset in sorted(offsets.items())
+    ]
+    columns = ["group", "origin_msg_id", "uniq_key", "msg_id", "store_timestamp"]
+    rows: list[dict[str, Any]] = lake.read_rows(RETRY_RECORDS, columns, filters, version=version).to_pylist()
+    return rows
+
+
+def _chain_records(
+    lake: Lake, version: int, touched: set[Key], previous: Previous, new: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Every row of ``retry_records`` (at ``version``) of the ``touched`` chains. None is stored
+    before the earliest first failure of the touched chains the previous run had, nor, for chains
+    it had not, before the earliest new record: that bound prunes the older files."""
+    if not touched:
+        return []
+    first = [
+        chain["first_failure_timestamp"]
+        for chain in previous.chains
+        if (chain["group"], chain["origin_msg_id"]) in touched
+    ]
+    since = min(first + [r["store_timestamp"] for r in new], default=0)
+    groups = sorted({group for group, _ in touched})
+    origins = sorted({origin for _, origin in touched})
+    filters = [
+        [("store_timestamp", ">=", since), ("group", "in", groups), (column, "in", origins)]
+        for column in ("origin_msg_id", "uniq_key", "msg_id")
+    ]
+    rows = lake.read_rows(RETRY_RECORDS, filters=filters, version=version).to_pylist()
+    return [r for r in rows if chain_key(r) in touched]

@@ -1,0 +1,387 @@
+"""``route_dlq`` on the driver: the retry chains and dead letters of ``retry_records`` rows computed in
+Python row for row as the Spark transforms of :mod:`jobs.dlq.chains` compute them, and the previous
+tables moved on to a later T by what changed since. See docs/jobs.md (route_dlq incremental).
+
+A chain's row is a function of its own records stored at or before T, of its original record in
+the commit log, of its group's retry limit and of the consumer offset of the retry queue its
+latest record sits in. When no record the previous run read was stored after its T, a later run
+computes again only the chains whose inputs may have changed:
+
+- the chains of the new records;
+- the open chains (SCHEDULED and DELIVERED), whose latest record may be consumed by now;
+- the chains of records at or after the consumer offset of a retry queue with new commits (a
+  reset may have moved the offset back over a consumed record);
+- the chains of a group whose retry limit differs at the new T;
+- the chains whose original record was not found (it may have been written since).
+
+Every other chain keeps its row and gets the new ``as_of``; its dead letters keep theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from broker_model.common import constants as c
+from jobs.dlq.chains import (
+    CONSUMED,
+    CONSUMER_REQUESTED,
+    DEAD,
+    DEAD_LETTER,
+    DELIVERED,
+    MAX_RECONSUME_TIMES,
+    POLICY,
+    POLICY_NOT_WRITTEN,
+    RETRY,
+    SCHEDULED,
+)
+
+Key = tuple[str, str]
+"""(group, origin message id): a retry chain."""
+QueueKey = tuple[str, str, str, int]
+"""(group, broker, topic, queue id): a group's consume position in a queue."""
+Position = tuple[str, int]
+"""(broker, commit log offset) of a record."""
+Original = tuple[str, int]
+"""(topic, store time) of a chain's original record."""
+
+OPEN_STATES = (SCHEDULED, DELIVERED)  # states a consumer offset or a later record moves on
+_KIND_RANK = {SCHEDULED: 0, RETRY: 1, DEAD_LETTER: 2}
+_LONG_MAX = (1 << 63) - 1
+_HEX_DIGITS = "0123456789abcdefABCDEF"
+_ATTEMPT_FIELDS = ("broker_name", "topic", "commit_log_offset", "reconsume_times", "store_timestamp")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the chains are computed against, besides their records.
+
+    Attributes:
+        as_of: T, epoch milliseconds.
+        policies: ``retry_max_times`` per (broker, group) as of T (:func:`policies_at`).
+        offsets: the consumer offset per retry queue as of T (:func:`offsets_at`).
+        hosts: the broker names per host prefix of offset message ids (:func:`host_prefixes`).
+        originals: the original records found, per position.
+    """
+
+    as_of: int
+    policies: Mapping[tuple[str, str], int | None]
+    offsets: Mapping[QueueKey, int]
+    hosts: Mapping[str, Sequence[str]]
+    originals: Mapping[Position, Sequence[Original]]
+
+
+def chain_key(record: Mapping[str, Any]) -> Key:
+    """The chain of a ``retry_records`` row: its group and ``ORIGIN_MESSAGE_ID``, else its uniq key,
+    else its message id (:func:`jobs.dlq.chains.with_chain_key`)."""
+    origin = _first_set(record["origin_msg_id"], record["uniq_key"], record["msg_id"])
+    return record["group"], origin
+
+
+def _first_set(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def host_prefixes(brokers: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """Per host prefix (the part of an offset message id before its offset), the brokers with it,
+    from (broker name, store host) pairs."""
+    from broker_model.common import create_msg_id, parse_host
+
+    hosts: dict[str, list[str]] = {}
+    for prefix, name in sorted({(create_msg_id(parse_host(host), 0)[:-16], name) for name, host in brokers}):
+        hosts.setdefault(prefix, []).append(name)
+    return hosts
+
+
+def origin_positions(origin_msg_id: str, hosts: Mapping[str, Sequence[str]]) -> list[Position]:
+    """The (broker, commit log offset) pairs an origin id names: the brokers of its host prefix
+    and its last 16 characters read as Spark's ``conv(.., 16, 10)`` reads them (spaces trimmed, an
+    optional minus, hex digits up to the first other character, above a long: none)."""
+    if len(origin_msg_id) <= 16:
+        return []
+    brokers = hosts.get(origin_msg_id[:-16], ())
+    offset = _spark_hex(origin_msg_id[-16:])
+    return [(broker, offset) for broker in brokers] if offset is not None else []
+
+
+def _spark_hex(text: str) -> int | None:
+    digits = text.strip(" ")
+    negative = digits.startswith("-")
+    value = 0
+    for char in digits[1:] if negative else digits:
+        if char not in _HEX_DIGITS:
+            break
+        value = value * 16 + int(char, 16)
+    if negative:
+        value = -value % (1 << 64)
+    return value if value <= _LONG_MAX else None
+
+
+def policies_at(rows: Iterable[Mapping[str, Any]], as_of: int) -> dict[tuple[str, str], int | None]:
+    """``retry_max_times`` of the latest ``subscription_group`` row at or before ``as_of`` per
+    (broker, group) (:func:`jobs.dlq.chains.build_policies`)."""
+    latest: dict[tuple[str, str], tuple[int, int | None]] = {}
+    for row in rows:
+        if row["updated_timestamp"] > as_of:
+            continue
+        key = (row["broker_name"], row["group"])
+        seen = latest.get(key)
+        if seen is None or row["updated_timestamp"] > seen[0]:
+            latest[key] = (row["updated_timestamp"], row["retry_max_times"])
+    return {key: value for key, (_, value) in latest.items()}
+
+
+def offsets_at(rows: Iterable[Mapping[str, Any]], as_of: int) -> dict[QueueKey, int]:
+    """The committed offset per (group, broker, topic, queue) of the latest commit at or before
+    ``as_of``, by the total order of :func:`jobs.rules.build_current_offsets`."""
+    latest: dict[QueueKey, tuple[int, bool, int, str]] = {}
+    for row in rows:
+        if row["commit_timestamp"] > as_of:
+            continue
+        key = (row["group"], row["broker_name"], row["topic"], row["queue_id"])
+        order = (row["commit_timestamp"], row["source"] == "reset", row["offset"], row["source"])
+        seen = latest.get(key)
+        if seen is None or order > seen:
+            latest[key] = order
+    return {key: order[2] for key, order in latest.items()}
+
+
+def redrive_states(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], str]:
+    """Per (broker, message id): ``<state> <request id>`` of its latest ``dlq_redrives`` row."""
+    latest: dict[tuple[str, str], tuple[tuple[int, str, str], str]] = {}
+    for row in rows:
+        key = (row["broker_name"], row["msg_id"])
+        order = (row["updated_timestamp"], row["state"], row["request_id"])
+        seen = latest.get(key)
+        if seen is None or order > seen[0]:
+            latest[key] = (order, f"{row['state']} {row['request_id']}")
+    return {key: state for key, (_, state) in latest.items()}
+
+
+def compute(
+    records: Iterable[Mapping[str, Any]], context: Context
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``retry_chains`` rows and the ``dlq`` rows (``redrive_state`` left unset) of the chains
+    of ``records``, which must hold every record of those chains (any store time: later ones are
+    left out)."""
+    by_chain: dict[Key, list[Mapping[str, Any]]] = {}
+    for record in records:
+        if record["store_timestamp"] <= context.as_of:
+            by_chain.setdefault(chain_key(record), []).append(record)
+    chains: list[dict[str, Any]] = []
+    dead: list[dict[str, Any]] = []
+    for key, chain_records in by_chain.items():
+        for copy, chain in enumerate(_chains(key, chain_records, context)):
+            chains.append(chain)
+            dead += _dead_letters(chain, chain_records, pending=copy == 0)
+    return chains, dead
+
+
+def _latest_order(record: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    return (
+        record["reconsume_times"],
+        _KIND_RANK[record["kind"]],
+        record["store_timestamp"],
+        record["commit_log_offset"],
+    )
+
+
+def _chains(key: Key, records: Sequence[Mapping[str, Any]], context: Context) -> list[dict[str, Any]]:
+    """The rows of one chain: one, or one per original record when several brokers share the
+    origin id's host prefix and both hold a record at its offset (as the Spark join gives)."""
+    group, origin_msg_id = key
+    latest = max(records, key=_latest_order)
+    broker_name = min(records, key=lambda r: r["commit_log_offset"])["broker_name"]
+    retries = sorted(
+        (_attempt(r) for r in records if r["kind"] == RETRY),
+        key=lambda a: (a["reconsume_times"], a["store_timestamp"], a["commit_log_offset"], _nulls_first(a)),
+    )
+    state = _state(latest, context.offsets.get((group, broker_name, latest["topic"], latest["queue_id"])))
+    policy = context.policies.get((broker_name, group))
+    max_times = policy if policy is not None else c.RETRY_MAX_TIMES
+    row = {
+        "group": group,
+        "origin_msg_id": origin_msg_id,
+        "uniq_key": _least(r["uniq_key"] for r in records),
+        "keys": _least(r["keys"] for r in records),
+        "origin_topic": _least(r["origin_topic"] for r in records),
+        "broker_name": broker_name,
+        "attempts": retries,
+        "last_reconsume_times": latest["reconsume_times"],
+        "first_failure_timestamp": min(r["store_timestamp"] for r in records),
+        "last_timestamp": latest["store_timestamp"],
+        "state": state,
+        "max_reconsume_times": max_times,
+        "exhausted": state in OPEN_STATES and latest["reconsume_times"] >= max_times,
+        "as_of": context.as_of,
+    }
+    originals = [
+        dict(zip(_ATTEMPT_FIELDS, (broker, topic, offset, 0, at), strict=True))
+        for broker, offset in origin_positions(origin_msg_id, context.hosts)
+        for topic, at in context.originals.get((broker, offset), ())
+    ]
+    return [{**row, "attempts": [origin, *retries]} for origin in originals] or [row]
+
+
+def _attempt(record: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: record[name] for name in _ATTEMPT_FIELDS}
+
+
+def _nulls_first(attempt: Mapping[str, Any]) -> tuple[tuple[bool, Any], ...]:
+    return tuple((attempt[name] is not None, attempt[name]) for name in _ATTEMPT_FIELDS)
+
+
+def _least(values: Iterable[str | None]) -> str | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _state(latest: Mapping[str, Any], consumer_offset: int | None) -> str:
+    if latest["kind"] == DEAD_LETTER:
+        return DEAD
+    if latest["kind"] == SCHEDULED:
+        return SCHEDULED
+    return CONSUMED if consumer_offset is not None and consumer_offset > latest["queue_offset"] else DELIVERED
+
+
+def _dead_letters(
+    chain: Mapping[str, Any], records: Sequence[Mapping[str, Any]], pending: bool
+) -> list[dict[str, Any]]:
+    """The ``dlq`` rows of a chain row: one per DLQ record, and with ``pending`` one
+    ``POLICY_NOT_WRITTEN`` row for an exhausted DELIVERED chain (its latest retry record), which
+    the Spark window gives once per chain however many rows it has
+    (:func:`jobs.dlq.chains.build_dlq`)."""
+    rows = []
+    for record in records:
+        if record["kind"] != DEAD_LETTER:
+            continue
+        if record["routed_by"] is not None:
+            reason = POLICY
+        elif record["reconsume_times"] - 1 >= chain["max_reconsume_times"]:
+            reason = MAX_RECONSUME_TIMES
+        else:
+            reason = CONSUMER_REQUESTED
+        rows.append(_dead_letter(chain, record, reason, record["store_timestamp"]))
+    if pending and chain["exhausted"] and chain["state"] == DELIVERED:
+        retries = [r for r in records if r["kind"] == RETRY]
+        if retries:
+            latest = max(retries, key=lambda r: (r["reconsume_times"], r["store_timestamp"], r["commit_log_offset"]))
+            rows.append(_dead_letter(chain, latest, POLICY_NOT_WRITTEN, None))
+    return rows
+
+
+def _dead_letter(
+    chain: Mapping[str, Any], record: Mapping[str, Any], reason: str, dlq_timestamp: int | None
+) -> dict[str, Any]:
+    return {
+        "group": chain["group"],
+        "broker_name": record["broker_name"],
+        "msg_id": record["msg_id"],
+        "uniq_key": record["uniq_key"],
+        "origin_msg_id": chain["origin_msg_id"],
+        "origin_topic": record["origin_topic"],
+        "reconsume_times": record["reconsume_times"],
+        "first_failure_timestamp": chain["first_failure_timestamp"],
+        "dlq_timestamp": dlq_timestamp,
+        "body": record["body"],
+        "properties": record["properties"],
+        "attempts": chain["attempts"],
+        "reason": reason,
+        "redrive_state": None,
+    }
+
+
+def with_redrive_states(rows: Iterable[dict[str, Any]], states: Mapping[tuple[str, str], str]) -> list[dict[str, Any]]:
+    """``rows`` of ``dlq`` with the ``redrive_state`` of their dead letter."""
+    return [{**row, "redrive_state": states.get((row["broker_name"], row["msg_id"]))} for row in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# Moving a previous run on
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The run moved on: its ``retry_chains`` and ``dlq`` rows, its T, the greatest store time of
+    the retry records and commit time of the retry queue commits it had read, and the retry
+    limits it applied."""
+
+    chains: list[dict[str, Any]]
+    dead_letters: list[dict[str, Any]]
+    as_of: int
+    through: int
+    policies: Mapping[tuple[str, str], int | None]
+
+
+def can_fold(previous: Previous, as_of: int) -> str | None:
+    """Why ``previous`` cannot be moved on to ``as_of``, or None when it can."""
+    if as_of < previous.as_of:
+        return f"as_of {as_of} is before the previous run's ({previous.as_of})"
+    if previous.through > previous.as_of:
+        return f"the previous run read a record stored after its as_of ({previous.through} > {previous.as_of})"
+    return None
+
+
+def touched_chains(
+    previous: Previous,
+    new_records: Iterable[Mapping[str, Any]],
+    policies: Mapping[tuple[str, str], int | None],
+    backlog: Iterable[Mapping[str, Any]],
+    hosts: Mapping[str, Sequence[str]],
+    as_of: int,
+) -> set[Key]:
+    """The chains computed again (module docstring).
+
+    Args:
+        previous: the run moved on.
+        new_records: the ``retry_records`` rows appended since it.
+        policies: :func:`policies_at` the new T.
+        backlog: the RETRY rows at or after the consumer offset, as of T, of every retry queue
+            with commits appended since.
+        hosts: :func:`host_prefixes`.
+        as_of: T.
+    """
+    touched = {chain_key(r) for r in new_records if r["store_timestamp"] <= as_of}
+    touched |= {chain_key(r) for r in backlog if r["store_timestamp"] <= as_of}
+    every = policies.keys() | previous.policies.keys()
+    changed = {key for key in every if policies.get(key) != previous.policies.get(key)}
+    for chain in previous.chains:
+        key = (chain["group"], chain["origin_msg_id"])
+        if chain["state"] in OPEN_STATES or (chain["broker_name"], chain["group"]) in changed:
+            touched.add(key)
+        elif not _has_original(chain, hosts):
+            touched.add(key)
+    return touched
+
+
+def _has_original(chain: Mapping[str, Any], hosts: Mapping[str, Sequence[str]]) -> bool:
+    """Whether the chain's original was found, or its origin id names no known record."""
+    positions = origin_positions(chain["origin_msg_id"], hosts)
+    if not positions:
+        return True
+    first = chain["attempts"][0] if chain["attempts"] else None
+    if first is None or first["reconsume_times"] != 0:
+        return False
+    return (first["broker_name"], first["commit_log_offset"]) in positions
+
+
+def fold(
+    previous: Previous,
+    touched: set[Key],
+    records: Iterable[Mapping[str, Any]],
+    context: Context,
+    redrives: Mapping[tuple[str, str], str],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``retry_chains`` and ``dlq`` rows as of ``context.as_of``: the previous rows of chains not
+    ``touched``, with the new T, and the touched chains computed from ``records`` (every record of
+    those chains; others are ignored)."""
+    kept_chains = [
+        {**chain, "as_of": context.as_of}
+        for chain in previous.chains
+        if (chain["group"], chain["origin_msg_id"]) not in touched
+    ]
+    kept_dead = [row for row in previous.dead_letters if (row["group"], row["origin_msg_id"]) not in touched]
+    chains, dead = compute((r for r in records if chain_key(r) in touched), context)
+    return kept_chains + chains, with_redrive_states(kept_dead + dead, redrives)

@@ -1,0 +1,381 @@
+"""The incremental ``route_dlq``: a chain of runs, each moving the previous ``retry_chains`` and ``dlq``
+on by what changed since, gives after every step the tables a full run with Spark gives on the same
+lake, and so does a full run on the driver.
+
+Seeded random steps on real Delta tables of two brokers: original messages, chains of schedule,
+retry and dead letter records (some with no ORIGIN_MESSAGE_ID, some naming a host no broker has,
+some whose original is written only later, some moving to the other broker, some dead-lettered by a
+tool), commits of the retry queues (moving on, and now and then reset back over consumed records),
+retry limits changed between steps, redrives of dead letters, and now and then a record stored after
+the step's T, which makes the next run compute every chain again.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from broker_model.common import constants as c
+from broker_model.common import create_msg_id, parse_host
+from jobs.dlq.chains import PROPERTY_ROUTED_BY
+from jobs.dlq.fold import Previous, can_fold, origin_positions
+from jobs.dlq.route import RouteDlqConfig, run
+from jobs.lake import Lake
+from schemas.catalog import (
+    BROKERS,
+    COMMITLOG,
+    CONSUMER_OFFSET_COMMITS,
+    DLQ,
+    DLQ_REDRIVES,
+    JOB_RUNS,
+    RETRY_CHAINS,
+    SUBSCRIPTION_GROUP,
+)
+from tests.builders import commitlog_record, commitlog_table
+from tests.helpers import canonical_rows
+
+pytestmark = pytest.mark.spark
+
+STEP_MS = 1_000
+SEGMENT = 1 << 20
+GROUPS = ("g-audit", "g-stock")
+HOSTS = {"broker-a": "10.0.0.1:10911", "broker-b": "10.0.0.2:10911"}
+WITH_SPARK = {"engine": "bridge", "full": True, "driver_records": 0}  # the reference
+ON_THE_DRIVER = {"engine": "bridge", "full": True}
+
+
+class _Story:
+    """The lake written so far, and the generator of the next step's rows."""
+
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+        self.now = 1_000_000
+        self.offsets = dict.fromkeys(HOSTS, 0)
+        self.queue_ends: dict[tuple[str, str, int], int] = {}  # (broker, topic, queue) -> next offset
+        self.committed: dict[tuple[str, str, str, int], int] = {}
+        self.originals: list[dict[str, Any]] = []
+        self.chains: list[dict[str, Any]] = []  # (group, origin id, uniq key, reconsume times, ...)
+        self.dead: list[dict[str, Any]] = []
+        self.pending_originals: list[tuple[str, int]] = []  # (broker, offset) named before written
+        self.serial = 0
+
+    def step(self, late: bool) -> tuple[dict[str, list[dict[str, Any]]], int]:
+        """Rows per table of one step, stored after the last T, and the step's T."""
+        r, start = self.random, self.now
+        self.now += STEP_MS
+        rows: dict[str, list[dict[str, Any]]] = {
+            COMMITLOG.name: [],
+            CONSUMER_OFFSET_COMMITS.name: [],
+            SUBSCRIPTION_GROUP.name: [],
+            DLQ_REDRIVES.name: [],
+        }
+        times = sorted(r.randint(start + 1, self.now) for _ in range(r.randint(6, 16)))
+        for stored in times:
+            what = r.random()
+            if what < 0.2 or not self.originals:
+                rows[COMMITLOG.name].append(self._original(stored))
+            elif what < 0.7:
+                rows[COMMITLOG.name] += self._fail(stored)
+            elif what < 0.85:
+                rows[CONSUMER_OFFSET_COMMITS.name].append(self._commit(stored))
+            elif what < 0.92:
+                rows[SUBSCRIPTION_GROUP.name].append(self._limit(stored))
+            elif self.dead:
+                rows[DLQ_REDRIVES.name] += self._redrive(stored)
+        if late:
+            rows[COMMITLOG.name] += self._fail(self.now + 300)
+        return rows, self.now
+
+    def _put(self, broker: str, topic: str, queue_id: int, stored: int, **fields: Any) -> dict[str, Any]:
+        offset = self.offsets[broker]
+        self.offsets[broker] += 400
+        queue = (broker, topic, queue_id)
+        queue_offset = self.queue_ends.get(queue, 0)
+        self.queue_ends[queue] = queue_offset + 1
+        return commitlog_record(
+            broker_name=broker,
+            topic=topic,
+            queue_id=queue_id,
+            queue_offset=queue_offset,
+            commit_log_offset=offset,
+            segment=offset - offset % SEGMENT,
+            store_timestamp=stored,
+            store_host=HOSTS[broker],
+            **fields,
+        )
+
+    def _original(self, stored: int) -> dict[str, Any]:
+        r = self.random
+        broker = r.choice(list(HOSTS))
+        self.serial += 1
+        properties = {
+            c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: f"U{self.serial:05d}",
+            c.PROPERTY_KEYS: f"k{self.serial}",
+        }
+        if self.pending_originals and r.random() < 0.5:  # the record an earlier chain named
+            broker, offset = self.pending_originals.pop()
+            if self.offsets[broker] <= offset:
+                self.offsets[broker] = offset
+        row = self._put(broker, "Orders", r.randint(0, 3), stored, properties=properties, body=b"order")
+        self.originals.append(row)
+        return row
+
+    def _fail(self, stored: int) -> list[dict[str, Any]]:
+        """The next record of a chain: a new chain's first schedule record, or an old chain's next
+        retry, schedule or dead letter record."""
+        r = self.random
+        if not self.chains or r.random() < 0.35:
+            original = r.choice(self.originals)
+            chain = {
+                "group": r.choice(GROUPS),
+                "broker": original["broker_name"],
+                "uniq_key": original["uniq_key"],
+                "origin": original["msg_id"],
+                "times": 0,
+                "next": "SCHEDULED",
+            }
+            what = r.random()
+            if what < 0.1:
+                chain["origin"] = None  # a copy sent back by a client: no ORIGIN_MESSAGE_ID
+            elif what < 0.15:
+                chain["origin"] = create_msg_id(parse_host("10.9.9.9:10911"), 4_000)  # no broker has this host
+            elif what < 0.22:  # an original not written yet
+                offset = self.offsets["broker-b"] + 400 * r.randint(2, 5)
+                chain["origin"] = create_msg_id(parse_host(HOSTS["broker-b"]), offset)
+                self.pending_originals.append(("broker-b", offset))
+            self.chains.append(chain)
+        else:
+            chain = r.choice(self.chains)
+        if chain["next"] == "DEAD":
+            return self._fail(stored) if len(self.chains) < 400 else []
+        if r.random() < 0.1:
+            chain["broker"] = r.choice(list(HOSTS))  # the next record on the other broker
+        properties = {c.PROPERTY_RETRY_TOPIC: "Orders"}
+        if chain["origin"] is not None:
+            properties[c.PROPERTY_ORIGIN_MESSAGE_ID] = chain["origin"]
+        if chain["uniq_key"] is not None:
+            properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = chain["uniq_key"]
+        group, broker = chain["group"], chain["broker"]
+        if chain["next"] == "SCHEDULED":
+            chain["times"] += 1
+            chain["next"] = "RETRY"
+            properties[c.PROPERTY_REAL_TOPIC] = c.RETRY_GROUP_TOPIC_PREFIX + group
+            properties[c.PROPERTY_REAL_QUEUE_ID] = "0"
+            return [
+                self._put(broker, c.SCHEDULE_TOPIC, 2, stored, properties=properties, reconsume_times=chain["times"])
+            ]
+        if chain["next"] == "RETRY":
+            chain["next"] = "DLQ" if r.random() < (0.6 if chain["times"] >= 2 else 0.2) else "SCHEDULED"
+            topic = c.RETRY_GROUP_TOPIC_PREFIX + group
+            return [self._put(broker, topic, 0, stored, properties=properties, reconsume_times=chain["times"])]
+        chain["next"] = "DEAD"
+        if r.random() < 0.3:
+            properties[PROPERTY_ROUTED_BY] = "route_dlq"
+        times = chain["times"] + (1 if r.random() < 0.8 else 0)
+        row = self._put(
+            broker, c.DLQ_GROUP_TOPIC_PREFIX + group, 0, stored, properties=properties, reconsume_times=times
+        )
+        self.dead.append(row)
+        return [row]
+
+    def _commit(self, stored: int) -> dict[str, Any]:
+        r = self.random
+        group, broker = r.choice(GROUPS), r.choice(list(HOSTS))
+        topic = c.RETRY_GROUP_TOPIC_PREFIX + group
+        key = (group, broker, topic, 0)
+        end = self.queue_ends.get((broker, topic, 0), 0)
+        committed = self.committed.get(key, 0)
+        source = "client"
+        if r.random() < 0.2 and committed:  # a reset back over consumed records
+            offset, source = r.randint(0, committed - 1), "reset"
+        else:
+            offset = r.randint(committed, max(committed, end))
+        self.committed[key] = offset
+        return {
+            "group": group,
+            "broker_name": broker,
+            "topic": topic,
+            "queue_id": 0,
+            "offset": offset,
+            "commit_timestamp": stored,
+            "source": source,
+        }
+
+    def _limit(self, stored: int) -> dict[str, Any]:
+        r = self.random
+        return {
+            "broker_name": r.choice(list(HOSTS)),
+            "group": r.choice(GROUPS),
+            "retry_max_times": r.choice([1, 2, 3]),
+            "retry_queue_nums": 1,
+            "consume_enable": True,
+            "consume_broadcast_enable": False,
+            "consume_from_min_enable": False,
+            "consume_message_orderly": False,
+            "updated_timestamp": stored,
+        }
+
+    def _redrive(self, stored: int) -> list[dict[str, Any]]:
+        dead = self.random.choice(self.dead)
+        self.serial += 1
+        row = {
+            "request_id": f"req-{self.serial}",
+            "broker_name": dead["broker_name"],
+            "msg_id": dead["msg_id"],
+            "group": dead["topic"].removeprefix(c.DLQ_GROUP_TOPIC_PREFIX),
+            "target_topic": "Orders",
+            "state": "PENDING",
+            "updated_timestamp": stored,
+        }
+        return [row, {**row, "state": "SENT", "updated_timestamp": stored + 1}] if self.random.random() < 0.5 else [row]
+
+
+def _brokers() -> pa.Table:
+    rows = [
+        {
+            "broker_name": name,
+            "store_host": host,
+            "segment_size": SEGMENT,
+            "flush_mode": "ASYNC_FLUSH",
+            "started_timestamp": 1_000,
+            "process": "test",
+        }
+        for name, host in HOSTS.items()
+    ]
+    return pa.Table.from_pylist(rows, schema=BROKERS.arrow_schema)
+
+
+def _append(lake: Lake, rows: dict[str, list[dict[str, Any]]]) -> None:
+    for name, table_rows in rows.items():
+        if not table_rows:
+            continue
+        if name == COMMITLOG.name:
+            lake.append_rows(COMMITLOG, commitlog_table(table_rows))
+        else:
+            spec = {s.name: s for s in (CONSUMER_OFFSET_COMMITS, SUBSCRIPTION_GROUP, DLQ_REDRIVES)}[name]
+            lake.append_rows(spec, pa.Table.from_pylist(table_rows, schema=spec.arrow_schema))
+
+
+def _messages(lake: Lake) -> list[str]:
+    rows = lake.read_rows(JOB_RUNS, ["job", "started_timestamp", "run_id", "message"]).to_pylist()
+    return [
+        r["message"]
+        for r in sorted(rows, key=lambda r: (r["started_timestamp"], r["run_id"]))
+        if r["job"] == "route_dlq"
+    ]
+
+
+@pytest.mark.parametrize("seed", [3, 8])
+def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSession, tmp_path: Path, seed: int) -> None:
+    story = _Story(seed)
+    lakes = {name: Lake(spark, tmp_path / name, "bridge") for name in ("chained", "whole", "driver")}
+    limits = [
+        {**story._limit(1_000), "broker_name": b, "group": g, "retry_max_times": 2} for b in HOSTS for g in GROUPS
+    ]
+    for lake in lakes.values():
+        lake.append_rows(BROKERS, _brokers())
+        lake.append_rows(SUBSCRIPTION_GROUP, pa.Table.from_pylist(limits, schema=SUBSCRIPTION_GROUP.arrow_schema))
+    late_steps = {4}
+    steps = 8
+    seen: dict[str, set[Any]] = {"state": set(), "reason": set(), "redrive": set()}
+    for step in range(steps):
+        rows, as_of = story.step(late=step in late_steps)
+        for lake in lakes.values():
+            _append(lake, rows)
+        run(spark, RouteDlqConfig(lakes["chained"].root, as_of, engine="bridge"))
+        run(spark, RouteDlqConfig(lakes["whole"].root, as_of, **WITH_SPARK))
+        run(spark, RouteDlqConfig(lakes["driver"].root, as_of, **ON_THE_DRIVER))
+        for spec in (RETRY_CHAINS, DLQ):
+            expected = canonical_rows(lakes["whole"].read_rows(spec))
+            assert canonical_rows(lakes["chained"].read_rows(spec)) == expected, f"{spec.name} at step {step}"
+            assert canonical_rows(lakes["driver"].read_rows(spec)) == expected, f"{spec.name} at step {step}"
+        chains = lakes["whole"].read_rows(RETRY_CHAINS).to_pylist()
+        dead = lakes["whole"].read_rows(DLQ).to_pylist()
+        seen["state"] |= {r["state"] for r in chains}
+        seen["reason"] |= {r["reason"] for r in dead}
+        seen["redrive"] |= {r["redrive_state"] is not None for r in dead}
+
+    messages = _messages(lakes["chained"])
+    moved_on = [i for i, m in enumerate(messages) if m.endswith("moved on by what changed")]
+    assert set(moved_on) == set(range(1, steps)) - {i + 1 for i in late_steps}
+    assert seen["state"] >= {"SCHEDULED", "DELIVERED", "CONSUMED", "DEAD"}
+    assert seen["reason"] >= {"MAX_RECONSUME_TIMES", "POLICY", "POLICY_NOT_WRITTEN"}
+    assert seen["redrive"] == {True, False}
+
+
+def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_records_it_left_for_a_later_one() -> None:
+    previous = Previous([], [], as_of=2_000, through=2_000, policies={})
+    assert can_fold(previous, 2_000) is None
+    assert "before the previous run's" in str(can_fold(previous, 1_999))
+    assert "stored after its as_of" in str(can_fold(Previous([], [], 2_000, 2_001, {}), 2_500))
+
+
+@pytest.mark.parametrize(
+    ("tail", "offset"),
+    [
+        ("00000000000000FF", 255),
+        ("00000000000001g1", 1),  # digits up to the first other character, as Spark's conv
+        (" 00000000000001f", 31),
+        ("-000000000000001", None),  # negative: above a long once unsigned
+        ("-000000000000000", 0),
+        ("8000000000000000", None),
+        ("+000000000000001", 0),
+    ],
+)
+def test_an_origin_id_names_the_offset_sparks_conv_reads(tail: str, offset: int | None) -> None:
+    prefix = create_msg_id(parse_host(HOSTS["broker-a"]), 0)[:-16]
+    hosts = {prefix: ["broker-a"]}
+    assert origin_positions(prefix + tail, hosts) == ([("broker-a", offset)] if offset is not None else [])
+    assert origin_positions(tail, hosts) == []
+
+
+def _chained_against_spark(
+    spark: SparkSession, tmp_path: Path, steps: list[tuple[dict[str, list[dict[str, Any]]], int]]
+) -> tuple[Lake, list[list[str]]]:
+    """The lake of incremental runs after each step's rows, checked equal to full Spark runs, and
+    the chains' states after each step."""
+    states = []
+    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
+    for lake in (chained, whole):
+        lake.append_rows(BROKERS, _brokers())
+    for rows, as_of in steps:
+        for lake in (chained, whole):
+            _append(lake, rows)
+        run(spark, RouteDlqConfig(chained.root, as_of, engine="bridge"))
+        run(spark, RouteDlqConfig(whole.root, as_of, **WITH_SPARK))
+        for spec in (RETRY_CHAINS, DLQ):
+            expected = canonical_rows(whole.read_rows(spec))
+            assert canonical_rows(chained.read_rows(spec)) == expected, f"{spec.name} as of {as_of}"
+        states.append(sorted(chained.read_rows(RETRY_CHAINS).column("state").to_pylist()))
+    return chained, states
+
+
+def test_a_reset_back_over_a_consumed_retry_delivers_its_chain_again(spark: SparkSession, tmp_path: Path) -> None:
+    story = _Story(0)
+    original = story._original(1_100)
+    topic = c.RETRY_GROUP_TOPIC_PREFIX + "g-audit"
+    properties = {c.PROPERTY_ORIGIN_MESSAGE_ID: original["msg_id"], c.PROPERTY_RETRY_TOPIC: "Orders"}
+    scheduled = {**properties, c.PROPERTY_REAL_TOPIC: topic, c.PROPERTY_REAL_QUEUE_ID: "0"}
+    first = [
+        story._put("broker-a", c.SCHEDULE_TOPIC, 2, 1_200, properties=scheduled, reconsume_times=1),
+        story._put("broker-a", topic, 0, 1_300, properties=properties, reconsume_times=1),
+    ]
+    commit = {"group": "g-audit", "broker_name": "broker-a", "topic": topic, "queue_id": 0, "source": "client"}
+    other = {**commit, "broker_name": "broker-b", "offset": 5, "commit_timestamp": 2_100}
+    steps = [
+        ({COMMITLOG.name: [original, *first]}, 2_000),
+        ({CONSUMER_OFFSET_COMMITS.name: [{**commit, "offset": 1, "commit_timestamp": 2_500}]}, 3_000),
+        ({CONSUMER_OFFSET_COMMITS.name: [other]}, 3_500),  # another broker's queue: nothing changes
+        (
+            {CONSUMER_OFFSET_COMMITS.name: [{**commit, "offset": 0, "commit_timestamp": 3_600, "source": "reset"}]},
+            4_000,
+        ),
+    ]
+    chained, states = _chained_against_spark(spark, tmp_path, steps)
+    assert states == [["DELIVERED"], ["CONSUMED"], ["CONSUMED"], ["DELIVERED"]]
+    assert all(m.endswith("moved on by what changed") for m in _messages(chained)[1:])
