@@ -22,7 +22,8 @@ from pyspark.sql import SparkSession
 
 from broker_model.common import constants as c
 from broker_model.common import create_msg_id, parse_host
-from jobs.dlq.chains import PROPERTY_ROUTED_BY
+from jobs.dlq.chains import PROPERTY_ROUTED_BY, build_retry_records
+from jobs.dlq.decode import decode_retry_records
 from jobs.dlq.fold import Previous, can_fold, origin_positions
 from jobs.dlq.route import RouteDlqConfig, run
 from jobs.lake import Lake
@@ -34,9 +35,10 @@ from schemas.catalog import (
     DLQ_REDRIVES,
     JOB_RUNS,
     RETRY_CHAINS,
+    RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
 )
-from tests.builders import commitlog_record, commitlog_table
+from tests.builders import commitlog_frame, commitlog_record, commitlog_table
 from tests.helpers import canonical_rows
 
 pytestmark = pytest.mark.spark
@@ -379,3 +381,39 @@ def test_a_reset_back_over_a_consumed_retry_delivers_its_chain_again(spark: Spar
     chained, states = _chained_against_spark(spark, tmp_path, steps)
     assert states == [["DELIVERED"], ["CONSUMED"], ["CONSUMED"], ["DELIVERED"]]
     assert all(m.endswith("moved on by what changed") for m in _messages(chained)[1:])
+
+
+ODD_VALUES = ["", " ", "  0A00000100002A9F0000000000000E10 ", "Orders", "\t x", "%RETRY%g-audit", "%DLQ%g", "%RETRY%"]
+ODD_TOPICS = [
+    c.SCHEDULE_TOPIC, c.RETRY_GROUP_TOPIC_PREFIX + "g-audit", c.DLQ_GROUP_TOPIC_PREFIX + "g-stock", "Orders",
+    c.RETRY_GROUP_TOPIC_PREFIX + c.DLQ_GROUP_TOPIC_PREFIX + "g", c.DLQ_GROUP_TOPIC_PREFIX, "%RETRY", "SCHEDULE",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_driver_decodes_send_back_records_as_the_spark_transform_does(spark: SparkSession, seed: int) -> None:
+    rng = random.Random(seed)
+    names = [c.PROPERTY_REAL_TOPIC, c.PROPERTY_ORIGIN_MESSAGE_ID, c.PROPERTY_RETRY_TOPIC, PROPERTY_ROUTED_BY]
+    records = []
+    for i in range(300):
+        properties = {name: rng.choice(ODD_VALUES) for name in names if rng.random() < 0.7}
+        if rng.random() < 0.5:
+            properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = rng.choice(["", "U1", " U2"])
+        records.append(
+            commitlog_record(
+                broker_name=rng.choice(list(HOSTS)),
+                topic=rng.choice(ODD_TOPICS),
+                queue_id=rng.randrange(3),
+                queue_offset=i,
+                commit_log_offset=i * 400,
+                body=rng.choice([b"", b"m", b"\xff"]),
+                properties=properties,
+                reconsume_times=rng.randrange(4),
+                store_timestamp=1_000 + i,
+            )
+        )
+    expected = build_retry_records(commitlog_frame(spark, records)).toArrow()
+    decoded = decode_retry_records(commitlog_table(records))
+    assert decoded.schema == RETRY_RECORDS.arrow_schema
+    assert {r["kind"] for r in decoded.to_pylist()} == {"SCHEDULED", "RETRY", "DLQ"}
+    assert canonical_rows(decoded) == canonical_rows(expected.select(RETRY_RECORDS.column_names))

@@ -37,8 +37,9 @@ from jobs.dlq.chains import (
     build_retry_records,
     with_chain_key,
 )
+from jobs.dlq.decode import RECORD_COLUMNS, decode_retry_records
 from jobs.dlq.driver import Outcome, compute_every_chain, move_on
-from jobs.extract import update_extract
+from jobs.extract import DriverDecode, update_extract
 from jobs.lake import Lake
 from jobs.rules import build_current_offsets
 from jobs.runs import (
@@ -66,6 +67,7 @@ from schemas.errors import LakeError, ValidationError
 JOB = "route_dlq"
 APP_ID = JOB  # application transaction id of retry_records: the commit log version read
 _PARAMETERS = re.compile(r"^(as_of=-?\d+)(?:;|$)")
+DRIVER_DECODE = DriverDecode(RECORD_COLUMNS, decode_retry_records)  # small increments of retry_records
 
 
 @dataclass(frozen=True)
@@ -151,12 +153,16 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
     as_of = config.as_of
     through: int | None = None
     try:
-        new = update_extract(lake, RETRY_RECORDS, APP_ID, build_retry_records, lake.version(COMMITLOG), config.full)
+        new = update_extract(
+            lake, RETRY_RECORDS, APP_ID, build_retry_records, lake.version(COMMITLOG), config.full, DRIVER_DECODE
+        )
         routed = 0
         if config.execute:
             routed = route_exhausted(lake, _candidates(lake, as_of, table_versions(lake, _INPUTS)))
             as_of = max(as_of, time.time_ns() // 1_000_000)
-            new += update_extract(lake, RETRY_RECORDS, APP_ID, build_retry_records, lake.version(COMMITLOG))
+            new += update_extract(
+                lake, RETRY_RECORDS, APP_ID, build_retry_records, lake.version(COMMITLOG), driver=DRIVER_DECODE
+            )
         job_run.input_versions = table_versions(lake, _INPUTS)
         parameters = f"as_of={as_of}"
         outputs = table_versions(lake, [RETRY_CHAINS.name, DLQ.name])
