@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+import pyarrow as pa
+from pyspark.sql import SparkSession
 
 from jobs.cli import add_as_of, as_of_of, iso_utc, job_parser, run_spark_job, text_table
-from jobs.lake import Lake
+from jobs.lake import Lake, open_table
 from jobs.runs import JobRun, record_run, table_versions
 from schemas.catalog import (
     COMMITLOG,
     CONSUMER_OFFSET_COMMITS,
     DLQ_REDRIVES,
+    QUEUE_HOURS,
     SUBSCRIPTION_GROUP,
     TABLES,
     TableSpec,
@@ -78,36 +80,46 @@ class NightlyConfig:
                 raise ValidationError(name, value, f"is below {minimum}", f"pass a value >= {minimum}")
 
 
-def build_broker_summary(commitlog_df: DataFrame) -> DataFrame:
-    """Per broker: messages, bytes, segments, topics, and the first and last store times (ms)."""
-    return (
-        commitlog_df.groupBy("broker_name")
-        .agg(
-            F.count(F.lit(1)).alias("messages"),
-            F.sum(F.col("store_size").cast("long")).alias("bytes"),
-            F.countDistinct("segment").alias("segments"),
-            F.countDistinct("topic").alias("topics"),
-            F.min("store_timestamp").alias("first_store_timestamp"),
-            F.max("store_timestamp").alias("last_store_timestamp"),
-        )
-        .select(
-            "broker_name", "messages", "bytes", "segments", "topics", "first_store_timestamp", "last_store_timestamp"
-        )
-    )
+def broker_summary(queue_hours: Iterable[Mapping[str, Any]], segments: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Per broker, from ``queue_hours`` rows and the number of commit log segments per broker:
+    messages, bytes, segments, topics, and the first and last store times (ms)."""
+    brokers: dict[str, dict[str, Any]] = {}
+    topics: dict[str, set[str]] = {}
+    for row in queue_hours:
+        name = row["broker_name"]
+        topics.setdefault(name, set()).add(row["topic"])
+        seen = brokers.get(name)
+        if seen is None:
+            brokers[name] = {
+                "broker_name": name,
+                "messages": row["messages"],
+                "bytes": row["bytes"],
+                "segments": segments.get(name, 0),
+                "topics": 0,
+                "first_store_timestamp": row["first_store_timestamp"],
+                "last_store_timestamp": row["last_store_timestamp"],
+            }
+            continue
+        seen["messages"] += row["messages"]
+        seen["bytes"] += row["bytes"]
+        seen["first_store_timestamp"] = min(seen["first_store_timestamp"], row["first_store_timestamp"])
+        seen["last_store_timestamp"] = max(seen["last_store_timestamp"], row["last_store_timestamp"])
+    for name, row in brokers.items():
+        row["topics"] = len(topics[name])
+    return [brokers[name] for name in sorted(brokers)]
 
 
-def build_topic_summary(commitlog_df: DataFrame) -> DataFrame:
-    """Per topic over all brokers: messages, bytes, queues ((broker, queue) pairs), brokers."""
-    return (
-        commitlog_df.groupBy("topic")
-        .agg(
-            F.count(F.lit(1)).alias("messages"),
-            F.sum(F.col("store_size").cast("long")).alias("bytes"),
-            F.countDistinct("broker_name", "queue_id").alias("queues"),
-            F.countDistinct("broker_name").alias("brokers"),
-        )
-        .select("topic", "messages", "bytes", "queues", "brokers")
-    )
+def segments_per_broker(lake: Lake) -> dict[str, int]:
+    """The number of commit log segments holding data, per broker, from the Delta log's partition
+    values (no data file is read)."""
+    if not lake.exists(COMMITLOG):
+        return {}
+    actions = pa.table(open_table(str(lake.location(COMMITLOG)), None).get_add_actions(flatten=True))
+    pairs = zip(actions["partition.broker_name"].to_pylist(), actions["partition.segment"].to_pylist(), strict=True)
+    counted: dict[str, int] = {}
+    for broker, _ in set(pairs):
+        counted[broker] = counted.get(broker, 0) + 1
+    return counted
 
 
 def data_time(lake: Lake) -> int | None:
@@ -154,7 +166,15 @@ def run(spark: SparkSession, config: NightlyConfig) -> JobRun:
 
     report_path = page_of(done[-1][1].message)
     _print_steps(done)
-    _print_frame("commit log per broker", build_broker_summary(lake.read(COMMITLOG)).orderBy("broker_name"))
+    from jobs import hours
+
+    summary_versions = hours.update(lake)
+    queue_hours = (
+        lake.read_rows(QUEUE_HOURS, version=summary_versions[QUEUE_HOURS.name]).to_pylist()
+        if QUEUE_HOURS.name in summary_versions
+        else []
+    )
+    _print_rows("commit log per broker", BROKER_COLUMNS, broker_summary(queue_hours, segments_per_broker(lake)))
     print(f"report: {report_path}")
     job_run.output_versions = table_versions(lake, list(TABLES))
     job_run.row_counts = {step: sum(run.row_counts.values()) for step, run in done}
@@ -229,9 +249,18 @@ def _figures(row_counts: dict[str, int], shown: int = 4) -> str:
     return ", ".join(items) + (", ..." if len(row_counts) > shown else "")
 
 
-def _print_frame(title: str, df: DataFrame) -> None:
-    rows = df.collect()
-    names = df.columns
+BROKER_COLUMNS = (
+    "broker_name",
+    "messages",
+    "bytes",
+    "segments",
+    "topics",
+    "first_store_timestamp",
+    "last_store_timestamp",
+)
+
+
+def _print_rows(title: str, names: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
     widths = [max(len(n), *(len(str(r[n])) for r in rows)) if rows else len(n) for n in names]
     print(title)
     print("  " + "  ".join(n.rjust(w) for n, w in zip(names, widths, strict=True)))

@@ -1,6 +1,7 @@
 """The ``report`` job: one self-contained HTML page with PNG plots about the lake (lag, dead letters,
-transactions, traffic, integrity, runs), each section from the latest version of its tables; a table
-not there yet gives a "no data yet" section. See docs/jobs.md (report).
+transactions, traffic, integrity, runs), each section from the latest version of its tables, the log
+and the offset commits through their hourly summaries (:mod:`jobs.hours`); a table not there yet
+gives a "no data yet" section. See docs/jobs.md (report).
 """
 
 from __future__ import annotations
@@ -15,21 +16,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from broker_model.common import QUEUE_KEY
+from jobs import hours
 from jobs.cli import add_as_of, as_of_of, job_parser, run_spark_job
 from jobs.lake import IncrementalReadError, Lake
-from jobs.rules import is_dispatched
 from jobs.runs import JobRun, latest_reusable_run, record_run, same_inputs, table_versions
 from schemas.catalog import (
+    COMMIT_HOURS,
     COMMITLOG,
     CONSUME_QUEUE_INTEGRITY,
     CONSUMER_OFFSET_COMMITS,
     CONSUMER_OFFSETS,
     DLQ,
     JOB_RUNS,
+    QUEUE_HOURS,
     TRANSACTION_STATE,
     TableSpec,
 )
@@ -66,7 +69,7 @@ class ReportConfig:
         lake: the lake root.
         as_of: the report's time, epoch ms: its title and its default directory's date.
         out: the output directory; None for ``<lake>/../reports/<UTC date of as_of>``.
-        samples: points of the lag-over-time series, >= 2.
+        samples: most hourly points of the lag-over-time series, >= 2.
         engine: lake engine, ``auto``, ``bridge`` or ``delta-spark``.
 
     Raises:
@@ -119,75 +122,6 @@ def build_lag_per_group(offsets_df: DataFrame) -> DataFrame:
     )
 
 
-def sample_index(timestamp: Column, start: int, step: int) -> Column:
-    """The first sample ``i`` with ``start + i * step >= timestamp`` (0 for earlier times)."""
-    return F.greatest(F.lit(0).cast("long"), F.ceil((timestamp - F.lit(start)) / F.lit(step)).cast("long"))
-
-
-def build_lag_over_time(
-    commits_df: DataFrame, commitlog_df: DataFrame, start: int, step: int, samples: int
-) -> DataFrame:
-    """Each group's total lag at the times ``start + i * step``, ``i`` in ``0 .. samples - 1``.
-
-    At a time T, for every queue a group has committed on at or before T: the queue's broker
-    offset at T (the greatest queue offset of the dispatched records stored at or before T, plus
-    one; 0 before the first) minus the group's latest committed offset at T (the latest commit by
-    ``commit_timestamp``, a reset winning a tie, then the larger offset); the lag is the sum over
-    those queues. Queues a group never committed on are not counted (``consumer_offsets`` lists
-    them; their history has no offset to start from).
-
-    One pass over each input: records and commits are assigned to the first sample at or after
-    their time and aggregated per (queue, sample); the series are completed over the samples with
-    running windows (a total order: one row per key and sample).
-
-    Returns:
-        ``group``, ``sample`` (int), ``as_of`` (epoch ms), ``lag`` (long); a row per group and
-        sample from its first commit on.
-    """
-    last = start + (samples - 1) * step
-    cq_rows_df = commitlog_df.where(is_dispatched(F.col("sys_flag")) & (F.col("store_timestamp") <= F.lit(last)))
-    broker_df = cq_rows_df.groupBy(*QUEUE_KEY, sample_index(F.col("store_timestamp"), start, step).alias("sample")).agg(
-        (F.max("queue_offset") + F.lit(1)).alias("broker_offset")
-    )
-    latest = F.max(F.struct("commit_timestamp", (F.col("source") == F.lit("reset")).alias("is_reset"), "offset"))
-    committed_df = (
-        commits_df.where(F.col("commit_timestamp") <= F.lit(last))
-        .groupBy("group", *QUEUE_KEY, sample_index(F.col("commit_timestamp"), start, step).alias("sample"))
-        .agg(latest.getField("offset").alias("offset"))
-    )
-    every_sample = F.explode(F.sequence(F.lit(0).cast("long"), F.lit(samples - 1).cast("long"))).alias("sample")
-    upto = Window.orderBy("sample").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    broker_at_df = (
-        broker_df.select(*QUEUE_KEY)
-        .distinct()
-        .select(*QUEUE_KEY, every_sample)
-        .join(broker_df, on=[*QUEUE_KEY, "sample"], how="left")
-        .select(*QUEUE_KEY, "sample", F.max("broker_offset").over(upto.partitionBy(*QUEUE_KEY)).alias("broker_offset"))
-    )
-    group_key = ["group", *QUEUE_KEY]
-    consumer_at = F.last("offset", ignorenulls=True).over(upto.partitionBy(*group_key))
-    consumer_at_df = (
-        committed_df.select(*group_key)
-        .distinct()
-        .select(*group_key, every_sample)
-        .join(committed_df, on=[*group_key, "sample"], how="left")
-        .select(*group_key, "sample", consumer_at.alias("consumer_offset"))
-        .where(F.col("consumer_offset").isNotNull())
-    )
-    diff = F.coalesce(F.col("broker_offset"), F.lit(0).cast("long")) - F.col("consumer_offset")
-    return (
-        consumer_at_df.join(broker_at_df, on=[*QUEUE_KEY, "sample"], how="left")
-        .groupBy("group", "sample")
-        .agg(F.sum(diff).alias("lag"))
-        .select(
-            "group",
-            F.col("sample").cast("int").alias("sample"),
-            (F.lit(start) + F.col("sample") * F.lit(step)).alias("as_of"),
-            "lag",
-        )
-    )
-
-
 def build_dead_letters_per_day(dlq_df: DataFrame) -> DataFrame:
     """Per group and UTC day (``yyyy-MM-dd`` of ``dlq_timestamp``): ``dead_letters``."""
     day = F.date_format(F.timestamp_millis(F.col("dlq_timestamp")), "yyyy-MM-dd")
@@ -204,17 +138,6 @@ def build_transaction_outcomes(state_df: DataFrame) -> DataFrame:
         state_df.groupBy("state")
         .agg(F.count(F.lit(1)).alias("transactions"), F.count("anomaly").alias("anomalies"))
         .select("state", "transactions", "anomalies")
-    )
-
-
-def build_topic_traffic(commitlog_df: DataFrame) -> DataFrame:
-    """Per topic and hour (``hour``: epoch ms of the hour's start, by ``store_timestamp``):
-    ``messages`` and ``bytes`` (sum of ``store_size``)."""
-    hour = F.floor(F.col("store_timestamp") / F.lit(HOUR_MS)).cast("long") * F.lit(HOUR_MS)
-    return (
-        commitlog_df.groupBy("topic", hour.alias("hour"))
-        .agg(F.count(F.lit(1)).alias("messages"), F.sum(F.col("store_size").cast("long")).alias("bytes"))
-        .select("topic", "hour", "messages", "bytes")
     )
 
 
@@ -448,22 +371,20 @@ def _lag_section(lake: Lake, versions: Mapping[str, int]) -> Section:
 
 def _lag_history_section(lake: Lake, versions: Mapping[str, int], samples: int) -> Section:
     title = "Lag over time"
-    missing = [s for s in (CONSUMER_OFFSET_COMMITS, COMMITLOG) if s.name not in versions]
+    missing = [s for s in (QUEUE_HOURS, COMMIT_HOURS) if s.name not in versions]
     if missing:
         return _missing(title, *missing)
-    commits_df = lake.read(CONSUMER_OFFSET_COMMITS, version=versions[CONSUMER_OFFSET_COMMITS.name])
-    log_df = lake.read(COMMITLOG, version=versions[COMMITLOG.name]).select(
-        *QUEUE_KEY, "queue_offset", "sys_flag", "store_timestamp"
-    )
-    span = log_df.agg(F.min("store_timestamp"), F.max("store_timestamp")).first()
-    if span is None or span[0] is None:
+    queue_hours = lake.read_rows(QUEUE_HOURS, version=versions[QUEUE_HOURS.name]).to_pylist()
+    if not queue_hours:
         return Section(title, "no data yet: the commit log is empty")
-    start, end = int(span[0]), int(span[1])
-    step = max(1, -(-(end - start) // (samples - 1)))
-    rows = _collect(build_lag_over_time(commits_df, log_df, start, step, samples), ["group", "sample"])
+    rows = hours.lag_over_time(
+        queue_hours, lake.read_rows(COMMIT_HOURS, version=versions[COMMIT_HOURS.name]).to_pylist(), samples
+    )
+    first = min(r["hour"] for r in queue_hours)
+    last = max(r["hour"] for r in queue_hours)
     note = (
-        f"{samples} samples every {step} ms from {_iso(start)}; a group's lag sums the queues it had "
-        "committed on by then"
+        f"at the end of the hours from {_iso(first)} to {_iso(last)}, at most {samples} of them; a group's lag "
+        "sums the queues it had committed on by then"
     )
     if not rows:
         return Section(title, note + ": no offset commits in that span")
@@ -472,6 +393,22 @@ def _lag_history_section(lake: Lake, versions: Mapping[str, int], samples: int) 
         note,
         [("lag_over_time.png", plot_lag_over_time(rows))],
         [_table(rows, ["group", "sample", "as_of", "lag"])],
+    )
+
+
+def _traffic_section(lake: Lake, versions: Mapping[str, int]) -> Section:
+    title = "Messages and bytes per topic per hour"
+    if QUEUE_HOURS.name not in versions:
+        return _missing(title, QUEUE_HOURS)
+    rows = hours.topic_traffic(lake.read_rows(QUEUE_HOURS, version=versions[QUEUE_HOURS.name]).to_pylist())
+    note = f"queue_hours version {versions[QUEUE_HOURS.name]}"
+    if not rows:
+        return Section(title, note + ": no rows")
+    return Section(
+        title,
+        note,
+        [("topic_traffic.png", plot_topic_traffic(rows))],
+        [_table(rows, ["topic", "hour", "messages", "bytes"])],
     )
 
 
@@ -556,15 +493,7 @@ def build_sections(lake: Lake, versions: Mapping[str, int], samples: int) -> lis
             [F.desc("transactions"), "state"],
             ("transaction_outcomes.png", plot_transaction_outcomes),
         ),
-        _simple_section(
-            lake,
-            versions,
-            "Messages and bytes per topic per hour",
-            COMMITLOG,
-            build_topic_traffic,
-            ["hour", "topic"],
-            ("topic_traffic.png", plot_topic_traffic),
-        ),
+        _traffic_section(lake, versions),
         _integrity_section(lake, versions),
         _runs_section(lake, versions),
     ]
@@ -604,7 +533,8 @@ def run(spark: SparkSession, config: ReportConfig) -> JobRun:
             print(f"{JOB}: {path} shows these inputs already, nothing drawn")
             record_run(lake, job_run.finish("NOOP", f"{settings}; {path}"))
             return job_run
-        sections = build_sections(lake, job_run.input_versions, config.samples)
+        job_run.output_versions = hours.update(lake)
+        sections = build_sections(lake, {**job_run.input_versions, **job_run.output_versions}, config.samples)
         subtitle = f"lake {config.lake} (engine {lake.engine}), as of {_iso(config.as_of)}"
         page = render_html("rmq-lake report", subtitle, sections)
         path = write_report(config.out_dir, page, sections)
@@ -655,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--samples",
         type=int,
         default=DEFAULT_SAMPLES,
-        help=f"points of the lag-over-time series (default {DEFAULT_SAMPLES})",
+        help=f"most hourly points of the lag-over-time series (default {DEFAULT_SAMPLES})",
     )
     return parser
 

@@ -478,6 +478,43 @@ REPLAY_REPORT = TableSpec(
     ),
 )
 
+QUEUE_HOURS = TableSpec(
+    name="queue_hours",
+    path="queue_hours",
+    partition_by=(),
+    meaning="records, bytes and the dispatched end offset of every queue per hour of store time, "
+    "kept up to date from the commit log's new rows by the report",
+    columns=_cols(
+        ("broker_name", pa.string(), "broker holding the queue", False),
+        ("topic", pa.string(), "topic of the queue", False),
+        ("queue_id", pa.int32(), "queue id", False),
+        ("hour", pa.int64(), "start of the UTC hour of store time, epoch milliseconds", False),
+        ("messages", pa.int64(), "commit log records stored in the hour", False),
+        ("bytes", pa.int64(), "sum of their store_size", False),
+        ("end_offset", pa.int64(), "greatest queue offset dispatched in the hour plus one; null when none"),
+        ("first_store_timestamp", pa.int64(), "earliest store time in the hour, epoch milliseconds", False),
+        ("last_store_timestamp", pa.int64(), "latest store time in the hour, epoch milliseconds", False),
+    ),
+)
+
+COMMIT_HOURS = TableSpec(
+    name="commit_hours",
+    path="commit_hours",
+    partition_by=(),
+    meaning="each group's latest offset commit of every queue per hour of commit time, kept up to date "
+    "from consumer_offset_commits' new rows by the report",
+    columns=_cols(
+        ("group", pa.string(), "consumer group", False),
+        ("broker_name", pa.string(), "broker holding the queue", False),
+        ("topic", pa.string(), "topic of the queue", False),
+        ("queue_id", pa.int32(), "queue id", False),
+        ("hour", pa.int64(), "start of the UTC hour of commit time, epoch milliseconds", False),
+        ("commit_timestamp", pa.int64(), "time of the hour's latest commit, epoch milliseconds", False),
+        ("is_reset", pa.bool_(), "that commit is a reset (a reset wins a tie of commit times)", False),
+        ("offset", pa.int64(), "its committed offset (the larger one wins a remaining tie)", False),
+    ),
+)
+
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
     for spec in (
@@ -499,6 +536,8 @@ TABLES: dict[str, TableSpec] = {
         SUBSCRIPTION_GROUP,
         BROKERS,
         REPLAY_REPORT,
+        QUEUE_HOURS,
+        COMMIT_HOURS,
     )
 }
 

@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("broker_model.tools",),
     ("broker_model",),
     ("jobs.lake",),
-    ("jobs.rules", "jobs.runs", "jobs.cli", "jobs.extract", "jobs.log_chains"),
+    ("jobs.rules", "jobs.runs", "jobs.cli", "jobs.extract", "jobs.log_chains", "jobs.hours"),
     (
         "jobs.rebuild_consume_queue",
         "jobs.consumer_offsets",

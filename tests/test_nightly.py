@@ -9,46 +9,10 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from jobs.lake import Lake
-from jobs.nightly import STEPS, NightlyConfig, build_broker_summary, build_topic_summary, data_time, run
+from jobs.nightly import STEPS, NightlyConfig, data_time, run
 from schemas.catalog import CONSUMER_OFFSET_COMMITS, TABLES, spark_schema
-from tests.helpers import assert_frames_equal
 
 pytestmark = pytest.mark.spark
-
-_LOG_COLUMNS = "broker_name string, segment long, topic string, queue_id int, store_size int, store_timestamp long"
-
-
-def test_broker_summary_counts_messages_bytes_segments_and_topics(spark: SparkSession) -> None:
-    log_df = spark.createDataFrame(
-        [
-            ("broker-a", 0, "Orders", 0, 100, 10),
-            ("broker-a", 4096, "Orders", 1, 200, 30),
-            ("broker-a", 4096, "Audit", 0, 50, 20),
-            ("broker-b", 0, "Orders", 0, 70, 5),
-        ],
-        _LOG_COLUMNS,
-    )
-    expected_df = spark.createDataFrame(
-        [("broker-a", 3, 350, 2, 2, 10, 30), ("broker-b", 1, 70, 1, 1, 5, 5)],
-        "broker_name string, messages long, bytes long, segments long, topics long, "
-        "first_store_timestamp long, last_store_timestamp long",
-    )
-    assert_frames_equal(build_broker_summary(log_df), expected_df)
-
-
-def test_topic_summary_counts_queues_per_broker_not_per_queue_id(spark: SparkSession) -> None:
-    log_df = spark.createDataFrame(
-        [
-            ("broker-a", 0, "Orders", 0, 100, 1),
-            ("broker-b", 0, "Orders", 0, 100, 2),  # queue 0 on another broker is another queue
-            ("broker-b", 0, "Orders", 0, 100, 3),
-        ],
-        _LOG_COLUMNS,
-    )
-    expected_df = spark.createDataFrame(
-        [("Orders", 3, 300, 2, 2)], "topic string, messages long, bytes long, queues long, brokers long"
-    )
-    assert_frames_equal(build_topic_summary(log_df), expected_df)
 
 
 def _data_versions(lake: Lake) -> dict[str, int | None]:

@@ -19,8 +19,6 @@ from pyspark.sql import SparkSession
 from jobs.report import (
     ReportConfig,
     build_dead_letters_per_day,
-    build_lag_over_time,
-    build_topic_traffic,
     build_transaction_outcomes,
     run,
 )
@@ -28,41 +26,10 @@ from tests.helpers import assert_frames_equal
 
 pytestmark = pytest.mark.spark
 
-_LOG = "broker_name string, topic string, queue_id int, queue_offset long, sys_flag int, store_timestamp long"
-_COMMITS = (
-    "group string, broker_name string, topic string, queue_id int, offset long, commit_timestamp long, source string"
-)
 CHROMIUM = "/usr/bin/chromium"
 INSTALL_HINT = (
     "install it with: sudo apt-get update && sudo apt-get install -y chromium (tests/run.sh does so when it is missing)"
 )
-
-
-def test_lag_over_time_takes_the_offsets_known_at_each_sample(spark: SparkSession) -> None:
-    log_df = spark.createDataFrame(
-        [
-            ("broker-a", "Orders", 0, 0, 0, 1000),
-            ("broker-a", "Orders", 0, 1, 0, 1500),
-            ("broker-a", "Orders", 0, 2, 4, 1600),  # a prepared record: no consume queue unit, not counted
-            ("broker-a", "Orders", 0, 2, 0, 2000),
-            ("broker-a", "Orders", 1, 0, 0, 2000),  # a queue cg-a never committed on: not counted
-        ],
-        _LOG,
-    )
-    commits_df = spark.createDataFrame(
-        [
-            ("cg-a", "broker-a", "Orders", 0, 1, 1200, "consumer"),
-            ("cg-a", "broker-a", "Orders", 0, 3, 1800, "consumer"),
-            ("cg-a", "broker-a", "Orders", 0, 0, 1800, "reset"),  # a reset wins the tie
-            ("cg-a", "broker-a", "Orders", 0, 3, 9000, "consumer"),  # after the last sample
-        ],
-        _COMMITS,
-    )
-    # samples at 1000, 1500, 2000: the commit of 1200 counts from 1500 on, those of 1800 from 2000 on
-    expected_df = spark.createDataFrame(
-        [("cg-a", 1, 1500, 1), ("cg-a", 2, 2000, 3)], "group string, sample int, as_of long, lag long"
-    )
-    assert_frames_equal(build_lag_over_time(commits_df, log_df, 1000, 500, 3), expected_df)
 
 
 def test_dead_letters_are_counted_per_group_and_utc_day(spark: SparkSession) -> None:
@@ -76,18 +43,6 @@ def test_dead_letters_are_counted_per_group_and_utc_day(spark: SparkSession) -> 
         "group string, day string, dead_letters long",
     )
     assert_frames_equal(build_dead_letters_per_day(dlq_df), expected_df)
-
-
-def test_traffic_is_counted_per_topic_and_hour_start(spark: SparkSession) -> None:
-    log_df = spark.createDataFrame(
-        [("Orders", 3_599_999, 100), ("Orders", 0, 50), ("Orders", 3_600_000, 10), ("Audit", 1, 7)],
-        "topic string, store_timestamp long, store_size int",
-    )
-    expected_df = spark.createDataFrame(
-        [("Orders", 0, 2, 150), ("Orders", 3_600_000, 1, 10), ("Audit", 0, 1, 7)],
-        "topic string, hour long, messages long, bytes long",
-    )
-    assert_frames_equal(build_topic_traffic(log_df), expected_df)
 
 
 def test_transaction_outcomes_count_states_and_anomalies(spark: SparkSession) -> None:

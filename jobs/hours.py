@@ -1,0 +1,239 @@
+"""The hourly summaries of the lake that the report and the nightly draw from instead of scanning the
+log: ``queue_hours`` (records, bytes and the dispatched end offset of every queue per hour of store
+time) and ``commit_hours`` (each group's latest offset commit of every queue per hour of commit
+time). Each run folds in only the rows its source gained since the version recorded as the
+table's application transaction. See docs/jobs.md (report) and docs/tables.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from broker_model.common import DISPATCHED_TRANSACTION_TYPES
+from broker_model.common import constants as c
+from jobs.extract import DRIVER_INCREMENT_BYTES
+from jobs.lake import IncrementalReadError, Lake
+from jobs.rules import is_dispatched
+from schemas.catalog import COMMIT_HOURS, COMMITLOG, CONSUMER_OFFSET_COMMITS, QUEUE_HOURS, TableSpec
+from schemas.errors import LakeError
+
+APP_ID = "report"  # application transaction of both tables: the version of their source folded in
+HOUR_MS = 3_600_000
+QUEUE = ("broker_name", "topic", "queue_id")
+_LOG_COLUMNS = [*QUEUE, "queue_offset", "sys_flag", "store_timestamp", "store_size"]
+_COMMIT_COLUMNS = ["group", *QUEUE, "offset", "commit_timestamp", "source"]
+
+Row = dict[str, Any]
+
+
+def hour_of(epoch_ms: int) -> int:
+    """The start (epoch ms) of the UTC hour holding ``epoch_ms``."""
+    return epoch_ms - epoch_ms % HOUR_MS
+
+
+def update(lake: Lake) -> dict[str, int]:
+    """Bring ``queue_hours`` and ``commit_hours`` up to the latest versions of ``commitlog`` and
+    ``consumer_offset_commits``; the versions of the summaries (a summary of an absent source is
+    left absent).
+
+    Raises:
+        LakeError: a summary was built from a later version of its source than the latest one
+            (the source was replaced; delete the summary).
+    """
+    versions = {}
+    for target, source, fold in (
+        (QUEUE_HOURS, COMMITLOG, _fold_log),
+        (COMMIT_HOURS, CONSUMER_OFFSET_COMMITS, _fold_commits),
+    ):
+        version = _update(lake, target, source, fold)
+        if version is not None:
+            versions[target.name] = version
+    return versions
+
+
+def _update(
+    lake: Lake, target: TableSpec, source: TableSpec, fold: Callable[[dict[tuple[Any, ...], Row], Iterable[Row]], None]
+) -> int | None:
+    latest = lake.version(source)
+    if latest is None:
+        return lake.version(target)
+    done = lake.transaction_version(target, APP_ID) if lake.exists(target) else None
+    if done == latest:
+        return lake.version(target)
+    if done is not None and done > latest:
+        raise LakeError(
+            f"{target.name} was built from {source.name} version {done}, after its latest version {latest}: "
+            f"{source.name} was replaced; delete {lake.location(target)}"
+        )
+    columns = _LOG_COLUMNS if source is COMMITLOG else _COMMIT_COLUMNS
+    summary: dict[tuple[Any, ...], Row] | None = None
+    if done is not None:
+        try:
+            if lake.appended_size(source, done, latest) <= DRIVER_INCREMENT_BYTES:
+                summary = _keyed(target, lake.read_rows(target).to_pylist())
+                fold(summary, lake.read_appended_rows(source, columns, done, latest).to_pylist())
+        except IncrementalReadError:
+            summary = None
+    if summary is None:
+        summary = _keyed(target, _whole(lake, source, latest))
+    rows = pa.Table.from_pylist(list(summary.values()), schema=target.arrow_schema)
+    version = lake.overwrite_rows(target, rows, app_id=APP_ID, app_version=latest)
+    return version if version is not None else lake.version(target)
+
+
+def _keyed(spec: TableSpec, rows: Iterable[Row]) -> dict[tuple[Any, ...], Row]:
+    key = spec.column_names[: 5 if spec is COMMIT_HOURS else 4]
+    return {tuple(row[k] for k in key): row for row in rows}
+
+
+def _whole(lake: Lake, source: TableSpec, version: int) -> list[Row]:
+    """The summary rows of a whole source version, aggregated with Spark."""
+    df = lake.read(source, version=version)
+    built = build_queue_hours(df) if source is COMMITLOG else build_commit_hours(df)
+    return [row.asDict() for row in built.collect()]
+
+
+def build_queue_hours(commitlog_df: DataFrame) -> DataFrame:
+    """The ``queue_hours`` rows of commit log rows."""
+    hour = (F.col("store_timestamp") - F.pmod(F.col("store_timestamp"), F.lit(HOUR_MS))).alias("hour")
+    dispatched_end = F.max(F.when(is_dispatched(F.col("sys_flag")), F.col("queue_offset") + 1))
+    return (
+        commitlog_df.groupBy(*QUEUE, hour)
+        .agg(
+            F.count(F.lit(1)).alias("messages"),
+            F.sum(F.col("store_size").cast("long")).alias("bytes"),
+            dispatched_end.alias("end_offset"),
+            F.min("store_timestamp").alias("first_store_timestamp"),
+            F.max("store_timestamp").alias("last_store_timestamp"),
+        )
+        .select(*QUEUE_HOURS.column_names)
+    )
+
+
+def build_commit_hours(commits_df: DataFrame) -> DataFrame:
+    """The ``commit_hours`` rows of offset commits: the latest per group, queue and hour by
+    (commit time, a reset first, the larger offset)."""
+    hour = (F.col("commit_timestamp") - F.pmod(F.col("commit_timestamp"), F.lit(HOUR_MS))).alias("hour")
+    latest = F.max(F.struct("commit_timestamp", (F.col("source") == F.lit("reset")).alias("is_reset"), "offset"))
+    return (
+        commits_df.groupBy("group", *QUEUE, hour)
+        .agg(latest.alias("latest"))
+        .select("group", *QUEUE, "hour", "latest.commit_timestamp", "latest.is_reset", "latest.offset")
+        .select(*COMMIT_HOURS.column_names)
+    )
+
+
+def _fold_log(summary: dict[tuple[Any, ...], Row], records: Iterable[Row]) -> None:
+    """Add commit log rows to ``queue_hours`` rows keyed by (broker, topic, queue, hour)."""
+    for record in records:
+        at = record["store_timestamp"]
+        key = (record["broker_name"], record["topic"], record["queue_id"], hour_of(at))
+        end = record["queue_offset"] + 1 if _dispatched(record["sys_flag"]) else None
+        row = summary.get(key)
+        if row is None:
+            summary[key] = {
+                **dict(zip(QUEUE_HOURS.column_names[:4], key, strict=True)),
+                "messages": 1,
+                "bytes": record["store_size"],
+                "end_offset": end,
+                "first_store_timestamp": at,
+                "last_store_timestamp": at,
+            }
+            continue
+        row["messages"] += 1
+        row["bytes"] += record["store_size"]
+        if end is not None and (row["end_offset"] is None or end > row["end_offset"]):
+            row["end_offset"] = end
+        row["first_store_timestamp"] = min(row["first_store_timestamp"], at)
+        row["last_store_timestamp"] = max(row["last_store_timestamp"], at)
+
+
+def _dispatched(sys_flag: int) -> bool:
+    return sys_flag & c.TRANSACTION_ROLLBACK_TYPE in DISPATCHED_TRANSACTION_TYPES
+
+
+def _fold_commits(summary: dict[tuple[Any, ...], Row], commits: Iterable[Row]) -> None:
+    """Add offset commits to ``commit_hours`` rows keyed by (group, broker, topic, queue, hour)."""
+    for commit in commits:
+        at = commit["commit_timestamp"]
+        key = (commit["group"], commit["broker_name"], commit["topic"], commit["queue_id"], hour_of(at))
+        latest = (at, commit["source"] == "reset", commit["offset"])
+        row = summary.get(key)
+        if row is None or latest > (row["commit_timestamp"], row["is_reset"], row["offset"]):
+            summary[key] = {
+                **dict(zip(COMMIT_HOURS.column_names[:5], key, strict=True)),
+                "commit_timestamp": latest[0],
+                "is_reset": latest[1],
+                "offset": latest[2],
+            }
+
+
+# ---------------------------------------------------------------------------------------------
+# What the report and the nightly draw
+# ---------------------------------------------------------------------------------------------
+
+
+def lag_over_time(
+    queue_hours: Sequence[Mapping[str, Any]], commit_hours: Sequence[Mapping[str, Any]], samples: int
+) -> list[Row]:
+    """Each group's total lag at the end of the hours from the log's first to its last, at most
+    ``samples`` of them (every k-th hour, the last one always).
+
+    At the end T of an hour, for every queue a group has committed on by T: the queue's end offset
+    by T (the greatest dispatched queue offset stored by T, plus one; 0 before the first) minus the
+    group's latest committed offset by T (by commit time, a reset winning a tie, then the larger
+    offset); the lag sums those queues.
+
+    Returns:
+        ``group``, ``sample`` (index), ``as_of`` (the hour's last millisecond), ``lag``; from the
+        group's first commit on.
+    """
+    if not queue_hours:
+        return []
+    first = min(r["hour"] for r in queue_hours)
+    last = max(r["hour"] for r in queue_hours)
+    count = (last - first) // HOUR_MS + 1
+    stride = -(-count // samples)
+    points = sorted({first + HOUR_MS * i for i in range(count - 1, -1, -stride)})
+    ends: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
+    for row in queue_hours:
+        if row["end_offset"] is not None:
+            ends.setdefault(tuple(row[k] for k in QUEUE), []).append((row["hour"], row["end_offset"]))
+    commits: dict[tuple[Any, ...], list[tuple[int, tuple[int, bool, int]]]] = {}
+    for row in commit_hours:
+        order = (row["commit_timestamp"], row["is_reset"], row["offset"])
+        commits.setdefault((row["group"], *(row[k] for k in QUEUE)), []).append((row["hour"], order))
+    lags: dict[tuple[str, int], int] = {}
+    for (group, *queue), history in commits.items():
+        history.sort()
+        end_history = sorted(ends.get(tuple(queue), []))
+        latest: tuple[int, bool, int] | None = None
+        end, at_commit, at_end = 0, 0, 0
+        for index, point in enumerate(points):
+            while at_commit < len(history) and history[at_commit][0] <= point:
+                latest = max(latest, history[at_commit][1]) if latest is not None else history[at_commit][1]
+                at_commit += 1
+            while at_end < len(end_history) and end_history[at_end][0] <= point:
+                end = max(end, end_history[at_end][1])
+                at_end += 1
+            if latest is not None:
+                lags[(group, index)] = lags.get((group, index), 0) + end - latest[2]
+    return [
+        {"group": group, "sample": index, "as_of": points[index] + HOUR_MS - 1, "lag": lag}
+        for (group, index), lag in sorted(lags.items())
+    ]
+
+
+def topic_traffic(queue_hours: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Per topic and hour: ``messages`` and ``bytes``."""
+    totals: dict[tuple[str, int], list[int]] = {}
+    for row in queue_hours:
+        total = totals.setdefault((row["topic"], row["hour"]), [0, 0])
+        total[0] += row["messages"]
+        total[1] += row["bytes"]
+    return [{"topic": t, "hour": h, "messages": m, "bytes": b} for (t, h), (m, b) in sorted(totals.items())]

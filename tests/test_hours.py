@@ -1,0 +1,198 @@
+"""The hourly summaries (``jobs.hours``): ``queue_hours`` and ``commit_hours`` folded step by step from
+the rows the commit log and the offset commits gain equal the ones built from the whole tables with
+Spark; the lag history and the traffic drawn from them; the nightly's per-broker summary.
+
+Seeded random steps on real Delta tables: records of two brokers over several hours (prepared and
+rolled back records that dispatch nothing, late records into hours already summarised), offset
+commits (resets tying with consumer commits), and a commit log whose rows were removed, which makes
+the next update build from the whole table.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from broker_model.common import constants as c
+from jobs import hours
+from jobs.hours import HOUR_MS, lag_over_time, topic_traffic
+from jobs.lake import Lake
+from jobs.nightly import broker_summary, segments_per_broker
+from schemas.catalog import COMMIT_HOURS, COMMITLOG, CONSUMER_OFFSET_COMMITS, QUEUE_HOURS
+from tests.builders import commitlog_record, commitlog_table
+from tests.helpers import canonical_rows
+
+pytestmark = pytest.mark.spark
+
+SEGMENT = 1 << 20
+START = 1_790_000_000_000 - 1_790_000_000_000 % HOUR_MS
+
+
+def _queue(broker: str, topic: str, queue_id: int) -> dict[str, Any]:
+    return {"broker_name": broker, "topic": topic, "queue_id": queue_id}
+
+
+class _Story:
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+        self.offsets = {"broker-a": 0, "broker-b": 0}
+        self.ends: dict[tuple[str, str, int], int] = {}
+
+    def records(self, hour: int, count: int) -> list[dict[str, Any]]:
+        r, rows = self.random, []
+        for _ in range(count):
+            broker, topic, queue_id = r.choice(list(self.offsets)), r.choice(["Orders", "Audit"]), r.randrange(2)
+            at = START + HOUR_MS * max(0, hour - (1 if r.random() < 0.1 else 0)) + r.randrange(HOUR_MS)  # some late
+            key = (broker, topic, queue_id)
+            offset = self.offsets[broker]
+            self.offsets[broker] += 300
+            queue_offset = self.ends.get(key, 0)
+            sys_flag = r.choice([0, 0, 0, c.TRANSACTION_PREPARED_TYPE, c.TRANSACTION_ROLLBACK_TYPE])
+            if sys_flag == 0:
+                self.ends[key] = queue_offset + 1
+            rows.append(
+                commitlog_record(
+                    broker_name=broker,
+                    topic=topic,
+                    queue_id=queue_id,
+                    queue_offset=queue_offset,
+                    sys_flag=sys_flag,
+                    body=b"x" * r.randrange(1, 50),
+                    commit_log_offset=offset,
+                    segment=offset - offset % SEGMENT,
+                    store_timestamp=at,
+                )
+            )
+        return rows
+
+    def commits(self, hour: int, count: int) -> list[dict[str, Any]]:
+        r, rows = self.random, []
+        for _ in range(count):
+            broker, topic, queue_id = r.choice(list(self.offsets)), r.choice(["Orders", "Audit"]), r.randrange(2)
+            at = START + HOUR_MS * hour + r.choice([0, 5, 5, r.randrange(HOUR_MS)])  # ties now and then
+            rows.append(
+                {
+                    "group": r.choice(["cg-a", "cg-b"]),
+                    **_queue(broker, topic, queue_id),
+                    "offset": r.randrange(0, self.ends.get((broker, topic, queue_id), 0) + 1),
+                    "commit_timestamp": at,
+                    "source": r.choice(["consumer", "consumer", "reset"]),
+                }
+            )
+        return rows
+
+
+def _append(lake: Lake, records: list[dict[str, Any]], commits: list[dict[str, Any]]) -> None:
+    lake.append_rows(COMMITLOG, commitlog_table(records))
+    lake.append_rows(
+        CONSUMER_OFFSET_COMMITS, pa.Table.from_pylist(commits, schema=CONSUMER_OFFSET_COMMITS.arrow_schema)
+    )
+
+
+@pytest.mark.parametrize("seed", [4, 9])
+def test_summaries_folded_step_by_step_equal_the_ones_built_from_the_whole_tables(
+    spark: SparkSession, tmp_path: Path, seed: int
+) -> None:
+    story = _Story(seed)
+    folded = Lake(spark, tmp_path / "folded", "bridge")
+    for hour in range(5):
+        records, commits = story.records(hour, 40), story.commits(hour, 12)
+        _append(folded, records, commits)
+        versions = hours.update(folded)
+        whole = Lake(spark, tmp_path / f"whole-{hour}", "bridge")
+        whole.append_rows(COMMITLOG, folded.read_rows(COMMITLOG))
+        whole.append_rows(CONSUMER_OFFSET_COMMITS, folded.read_rows(CONSUMER_OFFSET_COMMITS))
+        hours.update(whole)  # no summary yet: built from the whole tables with Spark
+        for spec in (QUEUE_HOURS, COMMIT_HOURS):
+            assert canonical_rows(folded.read_rows(spec)) == canonical_rows(whole.read_rows(spec)), f"hour {hour}"
+        assert hours.update(folded) == versions  # nothing new: nothing written
+    assert folded.transaction_version(QUEUE_HOURS, hours.APP_ID) == folded.version(COMMITLOG)
+    rows = folded.read_rows(QUEUE_HOURS).to_pylist()
+    assert sum(r["messages"] for r in rows) == 200 and any(r["end_offset"] is None for r in rows)
+
+
+def test_a_summary_is_built_again_when_its_source_lost_rows(spark: SparkSession, tmp_path: Path) -> None:
+    story = _Story(1)
+    lake, fresh = Lake(spark, tmp_path / "lake", "bridge"), Lake(spark, tmp_path / "fresh", "bridge")
+    _append(lake, story.records(0, 30), story.commits(0, 8))
+    hours.update(lake)
+    kept = lake.read_rows(CONSUMER_OFFSET_COMMITS).slice(0, 3)
+    lake.overwrite_rows(CONSUMER_OFFSET_COMMITS, kept)  # rows removed: not an append
+    fresh.append_rows(CONSUMER_OFFSET_COMMITS, kept)
+
+    hours.update(lake)
+    hours.update(fresh)
+
+    assert canonical_rows(lake.read_rows(COMMIT_HOURS)) == canonical_rows(fresh.read_rows(COMMIT_HOURS))
+    assert lake.transaction_version(COMMIT_HOURS, hours.APP_ID) == lake.version(CONSUMER_OFFSET_COMMITS)
+
+
+def test_lag_is_taken_at_the_end_of_each_hour_from_the_latest_offsets_known_then() -> None:
+    queue = _queue("broker-a", "Orders", 0)
+    queue_hours = [
+        {**queue, "hour": START, "end_offset": 2},
+        {**queue, "hour": START + HOUR_MS, "end_offset": None},  # only prepared records: no end offset
+        {**queue, "hour": START + 2 * HOUR_MS, "end_offset": 5},
+        {**_queue("broker-a", "Orders", 1), "hour": START, "end_offset": 9},  # no group committed on it
+    ]
+    commit_hours = [
+        {"group": "cg-a", **queue, "hour": hour, "commit_timestamp": hour + late, "is_reset": reset, "offset": offset}
+        for hour, late, reset, offset in ((START + HOUR_MS, 7, False, 1), (START + 2 * HOUR_MS, 0, True, 0))
+    ]
+    end = HOUR_MS - 1
+    assert lag_over_time(queue_hours, commit_hours, 24) == [
+        {"group": "cg-a", "sample": 1, "as_of": START + HOUR_MS + end, "lag": 1},
+        {"group": "cg-a", "sample": 2, "as_of": START + 2 * HOUR_MS + end, "lag": 5},
+    ]
+    # two points at most: every second hour back from the last
+    assert [r["as_of"] for r in lag_over_time(queue_hours, commit_hours, 2)] == [START + 2 * HOUR_MS + end]
+    assert lag_over_time([], commit_hours, 24) == []
+
+
+def test_traffic_and_the_broker_summary_add_up_the_hours(spark: SparkSession, tmp_path: Path) -> None:
+    lake = Lake(spark, tmp_path / "lake", "bridge")
+    records = [
+        commitlog_record(broker_name="broker-a", topic="Orders", store_timestamp=START + 10, commit_log_offset=0),
+        commitlog_record(broker_name="broker-a", topic="Audit", store_timestamp=START + HOUR_MS, commit_log_offset=300),
+        commitlog_record(
+            broker_name="broker-a",
+            topic="Orders",
+            store_timestamp=START + 20,
+            commit_log_offset=SEGMENT,
+            segment=SEGMENT,
+        ),
+        commitlog_record(broker_name="broker-b", topic="Orders", store_timestamp=START + 5, commit_log_offset=0),
+    ]
+    lake.append_rows(COMMITLOG, commitlog_table(records))
+    versions = hours.update(lake)
+    queue_hours = lake.read_rows(QUEUE_HOURS, version=versions[QUEUE_HOURS.name]).to_pylist()
+    size = records[0]["store_size"]
+    assert topic_traffic(queue_hours) == [
+        {"topic": "Audit", "hour": START + HOUR_MS, "messages": 1, "bytes": records[1]["store_size"]},
+        {"topic": "Orders", "hour": START, "messages": 3, "bytes": 3 * size},
+    ]
+    assert broker_summary(queue_hours, segments_per_broker(lake)) == [
+        {
+            "broker_name": "broker-a",
+            "messages": 3,
+            "bytes": 2 * size + records[1]["store_size"],
+            "segments": 2,
+            "topics": 2,
+            "first_store_timestamp": START + 10,
+            "last_store_timestamp": START + HOUR_MS,
+        },
+        {
+            "broker_name": "broker-b",
+            "messages": 1,
+            "bytes": size,
+            "segments": 1,
+            "topics": 1,
+            "first_store_timestamp": START + 5,
+            "last_store_timestamp": START + 5,
+        },
+    ]
