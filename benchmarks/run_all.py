@@ -23,13 +23,17 @@ it): ``compact_commitlog``, ``rebuild_consume_queue``, ``consumer_offsets``,
   writing the job's output columns through the same :class:`jobs.lake.Lake`, with no logic
   (:func:`time_floor`); the consume queue reuses the floor of ``benchmarks/consume_queue.py``;
 - **peer**: the same computation as DuckDB SQL over the Parquet files of the inputs' active Delta
-  versions (file lists and partition values from the Delta log), for the jobs where a faithful
-  query is practical; the others say ``n/a`` and why.
+  versions (file lists and partition values from the Delta log), checked equal to the job's table
+  by a digest of every row (``benchmarks/peers.py``): the consume queue, the consumer offsets, the
+  transaction states, the retry chains and dead letters, and the report's hourly summaries. The
+  compaction has none (a Delta commit of remove/add actions is no query).
 
 **Incremental runs**: 1 % more bulk messages, :data:`NEW_TRANSACTIONS` more transactions and one
-offset commit per queue of ``cg-orders``; then every job again (the compaction only on files the
-other jobs had read, as the nightly does). No new retries: the retry groups would consume the whole
-bulk (see above).
+offset commit per queue of ``cg-orders``; then every job again at one T, in the nightly's order (the
+compaction only on files the other jobs had read, as the nightly does). No new retries: the retry
+groups would consume the whole bulk (see above). Then **reruns**: every job once more with no new
+data and the same T, as a second nightly would. The table ends with the nightly's incremental total
+against the DuckDB peers' total from scratch, and the rerun's total.
 
 **Growth** (``--sizes 500000,1000000,2000000,5000000``): the whole run once per size, each on a lake
 of its own, then per job and mode the seconds at every size and the exponent ``k`` of the
@@ -63,6 +67,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from consume_queue import SPARK_CONF, job_digest, time_floor, time_peer, units_digest, write_messages
 from deltalake import DeltaTable
+from peers import time_offsets_peer, time_report_peer, time_resolve_peer, time_route_peer
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -115,10 +120,6 @@ CONF = {**SPARK_CONF, "spark.ui.enabled": "true", "spark.ui.port": "0"}
 JOBS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq", "report")
 NO_PEER = {
     "compact_commitlog": "n/a: a Delta commit of remove/add actions (dataChange=false) is no SQL query",
-    "resolve_transactions": "n/a: half/op/final/discard linking with copies, anomalies and 6 states is no "
-    "faithful single query",
-    "route_dlq": "n/a: chains need origin ids decoded to broker hosts and offsets, and policies as of T",
-    "report": "n/a: an HTML page with matplotlib plots",
 }
 ROUTE_DLQ_LOG_COLUMNS = (
     "broker_name",
@@ -380,93 +381,6 @@ def time_compaction_floor(lake: Path, bins: Sequence[Bin], floor_dir: Path) -> f
 # ---------------------------------------------------------------------------------------------
 
 
-def active_files(table_dir: Path, partition_by: Sequence[str]) -> pa.Table:
-    """The active files of a Delta table: absolute ``location`` and its partition values (strings
-    in the log's typed form, from the Delta log, not from directory names)."""
-    actions = pa.table(DeltaTable(str(table_dir)).get_add_actions(flatten=True))
-    columns = {"location": pa.array([f"{table_dir}/{unquote(p)}" for p in actions.column("path").to_pylist()])}
-    columns |= {name: actions.column(f"partition.{name}") for name in partition_by}
-    return pa.table(columns)
-
-
-def listing(files: pa.Table) -> str:
-    """A DuckDB list literal of the files' locations."""
-    return "[" + ", ".join("'" + loc.replace("'", "''") + "'" for loc in files.column("location").to_pylist()) + "]"
-
-
-OFFSETS_SQL = """
-COPY (
-  WITH cq AS (
-    SELECT f.topic, p.broker_name, p.queue_id, p.queue_offset, p.store_timestamp
-    FROM read_parquet($cq_files, filename = true) p JOIN cq_files f ON p.filename = f.location
-    WHERE p.store_timestamp <= $as_of),
-  cur AS (
-    SELECT "group", broker_name, topic, queue_id, "offset" AS consumer_offset
-    FROM read_parquet($commit_files) WHERE commit_timestamp <= $as_of
-    QUALIFY row_number() OVER (PARTITION BY "group", broker_name, topic, queue_id
-      ORDER BY commit_timestamp DESC, (source = 'reset') DESC, "offset" DESC, source DESC) = 1),
-  bounds AS (
-    SELECT broker_name, topic, queue_id, min(queue_offset) AS broker_min_offset,
-           max(queue_offset) + 1 AS broker_offset
-    FROM cq GROUP BY broker_name, topic, queue_id),
-  subscribed AS (SELECT "group", topic FROM cur UNION SELECT "group", '%RETRY%' || "group" FROM cur),
-  listed AS (SELECT s."group", b.broker_name, b.topic, b.queue_id FROM subscribed s JOIN bounds b ON s.topic = b.topic),
-  keyed AS (
-    SELECT coalesce(c."group", l."group") AS "group", coalesce(c.broker_name, l.broker_name) AS broker_name,
-           coalesce(c.topic, l.topic) AS topic, coalesce(c.queue_id, l.queue_id) AS queue_id, c.consumer_offset
-    FROM cur c FULL JOIN listed l
-      ON c."group" = l."group" AND c.broker_name = l.broker_name AND c.topic = l.topic AND c.queue_id = l.queue_id),
-  queued AS (
-    SELECT k.*, b.broker_min_offset, b.broker_offset, coalesce(k.consumer_offset, 0) AS counted
-    FROM keyed k LEFT JOIN bounds b ON k.broker_name = b.broker_name AND k.topic = b.topic AND k.queue_id = b.queue_id),
-  last AS (
-    SELECT q."group", q.broker_name, q.topic, q.queue_id, min(e.store_timestamp) AS last_timestamp
-    FROM queued q JOIN cq e ON e.broker_name = q.broker_name AND e.topic = q.topic AND e.queue_id = q.queue_id
-      AND e.queue_offset = q.consumer_offset - 1
-    GROUP BY q."group", q.broker_name, q.topic, q.queue_id),
-  oldest AS (
-    SELECT q."group", q.broker_name, q.topic, q.queue_id, min(e.store_timestamp) AS oldest_unconsumed_timestamp
-    FROM queued q JOIN cq e ON e.broker_name = q.broker_name AND e.topic = q.topic AND e.queue_id = q.queue_id
-      AND e.queue_offset = greatest(q.counted, q.broker_min_offset)
-    WHERE q.counted < q.broker_offset
-    GROUP BY q."group", q.broker_name, q.topic, q.queue_id)
-  SELECT q."group", q.broker_name, q.topic, q.queue_id, q.consumer_offset, q.broker_min_offset, q.broker_offset,
-         q.broker_offset - q.counted AS diff, l.last_timestamp, o.oldest_unconsumed_timestamp,
-         $as_of::BIGINT AS as_of, CASE WHEN q.broker_offset IS NULL THEN 'QUEUE_NOT_FOUND' END AS anomaly
-  FROM queued q
-  LEFT JOIN last l USING ("group", broker_name, topic, queue_id)
-  LEFT JOIN oldest o USING ("group", broker_name, topic, queue_id)
-) TO '$out' (FORMAT parquet)
-"""
-OFFSETS_DIGEST = (
-    "SELECT count(*), sum(coalesce(diff, 0)), sum(coalesce(last_timestamp, 0)), "
-    "sum(coalesce(oldest_unconsumed_timestamp, 0)), sum(coalesce(consumer_offset, -1)) FROM read_parquet($files)"
-)
-
-
-def time_offsets_peer(lake: Path, out: Path, as_of: int) -> tuple[float, bool]:
-    """Seconds of ``consumer_offsets`` as one DuckDB query, and whether its rows' digest equals
-    the job's table."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect()
-    cq_files = active_files(lake / CONSUME_QUEUE.path, CONSUME_QUEUE.partition_by)
-    commit_files = active_files(lake / CONSUMER_OFFSET_COMMITS.path, ())
-    con.register("cq_files", cq_files)
-    sql = (
-        OFFSETS_SQL.replace("$cq_files", listing(cq_files))
-        .replace("$commit_files", listing(commit_files))
-        .replace("$as_of", str(as_of))
-        .replace("$out", str(out))
-    )
-    started = time.perf_counter()
-    con.execute(sql)
-    seconds = time.perf_counter() - started
-    peer = con.execute(OFFSETS_DIGEST.replace("$files", f"['{out}']")).fetchone()
-    job_files = listing(active_files(lake / CONSUMER_OFFSETS.path, ()))
-    job = con.execute(OFFSETS_DIGEST.replace("$files", job_files)).fetchone()
-    return seconds, peer == job
-
-
 # ---------------------------------------------------------------------------------------------
 # Where the time goes
 # ---------------------------------------------------------------------------------------------
@@ -616,7 +530,9 @@ def _bench(root: Path, messages: int, seed: int, json_path: Path) -> list[Measur
     processed = DeltaTable(str(lake / COMMITLOG.path)).version()
     increment = append_increment(lake, messages, seed)
     print(f"increment written: {json.dumps(increment)}", flush=True)
-    rows += _incremental_runs(spark, lake, root, logs, processed, {r.job: r.seconds for r in rows})
+    as_of = now_ms()
+    rows += _incremental_runs(spark, lake, root, logs, processed, {r.job: r.seconds for r in rows}, as_of)
+    rows += _reruns(spark, lake, root, logs, as_of)
     for row in rows:
         row.spark_seconds, row.stages = spark_time(spark, f"{row.job}:{row.mode}")
     spark.stop()
@@ -660,6 +576,17 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, segment:
             notes.append(
                 f"{row.row_counts.get(CONSUMER_OFFSETS.name, 0) if row.row_counts else 0} rows, peer same: {same}"
             )
+        if name == "resolve_transactions":
+            row.peer, same = time_resolve_peer(lake, root / "peer" / name / "state.parquet", as_of)
+            notes.append(f"{(row.row_counts or {}).get(TRANSACTION_STATE.name, 0)} transactions, peer same: {same}")
+        if name == "report":
+            row.peer, same = time_report_peer(lake, root / "peer" / name)
+            notes.append(f"peer: the hourly summaries the page is drawn from, same: {same}")
+        if name == "route_dlq":
+            row.peer, same = time_route_peer(lake, root / "peer" / name, as_of)
+            counts = row.row_counts or {}
+            chains, dead = counts.get(RETRY_CHAINS.name, 0), counts.get(DLQ.name, 0)
+            notes.append(f"{chains} chains, {dead} dead letters, peer same: {same}")
         if name in NO_PEER:
             notes.append(f"peer {NO_PEER[name]}")
         row.notes = "; ".join(notes)
@@ -668,16 +595,25 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, segment:
 
 
 def _incremental_runs(
-    spark: SparkSession, lake: Path, root: Path, logs: Path, processed: int, full: dict[str, float]
+    spark: SparkSession, lake: Path, root: Path, logs: Path, processed: int, full: dict[str, float], as_of: int
 ) -> list[Measured]:
-    as_of = now_ms()
+    """Every job once after the increment, in the nightly's order and at one T, as the nightly runs them."""
     rows: list[Measured] = []
     for name in JOBS:
         print(f"incremental: {name}", flush=True)
         row = time_job(spark, name, "incremental", job_call(name, lake, False, as_of, root, processed), logs)
         row.notes = f"{row.status}; {row.seconds / full[name]:.0%} of full"
-        if name == "report":
-            row.notes += " (recomputes everything by design)"
+        rows.append(row)
+    return rows
+
+
+def _reruns(spark: SparkSession, lake: Path, root: Path, logs: Path, as_of: int) -> list[Measured]:
+    """Every job once more with no new data and the same T: the nightly's rerun."""
+    rows: list[Measured] = []
+    for name in JOBS:
+        print(f"rerun: {name}", flush=True)
+        row = time_job(spark, name, "rerun", job_call(name, lake, False, as_of, root, None), logs)
+        row.notes = row.status
         rows.append(row)
     return rows
 
@@ -716,6 +652,13 @@ def print_table(rows: Sequence[Measured], messages: int, written: dict[str, Any]
             f"{r.job:<22}{r.mode:<12}{r.seconds:>9.1f}{_fmt(r.floor):>9}{_fmt(r.peer):>9}"
             f"{_fmt(ratio_floor, '.2f'):>10}{_fmt(ratio_peer, '.2f'):>10}  {r.notes}"
         )
+    incremental = sum(r.seconds for r in rows if r.mode == "incremental")
+    peers = [r for r in rows if r.mode == "full" and r.peer]
+    print(
+        f"\nnightly after the increment, every job: {incremental:.1f} s; DuckDB from scratch, the "
+        f"{len(peers)} jobs with a peer ({', '.join(r.job for r in peers)}): {sum(r.peer or 0 for r in peers):.1f} s"
+    )
+    print(f"nightly rerun without new data, every job: {sum(r.seconds for r in rows if r.mode == 'rerun'):.1f} s")
     slowest = max(rows, key=lambda r: r.seconds)
     print(
         f"\nslowest: {slowest.job} ({slowest.mode}) {slowest.seconds:.1f} s, of which a Spark job "

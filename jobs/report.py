@@ -10,14 +10,14 @@ import argparse
 import base64
 import html
 import io
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
 from broker_model.common import QUEUE_KEY
 from jobs import hours
@@ -100,54 +100,75 @@ class ReportConfig:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_lag_per_queue(offsets_df: DataFrame) -> DataFrame:
-    """Per (group, broker_name, topic, queue_id): ``consumer_offset``, ``broker_offset``, ``diff``
-    and ``oldest_unconsumed_timestamp`` from ``consumer_offsets``, a null ``diff`` (QUEUE_NOT_FOUND) as 0."""
-    return offsets_df.select(
-        "group",
-        *QUEUE_KEY,
-        "consumer_offset",
-        "broker_offset",
-        F.coalesce(F.col("diff"), F.lit(0).cast("long")).alias("diff"),
-        "oldest_unconsumed_timestamp",
+Row = dict[str, Any]
+
+
+def _ascending(value: Any) -> tuple[bool, Any]:
+    """A sort key putting None first, as an ascending Spark sort does."""
+    return value is not None, value
+
+
+def lag_per_queue(offsets: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Per (group, broker_name, topic, queue_id) of ``consumer_offsets`` rows: ``consumer_offset``,
+    ``broker_offset``, ``diff`` (a null diff, QUEUE_NOT_FOUND, as 0) and
+    ``oldest_unconsumed_timestamp``; the largest diff first."""
+    rows = [
+        {
+            "group": r["group"],
+            **{k: r[k] for k in QUEUE_KEY},
+            "consumer_offset": r["consumer_offset"],
+            "broker_offset": r["broker_offset"],
+            "diff": r["diff"] if r["diff"] is not None else 0,
+            "oldest_unconsumed_timestamp": r["oldest_unconsumed_timestamp"],
+        }
+        for r in offsets
+    ]
+    return sorted(rows, key=lambda r: (-r["diff"], *(_ascending(r[k]) for k in ("group", *QUEUE_KEY))))
+
+
+def lag_per_group(offsets: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Per group: ``lag`` (sum of ``diff``, nulls as 0) and ``queues`` (rows of the group); the
+    largest lag first."""
+    groups: dict[str, list[int]] = {}
+    for r in offsets:
+        total = groups.setdefault(r["group"], [0, 0])
+        total[0] += r["diff"] or 0
+        total[1] += 1
+    rows = [{"group": g, "lag": lag, "queues": queues} for g, (lag, queues) in groups.items()]
+    return sorted(rows, key=lambda r: (-r["lag"], r["group"]))
+
+
+def dead_letters_per_day(dead: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Per group and UTC day (``yyyy-MM-dd`` of ``dlq_timestamp``, None for letters not written
+    yet): ``dead_letters``; by day, then group."""
+    counted = Counter(
+        (r["group"], _datetime(r["dlq_timestamp"]).date().isoformat() if r["dlq_timestamp"] is not None else None)
+        for r in dead
     )
+    rows = [{"group": g, "day": day, "dead_letters": n} for (g, day), n in counted.items()]
+    return sorted(rows, key=lambda r: (_ascending(r["day"]), r["group"]))
 
 
-def build_lag_per_group(offsets_df: DataFrame) -> DataFrame:
-    """Per group: ``lag`` (sum of ``diff``, nulls as 0) and ``queues`` (rows of the group)."""
-    return (
-        offsets_df.groupBy("group")
-        .agg(F.sum(F.coalesce(F.col("diff"), F.lit(0).cast("long"))).alias("lag"), F.count(F.lit(1)).alias("queues"))
-        .select("group", "lag", "queues")
-    )
+def transaction_outcomes(states: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Per ``state``: ``transactions``, and ``anomalies`` (rows with a non-null anomaly); the most
+    transactions first."""
+    counted: dict[str, list[int]] = {}
+    for r in states:
+        total = counted.setdefault(r["state"], [0, 0])
+        total[0] += 1
+        total[1] += r["anomaly"] is not None
+    rows = [{"state": s, "transactions": n, "anomalies": a} for s, (n, a) in counted.items()]
+    return sorted(rows, key=lambda r: (-r["transactions"], r["state"]))
 
 
-def build_dead_letters_per_day(dlq_df: DataFrame) -> DataFrame:
-    """Per group and UTC day (``yyyy-MM-dd`` of ``dlq_timestamp``): ``dead_letters``."""
-    day = F.date_format(F.timestamp_millis(F.col("dlq_timestamp")), "yyyy-MM-dd")
-    return (
-        dlq_df.groupBy("group", day.alias("day"))
-        .agg(F.count(F.lit(1)).alias("dead_letters"))
-        .select("group", "day", "dead_letters")
-    )
-
-
-def build_transaction_outcomes(state_df: DataFrame) -> DataFrame:
-    """Per ``state``: ``transactions``, and ``anomalies`` (rows with a non-null anomaly)."""
-    return (
-        state_df.groupBy("state")
-        .agg(F.count(F.lit(1)).alias("transactions"), F.count("anomaly").alias("anomalies"))
-        .select("state", "transactions", "anomalies")
-    )
-
-
-def build_integrity_summary(integrity_df: DataFrame) -> DataFrame:
+def integrity_summary(findings: Iterable[Mapping[str, Any]]) -> list[Row]:
     """Per ``problem``: ``findings`` and ``brokers`` (distinct brokers with the problem)."""
-    return (
-        integrity_df.groupBy("problem")
-        .agg(F.count(F.lit(1)).alias("findings"), F.countDistinct("broker_name").alias("brokers"))
-        .select("problem", "findings", "brokers")
-    )
+    problems: dict[str, tuple[int, set[str]]] = {}
+    for r in findings:
+        count, brokers = problems.get(r["problem"], (0, set()))
+        brokers.add(r["broker_name"])
+        problems[r["problem"]] = (count + 1, brokers)
+    return [{"problem": p, "findings": n, "brokers": len(b)} for p, (n, b) in sorted(problems.items())]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,12 +353,6 @@ def _cell(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _collect(df: DataFrame, order: Sequence[Column | str], limit: int | None = None) -> list[dict[str, Any]]:
-    ordered_df = df.orderBy(*order)
-    rows = (ordered_df.limit(limit) if limit is not None else ordered_df).collect()
-    return [r.asDict() for r in rows]
-
-
 def _table(rows: list[dict[str, Any]], columns: Sequence[str], limit: int = MAX_TABLE_ROWS) -> Table:
     return Table(list(columns), [[r[c] for c in columns] for r in rows[:limit]], len(rows) > limit)
 
@@ -351,11 +366,11 @@ def _lag_section(lake: Lake, versions: Mapping[str, int]) -> Section:
     title = "Lag per group and queue"
     if CONSUMER_OFFSETS.name not in versions:
         return _missing(title, CONSUMER_OFFSETS)
-    offsets_df = lake.read(CONSUMER_OFFSETS, version=versions[CONSUMER_OFFSETS.name])
-    queues = _collect(build_lag_per_queue(offsets_df), [F.desc("diff"), "group", *QUEUE_KEY], MAX_TABLE_ROWS + 1)
-    groups = _collect(build_lag_per_group(offsets_df), [F.desc("lag"), "group"])
-    as_of = offsets_df.agg(F.max("as_of")).first()
-    note = f"consumer_offsets version {versions[CONSUMER_OFFSETS.name]}, as of {_iso(as_of[0] if as_of else None)}"
+    offsets = lake.read_rows(CONSUMER_OFFSETS, version=versions[CONSUMER_OFFSETS.name]).to_pylist()
+    queues = lag_per_queue(offsets)[: MAX_TABLE_ROWS + 1]
+    groups = lag_per_group(offsets)
+    as_of = max((r["as_of"] for r in offsets), default=None)
+    note = f"consumer_offsets version {versions[CONSUMER_OFFSETS.name]}, as of {_iso(as_of)}"
     if not queues:
         return Section(title, note + ": no rows")
     return Section(
@@ -417,32 +432,32 @@ def _simple_section(
     versions: Mapping[str, int],
     title: str,
     spec: TableSpec,
-    build: Callable[[DataFrame], DataFrame],
-    order: Sequence[Column | str],
+    columns: Sequence[str],
+    build: Callable[[list[Row]], list[Row]],
     plot: tuple[str, Callable[[Sequence[Mapping[str, Any]]], bytes]] | None,
 ) -> Section:
     if spec.name not in versions:
         return _missing(title, spec)
-    df = build(lake.read(spec, version=versions[spec.name]))
-    rows = _collect(df, order)
+    rows = build(lake.read_rows(spec, columns, version=versions[spec.name]).to_pylist())
     note = f"{spec.name} version {versions[spec.name]}"
     if not rows:
         return Section(title, note + ": no rows")
     plots = [(plot[0], plot[1](rows))] if plot is not None else []
-    return Section(title, note, plots, [_table(rows, df.columns)])
+    return Section(title, note, plots, [_table(rows, list(rows[0]))])
 
 
 def _integrity_section(lake: Lake, versions: Mapping[str, int]) -> Section:
     title = "Integrity findings"
     if CONSUME_QUEUE_INTEGRITY.name not in versions:
         return _missing(title, CONSUME_QUEUE_INTEGRITY)
-    findings_df = lake.read(CONSUME_QUEUE_INTEGRITY, version=versions[CONSUME_QUEUE_INTEGRITY.name])
-    summary = _collect(build_integrity_summary(findings_df), ["problem"])
+    findings = lake.read_rows(CONSUME_QUEUE_INTEGRITY, version=versions[CONSUME_QUEUE_INTEGRITY.name]).to_pylist()
+    summary = integrity_summary(findings)
     note = f"consume_queue_integrity version {versions[CONSUME_QUEUE_INTEGRITY.name]}"
     if not summary:
         return Section(title, note + ": no findings, the consume queues are consistent with the log")
     columns = CONSUME_QUEUE_INTEGRITY.column_names
-    rows = _collect(findings_df, ["broker_name", "commit_log_offset", "problem"], MAX_TABLE_ROWS + 1)
+    order = ("broker_name", "commit_log_offset", "problem")
+    rows = sorted(findings, key=lambda r: tuple(_ascending(r[k]) for k in order))[: MAX_TABLE_ROWS + 1]
     return Section(title, note, [], [_table(summary, ["problem", "findings", "brokers"]), _table(rows, columns)])
 
 
@@ -450,12 +465,10 @@ def _runs_section(lake: Lake, versions: Mapping[str, int]) -> Section:
     title = "Recent job runs"
     if JOB_RUNS.name not in versions:
         return _missing(title, JOB_RUNS)
-    runs_df = (
-        lake.read(JOB_RUNS, version=versions[JOB_RUNS.name])
-        .where((F.col("status") != F.lit("NOOP")) & ~F.col("job").isin(*UNLISTED_RUNS))
-        .select("job", "status", "started_timestamp", "duration_ms", "message", "run_id")
-    )
-    rows = _collect(runs_df, [F.desc("started_timestamp"), "run_id"], RUNS_LISTED)
+    columns = ["job", "status", "started_timestamp", "duration_ms", "message", "run_id"]
+    runs = lake.read_rows(JOB_RUNS, columns, version=versions[JOB_RUNS.name]).to_pylist()
+    listed = [r for r in runs if r["status"] != "NOOP" and r["job"] not in UNLISTED_RUNS]
+    rows = sorted(listed, key=lambda r: (-r["started_timestamp"], r["run_id"]))[:RUNS_LISTED]
     for row in rows:
         row["started"] = _iso(row["started_timestamp"])
     return Section(
@@ -480,8 +493,8 @@ def build_sections(lake: Lake, versions: Mapping[str, int], samples: int) -> lis
             versions,
             "Dead letters per group and day",
             DLQ,
-            build_dead_letters_per_day,
-            ["day", "group"],
+            ["group", "dlq_timestamp"],
+            dead_letters_per_day,
             ("dead_letters.png", plot_dead_letters),
         ),
         _simple_section(
@@ -489,8 +502,8 @@ def build_sections(lake: Lake, versions: Mapping[str, int], samples: int) -> lis
             versions,
             "Transaction outcomes",
             TRANSACTION_STATE,
-            build_transaction_outcomes,
-            [F.desc("transactions"), "state"],
+            ["state", "anomaly"],
+            transaction_outcomes,
             ("transaction_outcomes.png", plot_transaction_outcomes),
         ),
         _traffic_section(lake, versions),

@@ -18,11 +18,12 @@ from pyspark.sql import SparkSession
 
 from jobs.report import (
     ReportConfig,
-    build_dead_letters_per_day,
-    build_transaction_outcomes,
+    dead_letters_per_day,
+    lag_per_group,
+    lag_per_queue,
     run,
+    transaction_outcomes,
 )
-from tests.helpers import assert_frames_equal
 
 pytestmark = pytest.mark.spark
 
@@ -32,28 +33,39 @@ INSTALL_HINT = (
 )
 
 
-def test_dead_letters_are_counted_per_group_and_utc_day(spark: SparkSession) -> None:
+def test_dead_letters_are_counted_per_group_and_utc_day() -> None:
     day_ms = 86_400_000
-    dlq_df = spark.createDataFrame(
-        [("cg-a", day_ms - 1), ("cg-a", day_ms), ("cg-a", day_ms + 5), ("cg-b", day_ms)],
-        "group string, dlq_timestamp long",
-    )
-    expected_df = spark.createDataFrame(
-        [("cg-a", "1970-01-01", 1), ("cg-a", "1970-01-02", 2), ("cg-b", "1970-01-02", 1)],
-        "group string, day string, dead_letters long",
-    )
-    assert_frames_equal(build_dead_letters_per_day(dlq_df), expected_df)
+    dead = [("cg-a", day_ms - 1), ("cg-a", day_ms), ("cg-a", day_ms + 5), ("cg-b", day_ms), ("cg-b", None)]
+    assert dead_letters_per_day([{"group": g, "dlq_timestamp": t} for g, t in dead]) == [
+        {"group": "cg-b", "day": None, "dead_letters": 1},  # a letter not written yet (POLICY_NOT_WRITTEN)
+        {"group": "cg-a", "day": "1970-01-01", "dead_letters": 1},
+        {"group": "cg-a", "day": "1970-01-02", "dead_letters": 2},
+        {"group": "cg-b", "day": "1970-01-02", "dead_letters": 1},
+    ]
 
 
-def test_transaction_outcomes_count_states_and_anomalies(spark: SparkSession) -> None:
-    state_df = spark.createDataFrame(
-        [("COMMITTED", None), ("COMMITTED", "OP_ON_REPUT_COPY"), ("ROLLED_BACK", None)],
-        "state string, anomaly string",
-    )
-    expected_df = spark.createDataFrame(
-        [("COMMITTED", 2, 1), ("ROLLED_BACK", 1, 0)], "state string, transactions long, anomalies long"
-    )
-    assert_frames_equal(build_transaction_outcomes(state_df), expected_df)
+def test_transaction_outcomes_count_states_and_anomalies() -> None:
+    states = [("ROLLED_BACK", None), ("COMMITTED", None), ("COMMITTED", "OP_ON_REPUT_COPY")]
+    assert transaction_outcomes([{"state": s, "anomaly": a} for s, a in states]) == [
+        {"state": "COMMITTED", "transactions": 2, "anomalies": 1},
+        {"state": "ROLLED_BACK", "transactions": 1, "anomalies": 0},
+    ]
+
+
+def test_lag_is_listed_per_queue_and_summed_per_group_the_largest_first() -> None:
+    def offsets(group: str, queue_id: int, diff: int | None) -> dict[str, object]:
+        queue = {"broker_name": "broker-a", "topic": "Orders", "queue_id": queue_id}
+        counts = {"consumer_offset": 1, "broker_offset": 9, "diff": diff, "oldest_unconsumed_timestamp": None}
+        return {"group": group, **queue, **counts, "as_of": 5}
+
+    rows = [offsets("cg-a", 0, 3), offsets("cg-b", 1, None), offsets("cg-b", 0, 7), offsets("cg-a", 1, 3)]
+    assert [(r["group"], r["queue_id"], r["diff"]) for r in lag_per_queue(rows)] == [
+        ("cg-b", 0, 7),
+        ("cg-a", 0, 3),
+        ("cg-a", 1, 3),
+        ("cg-b", 1, 0),  # QUEUE_NOT_FOUND: no diff, counted as 0
+    ]
+    assert lag_per_group(rows) == [{"group": "cg-b", "lag": 7, "queues": 2}, {"group": "cg-a", "lag": 6, "queues": 2}]
 
 
 def test_a_lake_without_tables_gives_a_report_of_empty_sections(spark: SparkSession, tmp_path: Path) -> None:
