@@ -1,5 +1,6 @@
 """The incremental ``consumer_offsets``: a chain of runs, each moving the previous table on by the
-rows appended since, gives after every step the table a full run gives on the same inputs.
+rows appended since, gives after every step the table a full run with Spark gives on the same inputs,
+and so does a full run on the driver.
 
 Seeded random steps on real Delta tables: consume-queue rows appended to the tails of queues (some
 new, some of a topic nobody subscribed to yet, some offsets held twice), offset commits by consumers
@@ -129,17 +130,20 @@ def _messages(lake: Lake) -> list[str]:
 def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSession, tmp_path: Path, seed: int) -> None:
     story = _Story(seed)
     chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
+    driver = Lake(spark, tmp_path / "driver", "bridge")
     late_steps = {3, 6}
     for step in range(8):
         cq_rows, commits, as_of = story.step(late=step in late_steps)
-        _append(chained, cq_rows, commits)
-        _append(whole, cq_rows, commits)
+        for lake in (chained, whole, driver):
+            _append(lake, cq_rows, commits)
 
         run(spark, ConsumerOffsetsConfig(chained.root, as_of, engine="bridge"))
-        run(spark, ConsumerOffsetsConfig(whole.root, as_of, engine="bridge", full=True))
+        run(spark, ConsumerOffsetsConfig(whole.root, as_of, engine="bridge", full=True, driver_rows=0))  # Spark
+        run(spark, ConsumerOffsetsConfig(driver.root, as_of, engine="bridge", full=True))
 
         expected = canonical_rows(whole.read_rows(CONSUMER_OFFSETS))
         assert canonical_rows(chained.read_rows(CONSUMER_OFFSETS)) == expected, f"step {step}"
+        assert canonical_rows(driver.read_rows(CONSUMER_OFFSETS)) == expected, f"step {step}"
 
     moved_on = [i for i, m in enumerate(_messages(chained)) if m.endswith("moved on by the new rows")]
     # the first run and the run after each step with late rows compute from the whole inputs

@@ -129,6 +129,60 @@ def fold(
     return [_row(key, current.get(key), bounds.get(key[1:]), time_at, as_of) for key in sorted(listed)]
 
 
+def compute(as_of: int, commits: pa.Table, cq_rows: pa.Table) -> list[dict[str, Any]]:
+    """The ``consumer_offsets`` rows as of ``as_of`` from every offset commit (:data:`COMMIT_COLUMNS`)
+    and every consume-queue row (:data:`CQ_ROW_COLUMNS`) of the topics the groups subscribe to, with
+    Arrow on the driver: the rows :func:`jobs.consumer_offsets.transforms.build_consumer_offsets`
+    gives with Spark."""
+    current = _current_offsets(commits.filter(pc.field("commit_timestamp") <= as_of))
+    rows = cq_rows.filter(pc.field("store_timestamp") <= as_of)
+    bounds = _queue_bounds(rows)
+    listed = _listed(current, bounds)
+    wanted = []
+    for key in listed:
+        for offset in _looked_up_offsets(current.get(key), bounds.get(key[1:])):
+            if offset is not None:
+                wanted.append((*key[1:], offset))
+    times: dict[tuple[QueueKey, int], int] = {}
+    if wanted and rows.num_rows:
+        names = ["broker_name", "topic", "queue_id", "queue_offset"]
+        pairs = pa.Table.from_pylist(
+            [dict(zip(names, pair, strict=True)) for pair in set(wanted)], schema=rows.select(names).schema
+        )
+        found = rows.join(pairs, keys=names, join_type="inner")
+        times = _earliest_times(found)
+
+    def time_at(queue: QueueKey, offset: int) -> int | None:
+        return times.get((queue, offset))
+
+    return [_row(key, current.get(key), bounds.get(key[1:]), time_at, as_of) for key in sorted(listed)]
+
+
+def _current_offsets(commits: pa.Table) -> dict[GroupQueueKey, int]:
+    """:func:`_latest_commits` with Arrow: the commits sorted by key and by the order of
+    :func:`jobs.rules.build_current_offsets`, the last of each key taken."""
+    if not commits.num_rows:
+        return {}
+    keys = ["group", "broker_name", "topic", "queue_id"]
+    ordered = commits.select(list(COMMIT_COLUMNS)).append_column(
+        "is_reset", pc.fill_null(pc.equal(commits["source"], "reset"), False)
+    )
+    ordered = ordered.sort_by(
+        [(k, "ascending") for k in keys]
+        + [(k, "ascending") for k in ("commit_timestamp", "is_reset", "offset", "source")]
+    )
+    latest = ordered.group_by(keys, use_threads=False).aggregate([("offset", "last")])
+    return {(r["group"], r["broker_name"], r["topic"], r["queue_id"]): r["offset_last"] for r in latest.to_pylist()}
+
+
+def subscribed_topics(commits: pa.Table, as_of: int) -> set[str]:
+    """The topics the groups with commits at or before ``as_of`` subscribe to: their committed
+    topics and their retry topics."""
+    counted = commits.filter(pc.field("commit_timestamp") <= as_of)
+    groups = set(counted["group"].to_pylist())
+    return set(counted["topic"].to_pylist()) | {RETRY_GROUP_TOPIC_PREFIX + g for g in groups}
+
+
 class _Unknown:
     """The old rows were not read at that offset."""
 

@@ -17,7 +17,16 @@ from pyspark.sql import SparkSession
 
 from broker_model.common import QueueKey
 from jobs.cli import add_as_of, as_of_of, iso_utc, job_parser, run_spark_job, text_table
-from jobs.consumer_offsets.fold import COMMIT_COLUMNS, CQ_ROW_COLUMNS, Previous, can_fold, fold, latest_time
+from jobs.consumer_offsets.fold import (
+    COMMIT_COLUMNS,
+    CQ_ROW_COLUMNS,
+    Previous,
+    can_fold,
+    compute,
+    fold,
+    latest_time,
+    subscribed_topics,
+)
 from jobs.consumer_offsets.transforms import build_consumer_offsets, build_queue_bounds
 from jobs.lake import IncrementalReadError, Lake
 from jobs.rules import build_current_offsets
@@ -48,6 +57,11 @@ class ConsumerOffsetsConfig:
         groups: groups to print (empty: all); the table always holds every group.
         engine: lake engine, ``auto``, ``bridge`` or ``delta-spark``.
         full: compute from the whole inputs even when the previous table could be moved on.
+        driver_rows: compute from the whole inputs on the driver while ``consumer_offset_commits``
+            and ``consume_queue`` hold at most this many rows together, >= 0 (0: always Spark).
+
+    Raises:
+        ValidationError: ``driver_rows`` below 0.
     """
 
     lake: Path
@@ -55,6 +69,11 @@ class ConsumerOffsetsConfig:
     groups: tuple[str, ...] = ()
     engine: str = "auto"
     full: bool = False
+    driver_rows: int = 5_000_000
+
+    def __post_init__(self) -> None:
+        if self.driver_rows < 0:
+            raise ValidationError("driver_rows", self.driver_rows, "is below 0", "pass a value >= 0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,8 +88,9 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
     table counts as empty, giving an empty output table). A no-op when the latest run had the same
     inputs and T; else the previous table moved on by the rows appended since, when that gives the
     full run's table exactly (:func:`can_fold`); else (or with ``config.full``) computed from the
-    whole inputs with Spark. Appends one ``job_runs`` row: SUCCEEDED or NOOP with the input
-    versions, the output version and row counts, or FAILED before re-raising.
+    whole inputs, on the driver while they hold at most ``config.driver_rows`` rows, else with
+    Spark. Appends one ``job_runs`` row: SUCCEEDED or NOOP with the input versions, the output
+    version and row counts, or FAILED before re-raising.
 
     Returns:
         The recorded run.
@@ -91,7 +111,7 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
                 version, through = folded
                 status, how = "SUCCEEDED", "consumer_offsets moved on by the new rows"
         if version is None:
-            version, through = _compute_and_write(lake, job_run, config.as_of)
+            version, through = _compute_and_write(lake, job_run, config.as_of, config.driver_rows)
             status, how = "SUCCEEDED", "consumer_offsets overwritten"
         elif status == "NOOP" and previous is not None:
             through = through_of_message(previous["message"])
@@ -106,20 +126,43 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
     return job_run
 
 
-def _compute_and_write(lake: Lake, job_run: JobRun, as_of: int) -> tuple[int, int | None]:
-    """Read the inputs at the recorded versions, compute, overwrite; the committed version and the
-    greatest input time (from the Delta statistics; None when they cannot bound every row)."""
-    commits_df = read_or_empty(lake, CONSUMER_OFFSET_COMMITS, job_run.input_versions)
-    queue_df = read_or_empty(lake, CONSUME_QUEUE, job_run.input_versions)
-    current_df = build_current_offsets(commits_df, as_of)
-    offsets_df = build_consumer_offsets(current_df, build_queue_bounds(queue_df, as_of), queue_df, as_of)
-    version = lake.overwrite(CONSUMER_OFFSETS, offsets_df)
-    if version is None:
-        raise LakeError(f"the overwrite of {lake.location(CONSUMER_OFFSETS)} committed no version; run the job again")
+def _compute_and_write(lake: Lake, job_run: JobRun, as_of: int, driver_rows: int) -> tuple[int, int | None]:
+    """Read the inputs at the recorded versions, compute (on the driver while they hold at most
+    ``driver_rows`` rows, else with Spark), overwrite; the committed version and the greatest input
+    time (from the Delta statistics; None when they cannot bound every row)."""
     for spec in INPUTS:
         counted = job_run.input_versions.get(spec.name)
         job_run.row_counts[spec.name] = lake.row_count(spec, counted) if counted is not None else 0
+    if sum(job_run.row_counts[spec.name] for spec in INPUTS) <= driver_rows:
+        version = _compute_on_driver(lake, job_run.input_versions, as_of)
+    else:
+        commits_df = read_or_empty(lake, CONSUMER_OFFSET_COMMITS, job_run.input_versions)
+        queue_df = read_or_empty(lake, CONSUME_QUEUE, job_run.input_versions)
+        current_df = build_current_offsets(commits_df, as_of)
+        offsets_df = build_consumer_offsets(current_df, build_queue_bounds(queue_df, as_of), queue_df, as_of)
+        version = lake.overwrite(CONSUMER_OFFSETS, offsets_df)
+    if version is None:
+        raise LakeError(f"the overwrite of {lake.location(CONSUMER_OFFSETS)} committed no version; run the job again")
     return version, _newest_input_time(lake, job_run.input_versions)
+
+
+def _compute_on_driver(lake: Lake, versions: Mapping[str, int], as_of: int) -> int | None:
+    """:func:`~jobs.consumer_offsets.fold.compute` of every commit and of the consume-queue rows of
+    the subscribed topics (partitions of other topics are not read), overwritten from the driver."""
+    commits_version, cq_version = versions.get(CONSUMER_OFFSET_COMMITS.name), versions.get(CONSUME_QUEUE.name)
+    commits = (
+        lake.read_rows(CONSUMER_OFFSET_COMMITS, COMMIT_COLUMNS, version=commits_version)
+        if commits_version is not None
+        else CONSUMER_OFFSET_COMMITS.arrow_schema.empty_table().select(list(COMMIT_COLUMNS))
+    )
+    topics = sorted(subscribed_topics(commits, as_of))
+    cq_rows = (
+        lake.read_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, [("topic", "in", topics)], cq_version)
+        if cq_version is not None and topics
+        else CONSUME_QUEUE.arrow_schema.empty_table().select(list(CQ_ROW_COLUMNS))
+    )
+    rows = compute(as_of, commits, cq_rows)
+    return lake.overwrite_rows(CONSUMER_OFFSETS, pa.Table.from_pylist(rows, schema=CONSUMER_OFFSETS.arrow_schema))
 
 
 def _newest_input_time(lake: Lake, versions: Mapping[str, int]) -> int | None:
@@ -300,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compute from the whole inputs instead of moving the previous table on by the new rows",
     )
+    parser.add_argument(
+        "--driver-rows",
+        type=int,
+        default=5_000_000,
+        help="compute from the whole inputs on the driver up to this many input rows; 0: with Spark (default 5000000)",
+    )
     return parser
 
 
@@ -307,12 +356,14 @@ def build_config(argv: Sequence[str] | None = None) -> ConsumerOffsetsConfig:
     """The config of ``argv``; ``--as-of`` defaults to the current time.
 
     Raises:
-        ValidationError: ``--as-of`` is neither epoch ms nor ISO-8601 with a zone.
+        ValidationError: ``--as-of`` is neither epoch ms nor ISO-8601 with a zone, or a bad
+            ``--driver-rows``.
         SystemExit: argparse usage errors and ``--help``.
     """
     args = build_parser().parse_args(argv)
     as_of = as_of_of(args.as_of)
-    return ConsumerOffsetsConfig(Path(args.lake), as_of, tuple(dict.fromkeys(args.group)), args.engine, args.full)
+    groups = tuple(dict.fromkeys(args.group))
+    return ConsumerOffsetsConfig(Path(args.lake), as_of, groups, args.engine, args.full, args.driver_rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
