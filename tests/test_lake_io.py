@@ -505,3 +505,33 @@ def test_asking_for_delta_spark_without_the_jars_is_a_lake_error(spark: SparkSes
 def test_an_unknown_engine_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="duckdb"):
         Lake(spark, tmp_path, engine="duckdb")
+
+
+def test_appended_rows_are_shared_between_lakes_and_never_taken_from_a_replaced_table(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    import shutil
+
+    from tests.builders import commitlog_table
+
+    def records(first: int, topic: str) -> pa.Table:
+        return commitlog_table(
+            [commitlog_record(topic=topic, queue_offset=i, commit_log_offset=i * 300) for i in range(first, first + 3)]
+        )
+
+    root = tmp_path / "lake"
+    Lake(spark, root, "bridge").append_rows(COMMITLOG, records(0, "Orders"))
+    Lake(spark, root, "bridge").append_rows(COMMITLOG, records(3, "Orders"))
+    one, other = Lake(spark, root, "bridge"), Lake(spark, root, "bridge")
+    first = one.version(COMMITLOG)
+    assert first is not None
+    narrow = one.read_appended_rows(COMMITLOG, ["queue_offset", "topic"], first - 1, first)
+    wide = other.read_appended_rows(COMMITLOG, ["body", "queue_offset"], first - 1, first)
+    assert narrow.column("queue_offset").to_pylist() == wide.column("queue_offset").to_pylist() == [3, 4, 5]
+    assert narrow.column_names == ["queue_offset", "topic"] and wide.column_names == ["body", "queue_offset"]
+
+    shutil.rmtree(root)  # the same path and versions, other rows
+    Lake(spark, root, "bridge").append_rows(COMMITLOG, records(0, "Audit"))
+    Lake(spark, root, "bridge").append_rows(COMMITLOG, records(7, "Audit"))
+    again = Lake(spark, root, "bridge").read_appended_rows(COMMITLOG, ["queue_offset", "topic"], first - 1, first)
+    assert again.to_pylist() == [{"queue_offset": i, "topic": "Audit"} for i in (7, 8, 9)]

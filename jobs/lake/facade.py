@@ -56,6 +56,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
+SHARED_APPEND_BYTES = 64 << 20
+"""Appended rows in data files of at most this many bytes are read whole once and shared."""
+SHARED_APPEND_TABLES = 8  # tables whose latest appended rows are kept
+# per table directory, the latest small range of appended rows read on the driver, every column: the
+# jobs of one nightly read the same new rows one after another, and committed versions never change
+_RECENT_APPENDS: dict[str, tuple[tuple[int, int, tuple[str, ...]], pa.Table]] = {}
+
+
 class Lake:
     """Read and write the lake's Delta tables from Spark.
 
@@ -405,11 +413,23 @@ class Lake:
     ) -> pa.Table:
         """``columns`` of the rows of :meth:`read_appended`, read on the driver with pyarrow (no
         Spark job), partition columns typed from the log: for the narrow facts an incremental
-        job needs before it plans its Spark work. Errors as :meth:`read_appended`."""
+        job needs before it plans its Spark work. A range whose data files hold at most
+        :data:`SHARED_APPEND_BYTES` is read whole once and kept for the next call on the same
+        range and files, from any ``Lake`` of the process. Errors as :meth:`read_appended`."""
         spec = _spec(name_or_spec)
         _check_column_names(spec, "columns", columns)
-        table_dir, _, files = self._appended(spec, after_version, up_to_version)
-        return _read_files(table_dir, files, spec, columns)
+        table_dir, dt, files = self._appended(spec, after_version, up_to_version)
+        if int(pc.sum(files.column("size_bytes")).as_py() or 0) > SHARED_APPEND_BYTES:
+            return _read_files(table_dir, files, spec, columns)
+        key = (after_version, dt.version(), tuple(files.column("path").to_pylist()))  # a new table: new names
+        shared = _RECENT_APPENDS.get(table_dir)
+        if shared is None or shared[0] != key:
+            shared = key, _read_files(table_dir, files, spec, spec.column_names)
+            _RECENT_APPENDS.pop(table_dir, None)
+            _RECENT_APPENDS[table_dir] = shared
+            while len(_RECENT_APPENDS) > SHARED_APPEND_TABLES:
+                del _RECENT_APPENDS[next(iter(_RECENT_APPENDS))]  # the least recently read table
+        return shared[1].select(list(columns))
 
     def iter_file_rows(
         self,
