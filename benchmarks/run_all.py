@@ -78,6 +78,7 @@ from jobs.compact_commitlog import CompactConfig
 from jobs.compact_commitlog import run as run_compact
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as run_offsets
+from jobs.dlq.decode import RECORD_COLUMNS as ROUTE_DLQ_INPUTS
 from jobs.dlq.route import RouteDlqConfig
 from jobs.dlq.route import run as run_route
 from jobs.lake import Bin, Lake, build_session, eligible_paths, list_files, plan_bins
@@ -121,21 +122,6 @@ JOBS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resol
 NO_PEER = {
     "compact_commitlog": "n/a: a Delta commit of remove/add actions (dataChange=false) is no SQL query",
 }
-ROUTE_DLQ_LOG_COLUMNS = (
-    "broker_name",
-    "topic",
-    "queue_id",
-    "queue_offset",
-    "commit_log_offset",
-    "msg_id",
-    "uniq_key",
-    "keys",
-    "properties",
-    "reconsume_times",
-    "born_timestamp",
-    "store_timestamp",
-    "body",
-)
 REPORT_LOG_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "sys_flag", "store_timestamp", "store_size")
 
 
@@ -311,7 +297,7 @@ FLOORS: dict[str, tuple[tuple[tuple[TableSpec, tuple[str, ...]], ...], tuple[Tab
     "resolve_transactions": (((COMMITLOG, TRANSACTION_INPUTS),), (TRANSACTION_RECORDS, TRANSACTION_STATE)),
     "route_dlq": (
         (
-            (COMMITLOG, ROUTE_DLQ_LOG_COLUMNS),
+            (COMMITLOG, ROUTE_DLQ_INPUTS),
             (SUBSCRIPTION_GROUP, tuple(SUBSCRIPTION_GROUP.column_names)),
             (CONSUMER_OFFSET_COMMITS, tuple(CONSUMER_OFFSET_COMMITS.column_names)),
             (BROKERS, tuple(BROKERS.column_names)),
