@@ -25,6 +25,8 @@ from schemas.errors import LakeError
 APP_ID = "report"  # application transaction of both tables: the version of their source folded in
 HOUR_MS = 3_600_000
 QUEUE = ("broker_name", "topic", "queue_id")
+QUEUE_HOUR = (*QUEUE, "hour")  # the key of queue_hours
+COMMIT_HOUR = ("group", *QUEUE, "hour")  # the key of commit_hours
 _LOG_COLUMNS = [*QUEUE, "queue_offset", "sys_flag", "store_timestamp", "store_size"]
 _COMMIT_COLUMNS = ["group", *QUEUE, "offset", "commit_timestamp", "source"]
 
@@ -87,7 +89,7 @@ def _update(
 
 
 def _keyed(spec: TableSpec, rows: Iterable[Row]) -> dict[tuple[Any, ...], Row]:
-    key = spec.column_names[: 5 if spec is COMMIT_HOURS else 4]
+    key = COMMIT_HOUR if spec is COMMIT_HOURS else QUEUE_HOUR
     return {tuple(row[k] for k in key): row for row in rows}
 
 
@@ -137,7 +139,7 @@ def _fold_log(summary: dict[tuple[Any, ...], Row], records: Iterable[Row]) -> No
         row = summary.get(key)
         if row is None:
             summary[key] = {
-                **dict(zip(QUEUE_HOURS.column_names[:4], key, strict=True)),
+                **dict(zip(QUEUE_HOUR, key, strict=True)),
                 "messages": 1,
                 "bytes": record["store_size"],
                 "end_offset": end,
@@ -166,7 +168,7 @@ def _fold_commits(summary: dict[tuple[Any, ...], Row], commits: Iterable[Row]) -
         row = summary.get(key)
         if row is None or latest > (row["commit_timestamp"], row["is_reset"], row["offset"]):
             summary[key] = {
-                **dict(zip(COMMIT_HOURS.column_names[:5], key, strict=True)),
+                **dict(zip(COMMIT_HOUR, key, strict=True)),
                 "commit_timestamp": latest[0],
                 "is_reset": latest[1],
                 "offset": latest[2],

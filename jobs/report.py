@@ -55,7 +55,6 @@ DEFAULT_SAMPLES = 24  # one point per hour of a day-long log
 MAX_TABLE_ROWS = 200  # a page stays readable; the tables hold the rest
 MAX_BARS = 30  # bars beyond this are unreadable on a page-wide chart
 MAX_TOPIC_LINES = 10  # more lines than a legend can tell apart; the rest is summed as "other"
-HOUR_MS = 3_600_000
 RUNS_LISTED = 30
 UNLISTED_RUNS = ("report", "nightly")  # the runs section lists the runs of the other jobs that did something
 _DPI = 100

@@ -67,14 +67,15 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
     """Every chain of ``retry_records`` (at ``versions``) as of ``as_of``, on the driver."""
     records = _rows(lake, RETRY_RECORDS, versions)
     commits = _retry_commits(lake, versions)
-    hosts = _hosts(lake, versions.get(BROKERS.name))
+    brokers = _brokers(lake, versions.get(BROKERS.name))
+    hosts = _hosts(brokers)
     keys = {chain_key(r) for r in records if r["store_timestamp"] <= as_of}
     context = Context(
         as_of,
         policies_at(_rows(lake, SUBSCRIPTION_GROUP, versions), as_of),
         offsets_at(commits, as_of),
         hosts,
-        _originals(lake, versions, _positions(keys, hosts)),
+        _originals(lake, versions, brokers, _positions(keys, hosts)),
     )
     chains, dead = compute(records, context)
     dead = with_redrive_states(dead, redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
@@ -93,8 +94,10 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
     for name in (RETRY_RECORDS.name, COMMITLOG.name):
         if name not in before or name not in versions:
             return f"no {name} version was recorded"
-    hosts = _hosts(lake, versions.get(BROKERS.name))
-    if hosts != _hosts(lake, before.get(BROKERS.name)):
+    brokers = _brokers(lake, versions.get(BROKERS.name))
+    hosts = _hosts(brokers)
+    same_brokers = before.get(BROKERS.name) == versions.get(BROKERS.name)
+    if not same_brokers and hosts != _hosts(_brokers(lake, before.get(BROKERS.name))):
         return "a broker's store host changed"
     outputs = previous_run["output_versions"]
     previous = Previous(
@@ -122,7 +125,8 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
     backlog = _backlog(lake, versions[RETRY_RECORDS.name], {q: offsets[q] for q in moved if q in offsets})
     touched = touched_chains(previous, new, policies, backlog, hosts, as_of)
     records = _chain_records(lake, versions[RETRY_RECORDS.name], touched, previous, new)
-    context = Context(as_of, policies, offsets, hosts, _originals(lake, versions, _positions(touched, hosts)))
+    originals = _originals(lake, versions, brokers, _positions(touched, hosts))
+    context = Context(as_of, policies, offsets, hosts, originals)
     chains, dead = fold(previous, touched, records, context, redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
     times = [r["store_timestamp"] for r in new] + [r["commit_timestamp"] for r in new_commits]
     return Outcome(chains, dead, max([through, *times]), _in_order(dead) != _in_order(previous.dead_letters))
@@ -176,22 +180,24 @@ def _brokers(lake: Lake, version: int | None) -> dict[str, dict[str, Any]]:
     return latest
 
 
-def _hosts(lake: Lake, version: int | None) -> dict[str, list[str]]:
-    """:func:`jobs.dlq.fold.host_prefixes` of each broker's latest store host."""
-    return host_prefixes((name, row["store_host"]) for name, row in _brokers(lake, version).items())
+def _hosts(brokers: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+    """:func:`jobs.dlq.fold.host_prefixes` of each broker's latest store host (:func:`_brokers`)."""
+    return host_prefixes((name, row["store_host"]) for name, row in brokers.items())
 
 
 def _positions(keys: Iterable[Key], hosts: Mapping[str, Sequence[str]]) -> set[Position]:
     return {position for _, origin in keys for position in origin_positions(origin, hosts)}
 
 
-def _originals(lake: Lake, versions: Mapping[str, int], positions: set[Position]) -> dict[Position, list[Original]]:
+def _originals(
+    lake: Lake, versions: Mapping[str, int], brokers: Mapping[str, Mapping[str, Any]], positions: set[Position]
+) -> dict[Position, list[Original]]:
     """The commit log records (topic, store time) at ``positions``, reading only the segments
-    that can hold them."""
+    that can hold them (segment sizes from :func:`_brokers`)."""
     version = versions.get(COMMITLOG.name)
     if version is None or not positions:
         return {}
-    sizes = {name: row["segment_size"] for name, row in _brokers(lake, versions.get(BROKERS.name)).items()}
+    sizes = {name: row["segment_size"] for name, row in brokers.items()}
     by_broker: dict[str, set[int]] = {}
     for broker, offset in positions:
         if broker in sizes:
