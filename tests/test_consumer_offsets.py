@@ -367,6 +367,12 @@ def test_command_line_refuses_an_as_of_without_a_zone_before_starting_spark() ->
         main(["--as-of", "2026-11-22T02:00:00"])
 
 
+def test_command_line_takes_the_driver_limit_and_refuses_a_negative_one() -> None:
+    assert build_config(["--lake", "/l", "--as-of", "0", "--driver-rows", "0"]).driver_rows == 0
+    with pytest.raises(ValidationError, match="driver_rows"):
+        build_config(["--lake", "/l", "--as-of", "0", "--driver-rows", "-1"])
+
+
 # ---------------------------------------------------------------------------------------------
 # run() on real Delta tables
 # ---------------------------------------------------------------------------------------------

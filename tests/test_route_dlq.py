@@ -217,6 +217,9 @@ def test_command_line_refuses_as_of_with_execute_and_bad_times() -> None:
         build_config(["--as-of", "2026-01-01T00:00:00"])  # no zone
     config = build_config(["--as-of", "2026-01-01T00:00:00Z", "--lake", "x"])
     assert (config.as_of, config.execute, config.lake) == (1_767_225_600_000, False, Path("x"))
+    assert build_config(["--lake", "x", "--driver-records", "0"]).driver_records == 0
+    with pytest.raises(ValidationError, match="driver_records"):
+        build_config(["--lake", "x", "--driver-records", "-1"])
 
 
 @pytest.mark.spark

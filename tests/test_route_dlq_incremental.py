@@ -259,7 +259,7 @@ def _append(lake: Lake, rows: dict[str, list[dict[str, Any]]]) -> None:
         if name == COMMITLOG.name:
             lake.append_rows(COMMITLOG, commitlog_table(table_rows))
         else:
-            spec = {s.name: s for s in (CONSUMER_OFFSET_COMMITS, SUBSCRIPTION_GROUP, DLQ_REDRIVES)}[name]
+            spec = {s.name: s for s in (CONSUMER_OFFSET_COMMITS, SUBSCRIPTION_GROUP, DLQ_REDRIVES, BROKERS)}[name]
             lake.append_rows(spec, pa.Table.from_pylist(table_rows, schema=spec.arrow_schema))
 
 
@@ -417,3 +417,32 @@ def test_the_driver_decodes_send_back_records_as_the_spark_transform_does(spark:
     assert decoded.schema == RETRY_RECORDS.arrow_schema
     assert {r["kind"] for r in decoded.to_pylist()} == {"SCHEDULED", "RETRY", "DLQ"}
     assert canonical_rows(decoded) == canonical_rows(expected.select(RETRY_RECORDS.column_names))
+
+
+def test_a_broker_restarted_on_another_host_makes_the_run_compute_every_chain(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    story = _Story(0)
+    original = story._original(1_100)
+    properties = {c.PROPERTY_ORIGIN_MESSAGE_ID: original["msg_id"], c.PROPERTY_RETRY_TOPIC: "Orders"}
+    retry = story._put(original["broker_name"], c.RETRY_GROUP_TOPIC_PREFIX + "g-audit", 0, 1_200, properties=properties)
+    broker = original["broker_name"]
+    [row] = [r for r in _brokers().to_pylist() if r["broker_name"] == broker]
+    moved = {**row, "store_host": "10.0.0.9:10911", "started_timestamp": 2_500}
+    consumed = {
+        "group": "g-audit",
+        "broker_name": broker,
+        "topic": c.RETRY_GROUP_TOPIC_PREFIX + "g-audit",
+        "queue_id": 0,
+        "offset": 1,
+        "commit_timestamp": 1_500,
+        "source": "client",
+    }
+    steps = [
+        ({COMMITLOG.name: [original, retry], CONSUMER_OFFSET_COMMITS.name: [consumed]}, 2_000),
+        ({BROKERS.name: [moved]}, 3_000),  # the origin id no longer names the broker: no original
+    ]
+    chained, states = _chained_against_spark(spark, tmp_path, steps)
+    assert states == [["CONSUMED"], ["CONSUMED"]]  # not open: only the host check makes it computed again
+    assert _messages(chained)[-1].endswith("retry_chains and dlq overwritten")
+    assert [len(a) for a in chained.read_rows(RETRY_CHAINS).column("attempts").to_pylist()] == [1]
