@@ -1,12 +1,13 @@
 """Broker write throughput against raw Arrow-to-Parquet appends of the same rows, in one run.
 
-    python benchmarks/broker_write.py [--batches 100] [--threads 64] [--per-thread 200]
+    python benchmarks/broker_write.py [--batches 100] [--threads 64] [--per-thread 200] [--repeat 3]
 
 (a) ``send_batch`` of 1,000 x 256-byte messages from one producer thread, under SYNC_FLUSH and
     under ASYNC_FLUSH (RocketMQ's default; the time includes the final flush);
 (b) 64 threads of single SYNC_FLUSH sends.
 The floor writes the very rows the broker stored, as Parquet files of the same sizes as the
-broker's commits (one file per commit), with the same fsync, and nothing else.
+broker's commits (one file per commit), with the same fsync, and nothing else. Each case runs
+``--repeat`` times on a new lake; the row shows the run of median rate (and its floor).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -94,18 +96,35 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=100)
     parser.add_argument("--threads", type=int, default=64)
     parser.add_argument("--per-thread", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="broker-bench-") as tmp:
-        root = Path(tmp)
-        rows = [
-            ("(a) send_batch 1000 x 256 B, SYNC_FLUSH", *bench_batches(root, args.batches, "SYNC_FLUSH"), "100,000"),
-            ("(a) send_batch 1000 x 256 B, ASYNC_FLUSH", *bench_batches(root, args.batches, "ASYNC_FLUSH"), "100,000"),
-            (
-                f"(b) {args.threads} threads single sends, SYNC_FLUSH",
-                *bench_threads(root, args.threads, args.per_thread),
-                "10,000",
-            ),
-        ]
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+
+    def median(case: Callable[[Path], tuple[float, float, int]]) -> tuple[float, float, int]:
+        runs = []
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory(prefix="broker-bench-") as tmp:
+                runs.append(case(Path(tmp)))
+        return sorted(runs)[len(runs) // 2]
+
+    rows = [
+        (
+            "(a) send_batch 1000 x 256 B, SYNC_FLUSH",
+            *median(lambda root: bench_batches(root, args.batches, "SYNC_FLUSH")),
+            "100,000",
+        ),
+        (
+            "(a) send_batch 1000 x 256 B, ASYNC_FLUSH",
+            *median(lambda root: bench_batches(root, args.batches, "ASYNC_FLUSH")),
+            "100,000",
+        ),
+        (
+            f"(b) {args.threads} threads single sends, SYNC_FLUSH",
+            *median(lambda root: bench_threads(root, args.threads, args.per_thread)),
+            "10,000",
+        ),
+    ]
     print(f"{'case':<46}{'msg/s':>10}{'floor msg/s':>13}{'ratio':>7}{'commits':>9}{'target':>10}")
     for name, rate, floor, commits, target in rows:
         print(f"{name:<46}{rate:>10,.0f}{floor:>13,.0f}{rate / floor:>7.2f}{commits:>9}{target:>10}")

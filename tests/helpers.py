@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from chispa import assert_df_equality
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -70,3 +72,18 @@ class ManualClock:
 
     def __call__(self) -> int:
         return self.now
+
+
+def column_encodings(table_dir: Path) -> tuple[set[str], set[str]]:
+    """(every Parquet column path, the paths dictionary-encoded in some row group) over the
+    data files under ``table_dir``."""
+    encodings: dict[str, set[str]] = {}
+    for file in table_dir.rglob("*.parquet"):
+        metadata = pq.ParquetFile(file).metadata
+        for group in range(metadata.num_row_groups):
+            row_group = metadata.row_group(group)
+            for index in range(row_group.num_columns):
+                chunk = row_group.column(index)
+                encodings.setdefault(chunk.path_in_schema, set()).update(chunk.encodings)
+    dictionary = {path for path, found in encodings.items() if found & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}}
+    return set(encodings), dictionary

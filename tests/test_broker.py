@@ -20,7 +20,9 @@ from broker_model.client import Producer, decompress_body
 from broker_model.common import Message
 from broker_model.common import constants as c
 from broker_model.tools import plan_sends, run_workload
+from schemas.catalog import PLAIN_ENCODED_COLUMNS
 from schemas.errors import BrokerError, BrokerLockedError, CommitFailedError, ValidationError
+from tests.helpers import column_encodings
 from tests.log_invariants import check_log, read_log
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,6 +121,48 @@ def test_group_commit_turns_many_sync_sends_into_few_commits(tmp_path: Path) -> 
     assert len(rows) == 32 * 40
     assert broker.commits < len(rows) / 4
     assert check_log(rows, c.DEFAULT_SEGMENT_SIZE) == []
+
+
+def test_a_lone_sync_sender_is_committed_without_lingering(tmp_path: Path) -> None:
+    # a step of 1 s: a commit that lingered would hold each put at least that long
+    config = BrokerConfig(tmp_path, flush_mode="SYNC_FLUSH", group_commit_step_ms=1000, group_commit_linger_ms=5000)
+    with Broker(config).start() as broker:
+        broker.put_message(_inner())  # no commit before: this one may linger one step
+        started = time.monotonic()
+        for _ in range(5):
+            broker.put_message(_inner())
+        assert time.monotonic() - started < 1
+        assert broker.commits == 6
+
+
+def test_a_group_commits_once_every_recent_sender_is_back(tmp_path: Path) -> None:
+    # senders that put in lockstep: once a group held all 8, later groups commit on reaching 8
+    # puts instead of waiting for a step without growth (2 s here)
+    config = BrokerConfig(tmp_path, flush_mode="SYNC_FLUSH", group_commit_step_ms=2000, group_commit_linger_ms=9000)
+    with Broker(config).start() as broker:
+        gate = threading.Barrier(8)
+
+        def send() -> None:
+            for _ in range(4):
+                gate.wait()
+                broker.put_message(_inner())
+
+        threads = [threading.Thread(target=send) for _ in range(8)]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert time.monotonic() - started < 6  # the first group lingers a step or two, no later one (4 x 2 s)
+    assert len(read_log(tmp_path, "broker-a")) == 32
+
+
+def test_broker_files_keep_bodies_and_ids_out_of_dictionaries(tmp_path: Path) -> None:
+    with _broker(tmp_path) as broker:
+        broker.put_messages([_inner(body=bytes([i % 2]) * 64, KEYS="k", UNIQ_KEY=f"u{i % 2}") for i in range(100)])
+    paths, dictionary = column_encodings(tmp_path / "commitlog")
+    assert set(PLAIN_ENCODED_COLUMNS) <= paths - dictionary
+    assert {"topic", "born_host", "store_host", "properties.key_value.key", "queue_id"} <= dictionary
 
 
 def test_sync_flush_send_is_in_the_log_when_it_returns(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
@@ -28,7 +27,7 @@ from schemas.catalog import (
 )
 from schemas.errors import LakeError, ValidationError
 from tests.builders import commitlog_frame, commitlog_record
-from tests.helpers import assert_frames_equal, canonical_rows
+from tests.helpers import assert_frames_equal, canonical_rows, column_encodings
 
 pytestmark = pytest.mark.spark
 
@@ -191,14 +190,8 @@ def test_message_bodies_ids_and_property_values_are_written_without_a_dictionary
     ]
     lake.append("commitlog", commitlog_frame(spark, rows))
 
-    encodings: dict[str, set[str]] = {}
-    for file in lake.location(COMMITLOG).rglob("*.parquet"):
-        row_group = pq.ParquetFile(file).metadata.row_group(0)
-        for index in range(row_group.num_columns):
-            chunk = row_group.column(index)
-            encodings.setdefault(chunk.path_in_schema, set()).update(chunk.encodings)
-    dictionary = {path for path, found in encodings.items() if found & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}}
-    assert set(PLAIN_ENCODED_COLUMNS) <= set(encodings) - dictionary
+    paths, dictionary = column_encodings(lake.location(COMMITLOG))
+    assert set(PLAIN_ENCODED_COLUMNS) <= paths - dictionary
     assert {"topic", "born_host", "properties.key_value.key", "tags"} <= dictionary
 
 

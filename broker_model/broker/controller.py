@@ -10,6 +10,7 @@ See docs/architecture.md.
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import socket
@@ -63,6 +64,8 @@ class Broker(SendBack):
         self._wake = threading.Condition(self._lock)
         self._pending: _Group | None = None  # accumulating puts
         self._committing: _Group | None = None  # being committed
+        self._recent_puts: collections.deque[int] = collections.deque(maxlen=8)  # puts of the last commits
+        self._full_group = 0  # the most of those: a group that large commits without lingering
         self._running = False
         self._failed: BaseException | None = None
         self._lock_file: BrokerNameLock | None = None

@@ -3,8 +3,8 @@ everything pending into one Delta commit (group commit, SYNC_FLUSH and ASYNC_FLU
 
 from __future__ import annotations
 
+import collections
 import functools
-import struct
 import threading
 import time
 import zlib
@@ -124,17 +124,42 @@ def _record_column(records: _Prepared, name: str) -> list[Any]:
     return [p.get(key) for p in records.properties]
 
 
+class _Completion:
+    """Set once, waited on by any number of threads.
+
+    A lock held from creation until :meth:`set`: each waiter takes and hands it back in turn,
+    so a commit wakes its senders without a condition variable all of them contend for.
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        """Complete it (once) and wake every waiter."""
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def wait(self) -> None:
+        """Return once :meth:`set` was called."""
+        if not self._set:
+            with self._lock:
+                pass
+
+
 class _Group:
     """Records put together and committed together; completion is shared."""
 
     def __init__(self) -> None:
         self.columns = _Columns()
         self.size = 0  # records so far
-        self.done = threading.Event()
+        self.puts = 0  # puts that added them
+        self.done = _Completion()
         self.error: BaseException | None = None
-
-
-_LONG = struct.Struct(">q")
 
 
 @functools.lru_cache(maxsize=16)
@@ -173,6 +198,8 @@ class PutPath:
     _wake: threading.Condition
     _pending: _Group | None
     _committing: _Group | None
+    _recent_puts: collections.deque[int]
+    _full_group: int
     _running: bool
     _failed: BaseException | None
     _log: AppendLog
@@ -218,12 +245,15 @@ class PutPath:
             store_timestamp = self._clock()
             if self._pending is None:
                 self._pending = _Group()
+                self._wake.notify()  # the committer waits for a group; a lingering one polls
             group = self._pending
             placed = self._place(records)
             fixed = {"broker_name": self.broker_name, "store_host": self.store_host, "store_timestamp": store_timestamp}
             group.columns.extend(fixed, placed, records)
             group.size += len(records.sizes)
-            self._wake.notify()
+            group.puts += 1
+            if group.puts == self._full_group:
+                self._wake.notify()  # every recent sender is back: the lingering committer goes on
         if self.config.flush_mode == "SYNC_FLUSH":
             group.done.wait()
             if group.error is not None:
@@ -357,12 +387,12 @@ class PutPath:
                 queue_offset = self.max_offsets.get(key, 0)
                 self.max_offsets[key] = queue_offset + 1
             queue_offsets.append(queue_offset)
-        prefix, pack = self._msg_id_prefix, _LONG.pack
+        prefix = self._msg_id_prefix.hex().upper()  # offsets are never negative: 16 hex digits
         return {
             "segment": segments,
             "commit_log_offset": offsets,
             "queue_offset": queue_offsets,
-            "msg_id": [(prefix + pack(o)).hex().upper() for o in offsets],
+            "msg_id": [f"{prefix}{o:016X}" for o in offsets],
         }
 
     # -- the committer ----------------------------------------------------------------------------
@@ -377,6 +407,8 @@ class PutPath:
                 self._linger()
                 group, self._pending = self._pending, None
                 self._committing = group
+                self._recent_puts.append(group.puts)
+                self._full_group = max(self._recent_puts)
             self._commit_group(group)
 
     def _linger(self) -> None:
@@ -384,12 +416,17 @@ class PutPath:
 
         Waits in steps of ``group_commit_step_ms`` for as long as the pending group grew during the
         last step, at most ``group_commit_linger_ms`` in all: many concurrent senders share one
-        commit, a lone sender waits one step at most (RocketMQ's group commit waits up to 10 ms).
+        commit (RocketMQ's group commit waits up to 10 ms). It stops as soon as the group holds as
+        many puts as the largest of the last commits (the senders of those are all back), so a lone
+        sender, whose commits hold one put each, does not wait at all.
         """
+        full = self._full_group
         step = self.config.group_commit_step_ms / 1000
         deadline = time.monotonic() + self.config.group_commit_linger_ms / 1000
         size = -1
         while self._pending is not None and self._running and size != self._pending.size:
+            if 0 < full <= self._pending.puts:
+                return
             size = self._pending.size
             remaining = deadline - time.monotonic()
             if remaining <= 0:

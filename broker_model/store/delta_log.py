@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from schemas.catalog import TableSpec
+from schemas.catalog import PLAIN_ENCODED_COLUMNS, TableSpec
 from schemas.errors import LakeError, UnsupportedTableError
 
 _LOG_DIR = "_delta_log"
@@ -131,6 +131,8 @@ class AppendLog:
         self._check_protocol()
         self._next_version = self._latest_version() + 1
         self._checkpointer: threading.Thread | None = None
+        data_fields = [f for f in spec.arrow_schema if f.name not in spec.partition_by]
+        self._dictionary = [p for p in _leaf_paths(data_fields) if p not in PLAIN_ENCODED_COLUMNS]
 
     # -- files ------------------------------------------------------------------------------------
 
@@ -155,7 +157,7 @@ class AppendLog:
         target.parent.mkdir(parents=True, exist_ok=True)
         data = data.select(self.spec.data_columns)
         with open(target, "wb") as handle:
-            pq.write_table(data, handle, compression="snappy")
+            pq.write_table(data, handle, compression="snappy", use_dictionary=self._dictionary)
             if self.fsync:
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -357,6 +359,22 @@ def file_stats(data: pa.Table) -> dict[str, Any]:
             continue
         minimum[name], maximum[name] = low_value, high_value
     return {"numRecords": data.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls}
+
+
+def _leaf_paths(fields: list[pa.Field]) -> list[str]:
+    """The Parquet column paths of ``fields`` (a map's are ``name.key_value.key`` and ``.value``)."""
+    paths = []
+    for field_ in fields:
+        kind = field_.type
+        if pa.types.is_map(kind):
+            paths += [f"{field_.name}.key_value.key", f"{field_.name}.key_value.value"]
+        elif pa.types.is_struct(kind):
+            paths += [f"{field_.name}.{p}" for p in _leaf_paths(list(kind))]
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            paths += [f"{field_.name}.list.{p}" for p in _leaf_paths([pa.field("element", kind.value_type)])]
+        else:
+            paths.append(field_.name)
+    return paths
 
 
 def _split_by(rows: pa.Table, keys: list[str]) -> list[tuple[dict[str, str | None], pa.Table]]:
