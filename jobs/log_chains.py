@@ -1,5 +1,6 @@
-"""Continuity of consume queues and broker logs, checked on the driver with numpy, data file by data
-file: each queue's rows and each broker's records must follow one another. Used by
+"""Continuity of consume queues and broker logs, checked on the driver with numpy, part by part
+(a data file, a chunk of consecutive files, an increment: each a range of every queue and broker
+it touches): each queue's rows and each broker's records must follow one another. Used by
 ``rebuild_consume_queue`` and by the replay's log order check. See docs/jobs.md (Log chains).
 """
 

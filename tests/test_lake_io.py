@@ -241,6 +241,54 @@ def test_file_rows_come_dictionary_encoded_where_asked_with_the_same_values(lake
         lake.iter_file_rows("commitlog", columns, dictionaries=["tags"])  # not one of the columns read
 
 
+def test_row_chunks_hold_every_row_once_with_partition_values_from_the_log(lake: Lake, spark: SparkSession) -> None:
+    assert list(lake.iter_row_chunks("commitlog", ["commit_log_offset"])) == []  # no table yet
+    lake.append("commitlog", _commitlog(spark))
+    version = lake.version(COMMITLOG)
+    lake.append("commitlog", _commitlog(spark).where("broker_name = 'broker-a'"))  # a later version
+    columns = ["broker_name", "segment", "topic", "commit_log_offset"]
+
+    def rows(tables: list[pa.Table]) -> list[tuple[object, ...]]:
+        return sorted(r for t in tables for r in zip(*t.to_pydict().values(), strict=True))
+
+    files = list(lake.iter_file_rows("commitlog", columns, version=version))
+    chunks = list(lake.iter_row_chunks("commitlog", columns, version=version))
+    singles = list(lake.iter_row_chunks("commitlog", columns, version=version, chunk_rows=1))
+    coded = list(lake.iter_row_chunks("commitlog", columns, version=version, dictionaries=["broker_name", "topic"]))
+
+    assert len(chunks) == 1 and len(singles) == len(files) > 1  # chunks hold whole files
+    assert rows(chunks) == rows(singles) == rows(files) == rows(coded)
+    assert {r[0] for r in rows(chunks)} == {"broker b/%é", "broker-a"}  # a value its directory name escapes
+    assert [pa.types.is_dictionary(f.type) for f in coded[0].schema] == [True, False, True, False]
+    assert len(rows(list(lake.iter_row_chunks("commitlog", columns)))) == 2 * len(rows(chunks)) - 1
+    with pytest.raises(ValidationError, match="chunk_rows"):
+        lake.iter_row_chunks("commitlog", columns, chunk_rows=0)
+    with pytest.raises(ValidationError, match="dictionaries"):
+        lake.iter_row_chunks("commitlog", columns, dictionaries=["segment"])  # not a string column
+    with pytest.raises(ValidationError, match="no_such"):
+        lake.iter_row_chunks("commitlog", ["no_such"])
+    with pytest.raises(ValidationError, match="order_by"):
+        lake.iter_row_chunks("commitlog", columns, order_by="broker_name")  # a partition column
+
+
+def test_row_chunks_in_order_hold_consecutive_files_of_each_partition(lake: Lake, spark: SparkSession) -> None:
+    # files of one broker whose log order is not their offset order: the later commits hold the earlier records
+    for offsets in ([400, 500], [0, 100], [200, 300]):
+        lake.append("commitlog", commitlog_frame(spark, [_record("broker-a", 0, o, b"x", {}) for o in offsets]))
+    lake.append("commitlog", commitlog_frame(spark, [_record("broker-b", 0, o, b"x", {}) for o in (0, 100)]))
+    columns = ["broker_name", "commit_log_offset"]
+
+    ordered = list(lake.iter_row_chunks("commitlog", columns, chunk_rows=4, order_by="commit_log_offset"))
+
+    assert [
+        t.sort_by([("broker_name", "ascending"), ("commit_log_offset", "ascending")]).to_pylist() for t in ordered
+    ] == [
+        [{"broker_name": "broker-a", "commit_log_offset": o} for o in (0, 100, 200, 300)],
+        [{"broker_name": "broker-a", "commit_log_offset": o} for o in (400, 500)]
+        + [{"broker_name": "broker-b", "commit_log_offset": o} for o in (0, 100)],
+    ]
+
+
 def test_versions_hold_the_same_data_when_only_compactions_and_empty_commits_lie_between(
     lake: Lake, spark: SparkSession
 ) -> None:

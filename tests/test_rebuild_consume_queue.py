@@ -554,6 +554,9 @@ def test_the_driver_chains_suspect_exactly_where_the_spark_checks_find_something
     for parts, step, encoded in itertools.product((1, 2, 3, 5, len(records)), (1, -1), (False, True)):
         cuts = sorted(rng.sample(range(1, len(records)), parts - 1))
         assert _chain_suspects(records, cuts, step, encoded) == (queues, brokers), (cuts, step, encoded)
+        # chunks of files in (broker, offset) order: a part may end in one broker and go on in the next
+        by_broker = sorted(records, key=lambda r: (r["broker_name"], r["commit_log_offset"]))
+        assert _chain_suspects(by_broker, cuts, step, encoded) == (queues, brokers), (cuts, step, encoded)
 
 
 @pytest.mark.parametrize("encoded", [False, True], ids=["plain", "dictionary"])

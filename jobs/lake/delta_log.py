@@ -4,9 +4,11 @@ features the bridge honours.
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -15,10 +17,12 @@ from urllib.parse import unquote, urlsplit
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import Transaction
+from pyarrow.fs import LocalFileSystem
 
 from schemas.catalog import TableSpec
 from schemas.errors import LakeError, UnsupportedTableError, ValidationError
@@ -273,6 +277,82 @@ class FileReader:
                 constant = pa.repeat(value, part.num_rows).cast(value.type)
             part = part.append_column(self.target.field(column), constant)
         return part.select(self.columns).cast(self.target).unify_dictionaries()
+
+
+def ordered_files(dt: DeltaTable, spec: TableSpec, order_by: str | None) -> pa.Table:
+    """:func:`_active_files` plus ``num_records`` (0 when the log has no count), sorted by the
+    partition values and then by the least ``order_by`` value of each file (its statistic; files
+    without one last), when ``order_by`` is given."""
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    files = _active_files_of(actions, spec.partition_by)
+    counts = actions.column("num_records") if "num_records" in actions.column_names else None
+    files = files.append_column(
+        "num_records",
+        pa.array([0] * files.num_rows, pa.int64()) if counts is None else pc.fill_null(counts.cast(pa.int64()), 0),
+    )
+    if order_by is None or files.num_rows == 0:
+        return files
+    low = f"min.{order_by}"
+    least = actions.column(low) if low in actions.column_names else pa.nulls(files.num_rows, pa.int64())
+    keys = [(f"partition.{c}", "ascending") for c in spec.partition_by] + [("_least", "ascending")]
+    return files.append_column("_least", least).sort_by(keys).drop_columns(["_least"])
+
+
+def scan_chunks(
+    table_dir: str,
+    files: pa.Table,
+    spec: TableSpec,
+    columns: Sequence[str],
+    dictionaries: Sequence[str],
+    chunk_rows: int,
+) -> Iterator[pa.Table]:
+    """``columns`` of the rows of ``files`` (the shape of :func:`ordered_files`) as tables of
+    consecutive files holding about ``chunk_rows`` rows together (a file is never split), each
+    read by pyarrow's dataset scanner, several files at once in its threads: partition columns from
+    the log's values, ``dictionaries`` as :meth:`Lake.iter_file_rows` says (one dictionary per
+    column and chunk)."""
+    schema = spec.arrow_schema
+    coded = pa.dictionary(pa.int32(), pa.string())
+    data = [c for c in columns if c not in spec.partition_by]
+    read_coded = [c for c in dictionaries if c in data]
+    target = pa.schema([schema.field(c).with_type(coded) if c in dictionaries else schema.field(c) for c in columns])
+    scanned = pa.schema([target.field(c) if c in read_coded else schema.field(c) for c in columns])
+    file_format = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=read_coded))
+    paths = files.column("path").to_pylist()
+    counts = files.column("num_records").to_pylist()
+    values = {c: files.column(f"partition.{c}") for c in spec.partition_by}
+    start = 0
+    while start < len(paths):
+        end, held = start + 1, counts[start]
+        while end < len(paths) and end - start < _CHUNK_FILES and held + counts[end] <= chunk_rows:
+            held += counts[end]
+            end += 1
+        partitions = [_partition_expression(values, i) for i in range(start, end)]
+        dataset = ds.FileSystemDataset.from_paths(
+            [file_location(table_dir, p) for p in paths[start:end]],
+            schema=scanned,
+            format=file_format,
+            filesystem=LocalFileSystem(),
+            partitions=partitions,
+        )
+        yield _typed_chunk(dataset.to_table(columns=list(columns), use_threads=True), target)
+        start = end
+
+
+_CHUNK_FILES = 4096  # files of one chunk at most (a log without row counts still reads in chunks)
+
+
+def _partition_expression(values: Mapping[str, pa.ChunkedArray], i: int) -> ds.Expression:
+    """What the ``i``-th file's partition values say of its rows, for the dataset scanner."""
+    terms = [ds.field(c).is_null() if v[i].as_py() is None else ds.field(c) == v[i] for c, v in values.items()]
+    return functools.reduce(operator.and_, terms) if terms else ds.scalar(True)
+
+
+def _typed_chunk(chunk: pa.Table, target: pa.Schema) -> pa.Table:
+    for index, field_ in enumerate(target):
+        if field_.type != chunk.schema.field(index).type:  # a partition column asked for dictionary-encoded
+            chunk = chunk.set_column(index, field_, pc.dictionary_encode(chunk.column(index)).cast(field_.type))
+    return chunk.unify_dictionaries()
 
 
 def _stat(actions: pa.Table, name: str) -> list[Any]:

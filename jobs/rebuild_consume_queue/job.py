@@ -228,8 +228,13 @@ def _execute(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildP
     chains = Chains(segment_sizes(lake.read_rows(BROKERS)))
     tags: set[str | None] = set()
     # the strings as stored, dictionary-encoded: the chains group by them, the tags are few
-    for rows in lake.iter_file_rows(
-        COMMITLOG, [*CHAIN_COLUMNS, "tags"], version=plan.target, dictionaries=("broker_name", "topic", "tags")
+    # chunks of consecutive files of each broker, so that each chunk's runs are ranges of the log
+    for rows in lake.iter_row_chunks(
+        COMMITLOG,
+        [*CHAIN_COLUMNS, "tags"],
+        version=plan.target,
+        dictionaries=("broker_name", "topic", "tags"),
+        order_by="commit_log_offset",
     ):
         chains.add_part(rows)
         tags.update(pc.unique(rows["tags"]).to_pylist())
