@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import reduce
 from pathlib import Path
@@ -225,24 +226,33 @@ def _execute(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildP
         except IncrementalReadError as err:
             print(f"{JOB}: cannot read the new commit log rows alone ({err}); rebuilding in full")
             plan = replace(plan, mode="full", reason=str(err))
+    # the chains are read on the driver while Spark plans the scan of the same files
+    with ThreadPoolExecutor(1, thread_name_prefix="chains") as pool:
+        read_chains = pool.submit(_full_chains, lake, plan.target)
+        checked_df = build_checked_records(lake.read(COMMITLOG, version=plan.target))
+        chains, tags = read_chains.result()
+    summary = _rebuild(lake, plan, checked_df, chains, tags, None, None)
+    tails = Tails(chains.queue_tails(), chains.log_tails())
+    lake.overwrite_rows(CONSUME_QUEUE_TAILS, tails.to_arrow(plan.target), APP_ID, plan.target)
+    return plan, summary
+
+
+def _full_chains(lake: Lake, version: int) -> tuple[Chains, set[str | None]]:
+    """The chains of the whole commit log at ``version`` and its distinct tags."""
     chains = Chains(segment_sizes(lake.read_rows(BROKERS)))
     tags: set[str | None] = set()
-    # the strings as stored, dictionary-encoded: the chains group by them, the tags are few
+    # the strings as stored, dictionary-encoded: the chains group by them, the tags are few;
     # chunks of consecutive files of each broker, so that each chunk's runs are ranges of the log
     for rows in lake.iter_row_chunks(
         COMMITLOG,
         [*CHAIN_COLUMNS, "tags"],
-        version=plan.target,
+        version=version,
         dictionaries=("broker_name", "topic", "tags"),
         order_by="commit_log_offset",
     ):
         chains.add_part(rows)
         tags.update(pc.unique(rows["tags"]).to_pylist())
-    checked_df = build_checked_records(lake.read(COMMITLOG, version=plan.target))
-    summary = _rebuild(lake, plan, checked_df, chains, tags, None, None)
-    tails = Tails(chains.queue_tails(), chains.log_tails())
-    lake.overwrite_rows(CONSUME_QUEUE_TAILS, tails.to_arrow(plan.target), APP_ID, plan.target)
-    return plan, summary
+    return chains, tags
 
 
 def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildSummary, Tails]:
