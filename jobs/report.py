@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import html
 import io
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -188,6 +190,53 @@ def _png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
+Plot = Callable[[Sequence[Mapping[str, Any]]], bytes]
+PLOTS_FILE = "plots.json"
+_PLOTS_FORMAT = 1  # bump when a plot function draws differently from the same rows
+
+
+class PlotCache:
+    """Draws a plot only when its rows changed: the PNG files a report wrote stay in its directory
+    with ``plots.json`` (per file, a digest of the rows and the drawing, and of the PNG bytes); a
+    plot whose rows, drawing and file are all unchanged is read back instead of drawn again."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        try:
+            known = json.loads((out_dir / PLOTS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}
+        self.known: dict[str, dict[str, str]] = known if isinstance(known, dict) else {}
+        self.drawn: dict[str, dict[str, str]] = {}
+        self.read_back: set[str] = set()
+
+    def draw(self, name: str, plot: Plot, rows: Sequence[Mapping[str, Any]]) -> tuple[str, bytes]:
+        """``(name, PNG bytes)`` of ``plot`` over ``rows``."""
+        from matplotlib import __version__ as matplotlib_version
+
+        drawing = [_PLOTS_FORMAT, plot.__module__, plot.__qualname__, matplotlib_version, _DPI]
+        text = json.dumps([drawing, list(rows)], sort_keys=True, default=str)
+        inputs = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        entry = self.known.get(name)
+        if isinstance(entry, dict) and entry.get("inputs") == inputs:
+            try:
+                png = (self.out_dir / name).read_bytes()
+            except OSError:
+                png = b""
+            if png and hashlib.sha256(png).hexdigest() == entry.get("png"):
+                self.drawn[name] = entry
+                self.read_back.add(name)
+                return name, png
+        png = plot(rows)
+        self.drawn[name] = {"inputs": inputs, "png": hashlib.sha256(png).hexdigest()}
+        self.read_back.discard(name)
+        return name, png
+
+    def save(self) -> None:
+        """Record the plots of this report (after its PNG files are written)."""
+        (self.out_dir / PLOTS_FILE).write_text(json.dumps(self.drawn, sort_keys=True), encoding="utf-8")
+
+
 def plot_lag_per_queue(rows: Sequence[Mapping[str, Any]]) -> bytes:
     """Horizontal bars of ``diff`` per (group, queue), rows in the order given (largest first)."""
     shown = list(rows)[:MAX_BARS]
@@ -361,7 +410,7 @@ def _missing(title: str, *specs: TableSpec) -> Section:
     return Section(title, f"no data yet: the table(s) {names} do not exist in this lake")
 
 
-def _lag_section(lake: Lake, versions: Mapping[str, int]) -> Section:
+def _lag_section(lake: Lake, versions: Mapping[str, int], plots: PlotCache) -> Section:
     title = "Lag per group and queue"
     if CONSUMER_OFFSETS.name not in versions:
         return _missing(title, CONSUMER_OFFSETS)
@@ -375,7 +424,7 @@ def _lag_section(lake: Lake, versions: Mapping[str, int]) -> Section:
     return Section(
         title,
         note,
-        [("lag_per_queue.png", plot_lag_per_queue(queues))],
+        [plots.draw("lag_per_queue.png", plot_lag_per_queue, queues)],
         [
             _table(groups, ["group", "lag", "queues"]),
             _table(queues, ["group", *QUEUE_KEY, "consumer_offset", "broker_offset", "diff"]),
@@ -383,7 +432,7 @@ def _lag_section(lake: Lake, versions: Mapping[str, int]) -> Section:
     )
 
 
-def _lag_history_section(lake: Lake, versions: Mapping[str, int], samples: int) -> Section:
+def _lag_history_section(lake: Lake, versions: Mapping[str, int], samples: int, plots: PlotCache) -> Section:
     title = "Lag over time"
     missing = [s for s in (QUEUE_HOURS, COMMIT_HOURS) if s.name not in versions]
     if missing:
@@ -405,12 +454,12 @@ def _lag_history_section(lake: Lake, versions: Mapping[str, int], samples: int) 
     return Section(
         title,
         note,
-        [("lag_over_time.png", plot_lag_over_time(rows))],
+        [plots.draw("lag_over_time.png", plot_lag_over_time, rows)],
         [_table(rows, ["group", "sample", "as_of", "lag"])],
     )
 
 
-def _traffic_section(lake: Lake, versions: Mapping[str, int]) -> Section:
+def _traffic_section(lake: Lake, versions: Mapping[str, int], plots: PlotCache) -> Section:
     title = "Messages and bytes per topic per hour"
     if QUEUE_HOURS.name not in versions:
         return _missing(title, QUEUE_HOURS)
@@ -421,7 +470,7 @@ def _traffic_section(lake: Lake, versions: Mapping[str, int]) -> Section:
     return Section(
         title,
         note,
-        [("topic_traffic.png", plot_topic_traffic(rows))],
+        [plots.draw("topic_traffic.png", plot_topic_traffic, rows)],
         [_table(rows, ["topic", "hour", "messages", "bytes"])],
     )
 
@@ -433,7 +482,8 @@ def _simple_section(
     spec: TableSpec,
     columns: Sequence[str],
     build: Callable[[list[Row]], list[Row]],
-    plot: tuple[str, Callable[[Sequence[Mapping[str, Any]]], bytes]] | None,
+    plot: tuple[str, Plot],
+    plots: PlotCache,
 ) -> Section:
     if spec.name not in versions:
         return _missing(title, spec)
@@ -441,8 +491,7 @@ def _simple_section(
     note = f"{spec.name} version {versions[spec.name]}"
     if not rows:
         return Section(title, note + ": no rows")
-    plots = [(plot[0], plot[1](rows))] if plot is not None else []
-    return Section(title, note, plots, [_table(rows, list(rows[0]))])
+    return Section(title, note, [plots.draw(*plot, rows)], [_table(rows, list(rows[0]))])
 
 
 def _integrity_section(lake: Lake, versions: Mapping[str, int]) -> Section:
@@ -482,11 +531,12 @@ def _iso(epoch_ms: int | None) -> str:
     return "-" if epoch_ms is None else _datetime(epoch_ms).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def build_sections(lake: Lake, versions: Mapping[str, int], samples: int) -> list[Section]:
-    """Every section of the page, reading the given table versions (absent names: missing tables)."""
+def build_sections(lake: Lake, versions: Mapping[str, int], samples: int, plots: PlotCache) -> list[Section]:
+    """Every section of the page, reading the given table versions (absent names: missing tables);
+    ``plots`` draws what changed."""
     return [
-        _lag_section(lake, versions),
-        _lag_history_section(lake, versions, samples),
+        _lag_section(lake, versions, plots),
+        _lag_history_section(lake, versions, samples, plots),
         _simple_section(
             lake,
             versions,
@@ -495,6 +545,7 @@ def build_sections(lake: Lake, versions: Mapping[str, int], samples: int) -> lis
             ["group", "dlq_timestamp"],
             dead_letters_per_day,
             ("dead_letters.png", plot_dead_letters),
+            plots,
         ),
         _simple_section(
             lake,
@@ -504,21 +555,26 @@ def build_sections(lake: Lake, versions: Mapping[str, int], samples: int) -> lis
             ["state", "anomaly"],
             transaction_outcomes,
             ("transaction_outcomes.png", plot_transaction_outcomes),
+            plots,
         ),
-        _traffic_section(lake, versions),
+        _traffic_section(lake, versions, plots),
         _integrity_section(lake, versions),
         _runs_section(lake, versions),
     ]
 
 
-def write_report(out_dir: Path, page: str, sections: Sequence[Section]) -> Path:
-    """Write ``report.html`` and every plot as a PNG file into ``out_dir``; the page's path."""
+def write_report(out_dir: Path, page: str, sections: Sequence[Section], plots: PlotCache) -> Path:
+    """Write ``report.html``, every plot as a PNG file (those read back are left as they are) and
+    ``plots.json`` into ``out_dir``; the page's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / PLOTS_FILE).unlink(missing_ok=True)  # a run that stops here draws every plot next time
     for section in sections:
         for name, png in section.plots:
-            (out_dir / name).write_bytes(png)
+            if name not in plots.read_back:
+                (out_dir / name).write_bytes(png)
     path = out_dir / "report.html"
     path.write_text(page, encoding="utf-8")
+    plots.save()
     return path
 
 
@@ -546,10 +602,12 @@ def run(spark: SparkSession, config: ReportConfig) -> JobRun:
             record_run(lake, job_run.finish("NOOP", f"{settings}; {path}"))
             return job_run
         job_run.output_versions = hours.update(lake)
-        sections = build_sections(lake, {**job_run.input_versions, **job_run.output_versions}, config.samples)
+        plots = PlotCache(config.out_dir)
+        versions = {**job_run.input_versions, **job_run.output_versions}
+        sections = build_sections(lake, versions, config.samples, plots)
         subtitle = f"lake {config.lake} (engine {lake.engine}), as of {_iso(config.as_of)}"
         page = render_html("rmq-lake report", subtitle, sections)
-        path = write_report(config.out_dir, page, sections)
+        path = write_report(config.out_dir, page, sections, plots)
     except Exception as err:
         record_run(lake, job_run.finish("FAILED", f"{type(err).__name__}: {err}"))
         raise
@@ -558,7 +616,7 @@ def run(spark: SparkSession, config: ReportConfig) -> JobRun:
         "tables": sum(len(s.tables) for s in sections),
         "empty_sections": sum(1 for s in sections if not s.plots and not s.tables),
     }
-    print(f"{JOB}: wrote {path} ({job_run.row_counts['plots']} plots)")
+    print(f"{JOB}: wrote {path} ({job_run.row_counts['plots']} plots, {len(plots.read_back)} of them unchanged)")
     record_run(lake, job_run.finish("SUCCEEDED", f"{settings}; {path}"))
     return job_run
 

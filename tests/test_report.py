@@ -10,19 +10,25 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
 from jobs.report import (
+    PLOTS_FILE,
+    PlotCache,
     ReportConfig,
+    Section,
     dead_letters_per_day,
     lag_per_group,
     lag_per_queue,
     run,
     transaction_outcomes,
+    write_report,
 )
 
 pytestmark = pytest.mark.spark
@@ -101,6 +107,51 @@ def test_a_report_whose_inputs_did_not_change_is_not_drawn_again(spark: SparkSes
     page.unlink()
     assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine="bridge")).status == "SUCCEEDED"
     assert page.is_file()
+
+
+def test_a_plot_is_drawn_again_only_when_its_rows_its_drawing_or_its_file_changed(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def bars(rows: Sequence[Mapping[str, Any]]) -> bytes:
+        calls.append(len(rows))
+        return f"png of {len(rows)} rows".encode()
+
+    def report(rows: list[dict[str, Any]], plot: Callable[[Sequence[Mapping[str, Any]]], bytes] = bars) -> bytes:
+        plots = PlotCache(tmp_path)
+        name, png = plots.draw("bars.png", plot, rows)
+        write_report(tmp_path, "<html></html>", [Section("s", plots=[(name, png)])], plots)
+        return png
+
+    assert report([{"a": 1}]) == b"png of 1 rows" and calls == [1]
+    written = (tmp_path / "bars.png").stat().st_mtime_ns
+    assert report([{"a": 1}]) == b"png of 1 rows" and calls == [1]  # read back, file left as it was
+    assert (tmp_path / "bars.png").stat().st_mtime_ns == written
+    assert report([{"a": 1}, {"a": 2}]) == b"png of 2 rows" and calls == [1, 2]  # new rows
+    (tmp_path / "bars.png").write_bytes(b"edited")
+    assert report([{"a": 1}, {"a": 2}]) == b"png of 2 rows" and calls == [1, 2, 2]  # the file changed
+    assert (tmp_path / "bars.png").read_bytes() == b"png of 2 rows"
+
+    def other(rows: Sequence[Mapping[str, Any]]) -> bytes:
+        return b"other drawing"
+
+    assert report([{"a": 1}, {"a": 2}], other) == b"other drawing"  # another drawing of the same rows
+    (tmp_path / PLOTS_FILE).write_text("not json", encoding="utf-8")
+    assert report([{"a": 1}, {"a": 2}]) == b"png of 2 rows" and calls == [1, 2, 2, 2]
+
+
+def test_a_report_at_a_new_time_reuses_the_plots_of_unchanged_rows(spark: SparkSession, tmp_path: Path) -> None:
+    from broker_model.tools import run_workload
+
+    lake_root, out, as_of = tmp_path / "lake", tmp_path / "report", 1_795_000_000_000
+    run_workload(lake_root, 300, seed=3, consumers=True)
+    assert run(spark, ReportConfig(lake_root, as_of, out, engine="bridge")).status == "SUCCEEDED"
+    drawn = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*.png")}
+    assert drawn
+
+    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine="bridge")).status == "SUCCEEDED"
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*.png")} == drawn
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert page.count('src="data:image/png;base64,') == len(drawn)
 
 
 # ---------------------------------------------------------------------------------------------
