@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from broker_model.common import body_crc, java_string_hash, tags_code
 from broker_model.common import constants as c
 from jobs.lake import IncrementalReadError, Lake
-from jobs.log_chains import CHAIN_COLUMNS, Chains
+from jobs.log_chains import CHAIN_COLUMNS, Chains, segment_sizes
 from jobs.rebuild_consume_queue import (
     APP_ID,
     DRIVER_INCREMENT_BYTES,
@@ -43,6 +43,7 @@ from jobs.rebuild_consume_queue import (
     queue_starts,
     run,
 )
+from jobs.rebuild_consume_queue.transforms import segment_size_of, with_segment_size
 from jobs.rules import delay_level
 from jobs.rules import java_string_hash as spark_java_hash
 from schemas.catalog import (
@@ -482,6 +483,12 @@ def test_the_segment_size_is_the_latest_one_of_the_broker_else_one_gib(spark: Sp
         "broker-a",
         "broker-z",
     ]
+    # the literal choice the records pass uses for few brokers gives the join's sizes
+    rows_df = commitlog_frame(spark, [record, lone, {**record, "broker_name": "broker-b"}])
+    joined = with_segment_size(rows_df, build_segment_sizes(brokers_df)).select("broker_name", "segment_size")
+    chosen = rows_df.select("broker_name", segment_size_of(segment_sizes(brokers_df.toArrow())).alias("segment_size"))
+    assert sorted(joined.collect()) == sorted(chosen.collect())
+    assert sorted(r["segment_size"] for r in chosen.collect()) == [8192, 16384, c.DEFAULT_SEGMENT_SIZE]
 
 
 _QUEUE_PROBLEMS = ("GAP", "DUPLICATE_QUEUE_OFFSET", "NON_MONOTONIC_OFFSET")

@@ -35,11 +35,11 @@ from jobs.rebuild_consume_queue.transforms import (
     build_findings,
     build_log_context,
     build_queue_context,
-    build_segment_sizes,
     failing,
     filter_dispatched,
     queue_checks,
     record_checks,
+    segment_size_of,
     select_consume_queue,
     with_queue_order,
     with_segment_size,
@@ -213,6 +213,10 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
     print("\n".join(summary.lines()))
     record_run(lake, job_run.finish("SUCCEEDED", f"{plan.mode} up to commitlog version {plan.target}"))
     return job_run
+
+
+# brokers up to which the records pass takes the segment sizes as a literal choice, not a join
+LITERAL_SEGMENT_SIZES = 64
 
 
 def _execute(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildPlan, RebuildSummary]:
@@ -413,11 +417,17 @@ def _rebuild(
     are then computed only where something is wrong: the continuity of the brokers and the order
     of the queues the chains suspect, and the record checks when the consume-queue rows pass saw a record fail.
     """
-    sizes_df = _segment_sizes(lake)
+    sizes_df = lake.spark.createDataFrame(
+        sorted(chains.segment_sizes.items()), "broker_name string, segment_size long"
+    )  # each broker's latest segment size (build_segment_sizes), from the brokers rows the chains were given
     records = Observation(f"{JOB}-records")
     # one aggregate of one flag: the observation's per-row cost grows with its aggregates
     failed = F.max(failing(record_checks()).cast("int")).alias("failed")
-    sized_df = with_segment_size(checked_df, sizes_df).observe(records, failed)
+    if len(chains.segment_sizes) <= LITERAL_SEGMENT_SIZES:
+        sized_df = checked_df.withColumn("segment_size", segment_size_of(chains.segment_sizes))
+    else:
+        sized_df = with_segment_size(checked_df, sizes_df)
+    sized_df = sized_df.observe(records, failed)
     tags_df = lake.spark.createDataFrame([(t,) for t in sorted(t for t in tags if t)], "tags string")
     cq_row_columns = [n for n in CONSUME_QUEUE.column_names if n != "tags_code"] + ["tags", "delay_level", "sys_flag"]
     cq_rows_df = select_consume_queue(with_tags_code(filter_dispatched(sized_df).select(*cq_row_columns), tags_df))
@@ -446,13 +456,6 @@ def _rebuild(
     if problems:
         findings.append(build_findings(with_segment_size(checked_df, sizes_df), record_checks(), plan.target))
     return _write_findings(lake, plan, reduce(DataFrame.unionByName, findings) if findings else None, summary)
-
-
-def _segment_sizes(lake: Lake) -> DataFrame:
-    """The segment size of every broker of the lake (none when the lake has no ``brokers`` table)."""
-    if lake.exists(BROKERS):
-        return build_segment_sizes(lake.read(BROKERS))
-    return lake.spark.createDataFrame([], "broker_name string, segment_size long")
 
 
 def _write_findings(

@@ -5,7 +5,7 @@ findings of the integrity report. See docs/jobs.md (rebuild_consume_queue).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -155,6 +155,16 @@ def with_segment_size(records_df: DataFrame, segment_sizes_df: DataFrame) -> Dat
     joined_df = records_df.join(F.broadcast(sizes_df), on="broker_name", how="left")
     size = F.coalesce(F.col("_segment_size"), F.lit(c.DEFAULT_SEGMENT_SIZE).cast("long"))
     return joined_df.withColumn("segment_size", size).drop("_segment_size")
+
+
+def segment_size_of(sizes: Mapping[str, int]) -> Column:
+    """The segment size (bytes) of each row's broker, a literal choice over ``broker_name`` from
+    ``sizes`` (broker -> size, as :func:`build_segment_sizes` gives it); RocketMQ's default 1 GiB
+    for a broker missing from it. For a few brokers: no join, nothing to broadcast."""
+    size = F.lit(c.DEFAULT_SEGMENT_SIZE).cast("long")
+    for broker, segment_size in sorted(sizes.items()):
+        size = F.when(F.col("broker_name") == broker, F.lit(segment_size).cast("long")).otherwise(size)
+    return size
 
 
 def record_checks() -> list[Check]:
