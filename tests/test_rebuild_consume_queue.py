@@ -43,7 +43,12 @@ from jobs.rebuild_consume_queue import (
     queue_starts,
     run,
 )
-from jobs.rebuild_consume_queue.transforms import segment_size_of, with_segment_size
+from jobs.rebuild_consume_queue.transforms import (
+    segment_size_of,
+    with_delay_level,
+    with_literal_tags_code,
+    with_segment_size,
+)
 from jobs.rules import delay_level
 from jobs.rules import java_string_hash as spark_java_hash
 from schemas.catalog import (
@@ -260,6 +265,13 @@ def test_tags_code_is_the_java_hash_of_tags_and_zero_without_tags(spark: SparkSe
     cq_rows = commitlog_frame(spark, records).transform(build_consume_queue)
     codes = [r["tags_code"] for r in cq_rows.orderBy("queue_offset").collect()]
     assert codes == [0, 0, 2598919, -2147483648, java_string_hash("😀")]
+    # the literal choice of the records pass (few distinct tags) gives the same codes; a value it
+    # was not given codes 0, as a value missing from the join's table does
+    leveled_df = commitlog_frame(spark, records).transform(with_delay_level)
+    literal = with_literal_tags_code(leveled_df, tags).orderBy("queue_offset").select("tags_code").collect()
+    assert [r["tags_code"] for r in literal] == codes
+    partial = with_literal_tags_code(leveled_df, ["TagA"]).orderBy("queue_offset").select("tags_code").collect()
+    assert [r["tags_code"] for r in partial] == [0, 0, 2598919, 0, 0]
 
 
 @pytest.mark.spark

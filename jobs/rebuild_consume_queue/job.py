@@ -41,6 +41,7 @@ from jobs.rebuild_consume_queue.transforms import (
     record_checks,
     segment_size_of,
     select_consume_queue,
+    with_literal_tags_code,
     with_queue_order,
     with_segment_size,
     with_tags_code,
@@ -215,8 +216,9 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
     return job_run
 
 
-# brokers up to which the records pass takes the segment sizes as a literal choice, not a join
-LITERAL_SEGMENT_SIZES = 64
+# brokers (segment sizes) and distinct tags (tags codes) up to which the records pass chooses each
+# row's value with a literal expression instead of a broadcast join
+LITERAL_CHOICES = 64
 
 
 def _execute(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildPlan, RebuildSummary]:
@@ -423,14 +425,19 @@ def _rebuild(
     records = Observation(f"{JOB}-records")
     # one aggregate of one flag: the observation's per-row cost grows with its aggregates
     failed = F.max(failing(record_checks()).cast("int")).alias("failed")
-    if len(chains.segment_sizes) <= LITERAL_SEGMENT_SIZES:
+    if len(chains.segment_sizes) <= LITERAL_CHOICES:
         sized_df = checked_df.withColumn("segment_size", segment_size_of(chains.segment_sizes))
     else:
         sized_df = with_segment_size(checked_df, sizes_df)
     sized_df = sized_df.observe(records, failed)
-    tags_df = lake.spark.createDataFrame([(t,) for t in sorted(t for t in tags if t)], "tags string")
     cq_row_columns = [n for n in CONSUME_QUEUE.column_names if n != "tags_code"] + ["tags", "delay_level", "sys_flag"]
-    cq_rows_df = select_consume_queue(with_tags_code(filter_dispatched(sized_df).select(*cq_row_columns), tags_df))
+    records_df = filter_dispatched(sized_df).select(*cq_row_columns)
+    distinct_tags = sorted({t for t in tags if t})
+    if len(distinct_tags) <= LITERAL_CHOICES:
+        coded_df = with_literal_tags_code(records_df, distinct_tags)
+    else:
+        coded_df = with_tags_code(records_df, lake.spark.createDataFrame([(t,) for t in distinct_tags], "tags string"))
+    cq_rows_df = select_consume_queue(coded_df)
     write = lake.overwrite if plan.mode == "full" else lake.append
     written = write(
         CONSUME_QUEUE, cq_rows_df.sortWithinPartitions(*_QUEUE_PARTITION, "queue_offset"), APP_ID, plan.target

@@ -5,7 +5,7 @@ findings of the integrity report. See docs/jobs.md (rebuild_consume_queue).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -13,6 +13,7 @@ from pyspark.sql.types import StructType
 
 from broker_model.common import QUEUE_KEY
 from broker_model.common import constants as c
+from broker_model.common.codec import java_string_hash as java_string_hash_of
 from broker_model.store import FIXED_RECORD_LENGTH, IPV6_HOST_EXTRA
 from jobs.rules import consume_queue_tags_code, delay_level, is_dispatched, java_string_hash
 from schemas.catalog import (
@@ -86,6 +87,17 @@ def with_tags_code(records_df: DataFrame, tags_df: DataFrame | None = None) -> D
     coded_df = records_df.join(F.broadcast(codes_df), F.col("tags") == F.col("_tags"), how="left")
     tags_code = consume_queue_tags_code(F.col("_tags_hash"), F.col("delay_level"), F.col("store_timestamp"))
     return coded_df.withColumn("tags_code", tags_code).drop("_tags", "_tags_hash")
+
+
+def with_literal_tags_code(records_df: DataFrame, tags: Iterable[str | None]) -> DataFrame:
+    """:func:`with_tags_code` for records whose distinct ``tags`` are known and few: each value's
+    Java hash is computed on the driver (:func:`~broker_model.common.codec.java_string_hash`) and
+    chosen by a literal expression, with no join; a tags value not among ``tags`` gets code 0."""
+    tags_hash = F.lit(None).cast("long")
+    for value in sorted(t for t in set(tags) if t):
+        tags_hash = F.when(F.col("tags") == value, F.lit(java_string_hash_of(value)).cast("long")).otherwise(tags_hash)
+    tags_code = consume_queue_tags_code(tags_hash, F.col("delay_level"), F.col("store_timestamp"))
+    return records_df.withColumn("tags_code", tags_code)
 
 
 def filter_dispatched(records_df: DataFrame) -> DataFrame:
