@@ -471,14 +471,10 @@ def _write_findings(
     """Commit the findings (None: there are none) with the application transaction
     ``plan.target``; ``summary`` with the count of each problem."""
     write = lake.overwrite if plan.mode == "full" else lake.append
-    if findings_df is None:
+    if findings_df is None:  # an empty commit from the driver, no Spark job
         kinds: dict[str, int] = {}
-        write(
-            CONSUME_QUEUE_INTEGRITY,
-            lake.spark.createDataFrame([], spark_schema(CONSUME_QUEUE_INTEGRITY)),
-            APP_ID,
-            plan.target,
-        )
+        write_rows = lake.overwrite_rows if plan.mode == "full" else lake.append_rows
+        write_rows(CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_INTEGRITY.arrow_schema.empty_table(), APP_ID, plan.target)
     else:
         findings_df = findings_df.persist(StorageLevel.MEMORY_AND_DISK)
         try:
