@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from broker_model.store.delta_log import ensure_table
 from jobs.lake import ENGINE_CONF, Lake, commit_data_files, detect_engine, resolve_engine, write_data_files
 from schemas.catalog import (
     COMMITLOG,
@@ -243,6 +244,8 @@ def test_file_rows_come_dictionary_encoded_where_asked_with_the_same_values(lake
 
 def test_row_chunks_hold_every_row_once_with_partition_values_from_the_log(lake: Lake, spark: SparkSession) -> None:
     assert list(lake.iter_row_chunks("commitlog", ["commit_log_offset"])) == []  # no table yet
+    ensure_table(lake.root, COMMITLOG)
+    assert list(lake.iter_row_chunks("commitlog", ["broker_name", "commit_log_offset"])) == []  # no data file yet
     lake.append("commitlog", _commitlog(spark))
     version = lake.version(COMMITLOG)
     lake.append("commitlog", _commitlog(spark).where("broker_name = 'broker-a'"))  # a later version

@@ -311,6 +311,8 @@ def scan_chunks(
     read by pyarrow's dataset scanner, several files at once in its threads: partition columns from
     the log's values, ``dictionaries`` as :meth:`Lake.iter_file_rows` says (one dictionary per
     column and chunk)."""
+    if files.num_rows == 0:  # a table without data files has no partition columns to read either
+        return
     schema = spec.arrow_schema
     coded = pa.dictionary(pa.int32(), pa.string())
     data = [c for c in columns if c not in spec.partition_by]
