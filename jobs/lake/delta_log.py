@@ -248,15 +248,11 @@ class FileReader:
         equal: Mapping[str, Any] | None = None,
         dictionaries: Sequence[str] = (),
     ) -> None:
-        schema = spec.arrow_schema
-        coded = pa.dictionary(pa.int32(), pa.string())
         self.table_dir, self.files, self.spec, self.columns = table_dir, files, spec, list(columns)
         self.paths = files.column("path").to_pylist()
         self.dictionaries = dictionaries
         self.data_columns = [c for c in columns if c not in spec.partition_by]
-        self.target = pa.schema(
-            [schema.field(c).with_type(coded) if c in dictionaries else schema.field(c) for c in columns]
-        )
+        self.target = _read_schema(spec, columns, dictionaries)
         self.filters = [(column, "=", value) for column, value in (equal or {}).items()] or None
         self.read_dictionary = [c for c in dictionaries if c in self.data_columns] or None
 
@@ -314,10 +310,8 @@ def scan_chunks(
     if files.num_rows == 0:  # a table without data files has no partition columns to read either
         return
     schema = spec.arrow_schema
-    coded = pa.dictionary(pa.int32(), pa.string())
-    data = [c for c in columns if c not in spec.partition_by]
-    read_coded = [c for c in dictionaries if c in data]
-    target = pa.schema([schema.field(c).with_type(coded) if c in dictionaries else schema.field(c) for c in columns])
+    read_coded = [c for c in dictionaries if c not in spec.partition_by]
+    target = _read_schema(spec, columns, dictionaries)
     scanned = pa.schema([target.field(c) if c in read_coded else schema.field(c) for c in columns])
     file_format = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=read_coded))
     paths = files.column("path").to_pylist()
@@ -355,6 +349,12 @@ def _typed_chunk(chunk: pa.Table, target: pa.Schema) -> pa.Table:
         if field_.type != chunk.schema.field(index).type:  # a partition column asked for dictionary-encoded
             chunk = chunk.set_column(index, field_, pc.dictionary_encode(chunk.column(index)).cast(field_.type))
     return chunk.unify_dictionaries()
+
+
+def _read_schema(spec: TableSpec, columns: Sequence[str], dictionaries: Sequence[str]) -> pa.Schema:
+    """The catalog schema of ``columns``, the string columns in ``dictionaries`` dictionary-encoded."""
+    schema, coded = spec.arrow_schema, pa.dictionary(pa.int32(), pa.string())
+    return pa.schema([schema.field(c).with_type(coded) if c in dictionaries else schema.field(c) for c in columns])
 
 
 def _stat(actions: pa.Table, name: str) -> list[Any]:

@@ -453,19 +453,12 @@ class Lake:
         per column and file: data columns from the Parquet dictionary pages as stored (no string
         is decoded), partition columns as a one-value dictionary. For grouping by few values."""
         spec = _spec(name_or_spec)
-        _check_version(version)
         _check_partition_filter(partition_filter, spec.partition_by, spec.name)
-        _check_column_names(spec, "columns", columns)
         _check_column_names(spec, "equal", list(equal or {}), spec.data_columns)
-        _check_column_names(spec, "dictionaries", dictionaries, list(columns))
-        strings = [c for c in dictionaries if spec.arrow_schema.field(c).type != pa.string()]
-        if strings:
-            raise ValidationError("dictionaries", strings, "are not string columns", "name string columns only")
-        table_dir = local_directory(self.location(spec))
-        if not DeltaTable.is_deltatable(table_dir):
+        opened = self._open_for_driver(spec, version, columns, dictionaries)
+        if opened is None:
             return iter(())
-        dt = open_table(table_dir, version)
-        check_bridge_can_read(dt, table_dir)
+        table_dir, dt = opened
         files = _prune(_active_files(dt, spec.partition_by), partition_filter)
         return map(FileReader(table_dir, files, spec, columns, equal, dictionaries), range(files.num_rows))
 
@@ -486,22 +479,39 @@ class Lake:
         statistic), so that a chunk holds a range of each partition. ``dictionaries`` and errors
         (raised at the call) as :meth:`iter_file_rows`."""
         spec = _spec(name_or_spec)
+        if chunk_rows < 1:
+            raise ValidationError("chunk_rows", chunk_rows, "must be at least 1")
+        if order_by is not None:
+            _check_column_names(spec, "order_by", [order_by], spec.data_columns)
+        opened = self._open_for_driver(spec, version, columns, dictionaries)
+        if opened is None:
+            return iter(())
+        table_dir, dt = opened
+        return scan_chunks(table_dir, ordered_files(dt, spec, order_by), spec, columns, dictionaries, chunk_rows)
+
+    def _open_for_driver(
+        self, spec: TableSpec, version: int | None, columns: Sequence[str], dictionaries: Sequence[str]
+    ) -> tuple[str, DeltaTable] | None:
+        """(table directory, table at ``version``) for a read on the driver of ``columns``, the
+        string ones in ``dictionaries`` dictionary-encoded; None when the table does not exist.
+
+        Raises:
+            ValidationError: a bad version, a column not in the table, a dictionary column that
+                is no string column or not among ``columns``.
+            UnsupportedTableError: the table uses features the bridge cannot read.
+        """
         _check_version(version)
         _check_column_names(spec, "columns", columns)
         _check_column_names(spec, "dictionaries", dictionaries, list(columns))
         strings = [c for c in dictionaries if spec.arrow_schema.field(c).type != pa.string()]
         if strings:
             raise ValidationError("dictionaries", strings, "are not string columns", "name string columns only")
-        if chunk_rows < 1:
-            raise ValidationError("chunk_rows", chunk_rows, "must be at least 1")
-        if order_by is not None:
-            _check_column_names(spec, "order_by", [order_by], spec.data_columns)
         table_dir = local_directory(self.location(spec))
         if not DeltaTable.is_deltatable(table_dir):
-            return iter(())
+            return None
         dt = open_table(table_dir, version)
         check_bridge_can_read(dt, table_dir)
-        return scan_chunks(table_dir, ordered_files(dt, spec, order_by), spec, columns, dictionaries, chunk_rows)
+        return table_dir, dt
 
     def read_max_rows(
         self, name_or_spec: str | TableSpec, column: str, by: str, columns: Sequence[str], version: int | None = None
