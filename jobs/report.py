@@ -38,7 +38,7 @@ from schemas.catalog import (
     TRANSACTION_STATE,
     TableSpec,
 )
-from schemas.errors import ValidationError
+from schemas.errors import LakeError, ValidationError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -639,8 +639,13 @@ def _drawn(lake: Lake, previous: Mapping[str, Any], versions: Mapping[str, int],
         return before == now
     try:
         runs = lake.read_appended_rows(JOB_RUNS, ["job", "status"], before, now).to_pylist()
-    except IncrementalReadError:
-        return False
+    except IncrementalReadError:  # the run records were packed since: the runs of ``now`` not in ``before``
+        try:
+            earlier = set(lake.read_rows(JOB_RUNS, ["run_id"], version=before).column("run_id").to_pylist())
+        except LakeError:  # ``before`` is gone from the log
+            return False
+        rows = lake.read_rows(JOB_RUNS, ["run_id", "job", "status"], version=now).to_pylist()
+        runs = [r for r in rows if r["run_id"] not in earlier]
     return all(r["status"] == "NOOP" or r["job"] in UNLISTED_RUNS for r in runs)
 
 

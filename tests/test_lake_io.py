@@ -17,7 +17,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from broker_model.store.delta_log import ensure_table
-from jobs.lake import ENGINE_CONF, Lake, commit_data_files, detect_engine, resolve_engine, write_data_files
+from jobs.lake import (
+    ENGINE_CONF,
+    IncrementalReadError,
+    Lake,
+    commit_data_files,
+    detect_engine,
+    resolve_engine,
+    write_data_files,
+)
 from schemas.catalog import (
     COMMITLOG,
     CONSUME_QUEUE,
@@ -579,3 +587,84 @@ def test_appended_rows_are_shared_between_lakes_and_never_taken_from_a_replaced_
     Lake(spark, root, "bridge").append_rows(COMMITLOG, records(7, "Audit"))
     again = Lake(spark, root, "bridge").read_appended_rows(COMMITLOG, ["queue_offset", "topic"], first - 1, first)
     assert again.to_pylist() == [{"queue_offset": i, "topic": "Audit"} for i in (7, 8, 9)]
+
+
+def _run_row(i: int) -> dict[str, Any]:
+    return {
+        "run_id": f"run-{i}",
+        "job": "probe",
+        "started_timestamp": 1_700_000_000_000 + i,
+        "duration_ms": i,
+        "status": "SUCCEEDED",
+        "input_versions": [("commitlog", i)],
+        "output_versions": [],
+        "row_counts": [],
+        "message": None,
+    }
+
+
+def test_a_kept_snapshot_is_served_until_a_commit_follows_it_and_never_for_a_table_written_anew(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    import shutil
+
+    from jobs.lake.delta_log import open_table, table_version
+    from schemas.catalog import JOB_RUNS
+
+    root = tmp_path / "lake"
+    lake = Lake(spark, root, "bridge")
+    table_dir = str(lake.location(JOB_RUNS))
+    lake.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(0)], schema=JOB_RUNS.arrow_schema))
+    first = open_table(table_dir)
+    assert open_table(table_dir) is first and table_version(table_dir) == first.version() == 1
+
+    lake.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(1)], schema=JOB_RUNS.arrow_schema))
+    second = open_table(table_dir)
+    assert second is not first and second.version() == table_version(table_dir) == 2
+    assert open_table(table_dir, 1) is first  # a committed version is still that version
+    assert sorted(second.to_pyarrow_table(columns=["run_id"]).column("run_id").to_pylist()) == ["run-0", "run-1"]
+
+    shutil.rmtree(root)  # the same path and versions, other rows
+    again = Lake(spark, root, "bridge")
+    again.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(5)], schema=JOB_RUNS.arrow_schema))
+    again.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(6)], schema=JOB_RUNS.arrow_schema))
+    assert table_version(table_dir) == 2
+    assert sorted(open_table(table_dir).to_pyarrow_table(columns=["run_id"]).column("run_id").to_pylist()) == [
+        "run-5",
+        "run-6",
+    ]
+    assert open_table(table_dir, 1).to_pyarrow_table(columns=["run_id"]).column("run_id").to_pylist() == ["run-5"]
+
+
+def test_small_files_piling_up_in_a_table_appended_row_by_row_are_packed_with_every_row_kept(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from broker_model.store import append_rows
+    from broker_model.store.delta_log import SMALL_TABLE_FILES
+    from schemas.catalog import JOB_RUNS, TOPIC_CONFIG
+
+    lake = Lake(spark, tmp_path / "lake", "bridge")
+    versions = []
+    for i in range(SMALL_TABLE_FILES + 4):
+        versions.append(lake.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(i)], schema=JOB_RUNS.arrow_schema)))
+    table = DeltaTable(str(lake.location(JOB_RUNS)))
+    assert len(table.file_uris()) <= SMALL_TABLE_FILES
+    assert sorted(lake.read_rows(JOB_RUNS, ["run_id"]).column("run_id").to_pylist()) == sorted(
+        f"run-{i}" for i in range(SMALL_TABLE_FILES + 4)
+    )
+    packed = [h for h in table.history() if h["operation"] == "OPTIMIZE"]
+    assert len(packed) == 1
+    # the packing changed no row, but it rewrote appended files: a range across it is read whole
+    appended, next_append = versions[SMALL_TABLE_FILES], versions[SMALL_TABLE_FILES + 1]
+    assert appended is not None and next_append == appended + 2  # the packing lies between
+    assert lake.same_data(JOB_RUNS, appended, appended + 1)
+    with pytest.raises(IncrementalReadError):
+        lake.read_appended_rows(JOB_RUNS, ["run_id"], appended - 1)
+
+    topic_row = {c.name: None for c in TOPIC_CONFIG.columns}
+    for i in range(SMALL_TABLE_FILES + 2):  # the broker's own appends (configuration, broker starts)
+        row = {**topic_row, "broker_name": "b", "topic": f"T{i}", "queue_nums": 4, "perm": 6, "updated_timestamp": i}
+        append_rows(tmp_path / "lake", TOPIC_CONFIG, pa.Table.from_pylist([row], schema=TOPIC_CONFIG.arrow_schema))
+    configs = DeltaTable(str(lake.location(TOPIC_CONFIG)))
+    assert len(configs.file_uris()) <= SMALL_TABLE_FILES
+    assert configs.to_pyarrow_table().num_rows == SMALL_TABLE_FILES + 2

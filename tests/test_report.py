@@ -101,6 +101,19 @@ def test_a_report_whose_inputs_did_not_change_is_not_drawn_again(spark: SparkSes
     assert again.status == "NOOP" and again.row_counts["tables"] > 0 and page.stat().st_mtime_ns == drawn
     assert again.message == f"as_of={as_of}; samples=24; {page}"
 
+    from deltalake import DeltaTable
+
+    from broker_model.store.delta_log import SMALL_TABLE_FILES
+    from jobs.lake import Lake
+    from jobs.runs import JobRun, record_run
+    from schemas.catalog import JOB_RUNS
+
+    lake = Lake(spark, lake_root, "bridge")
+    for _ in range(SMALL_TABLE_FILES + 1):  # enough no-op runs for their records to be packed
+        record_run(lake, JobRun("route_dlq").finish("NOOP", "nothing new"))
+    assert any(h["operation"] == "OPTIMIZE" for h in DeltaTable(str(lake.location(JOB_RUNS))).history())
+    assert run(spark, config).status == "NOOP" and page.stat().st_mtime_ns == drawn
+
     assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine="bridge")).status == "SUCCEEDED"  # a new time
     route_dlq(spark, RouteDlqConfig(lake_root, as_of + 2, engine="bridge"))  # a run that writes: listed
     assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine="bridge")).status == "SUCCEEDED"

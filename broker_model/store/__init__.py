@@ -6,7 +6,15 @@ file import and export (see docs/architecture.md).
 from __future__ import annotations
 
 from broker_model.store.commitlog import recover_offsets, rows_to_table
-from broker_model.store.delta_log import AddFile, AppendLog, append_rows, ensure_table, latest_version, read_table
+from broker_model.store.delta_log import (
+    AddFile,
+    AppendLog,
+    append_rows,
+    ensure_table,
+    latest_version,
+    pack_small_files,
+    read_table,
+)
 from broker_model.store.message_store import MessageExt, MessageStore, PullResult, PullStatus, Subscription
 from broker_model.store.name_lock import BrokerNameLock, LakeLock
 from broker_model.store.offset_ledger import OffsetCommit, OffsetLedger
@@ -47,6 +55,7 @@ __all__ = [
     "import_commitlog",
     "latest_version",
     "magic_for_topic",
+    "pack_small_files",
     "peek_header",
     "read_table",
     "record_length",

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from schemas.catalog import PLAIN_ENCODED_COLUMNS, TableSpec
 from schemas.errors import LakeError, UnsupportedTableError
@@ -79,7 +79,8 @@ def read_table(
 
 
 def append_rows(lake_root: str | Path, spec: TableSpec, rows: pa.Table) -> None:
-    """Append a small table of rows with delta-rs (for rare writes such as configuration)."""
+    """Append a small table of rows with delta-rs (for rare writes such as configuration), then
+    pack the table's small files when they have piled up (:func:`pack_small_files`)."""
     path = ensure_table(lake_root, spec)
     write_deltalake(
         str(path),
@@ -87,6 +88,39 @@ def append_rows(lake_root: str | Path, spec: TableSpec, rows: pa.Table) -> None:
         mode="append",
         partition_by=list(spec.partition_by) or None,
     )
+    pack_small_files(path)
+
+
+# Files of one partition of a table written a few rows at a time (configuration, run records)
+# beyond which they are packed: every reader opens each file, so a table appended to once per
+# run or restart would otherwise cost its readers more every day.
+SMALL_TABLE_FILES = 16
+SMALL_FILE_BYTES = 8 << 20  # files below this size are packed, into files of about this size
+
+
+def pack_small_files(path: str | Path, snapshot: DeltaTable | None = None) -> int | None:
+    """Pack the small files (below :data:`SMALL_FILE_BYTES`) of the table at ``path`` with
+    delta-rs's compaction when a partition holds more than :data:`SMALL_TABLE_FILES` of them in
+    ``snapshot`` (default: its latest version): one commit that rewrites them and changes no row
+    (``dataChange`` false, so incremental readers skip it).
+    The version committed; None when no partition has that many files, or when a concurrent
+    writer's commit conflicts (the next append tries again). ``snapshot`` is only read."""
+    actions = pa.table((snapshot or DeltaTable(str(path))).get_add_actions(flatten=True))
+    if actions.num_rows > SMALL_TABLE_FILES:
+        actions = actions.filter(pc.less(actions.column("size_bytes"), SMALL_FILE_BYTES))
+    if actions.num_rows <= SMALL_TABLE_FILES:
+        return None
+    keys = [name for name in actions.column_names if name.startswith("partition.")]
+    counts = actions.group_by(keys).aggregate([("path", "count")]) if keys else None
+    most = pc.max(counts.column("path_count")).as_py() if counts is not None else actions.num_rows
+    if most <= SMALL_TABLE_FILES:
+        return None
+    table = DeltaTable(str(path))  # compaction moves the table it runs on to its new version
+    try:
+        table.optimize.compact(target_size=SMALL_FILE_BYTES)
+    except DeltaError:
+        return None
+    return table.version()
 
 
 @dataclass(frozen=True)

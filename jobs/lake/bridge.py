@@ -21,7 +21,6 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
-from broker_model.store import latest_version
 from jobs.lake.conform import _check_partition_filter, create_table
 from jobs.lake.delta_log import (
     HIVE_NULL,
@@ -36,6 +35,7 @@ from jobs.lake.delta_log import (
     file_location,
     local_directory,
     open_table,
+    table_version,
 )
 from schemas.catalog import TableSpec
 from schemas.errors import LakeError, ValidationError
@@ -108,8 +108,9 @@ class _BridgeEngine:
         return DeltaTable.is_deltatable(local_directory(path))
 
     def version(self, path: str) -> int:
-        # the newest commit or checkpoint file of the log: a listing, not a replay of the log
-        newest = latest_version(local_directory(path))
+        # the kept snapshot's version, or the newest commit or checkpoint file of the log: a probe
+        # or a listing, not a replay of the log
+        newest = table_version(local_directory(path))
         return newest if newest >= 0 else open_table(local_directory(path)).version()
 
     def schema(self, path: str) -> StructType:

@@ -8,6 +8,8 @@ import functools
 import json
 import operator
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,17 +48,129 @@ def _already_committed(dt: DeltaTable, txn: Transaction) -> bool:
 
 
 def open_table(path: str, version: int | None = None) -> DeltaTable:
-    """The delta-rs table at ``path`` (at ``version``).
+    """The delta-rs table at ``path`` (at ``version``; None: the latest), a snapshot shared by every
+    caller of the process (:class:`_Snapshots`): callers read it and never change it.
 
     Raises:
         LakeError: no Delta table at ``path``, or it has no ``version``.
     """
+    table_dir = _local_or_none(path)
+    if table_dir is not None:
+        kept = _SNAPSHOTS.get(table_dir, version)
+        if kept is not None:
+            return kept
     try:
-        return DeltaTable(path, version=version)
+        dt = DeltaTable(path, version=version)
     except TableNotFoundError:
         raise LakeError(f"no Delta table at {path}; check the lake root or write the table first") from None
     except DeltaError as err:
         raise LakeError(f"cannot load version {version} of the Delta table at {path}: {err}") from err
+    if table_dir is not None:
+        _SNAPSHOTS.keep(table_dir, dt, latest=version is None)
+    return dt
+
+
+def table_version(table_dir: str) -> int:
+    """The latest version of the Delta table in the local directory ``table_dir``, -1 without a
+    log: the kept snapshot's when no commit followed it (one file probe), else from a listing of the
+    log (newest commit or checkpoint)."""
+    latest = _SNAPSHOTS.latest_version(table_dir)
+    if latest is not None:
+        return latest
+    try:
+        names = os.listdir(f"{table_dir}/{_LOG_DIR}")
+    except FileNotFoundError:
+        return -1
+    # 20-digit versions: the greatest name is the greatest version
+    commits = [n[:20] for n in names if n.endswith(".json") and n[:20].isdigit()]
+    checkpoints = [n[:20] for n in names if ".checkpoint" in n and n.endswith(".parquet") and n[:20].isdigit()]
+    return int(max(commits + checkpoints, default="-1"))
+
+
+_LOG_DIR = "_delta_log"
+
+
+def _local_or_none(path: str) -> str | None:
+    try:
+        return local_directory(path)
+    except LakeError:
+        return None
+
+
+def _commit_mark(table_dir: str, version: int) -> tuple[int, int, int, int, bytes] | None:
+    """What identifies commit ``version`` of a table: its file's device, inode, size, change time
+    and bytes; None when the file is gone (log cleanup) or unreadable."""
+    name = f"{table_dir}/{_LOG_DIR}/{version:020d}.json"
+    try:
+        with open(name, "rb") as handle:
+            status = os.fstat(handle.fileno())
+            return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, handle.read()
+    except OSError:
+        return None
+
+
+class _Snapshots:
+    """The delta-rs snapshots opened in this process, shared so that a table is loaded once per
+    version instead of once per caller: loading lists the whole log directory, which for a commit
+    log of tens of thousands of commits costs tens of milliseconds.
+
+    A kept snapshot of version ``v`` is served only while commit ``v``'s file is the very file it
+    was loaded from (device, inode, size, time and bytes): a table deleted and written again is
+    loaded anew. A request for the latest version is served from the latest snapshot kept while
+    commit ``v + 1`` does not exist (Delta commits are numbered without gaps), else loaded again.
+    At most :attr:`LIMIT` snapshots are kept, the least recently used dropped first. Thread-safe.
+    """
+
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, int], tuple[tuple[int, int, int, int, bytes], DeltaTable]] = OrderedDict()
+        self._latest: dict[str, int] = {}  # table directory -> version of its latest snapshot kept
+
+    def get(self, table_dir: str, version: int | None) -> DeltaTable | None:
+        if version is None:
+            version = self.latest_version(table_dir)
+            if version is None:
+                return None
+        with self._lock:
+            kept = self._kept.get((table_dir, version))
+        if kept is None or _commit_mark(table_dir, version) != kept[0]:
+            return None
+        with self._lock:
+            if (table_dir, version) in self._kept:
+                self._kept.move_to_end((table_dir, version))
+        return kept[1]
+
+    def latest_version(self, table_dir: str) -> int | None:
+        """The version of the latest snapshot kept of ``table_dir`` while it is still the table's
+        latest (and the same table), else None."""
+        with self._lock:
+            version = self._latest.get(table_dir)
+            kept = self._kept.get((table_dir, version)) if version is not None else None
+        if version is None or kept is None:
+            return None
+        if os.path.exists(f"{table_dir}/{_LOG_DIR}/{version + 1:020d}.json"):
+            return None
+        return version if _commit_mark(table_dir, version) == kept[0] else None
+
+    def keep(self, table_dir: str, dt: DeltaTable, latest: bool) -> None:
+        version = dt.version()
+        mark = _commit_mark(table_dir, version)
+        if mark is None:  # loaded from a checkpoint whose commit file is gone: nothing to check it by
+            return
+        with self._lock:
+            self._kept[(table_dir, version)] = mark, dt
+            self._kept.move_to_end((table_dir, version))
+            if latest or version > self._latest.get(table_dir, -1):
+                self._latest[table_dir] = version
+            while len(self._kept) > self.LIMIT:
+                (dropped_dir, dropped), _ = self._kept.popitem(last=False)
+                if self._latest.get(dropped_dir) == dropped:
+                    del self._latest[dropped_dir]
+
+
+_SNAPSHOTS = _Snapshots()
 
 
 def check_bridge_can_read(dt: DeltaTable, path: str) -> None:

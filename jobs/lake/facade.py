@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
+from broker_model.store import pack_small_files
 from jobs.lake.bridge import WrittenFiles, _BridgeEngine, commit_data_files, scan_files, write_data_files
 from jobs.lake.conform import (
     _check_catalog_schema,
@@ -60,6 +61,10 @@ if TYPE_CHECKING:
 
 SHARED_APPEND_BYTES = 64 << 20
 """Appended rows in data files of at most this many bytes are read whole once and shared."""
+# Tables appended to a row or two at a time and never read incrementally, whose small files
+# :meth:`Lake.append_rows` packs once they pile up (a packing rewrites appended files, which sends
+# an incremental reader of a range across it back to a whole read).
+PACKED_ON_APPEND = frozenset({"job_runs"})
 SHARED_APPEND_TABLES = 8  # tables whose latest appended rows are kept
 # per table directory, the latest small range of appended rows read on the driver, every column: the
 # jobs of one nightly read the same new rows one after another, and committed versions never change
@@ -339,7 +344,10 @@ class Lake:
             partition_by=list(spec.partition_by) or None,
             commit_properties=properties,
         )
-        return open_table(path).version()
+        written = open_table(path)
+        if mode == "append" and spec.name in PACKED_ON_APPEND:
+            pack_small_files(path, written)
+        return written.version()
 
     def version(self, name_or_spec: str | TableSpec) -> int | None:
         """The latest Delta version of a catalog table, None when the table does not exist."""
@@ -356,7 +364,7 @@ class Lake:
         Read from the log with delta-rs for both engines (delta-spark has no public API for it).
         """
         path = str(self.location(name_or_spec))
-        return DeltaTable(path).transaction_version(app_id) if DeltaTable.is_deltatable(path) else None
+        return open_table(path).transaction_version(app_id) if DeltaTable.is_deltatable(path) else None
 
     def read_appended(
         self, name_or_spec: str | TableSpec, after_version: int, up_to_version: int | None = None
