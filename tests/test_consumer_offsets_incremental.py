@@ -159,3 +159,25 @@ def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_rows_it_left_for_a_lat
     assert "before the previous run's" in str(can_fold(previous, 1_999, commits.slice(0, 0)))
     assert "stored after its as_of" in str(can_fold(Previous([], 2_000, 2_001), 2_500, commits.slice(0, 0)))
     assert "not after the previous as_of" in str(can_fold(previous, 2_500, commits))
+
+
+@pytest.mark.parametrize("seed", [3, 8, 13])
+def test_the_driver_computation_over_chunks_in_any_order_equals_it_over_the_whole_consume_queue(seed: int) -> None:
+    from jobs.consumer_offsets.fold import COMMIT_COLUMNS, CQ_ROW_COLUMNS, compute
+
+    story, cq_rows, commits = _Story(seed), [], []
+    for step in range(8):
+        rows, more, as_of = story.step(late=step in {3, 6})
+        cq_rows += rows
+        commits += more
+    cq = pa.Table.from_pylist(cq_rows, schema=CONSUME_QUEUE.arrow_schema).select(list(CQ_ROW_COLUMNS))
+    committed = pa.Table.from_pylist(commits, schema=CONSUMER_OFFSET_COMMITS.arrow_schema).select(list(COMMIT_COLUMNS))
+    # chunks cut anywhere (a queue's least offset and its duplicates land in several), read in any order
+    shuffled = random.Random(seed)
+    cuts = sorted(shuffled.sample(range(1, cq.num_rows), 6))
+    chunks = [cq.slice(start, end - start) for start, end in zip([0, *cuts], [*cuts, cq.num_rows], strict=True)]
+    shuffled.shuffle(chunks)
+    for t in (as_of - 3 * STEP_MS, as_of):
+        whole = compute(t, committed, cq)
+        assert compute(t, committed, iter(chunks)) == whole
+        assert any(row["oldest_unconsumed_timestamp"] is not None for row in whole)

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from broker_model.common import RETRY_GROUP_TOPIC_PREFIX, GroupQueueKey, QueueKey
 from jobs.consumer_offsets.transforms import QUEUE_NOT_FOUND
+from schemas.catalog import CONSUME_QUEUE
 
 COMMIT_COLUMNS = ("group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp", "source")
 CQ_ROW_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp")
@@ -129,33 +130,50 @@ def fold(
     return [_row(key, current.get(key), bounds.get(key[1:]), time_at, as_of) for key in sorted(listed)]
 
 
-def compute(as_of: int, commits: pa.Table, cq_rows: pa.Table) -> list[dict[str, Any]]:
+def compute(as_of: int, commits: pa.Table, cq_rows: pa.Table | Iterable[pa.Table]) -> list[dict[str, Any]]:
     """The ``consumer_offsets`` rows as of ``as_of`` from every offset commit (:data:`COMMIT_COLUMNS`)
-    and every consume-queue row (:data:`CQ_ROW_COLUMNS`) of the topics the groups subscribe to, with
-    Arrow on the driver: the rows :func:`jobs.consumer_offsets.transforms.build_consumer_offsets`
-    gives with Spark."""
+    and every consume-queue row (:data:`CQ_ROW_COLUMNS`, one table or chunks of it) of the topics
+    the groups subscribe to, with Arrow on the driver: the rows
+    :func:`jobs.consumer_offsets.transforms.build_consumer_offsets` gives with Spark.
+
+    One pass over the chunks, holding one at a time: per queue, its least and greatest offsets
+    and the store time at the least, and the store times at the offsets a commit points at
+    (``offset - 1`` and ``offset``): every time a row can show (:func:`_looked_up_offsets`)."""
     current = _current_offsets(commits.filter(pc.field("commit_timestamp") <= as_of))
-    rows = cq_rows.filter(pc.field("store_timestamp") <= as_of)
-    bounds = _queue_bounds(rows)
-    listed = _listed(current, bounds)
-    wanted = []
-    for key in listed:
-        for offset in _looked_up_offsets(current.get(key), bounds.get(key[1:])):
-            if offset is not None:
-                wanted.append((*key[1:], offset))
+    names = ["broker_name", "topic", "queue_id", "queue_offset"]
+    key_schema = CONSUME_QUEUE.arrow_schema
+    key_schema = pa.schema([key_schema.field(name) for name in names])
+    pointed = {(*key[1:], offset + step) for key, offset in current.items() for step in (-1, 0)}
+    pairs = pa.Table.from_pylist([dict(zip(names, pair, strict=True)) for pair in pointed], schema=key_schema)
+    lows: dict[QueueKey, tuple[int, int | None]] = {}  # queue -> (least offset, earliest store time there)
+    highs: dict[QueueKey, int] = {}
     times: dict[tuple[QueueKey, int], int] = {}
-    if wanted and rows.num_rows:
-        names = ["broker_name", "topic", "queue_id", "queue_offset"]
-        pairs = pa.Table.from_pylist(
-            [dict(zip(names, pair, strict=True)) for pair in set(wanted)], schema=rows.select(names).schema
-        )
-        found = rows.join(pairs, keys=names, join_type="inner")
-        times = _earliest_times(found)
+    for chunk in [cq_rows] if isinstance(cq_rows, pa.Table) else cq_rows:
+        rows = chunk.filter(pc.field("store_timestamp") <= as_of)
+        if not rows.num_rows:
+            continue
+        for queue, (low, high) in _queue_bounds(rows).items():
+            highs[queue] = max(high, highs.get(queue, high))
+            if queue not in lows or low <= lows[queue][0]:
+                earlier = lows[queue][1] if queue in lows and lows[queue][0] == low else None
+                lows[queue] = (low, earlier)
+        least = [dict(zip(names, (*queue, low), strict=True)) for queue, (low, _) in lows.items()]
+        firsts = rows.join(pa.Table.from_pylist(least, schema=key_schema), keys=names, join_type="inner")
+        for (queue, offset), at in _earliest_times(firsts).items():
+            low, seen = lows[queue]
+            if offset == low:
+                lows[queue] = (low, _earliest(seen, at))
+        if pairs.num_rows:
+            for found, at in _earliest_times(rows.join(pairs, keys=names, join_type="inner")).items():
+                times[found] = min(times[found], at) if found in times else at
+    bounds = {queue: (low, highs[queue]) for queue, (low, _) in lows.items()}
 
     def time_at(queue: QueueKey, offset: int) -> int | None:
-        return times.get((queue, offset))
+        low, at = lows.get(queue, (None, None))
+        return at if offset == low else times.get((queue, offset))
 
-    return [_row(key, current.get(key), bounds.get(key[1:]), time_at, as_of) for key in sorted(listed)]
+    listed = sorted(_listed(current, bounds))
+    return [_row(key, current.get(key), bounds.get(key[1:]), time_at, as_of) for key in listed]
 
 
 def _current_offsets(commits: pa.Table) -> dict[GroupQueueKey, int]:

@@ -45,6 +45,9 @@ from schemas.errors import LakeError, ValidationError
 JOB = "consumer_offsets"
 INPUTS = (CONSUMER_OFFSET_COMMITS, CONSUME_QUEUE)
 INPUT_NAMES = tuple(spec.name for spec in INPUTS)
+# input rows up to which a whole computation runs on the driver: it holds one chunk of the consume
+# queue at a time, so the bound is one of time (one driver against a cluster), not of memory
+DRIVER_ROWS = 50_000_000
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class ConsumerOffsetsConfig:
     groups: tuple[str, ...] = ()
     engine: str = "auto"
     full: bool = False
-    driver_rows: int = 5_000_000
+    driver_rows: int = DRIVER_ROWS
 
     def __post_init__(self) -> None:
         if self.driver_rows < 0:
@@ -156,12 +159,12 @@ def _compute_on_driver(lake: Lake, versions: Mapping[str, int], as_of: int) -> i
         else CONSUMER_OFFSET_COMMITS.arrow_schema.empty_table().select(list(COMMIT_COLUMNS))
     )
     topics = sorted(subscribed_topics(commits, as_of))
-    cq_rows = (
-        lake.read_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, [("topic", "in", topics)], cq_version)
+    cq_chunks = (
+        lake.iter_row_chunks(CONSUME_QUEUE, CQ_ROW_COLUMNS, cq_version, partition_filter={"topic": topics})
         if cq_version is not None and topics
-        else CONSUME_QUEUE.arrow_schema.empty_table().select(list(CQ_ROW_COLUMNS))
+        else iter(())
     )
-    rows = compute(as_of, commits, cq_rows)
+    rows = compute(as_of, commits, cq_chunks)
     return lake.overwrite_rows(CONSUMER_OFFSETS, pa.Table.from_pylist(rows, schema=CONSUMER_OFFSETS.arrow_schema))
 
 
@@ -346,8 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--driver-rows",
         type=int,
-        default=5_000_000,
-        help="compute from the whole inputs on the driver up to this many input rows; 0: with Spark (default 5000000)",
+        default=DRIVER_ROWS,
+        help=f"compute from the whole inputs on the driver up to this many input rows; 0: with Spark "
+        f"(default {DRIVER_ROWS})",
     )
     return parser
 

@@ -11,7 +11,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -334,18 +333,16 @@ def _check_column_names(
 
 def _read_files(table_dir: str, files: pa.Table, spec: TableSpec, columns: Sequence[str]) -> pa.Table:
     """``columns`` of the rows of ``files`` (the shape of :func:`_active_files`), read with pyarrow
-    on the driver, a few files at a time; partition columns from the log's values, every column
-    typed as the catalog says."""
-    read = FileReader(table_dir, files, spec, columns)
-    if files.num_rows > 1:
-        with ThreadPoolExecutor(_READ_THREADS) as pool:
-            parts = list(pool.map(read, range(files.num_rows)))
-    else:
-        parts = [read(i) for i in range(files.num_rows)]
-    return pa.concat_tables(parts) if parts else read.target.empty_table()
-
-
-_READ_THREADS = 4  # files read at once on the driver: opening a small file costs more than reading it
+    on the driver, in the order of ``files``; partition columns from the log's values, every column
+    typed as the catalog says. Many files go through one dataset scan (:func:`scan_chunks`: the
+    files are opened and decoded in pyarrow's threads, which costs far less per small file than a
+    reader per file)."""
+    if files.num_rows <= 1:
+        read = FileReader(table_dir, files, spec, columns)
+        return read(0) if files.num_rows else read.target.empty_table()
+    unknown_counts = files.append_column("num_records", pa.array(np.zeros(files.num_rows, np.int64)))
+    chunks = list(scan_chunks(table_dir, unknown_counts, spec, columns, (), 0))
+    return pa.concat_tables(chunks) if len(chunks) > 1 else chunks[0]
 
 
 class FileReader:

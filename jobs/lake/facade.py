@@ -478,24 +478,28 @@ class Lake:
         dictionaries: Sequence[str] = (),
         chunk_rows: int = 1 << 21,
         order_by: str | None = None,
+        partition_filter: PartitionFilter | None = None,
     ) -> Iterator[pa.Table]:
         """``columns`` of every row of the table (at ``version``; None: the latest), read on the
         driver as tables of consecutive data files holding about ``chunk_rows`` rows together (a
         file is never split), several files at once: for facts a job folds over the table without
         holding it, faster than :meth:`iter_file_rows` on tables of many small files. Files are
         ordered by partition values, then by the least ``order_by`` value each holds (its
-        statistic), so that a chunk holds a range of each partition. ``dictionaries`` and errors
+        statistic), so that a chunk holds a range of each partition. ``partition_filter`` keeps
+        the files of the listed partition values (as :meth:`read`). ``dictionaries`` and errors
         (raised at the call) as :meth:`iter_file_rows`."""
         spec = _spec(name_or_spec)
         if chunk_rows < 1:
             raise ValidationError("chunk_rows", chunk_rows, "must be at least 1")
         if order_by is not None:
             _check_column_names(spec, "order_by", [order_by], spec.data_columns)
+        _check_partition_filter(partition_filter, list(spec.partition_by), spec.name)
         opened = self._open_for_driver(spec, version, columns, dictionaries)
         if opened is None:
             return iter(())
         table_dir, dt = opened
-        return scan_chunks(table_dir, ordered_files(dt, spec, order_by), spec, columns, dictionaries, chunk_rows)
+        files = _prune(ordered_files(dt, spec, order_by), partition_filter)
+        return scan_chunks(table_dir, files, spec, columns, dictionaries, chunk_rows)
 
     def _open_for_driver(
         self, spec: TableSpec, version: int | None, columns: Sequence[str], dictionaries: Sequence[str]
