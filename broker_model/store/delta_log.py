@@ -98,26 +98,30 @@ SMALL_TABLE_FILES = 16
 SMALL_FILE_BYTES = 8 << 20  # files below this size are packed, into files of about this size
 
 
-def pack_small_files(path: str | Path, snapshot: DeltaTable | None = None) -> int | None:
+def pack_small_files(path: str | Path, snapshot: DeltaTable | None = None, appended: int = 0) -> int | None:
     """Pack the small files (below :data:`SMALL_FILE_BYTES`) of the table at ``path`` with
     delta-rs's compaction when a partition holds more than :data:`SMALL_TABLE_FILES` of them in
-    ``snapshot`` (default: its latest version): one commit that rewrites them and changes no row
-    (``dataChange`` false, so incremental readers skip it).
-    The version committed; None when no partition has that many files, or when a concurrent
-    writer's commit conflicts (the next append tries again). ``snapshot`` is only read."""
+    ``snapshot`` (default: its latest version) plus ``appended`` small files committed after it:
+    one commit that rewrites them and changes no row (``dataChange`` false, so incremental readers
+    skip it), and a checkpoint of it. The version committed; None when no partition has that many
+    files, or when a concurrent writer's commit conflicts (the next append tries again).
+    ``snapshot`` is only read."""
     actions = pa.table((snapshot or DeltaTable(str(path))).get_add_actions(flatten=True))
-    if actions.num_rows > SMALL_TABLE_FILES:
+    if actions.num_rows + appended > SMALL_TABLE_FILES:
         actions = actions.filter(pc.less(actions.column("size_bytes"), SMALL_FILE_BYTES))
-    if actions.num_rows <= SMALL_TABLE_FILES:
+    if actions.num_rows + appended <= SMALL_TABLE_FILES:
         return None
     keys = [name for name in actions.column_names if name.startswith("partition.")]
-    counts = actions.group_by(keys).aggregate([("path", "count")]) if keys else None
+    counts = actions.group_by(keys).aggregate([("path", "count")]) if keys and actions.num_rows else None
     most = pc.max(counts.column("path_count")).as_py() if counts is not None else actions.num_rows
-    if most <= SMALL_TABLE_FILES:
+    if most + appended <= SMALL_TABLE_FILES:
         return None
     table = DeltaTable(str(path))  # compaction moves the table it runs on to its new version
     try:
         table.optimize.compact(target_size=SMALL_FILE_BYTES)
+        # a checkpoint of the packed version: loading the table then replays at most the commits
+        # of the next packing period, not up to Delta's checkpoint interval of 100
+        table.create_checkpoint()
     except DeltaError:
         return None
     return table.version()

@@ -49,6 +49,7 @@ from jobs.lake.delta_log import (
     open_table,
     ordered_files,
     scan_chunks,
+    table_version,
 )
 from jobs.lake.delta_spark import _DeltaSparkEngine
 from jobs.lake.session import resolve_engine
@@ -344,10 +345,11 @@ class Lake:
             partition_by=list(spec.partition_by) or None,
             commit_properties=properties,
         )
-        written = open_table(path)
+        # the new version from a probe or a listing of the log: loading it would replay the log
+        version = table_version(local_directory(path))
         if mode == "append" and spec.name in PACKED_ON_APPEND:
-            pack_small_files(path, written)
-        return written.version()
+            pack_small_files(path, dt, appended=conformed.num_rows and 1)
+        return version
 
     def version(self, name_or_spec: str | TableSpec) -> int | None:
         """The latest Delta version of a catalog table, None when the table does not exist."""
