@@ -281,6 +281,14 @@ def test_row_chunks_hold_every_row_once_with_partition_values_from_the_log(lake:
     with pytest.raises(ValidationError, match="order_by"):
         lake.iter_row_chunks("commitlog", columns, order_by="broker_name")  # a partition column
 
+    kept = list(
+        lake.iter_row_chunks("commitlog", columns, version=version, partition_filter={"broker_name": ["broker-a"]})
+    )
+    assert rows(kept) == [r for r in rows(chunks) if r[0] == "broker-a"] != []
+    assert list(lake.iter_row_chunks("commitlog", columns, partition_filter={"broker_name": []})) == []
+    with pytest.raises(ValidationError, match="partition_filter"):
+        lake.iter_row_chunks("commitlog", columns, partition_filter={"topic": ["TopicA"]})  # not a partition column
+
 
 def test_row_chunks_in_order_hold_consecutive_files_of_each_partition(lake: Lake, spark: SparkSession) -> None:
     # files of one broker whose log order is not their offset order: the later commits hold the earlier records
