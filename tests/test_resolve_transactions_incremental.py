@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from broker_model.common import constants as c
@@ -26,7 +27,7 @@ from jobs.lake import Lake
 from jobs.resolve_transactions import ResolveTransactionsConfig, run
 from jobs.resolve_transactions.fold import COUNTED, Previous, can_fold
 from jobs.runs import message_number
-from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_STATE
+from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE
 from tests.builders import commitlog_record, commitlog_table
 from tests.helpers import canonical_rows
 
@@ -176,7 +177,11 @@ def _runs(lake: Lake) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("seed", [5, 11])
-def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSession, tmp_path: Path, seed: int) -> None:
+def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
+    spark: SparkSession, tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the records' files are packed after almost every run: a run still moves on from the last one
+    monkeypatch.setattr("broker_model.store.delta_log.SMALL_TABLE_FILES", 2)
     story = _Story(seed)
     chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
     driver = Lake(spark, tmp_path / "driver", "bridge")
@@ -202,6 +207,8 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSessi
     assert set(moved_on) <= set(range(1, steps)) - {i + 1 for i in late_steps}
     assert len(moved_on) >= steps - 4  # a half at an orphan op's offset also makes a run decide every one
     assert seen_states >= {"COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING", "CHECK_DUE"}
+    history = DeltaTable(str(chained.location(TRANSACTION_RECORDS))).history()
+    assert sum(h["operation"] == "OPTIMIZE" for h in history) >= 2
 
 
 def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_records_it_left_for_a_later_one() -> None:

@@ -98,15 +98,20 @@ SMALL_TABLE_FILES = 16
 SMALL_FILE_BYTES = 8 << 20  # files below this size are packed, into files of about this size
 
 
-def pack_small_files(path: str | Path, snapshot: DeltaTable | None = None, appended: int = 0) -> int | None:
+def pack_small_files(
+    path: str | Path, snapshot: DeltaTable | None = None, appended: int = 0, files_up_to: int | None = None
+) -> int | None:
     """Pack the small files (below :data:`SMALL_FILE_BYTES`) of the table at ``path`` with
     delta-rs's compaction when a partition holds more than :data:`SMALL_TABLE_FILES` of them in
-    ``snapshot`` (default: its latest version) plus ``appended`` small files committed after it:
-    one commit that rewrites them and changes no row (``dataChange`` false, so incremental readers
-    skip it), and a checkpoint of it. The version committed; None when no partition has that many
-    files, or when a concurrent writer's commit conflicts (the next append tries again).
-    ``snapshot`` is only read."""
-    actions = pa.table((snapshot or DeltaTable(str(path))).get_add_actions(flatten=True))
+    ``snapshot`` (default: the table at ``files_up_to``) plus ``appended`` small files committed
+    after it: one commit that rewrites them and changes no row (``dataChange`` false, so
+    incremental readers skip it), and a checkpoint of it. With ``files_up_to``, only files active
+    at that version are packed: the files appended after it stay as they are, for a reader that
+    reads the table's appends from that version on. The version committed; None when no partition
+    has that many files, or when a concurrent writer's commit conflicts (the next append tries
+    again). ``snapshot`` is only read."""
+    counted = snapshot if snapshot is not None else DeltaTable(str(path), version=files_up_to)
+    actions = pa.table(counted.get_add_actions(flatten=True))
     if actions.num_rows + appended > SMALL_TABLE_FILES:
         actions = actions.filter(pc.less(actions.column("size_bytes"), SMALL_FILE_BYTES))
     if actions.num_rows + appended <= SMALL_TABLE_FILES:
@@ -116,7 +121,8 @@ def pack_small_files(path: str | Path, snapshot: DeltaTable | None = None, appen
     most = pc.max(counts.column("path_count")).as_py() if counts is not None else actions.num_rows
     if most + appended <= SMALL_TABLE_FILES:
         return None
-    table = DeltaTable(str(path))  # compaction moves the table it runs on to its new version
+    # compaction moves the table it runs on to its new version: never a snapshot shared by readers
+    table = counted if snapshot is None else DeltaTable(str(path), version=files_up_to)
     try:
         table.optimize.compact(target_size=SMALL_FILE_BYTES)
         # a checkpoint of the packed version: loading the table then replays at most the commits

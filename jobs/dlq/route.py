@@ -191,6 +191,9 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
         raise
     recorded = f"through={through}; " if through is not None else ""
     record_run(lake, job_run.finish(status, f"{parameters}; {recorded}{how}"))
+    read = job_run.input_versions.get(RETRY_RECORDS.name)
+    if read is not None:  # the next run reads the records appended after this version
+        lake.pack_read_files(RETRY_RECORDS, read)
     return job_run
 
 

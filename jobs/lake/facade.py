@@ -351,6 +351,22 @@ class Lake:
             pack_small_files(path, dt, appended=conformed.num_rows and 1)
         return version
 
+    def pack_read_files(self, name_or_spec: str | TableSpec, version: int) -> int | None:
+        """Pack the small files of a table its reader reads incrementally, among the files active
+        at ``version``, the version that reader has read (:func:`pack_small_files`: once a
+        partition holds more than 16, one commit that changes no row); the files appended after
+        it stay, so that the reader's next run still reads its range without reading whole. The
+        version committed; None when there was nothing to pack, the table is absent or not
+        local, or a concurrent commit conflicted."""
+        try:
+            table_dir = local_directory(self.location(name_or_spec))
+        except LakeError:  # delta-spark on remote storage: Delta's own OPTIMIZE is the tool there
+            return None
+        if not DeltaTable.is_deltatable(table_dir):
+            return None
+        _check_version(version)
+        return pack_small_files(table_dir, files_up_to=version)
+
     def version(self, name_or_spec: str | TableSpec) -> int | None:
         """The latest Delta version of a catalog table, None when the table does not exist."""
         path = str(self.location(name_or_spec))

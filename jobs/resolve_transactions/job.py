@@ -200,6 +200,9 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
         raise
     recorded = f"through={through}; " if through is not None else ""
     record_run(lake, job_run.finish(status, f"{config.parameters}; {recorded}{how}"))
+    read = job_run.input_versions.get(TRANSACTION_RECORDS.name)
+    if read is not None:  # the next run reads the records appended after this version
+        lake.pack_read_files(TRANSACTION_RECORDS, read)
     return job_run
 
 
