@@ -134,8 +134,8 @@ class _Snapshots:
                 return None
         with self._lock:
             kept = self._kept.get((table_dir, version))
-        if kept is None or _commit_mark(table_dir, version) != kept[0]:
-            return None
+        if kept is None or kept[1].version() != version or _commit_mark(table_dir, version) != kept[0]:
+            return None  # gone, moved to another version by a caller, or another table at that path
         with self._lock:
             if (table_dir, version) in self._kept:
                 self._kept.move_to_end((table_dir, version))
