@@ -358,11 +358,16 @@ class LogTail:
 
 
 def latest_version(path: str | Path) -> int:
-    """The newest version of the Delta table at ``path`` (-1 when it has no log yet)."""
-    log = Path(path) / _LOG_DIR
-    versions = [int(p.name[:20]) for p in log.glob("*.json")] if log.is_dir() else []
-    checkpoints = [int(p.name[:20]) for p in log.glob("*.checkpoint*.parquet")] if log.is_dir() else []
-    return max(versions + checkpoints, default=-1)
+    """The newest version of the Delta table at ``path`` (-1 when it has no log yet): its newest
+    commit or checkpoint file, from one listing of the log directory."""
+    try:
+        names = os.listdir(Path(path) / _LOG_DIR)
+    except (FileNotFoundError, NotADirectoryError):
+        return -1
+    # 20-digit versions: the greatest name is the greatest version
+    commits = [n[:20] for n in names if n.endswith(".json") and n[:20].isdigit()]
+    checkpoints = [n[:20] for n in names if ".checkpoint" in n and n.endswith(".parquet") and n[:20].isdigit()]
+    return int(max(commits + checkpoints, default="-1"))
 
 
 def _parse_change(version: int, text: str) -> LogChange:

@@ -25,6 +25,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import Transaction
 from pyarrow.fs import LocalFileSystem
 
+from broker_model.store import latest_version
 from schemas.catalog import TableSpec
 from schemas.errors import LakeError, UnsupportedTableError, ValidationError
 
@@ -74,16 +75,7 @@ def table_version(table_dir: str) -> int:
     log: the kept snapshot's when no commit followed it (one file probe), else from a listing of the
     log (newest commit or checkpoint)."""
     latest = _SNAPSHOTS.latest_version(table_dir)
-    if latest is not None:
-        return latest
-    try:
-        names = os.listdir(f"{table_dir}/{_LOG_DIR}")
-    except FileNotFoundError:
-        return -1
-    # 20-digit versions: the greatest name is the greatest version
-    commits = [n[:20] for n in names if n.endswith(".json") and n[:20].isdigit()]
-    checkpoints = [n[:20] for n in names if ".checkpoint" in n and n.endswith(".parquet") and n[:20].isdigit()]
-    return int(max(commits + checkpoints, default="-1"))
+    return latest if latest is not None else latest_version(table_dir)
 
 
 _LOG_DIR = "_delta_log"
