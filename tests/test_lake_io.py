@@ -632,6 +632,9 @@ def test_a_kept_snapshot_is_served_until_a_commit_follows_it_and_never_for_a_tab
     assert open_table(table_dir, 1) is first  # a committed version is still that version
     assert sorted(second.to_pyarrow_table(columns=["run_id"]).column("run_id").to_pylist()) == ["run-0", "run-1"]
 
+    second.load_as_version(1)  # a caller moving the shared object: it is not served as version 2 again
+    assert open_table(table_dir).version() == 2 and open_table(table_dir) is not second
+
     shutil.rmtree(root)  # the same path and versions, other rows
     again = Lake(spark, root, "bridge")
     again.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(5)], schema=JOB_RUNS.arrow_schema))

@@ -88,14 +88,19 @@ def _local_or_none(path: str) -> str | None:
         return None
 
 
+# bytes of a commit file compared besides its identity: its first line, the commit info with its
+# time, without reading a compaction's megabytes of remove and add actions on every open
+_MARK_BYTES = 4096
+
+
 def _commit_mark(table_dir: str, version: int) -> tuple[int, int, int, int, bytes] | None:
     """What identifies commit ``version`` of a table: its file's device, inode, size, change time
-    and bytes; None when the file is gone (log cleanup) or unreadable."""
+    and first bytes; None when the file is gone (log cleanup) or unreadable."""
     name = f"{table_dir}/{_LOG_DIR}/{version:020d}.json"
     try:
         with open(name, "rb") as handle:
             status = os.fstat(handle.fileno())
-            return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, handle.read()
+            return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, handle.read(_MARK_BYTES)
     except OSError:
         return None
 
@@ -105,10 +110,11 @@ class _Snapshots:
     version instead of once per caller: loading lists the whole log directory, which for a commit
     log of tens of thousands of commits costs tens of milliseconds.
 
-    A kept snapshot of version ``v`` is served only while commit ``v``'s file is the very file it
-    was loaded from (device, inode, size, time and bytes): a table deleted and written again is
-    loaded anew. A request for the latest version is served from the latest snapshot kept while
-    commit ``v + 1`` does not exist (Delta commits are numbered without gaps), else loaded again.
+    A kept snapshot of version ``v`` is served only while the object still stands at ``v`` and
+    commit ``v``'s file is the very file it was loaded from (device, inode, size, time and first
+    bytes): a table deleted and written again is loaded anew. A request for the latest version is
+    served from the latest snapshot kept while commit ``v + 1`` does not exist (Delta commits are
+    numbered without gaps), else loaded again.
     At most :attr:`LIMIT` snapshots are kept, the least recently used dropped first. Thread-safe.
     """
 
@@ -120,14 +126,14 @@ class _Snapshots:
         self._latest: dict[str, int] = {}  # table directory -> version of its latest snapshot kept
 
     def get(self, table_dir: str, version: int | None) -> DeltaTable | None:
+        """The kept snapshot of ``version`` (None: the latest) while it may be served, else None."""
         if version is None:
-            version = self.latest_version(table_dir)
-            if version is None:
-                return None
+            latest = self._latest_kept(table_dir)
+            return latest[1] if latest is not None else None
         with self._lock:
             kept = self._kept.get((table_dir, version))
-        if kept is None or kept[1].version() != version or _commit_mark(table_dir, version) != kept[0]:
-            return None  # gone, moved to another version by a caller, or another table at that path
+        if kept is None or not self._servable(table_dir, version, kept):
+            return None
         with self._lock:
             if (table_dir, version) in self._kept:
                 self._kept.move_to_end((table_dir, version))
@@ -136,6 +142,10 @@ class _Snapshots:
     def latest_version(self, table_dir: str) -> int | None:
         """The version of the latest snapshot kept of ``table_dir`` while it is still the table's
         latest (and the same table), else None."""
+        latest = self._latest_kept(table_dir)
+        return latest[0] if latest is not None else None
+
+    def _latest_kept(self, table_dir: str) -> tuple[int, DeltaTable] | None:
         with self._lock:
             version = self._latest.get(table_dir)
             kept = self._kept.get((table_dir, version)) if version is not None else None
@@ -143,7 +153,12 @@ class _Snapshots:
             return None
         if os.path.exists(f"{table_dir}/{_LOG_DIR}/{version + 1:020d}.json"):
             return None
-        return version if _commit_mark(table_dir, version) == kept[0] else None
+        return (version, kept[1]) if self._servable(table_dir, version, kept) else None
+
+    @staticmethod
+    def _servable(table_dir: str, version: int, kept: tuple[tuple[int, int, int, int, bytes], DeltaTable]) -> bool:
+        # not moved to another version by a caller, and commit ``version`` is still the file it was
+        return kept[1].version() == version and _commit_mark(table_dir, version) == kept[0]
 
     def keep(self, table_dir: str, dt: DeltaTable, latest: bool) -> None:
         version = dt.version()

@@ -94,7 +94,6 @@ class Lake:
         )
         # the appended files of version ranges already planned: committed versions never change
         self._appended_ranges: dict[tuple[str, int, int], tuple[str, DeltaTable, pa.Table]] = {}
-        self._opened: dict[tuple[str, int], DeltaTable] = {}
 
     def location(self, name_or_spec: str | TableSpec) -> Path:
         """The directory of a catalog table under the lake root."""
@@ -210,12 +209,8 @@ class Lake:
         path = str(self.location(spec))
         if not DeltaTable.is_deltatable(path):
             return spec.arrow_schema.empty_table().select(names)
-        dt = self._opened.get((path, version)) if version is not None else None
-        if dt is None:
-            dt = open_table(path, version)
-            _check_catalog_schema(spec, _log_schema(dt), path)
-            if version is not None:  # a committed version never changes: later reads reuse its snapshot
-                self._opened[(path, version)] = dt
+        dt = open_table(path, version)  # the process's snapshot of that version
+        _check_catalog_schema(spec, _log_schema(dt), path)
         return dt.to_pyarrow_table(columns=names, filters=list(filters) if filters else None)
 
     def schema(self, name_or_spec: str | TableSpec) -> pa.Schema | None:
@@ -348,7 +343,7 @@ class Lake:
         # the new version from a probe or a listing of the log: loading it would replay the log
         version = table_version(local_directory(path))
         if mode == "append" and spec.name in PACKED_ON_APPEND:
-            pack_small_files(path, dt, appended=conformed.num_rows and 1)
+            pack_small_files(path, dt, appended=1 if conformed.num_rows else 0)
         return version
 
     def pack_read_files(self, name_or_spec: str | TableSpec, version: int) -> int | None:
