@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from jobs import hours
 from jobs.cli import job_parser, run_spark_job
 from jobs.lake import (
     CompactSummary,
@@ -20,8 +21,15 @@ from jobs.lake import (
     compact,
     plan_compaction,
 )
-from jobs.runs import JobRun, record_run
-from schemas.catalog import COMMITLOG, CONSUME_QUEUE, RETRY_RECORDS, TRANSACTION_RECORDS
+from jobs.runs import JobRun, latest_reusable_run, record_run
+from schemas.catalog import (
+    COMMIT_HOURS,
+    COMMITLOG,
+    CONSUME_QUEUE,
+    CONSUMER_OFFSET_COMMITS,
+    RETRY_RECORDS,
+    TRANSACTION_RECORDS,
+)
 from schemas.errors import ValidationError
 
 JOB = "compact_commitlog"
@@ -97,14 +105,30 @@ def read_up_to(lake: Lake) -> int | None:
     return min((v for v in versions if v is not None), default=None)
 
 
-# ---------------------------------------------------------------------------------------------
-# The bridge: rewrite with Arrow, commit with delta-rs
-# ---------------------------------------------------------------------------------------------
+# the jobs that read the offset commits incrementally, each from the version its last run read
+COMMIT_READERS = ("consumer_offsets", "route_dlq")
 
 
-# ---------------------------------------------------------------------------------------------
-# delta-spark: Delta's own OPTIMIZE
-# ---------------------------------------------------------------------------------------------
+def commits_read_up_to(lake: Lake) -> int | None:
+    """The ``consumer_offset_commits`` version every job that reads its appends has read: the
+    hourly summaries' (:mod:`jobs.hours`) and the last runs' of :data:`COMMIT_READERS` (None when
+    none has read it)."""
+    versions = [lake.transaction_version(COMMIT_HOURS, hours.APP_ID) if lake.exists(COMMIT_HOURS) else None]
+    for job in COMMIT_READERS:
+        previous = latest_reusable_run(lake, job)
+        versions.append(previous["input_versions"].get(CONSUMER_OFFSET_COMMITS.name) if previous else None)
+    return min((v for v in versions if v is not None), default=None)
+
+
+def pack_offset_commits(lake: Lake) -> int | None:
+    """Pack the small files of ``consumer_offset_commits`` (a broker appends one per offset flush,
+    every few seconds) among those every incremental reader has read (:func:`commits_read_up_to`,
+    the latest version when none has); :meth:`Lake.pack_read_files`. The version committed, None
+    when nothing was packed."""
+    up_to = commits_read_up_to(lake)
+    if up_to is None:
+        up_to = lake.version(CONSUMER_OFFSET_COMMITS)
+    return None if up_to is None else lake.pack_read_files(CONSUMER_OFFSET_COMMITS, up_to)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,16 +169,21 @@ def run(spark: SparkSession, config: CompactConfig) -> JobRun:
                 summary,
             )
         summary.count_files(before, commitlog_files(lake))
+        packed = pack_offset_commits(lake)
     except Exception as err:
         job_run.row_counts = summary.row_counts()
         record_run(lake, job_run.finish("FAILED", f"{type(err).__name__}: {err}"))
         raise
     job_run.row_counts = summary.row_counts()
+    if packed is not None:
+        job_run.output_versions[CONSUMER_OFFSET_COMMITS.name] = packed
+        print(f"{JOB}: packed the small files of {CONSUMER_OFFSET_COMMITS.name} (version {packed})")
     if not bins:
         print(f"{JOB}: nothing to do, no segment has adjacent small files to pack (lake {config.lake})")
-        record_run(lake, job_run.finish("NOOP", "nothing to compact"))
+        done = ("SUCCEEDED", "offset commits packed") if packed is not None else ("NOOP", "nothing to compact")
+        record_run(lake, job_run.finish(*done))
         return job_run
-    job_run.output_versions = {COMMITLOG.name: lake.version(COMMITLOG) or 0}
+    job_run.output_versions[COMMITLOG.name] = lake.version(COMMITLOG) or 0
     print(
         f"{JOB}: compacted {summary.segments_compacted} segment(s) in {summary.commits} commit(s) "
         f"(lake {config.lake}, engine {lake.engine})"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from broker_model.client import Producer, PullConsumer
 from broker_model.common import Message, MessageQueue
 from broker_model.store import AppendLog
 from jobs.compact_commitlog import CompactConfig, build_config, run
+from jobs.consumer_offsets import ConsumerOffsetsConfig
+from jobs.consumer_offsets import run as consumer_offsets
 from jobs.lake import (
     Bin,
     DataFile,
@@ -41,7 +44,8 @@ from jobs.lake import (
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
 from jobs.replay import SUMMARY_COLUMNS, queues_out_of_log_order, summarize_source
-from schemas.catalog import COMMITLOG
+from jobs.runs import message_number
+from schemas.catalog import COMMITLOG, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS
 from schemas.errors import LakeError, ValidationError
 from tests.helpers import canonical_rows
 
@@ -415,3 +419,60 @@ def test_files_newer_than_the_given_version_are_left_for_a_later_run(spark: Spar
     assert version is not None
     removed = {a["remove"]["path"] for a in _commit_actions(lake_root, version) if "remove" in a}
     assert removed and removed <= active_then
+
+
+@pytest.mark.spark
+def test_the_offset_commits_every_reader_has_read_are_packed_and_the_readers_move_on(
+    spark: SparkSession, lake_root: Path, tmp_path: Path
+) -> None:
+    assert rebuild(spark, RebuildConfig(lake_root, engine="bridge")).status == "SUCCEEDED"
+    brokers = _start(lake_root)
+
+    def commit(first: int, count: int) -> None:  # one persisted commit, so one file, each
+        for i in range(first, first + count):
+            brokers[0].commit_offset("packers", "Orders", i % 4, i)
+            assert brokers[0].offsets.persist() is not None
+
+    try:
+        commit(0, 20)
+        first = consumer_offsets(spark, ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine="bridge"))
+        read = first.input_versions[CONSUMER_OFFSET_COMMITS.name]
+        time.sleep(0.01)  # the next commits are timed after that run's T
+        commit(20, 3)
+    finally:
+        for broker in brokers:
+            broker.shutdown()
+    commits_dir = str(lake_root / CONSUMER_OFFSET_COMMITS.name)
+    active_then = _file_names(DeltaTable(commits_dir, version=read))
+    appended_later = _file_names(DeltaTable(commits_dir)) - active_then
+    assert len(active_then) >= 20 and len(appended_later) == 3
+
+    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+
+    packed = job_run.output_versions[CONSUMER_OFFSET_COMMITS.name]
+    log_file = Path(commits_dir, "_delta_log", f"{packed:020d}.json")
+    actions = [json.loads(line) for line in log_file.read_text().splitlines()]
+    changes = [a[k] for a in actions for k in ("add", "remove") if k in a]
+    removed = {Path(a["remove"]["path"]).name for a in actions if "remove" in a}
+    assert removed == active_then and all(a["dataChange"] is False for a in changes)
+    files_now = _file_names(DeltaTable(commits_dir))
+    assert appended_later <= files_now and len(files_now) == len(appended_later) + 1
+
+    moved_on = consumer_offsets(spark, ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine="bridge"))
+    assert moved_on.row_counts.get(f"new {CONSUMER_OFFSET_COMMITS.name}") == 3, moved_on.message  # only what came after
+    table = canonical_rows(DeltaTable(str(lake_root / CONSUMER_OFFSETS.name)).to_pyarrow_table())
+    as_of = message_number(moved_on.message, "as_of")
+    assert as_of is not None
+    fresh = tmp_path / "fresh"  # the same inputs, no earlier run: one full run
+    shutil.copytree(lake_root, fresh, ignore=shutil.ignore_patterns(CONSUMER_OFFSETS.name, "job_runs"))
+    assert consumer_offsets(spark, ConsumerOffsetsConfig(fresh, as_of, engine="bridge")).status == "SUCCEEDED"
+    assert canonical_rows(DeltaTable(str(fresh / CONSUMER_OFFSETS.name)).to_pyarrow_table()) == table
+    assert run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge")).status == "NOOP"
+
+
+def _file_names(table: DeltaTable) -> set[str]:  # of an unpartitioned table
+    return {Path(uri).name for uri in table.file_uris()}
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
