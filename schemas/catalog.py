@@ -515,6 +515,27 @@ COMMIT_HOURS = TableSpec(
     ),
 )
 
+STORE_INGESTS = TableSpec(
+    name="store_ingests",
+    path="store_ingests",
+    partition_by=(),
+    meaning="one row per ingest-store run that moved a broker's ingested range of a RocketMQ store's "
+    "commit log: where it read from, up to where, and the range lost before it was ingested",
+    columns=_cols(
+        ("broker_name", pa.string(), "the lake's name of the ingested broker", False),
+        ("store_dir", pa.string(), "the store's root directory as given (storePathRootDir)", False),
+        ("ingested_timestamp", pa.int64(), "time of the commit, epoch milliseconds", False),
+        ("from_offset", pa.int64(), "physical offset the run read from (after a lost range)", False),
+        ("end_offset", pa.int64(), "physical offset after the last record ingested: the next run's start", False),
+        ("records", pa.int64(), "records ingested", False),
+        ("bytes", pa.int64(), "their store sizes summed", False),
+        ("lost_from", pa.int64(), "start of a range of the log no longer in the store when the run read it"),
+        ("lost_to", pa.int64(), "end (exclusive) of that range"),
+        ("stop", pa.string(), "END (no more data), TORN (an incomplete last record, read next run) or CORRUPT", False),
+        ("commitlog_version", pa.int64(), "commitlog version of the run's commit", False),
+    ),
+)
+
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
     for spec in (
@@ -538,6 +559,7 @@ TABLES: dict[str, TableSpec] = {
         REPLAY_REPORT,
         QUEUE_HOURS,
         COMMIT_HOURS,
+        STORE_INGESTS,
     )
 }
 

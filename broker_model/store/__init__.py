@@ -1,6 +1,6 @@
 """The store: the commit log record layout, the Delta tables a broker appends to (commit log, offset ledger),
 the message store that indexes a commit log into consume queues, the broker name lock, and RocketMQ segment
-file import and export (see docs/architecture.md).
+file import, export and incremental ingest of a RocketMQ store (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from broker_model.store.record import (
     record_length,
 )
 from broker_model.store.segment_files import export_commitlog, import_commitlog
+from broker_model.store.store_ingest import IngestReport, ingest_store
 
 __all__ = [
     "FIXED_RECORD_LENGTH",
@@ -38,6 +39,7 @@ __all__ = [
     "AddFile",
     "AppendLog",
     "BrokerNameLock",
+    "IngestReport",
     "LakeLock",
     "MessageExt",
     "MessageStore",
@@ -53,6 +55,7 @@ __all__ = [
     "ensure_table",
     "export_commitlog",
     "import_commitlog",
+    "ingest_store",
     "latest_version",
     "magic_for_topic",
     "pack_small_files",

@@ -211,8 +211,16 @@ class AppendLog:
 
     # -- commits ----------------------------------------------------------------------------------
 
-    def commit(self, adds: list[AddFile], operation: str = "WRITE", info: dict[str, Any] | None = None) -> int:
-        """Commit ``adds`` as one blind append; return the new table version.
+    def commit(
+        self,
+        adds: list[AddFile],
+        operation: str = "WRITE",
+        info: dict[str, Any] | None = None,
+        app_transaction: tuple[str, int] | None = None,
+    ) -> int:
+        """Commit ``adds`` as one blind append; return the new table version. With
+        ``app_transaction`` (application id, version) the commit also records that Delta
+        application transaction (a ``txn`` action), atomically with the files.
 
         Raises:
             UnsupportedTableError: a concurrent writer changed the protocol to one this writer
@@ -229,6 +237,9 @@ class AppendLog:
             }
         }
         lines = [json.dumps(commit_info)] + [json.dumps(a.action(now)) for a in adds]
+        if app_transaction is not None:
+            app_id, app_version = app_transaction
+            lines.append(json.dumps({"txn": {"appId": app_id, "version": app_version, "lastUpdated": now}}))
         payload = ("\n".join(lines) + "\n").encode("utf-8")
         version = self._put_if_absent(payload)
         if self.checkpoint_interval and version % self.checkpoint_interval == 0:

@@ -288,15 +288,21 @@ def import_commitlog(
 
 
 def _refuse_existing_records(lake: Path, broker_name: str) -> None:
-    table = DeltaTable(str(COMMITLOG.location(lake)))
-    segments = table.partitions(file_pruning_predicate=[("broker_name", "=", broker_name)])
-    if any(p["broker_name"] == broker_name for p in segments):
+    segments = segment_count(lake, broker_name)
+    if segments:
         raise ValidationError(
             "broker_name",
             broker_name,
-            f"already has records in the commitlog table ({len(segments)} segments)",
+            f"already has records in the commitlog table ({segments} segments)",
             "import under a new broker name (a broker's log can only be imported once)",
         )
+
+
+def segment_count(lake: Path, broker_name: str) -> int:
+    """How many segments of ``broker_name`` hold records in the lake's ``commitlog`` (which exists)."""
+    table = DeltaTable(str(COMMITLOG.location(lake)))
+    segments = table.partitions(file_pruning_predicate=[("broker_name", "=", broker_name)])
+    return sum(p["broker_name"] == broker_name for p in segments)
 
 
 @dataclass
@@ -361,7 +367,7 @@ def _scan_file(
             if size != left:
                 raise CorruptRecordError(source, position, f"blank marker TOTALSIZE {size} but {left} bytes are left")
             return
-        row = _decode_at(data, segment_file, position, magic)
+        row = decode_file_record(data, segment_file, position, magic)
         scan.count(row, opens_segment=position == 0)
         row["broker_name"] = broker_name
         row["segment"] = segment_file.base
@@ -369,7 +375,7 @@ def _scan_file(
         position += size
 
 
-def _decode_at(data: memoryview, segment_file: SegmentFile, position: int, magic: int) -> dict[str, Any]:
+def decode_file_record(data: memoryview, segment_file: SegmentFile, position: int, magic: int) -> dict[str, Any]:
     """Decode and check the record at ``position``.
 
     Raises:
@@ -451,23 +457,36 @@ def _tree(directory: Path) -> set[Path]:
 def _register_broker(
     lake: Path, broker_name: str, store_host: str, segment_size: int, queue_max: dict[str, int]
 ) -> None:
-    now = now_ms()
+    register_broker(lake, broker_name, store_host, segment_size)
+    append_topic_config(lake, broker_name, {topic: q + 1 for topic, q in queue_max.items()})
+
+
+def register_broker(lake: Path, broker_name: str, store_host: str, segment_size: int) -> None:
+    """Append the ``brokers`` row of a broker whose log comes from RocketMQ files (ASYNC_FLUSH,
+    RocketMQ's default, started now by this process)."""
     broker = {
         "broker_name": [broker_name],
         "store_host": [store_host],
         "segment_size": [segment_size],
         "flush_mode": ["ASYNC_FLUSH"],
-        "started_timestamp": [now],
+        "started_timestamp": [now_ms()],
         "process": [f"{os.getpid()}@{socket.gethostname()}"],
     }
     append_rows(lake, BROKERS, pa.table(broker))
-    topics = sorted(queue_max)
+
+
+def append_topic_config(lake: Path, broker_name: str, queue_nums: Mapping[str, int]) -> None:
+    """Append ``topic_config`` rows (read and write permission) giving each topic of ``queue_nums``
+    its queue count on ``broker_name``; nothing when it is empty."""
+    if not queue_nums:
+        return
+    topics = sorted(queue_nums)
     config = {
         "broker_name": [broker_name] * len(topics),
         "topic": topics,
-        "queue_nums": pa.array([queue_max[t] + 1 for t in topics], pa.int32()),
+        "queue_nums": pa.array([queue_nums[t] for t in topics], pa.int32()),
         "perm": pa.array([c.PERM_READ | c.PERM_WRITE] * len(topics), pa.int32()),
-        "updated_timestamp": [now] * len(topics),
+        "updated_timestamp": [now_ms()] * len(topics),
     }
     append_rows(lake, TOPIC_CONFIG, pa.table(config))
 
@@ -533,11 +552,19 @@ def broker_segment_size(lake: Path, broker_name: str) -> int:
     Raises:
         ValidationError: the lake has no broker of that name.
     """
+    size = registered_segment_size(lake, broker_name)
+    if size is None:
+        known = sorted(set(read_table(lake, BROKERS, ["broker_name"])["broker_name"].to_pylist()))
+        raise ValidationError("broker_name", broker_name, f"no such broker in lake {lake}", f"use one of {known}")
+    return size
+
+
+def registered_segment_size(lake: Path, broker_name: str) -> int | None:
+    """The segment size of ``broker_name``'s latest ``brokers`` row, None when it has none."""
     rows = read_table(lake, BROKERS, ["broker_name", "segment_size", "started_timestamp"])
     mine = rows.filter(pc.equal(rows["broker_name"], broker_name))
     if mine.num_rows == 0:
-        known = sorted(set(rows["broker_name"].to_pylist()))
-        raise ValidationError("broker_name", broker_name, f"no such broker in lake {lake}", f"use one of {known}")
+        return None
     return int(mine.sort_by([("started_timestamp", "descending")])["segment_size"][0].as_py())
 
 

@@ -1,11 +1,12 @@
-"""The broker command line's import-commitlog and export-commitlog commands (see docs/jobs.md)."""
+"""The broker command line's import-commitlog, export-commitlog and ingest-store commands (see
+docs/jobs.md and docs/ingest.md)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from broker_model.store import export_commitlog, import_commitlog
+from broker_model.store import export_commitlog, import_commitlog, ingest_store
 
 
 def add_import_export_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,6 +36,16 @@ def add_import_export_commands(subparsers: argparse._SubParsersAction[argparse.A
     exporter.add_argument("--broker-name", required=True, help="broker to export")
     exporter.add_argument("out_dir", type=Path, help="new or empty directory for the files")
     exporter.set_defaults(func=run_export_command)
+    ingester = subparsers.add_parser(
+        "ingest-store",
+        help="ingest what a RocketMQ broker's store gained since the last run, as a broker of the lake",
+        description="Append the records of a RocketMQ store's commit log after the last ingested offset "
+        "(one commit; a rerun neither skips nor repeats a record). STORE_DIR is the broker's storePathRootDir.",
+    )
+    ingester.add_argument("--lake", type=Path, required=True, help="lake root directory")
+    ingester.add_argument("--broker-name", required=True, help="the broker's name in the lake")
+    ingester.add_argument("store_dir", type=Path, help="the store root: commitlog/, consumequeue/, config/")
+    ingester.set_defaults(func=run_ingest_command)
 
 
 def run_import_command(args: argparse.Namespace) -> int:
@@ -47,5 +58,12 @@ def run_import_command(args: argparse.Namespace) -> int:
 def run_export_command(args: argparse.Namespace) -> int:
     """Run ``export-commitlog`` from parsed arguments; print the summary and return 0."""
     report = export_commitlog(args.lake, args.broker_name, args.out_dir)
+    print(report.summary())
+    return 0
+
+
+def run_ingest_command(args: argparse.Namespace) -> int:
+    """Run ``ingest-store`` from parsed arguments; print the summary and return 0."""
+    report = ingest_store(args.lake, args.broker_name, args.store_dir)
     print(report.summary())
     return 0

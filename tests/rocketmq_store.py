@@ -1,0 +1,200 @@
+"""A RocketMQ store written the way a RocketMQ broker writes it, by the tests' own code.
+
+:class:`StoreWriter` lays out ``{root}/commitlog/`` as pre-allocated mapped files named by their
+20-digit base offset, appends records with RocketMQ's ``MessageExtEncoder`` layout (packed here
+field by field, not by the product's encoder), rolls to the next file with an 8-byte blank marker
+when a record and a blank no longer fit, and keeps each queue's next offset. It can leave a torn
+last record, flip a byte, delete files as retention does, and pre-allocate the next file.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC_V1 = -626843481  # 0xDAA320A7
+MAGIC_V2 = -626843477  # 0xDAA320AB
+BLANK_MAGIC = -875286124  # 0xCBD43194
+BORN_V6, STORE_V6 = 0x1 << 4, 0x1 << 5
+
+
+@dataclass(frozen=True)
+class Written:
+    """One record the writer appended: where, and what a reader must find."""
+
+    offset: int
+    size: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    body: bytes
+    store_timestamp: int
+
+
+def _host(address: str) -> bytes:
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.inet_pton(family, host) + struct.pack(">i", int(port))
+
+
+def encode(
+    *,
+    topic: str,
+    queue_id: int,
+    queue_offset: int,
+    physical_offset: int,
+    body: bytes,
+    properties: str,
+    born: str,
+    store: str,
+    born_timestamp: int,
+    store_timestamp: int,
+    sys_flag: int = 0,
+) -> bytes:
+    """One record's bytes, as ``CommitLog.MessageExtEncoder`` writes them (4.9 and 5.x)."""
+    born_bytes, store_bytes = _host(born), _host(store)
+    sys_flag |= (BORN_V6 if len(born_bytes) == 20 else 0) | (STORE_V6 if len(store_bytes) == 20 else 0)
+    topic_bytes, props = topic.encode(), properties.encode()
+    v2 = len(topic_bytes) > 127
+    topic_len = struct.pack(">h", len(topic_bytes)) if v2 else struct.pack(">b", len(topic_bytes))
+    tail = (
+        struct.pack(">q", store_timestamp)
+        + store_bytes
+        + struct.pack(">iq", 0, 0)  # RECONSUMETIMES, PREPARED_TRANSACTION_OFFSET
+        + struct.pack(">i", len(body))
+        + body
+        + topic_len
+        + topic_bytes
+        + struct.pack(">h", len(props))
+        + props
+    )
+    head_len = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + len(born_bytes)
+    total = head_len + len(tail)
+    head = struct.pack(
+        ">iiiiiqqiq",
+        total,
+        MAGIC_V2 if v2 else MAGIC_V1,
+        zlib.crc32(body) & 0x7FFFFFFF,
+        queue_id,
+        0,
+        queue_offset,
+        physical_offset,
+        sys_flag,
+        born_timestamp,
+    )
+    return head + born_bytes + tail
+
+
+class StoreWriter:
+    """Writes a store root: ``commitlog/`` of ``file_size`` files starting at ``first_base``."""
+
+    def __init__(
+        self,
+        root: Path,
+        file_size: int = 8192,
+        first_base: int = 0,
+        store_host: str = "10.0.0.7:10911",
+        trailing_separator: bool = True,
+    ) -> None:
+        self.root = Path(root)
+        self.commitlog = self.root / "commitlog"
+        self.commitlog.mkdir(parents=True, exist_ok=True)
+        (self.root / "config").mkdir(exist_ok=True)
+        self.file_size = file_size
+        self.store_host = store_host
+        self.trailing = trailing_separator
+        self.position = first_base  # the next physical offset
+        self.queue_offsets: dict[tuple[str, int], int] = {}
+        self.written: list[Written] = []
+        self.clock = 1_700_000_000_000
+        self._file(first_base)
+
+    def _file(self, base: int) -> Path:
+        path = self.commitlog / f"{base:020d}"
+        if not path.exists():
+            with open(path, "wb") as handle:
+                handle.truncate(self.file_size)  # pre-allocated: zeros
+        return path
+
+    def _put(self, offset: int, data: bytes) -> None:
+        base = offset - offset % self.file_size
+        with open(self._file(base), "r+b") as handle:
+            handle.seek(offset - base)
+            handle.write(data)
+
+    def append(self, topic: str, queue_id: int, body: bytes, keys: str | None = None) -> Written:
+        """Append one record (rolling to the next file first when it and a blank do not fit)."""
+        queue_offset = self.queue_offsets.get((topic, queue_id), 0)
+        self.clock += 7
+        properties = {"TAGS": "TagA", "UNIQ_KEY": f"{self.clock:032X}", "WAIT": "true"}
+        if keys is not None:
+            properties["KEYS"] = keys
+        text = "".join(f"{k}\x01{v}\x02" for k, v in properties.items())
+        if not self.trailing:
+            text = text[:-1]
+        record = self._encode(topic, queue_id, queue_offset, body, text, self.position)
+        base = self.position - self.position % self.file_size
+        if self.position + len(record) + 8 > base + self.file_size:
+            left = base + self.file_size - self.position
+            self._put(self.position, struct.pack(">ii", left, BLANK_MAGIC))
+            self.position = base + self.file_size
+            record = self._encode(topic, queue_id, queue_offset, body, text, self.position)
+        self._put(self.position, record)
+        written = Written(self.position, len(record), topic, queue_id, queue_offset, body, self.clock)
+        self.written.append(written)
+        self.position += len(record)
+        self.queue_offsets[(topic, queue_id)] = queue_offset + 1
+        return written
+
+    def _encode(self, topic: str, queue_id: int, queue_offset: int, body: bytes, props: str, offset: int) -> bytes:
+        return encode(
+            topic=topic,
+            queue_id=queue_id,
+            queue_offset=queue_offset,
+            physical_offset=offset,
+            body=body,
+            properties=props,
+            born="192.168.3.4:51200",
+            store=self.store_host,
+            born_timestamp=self.clock - 3,
+            store_timestamp=self.clock,
+        )
+
+    def append_many(self, count: int, topics: tuple[str, ...] = ("Orders", "Audit"), size: int = 100) -> None:
+        """Append ``count`` records over ``topics`` and four queues each."""
+        for i in range(count):
+            topic = topics[i % len(topics)]
+            self.append(topic, (i // len(topics)) % 4, bytes([i % 251]) * (size + i % 37), keys=f"k{i}")
+
+    def torn(self, topic: str = "Orders", queue_id: int = 0, body: bytes = b"x" * 300, keep: int = 40) -> int:
+        """Write only the first ``keep`` bytes of a next record (a crash mid-write); its offset.
+        The writer's position stays before it, so a later append overwrites it."""
+        queue_offset = self.queue_offsets.get((topic, queue_id), 0)
+        record = self._encode(topic, queue_id, queue_offset, body, "TAGS\x01T\x02", self.position)
+        self._put(self.position, record[:keep])
+        return self.position
+
+    def flip(self, offset: int) -> None:
+        """Invert one byte of the log at physical ``offset``."""
+        base = offset - offset % self.file_size
+        path = self._file(base)
+        data = bytearray(path.read_bytes())
+        data[offset - base] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+    def preallocate_next(self) -> Path:
+        """Create the next (all-zero) file, as RocketMQ's AllocateMappedFileService does early."""
+        base = self.position - self.position % self.file_size + self.file_size
+        return self._file(base)
+
+    def delete_first(self) -> None:
+        """Delete the oldest file, as the broker's retention does."""
+        min(self.commitlog.iterdir()).unlink()
+
+    def files(self) -> list[Path]:
+        """The commit log files, oldest first."""
+        return sorted(self.commitlog.iterdir())

@@ -1,0 +1,251 @@
+"""``ingest-store``: a RocketMQ store's commit log ingested run after run, on stores the tests'
+own writer lays out (:mod:`tests.rocketmq_store`): file rolls with blank markers, pre-allocated
+zero tails, torn last records, retention, a corrupt record in the middle, another broker's store,
+a rewound store, and a run killed at random points then run again.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+
+from broker_model.__main__ import main as broker_main
+from broker_model.broker import Broker, BrokerConfig
+from broker_model.client import Producer
+from broker_model.common import Message
+from broker_model.store import ingest_store
+from broker_model.store.store_ingest import app_id, ingested_end
+from schemas.catalog import BROKERS, COMMITLOG, STORE_INGESTS, TOPIC_CONFIG
+from schemas.errors import CorruptRecordError, ValidationError
+from tests.rocketmq_store import StoreWriter, Written
+
+ROOT = Path(__file__).resolve().parent.parent
+FILE = 8192
+
+
+def _log(lake: Path, broker: str = "broker-x") -> list[dict[str, Any]]:
+    table = DeltaTable(str(COMMITLOG.location(lake))).to_pyarrow_table(
+        filters=[("broker_name", "=", broker)],
+        columns=["commit_log_offset", "store_size", "topic", "queue_id", "queue_offset", "body", "store_timestamp"],
+    )
+    return sorted(table.to_pylist(), key=lambda r: r["commit_log_offset"])
+
+
+def _expected(written: list[Written]) -> list[dict[str, Any]]:
+    return [
+        {
+            "commit_log_offset": w.offset,
+            "store_size": w.size,
+            "topic": w.topic,
+            "queue_id": w.queue_id,
+            "queue_offset": w.queue_offset,
+            "body": w.body,
+            "store_timestamp": w.store_timestamp,
+        }
+        for w in written
+    ]
+
+
+def _ingests(lake: Path) -> list[dict[str, Any]]:
+    rows = DeltaTable(str(STORE_INGESTS.location(lake))).to_pyarrow_table().to_pylist()
+    return sorted(rows, key=lambda r: r["commitlog_version"])
+
+
+def _version(lake: Path) -> int:
+    return DeltaTable(str(COMMITLOG.location(lake))).version()
+
+
+def test_runs_ingest_only_what_the_store_gained_across_file_rolls(tmp_path: Path) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(150)  # several files, each ended by a blank marker
+    store.preallocate_next()
+    assert len(store.files()) >= 4
+
+    first = ingest_store(lake, "broker-x", store.root)
+
+    assert (first.records, first.start, first.end, first.stop) == (150, 0, store.position, "END")
+    assert _log(lake) == _expected(store.written)
+    brokers = DeltaTable(str(BROKERS.location(lake))).to_pyarrow_table().to_pylist()
+    assert [(b["broker_name"], b["store_host"], b["segment_size"]) for b in brokers] == [
+        ("broker-x", "10.0.0.7:10911", FILE)
+    ]
+    topics = DeltaTable(str(TOPIC_CONFIG.location(lake))).to_pyarrow_table().to_pylist()
+    assert {(t["topic"], t["queue_nums"]) for t in topics} == {("Orders", 4), ("Audit", 4)}
+
+    nothing = ingest_store(lake, "broker-x", store.root)
+    assert nothing.version is None and _version(lake) == first.version
+
+    store.append_many(60, topics=("Orders", "Payments"))
+    second = ingest_store(lake, "broker-x", store.root)
+
+    assert (second.start, second.end, second.records) == (first.end, store.position, 60)
+    assert _log(lake) == _expected(store.written)  # nothing twice, nothing skipped
+    assert ingested_end(lake, "broker-x") == store.position
+    assert [(r["from_offset"], r["end_offset"], r["records"], r["stop"]) for r in _ingests(lake)] == [
+        (0, first.end, 150, "END"),
+        (first.end, second.end, 60, "END"),
+    ]
+    topics = DeltaTable(str(TOPIC_CONFIG.location(lake))).to_pyarrow_table().to_pylist()
+    assert ("Payments", 4) in {(t["topic"], t["queue_nums"]) for t in topics}
+
+
+@pytest.mark.parametrize("trailing", [True, False], ids=["5.x", "4.9"])
+def test_every_field_is_read_from_ipv6_and_long_topic_records(tmp_path: Path, trailing: bool) -> None:
+    store = StoreWriter(tmp_path / "store", FILE, store_host="[fd00::7]:10911", trailing_separator=trailing)
+    long_topic = "%RETRY%" + "g" * 130  # over 127 characters: magic v2
+    store.append(long_topic, 0, b"retry body")
+    store.append("Orders", 1, b"plain body", keys="order-1")
+    lake = tmp_path / "lake"
+    ingest_store(lake, "broker-v6", store.root)
+    table = DeltaTable(str(COMMITLOG.location(lake))).to_pyarrow_table()
+    rows = sorted(table.to_pylist(), key=lambda r: r["commit_log_offset"])
+    assert [r["topic"] for r in rows] == [long_topic, "Orders"]
+    assert [r["store_host"] for r in rows] == ["[fd00::7]:10911"] * 2
+    assert rows[0]["magic_code"] == -626843477 and rows[1]["magic_code"] == -626843481
+    assert rows[1]["keys"] == "order-1" and rows[1]["raw_properties"].endswith(b"\x02") == trailing
+
+
+def test_a_torn_last_record_is_left_for_the_next_run(tmp_path: Path) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(20)
+    torn_at = store.torn()
+    first = ingest_store(lake, "broker-x", store.root)
+    assert (first.records, first.end, first.stop) == (20, torn_at, "TORN")
+    assert "left for the next run" in first.summary()
+
+    store.append_many(5)  # the broker finishes writing over the torn bytes
+    second = ingest_store(lake, "broker-x", store.root)
+    assert (second.start, second.records, second.stop) == (torn_at, 5, "END")
+    assert _log(lake) == _expected(store.written)
+
+
+def test_a_store_whose_first_file_is_not_at_zero_and_files_deleted_by_retention_are_lost_ranges(
+    tmp_path: Path,
+) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE, first_base=5 * FILE), tmp_path / "lake"
+    store.append_many(10)
+    first = ingest_store(lake, "broker-x", store.root)
+    assert (first.start, first.lost) == (5 * FILE, (0, 5 * FILE))
+
+    store.append_many(220)  # into later files; the rest of the first file and the next are never read
+    store.delete_first()
+    store.delete_first()
+    kept_from = int(store.files()[0].name)
+    second = ingest_store(lake, "broker-x", store.root)
+
+    assert second.lost == (first.end, kept_from) and second.start == kept_from
+    assert _log(lake) == _expected([w for w in store.written if w.offset < first.end or w.offset >= kept_from])
+    assert [(r["lost_from"], r["lost_to"]) for r in _ingests(lake)] == [(0, 5 * FILE), (first.end, kept_from)]
+
+    store.delete_first()  # every record of it was read: nothing lost
+    store.append_many(3)
+    third = ingest_store(lake, "broker-x", store.root)
+    assert (third.lost, third.records) == (None, 3)
+
+
+def test_a_corrupt_record_in_the_middle_stops_after_the_records_before_it(tmp_path: Path) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(40)
+    bad = store.written[25]
+    store.flip(bad.offset + 90)  # a body byte (the body starts at byte 88 with IPv4 hosts): its CRC fails
+    bad_file = store.commitlog / f"{bad.offset - bad.offset % FILE:020d}"
+
+    with pytest.raises(CorruptRecordError) as raised:
+        ingest_store(lake, "broker-x", store.root)
+
+    assert raised.value.source == str(bad_file) and raised.value.position == bad.offset % FILE
+    assert "body CRC" in str(raised.value)
+    assert _log(lake) == _expected(store.written[:25])
+    assert ingested_end(lake, "broker-x") == bad.offset
+    assert _ingests(lake)[-1]["stop"] == "CORRUPT"
+    with pytest.raises(CorruptRecordError):  # again on the next run, with nothing written
+        ingest_store(lake, "broker-x", store.root)
+    assert len(_ingests(lake)) == 1
+
+
+def test_another_brokers_store_or_a_rewound_one_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(30)
+    early = tmp_path / "early"
+    shutil.copytree(store.root, early)
+    store.append_many(30)
+    ingest_store(lake, "broker-x", store.root)
+    version = _version(lake)
+
+    other = StoreWriter(tmp_path / "other", FILE, store_host="10.0.0.9:10911")
+    other.clock += 1_000
+    other.append_many(90)
+    with pytest.raises(ValidationError, match="another broker"):
+        ingest_store(lake, "broker-x", other.root)
+    with pytest.raises(ValidationError, match="rewound"):
+        ingest_store(lake, "broker-x", early)
+    bigger = StoreWriter(tmp_path / "bigger", 2 * FILE)
+    bigger.append_many(5)
+    with pytest.raises(ValidationError, match="segments of 8192"):
+        ingest_store(lake, "broker-x", bigger.root)
+    assert _version(lake) == version and len(_ingests(lake)) == 1
+
+
+def test_a_broker_written_by_this_product_is_not_continued_by_a_store(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    broker = Broker(BrokerConfig(lake, "broker-a", flush_mode="SYNC_FLUSH")).start()
+    try:
+        broker.ensure_topic("Orders", 2)
+        Producer([broker], "p").send(Message.create("Orders", b"ours"))
+    finally:
+        broker.shutdown()
+    store = StoreWriter(tmp_path / "store", FILE)
+    store.append_many(3)
+    with pytest.raises(ValidationError, match="no ingest-store run wrote"):
+        ingest_store(lake, "broker-a", store.root)
+
+
+def test_the_command_line_exit_statuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(12)
+    assert broker_main(["ingest-store", "--lake", str(lake), "--broker-name", "broker-x", str(store.root)]) == 0
+    assert "12 records" in capsys.readouterr().out
+    assert broker_main(["ingest-store", "--lake", str(lake), "--broker-name", "broker-x", str(tmp_path)]) == 2
+    assert "has no commitlog/ directory" in capsys.readouterr().err
+    store.append_many(12)
+    store.flip(store.written[15].offset + 90)
+    assert broker_main(["ingest-store", "--lake", str(lake), "--broker-name", "broker-x", str(store.root)]) == 1
+    assert "corrupt record in" in capsys.readouterr().err
+
+
+@pytest.mark.subprocess
+def test_runs_killed_at_random_points_neither_skip_nor_repeat_a_record(tmp_path: Path) -> None:
+    store, lake = StoreWriter(tmp_path / "store", 1 << 20), tmp_path / "lake"
+    store.append_many(30_000, size=60)
+    command = [sys.executable, "-m", "broker_model", "ingest-store", "--lake", str(lake)]
+    command += ["--broker-name", "broker-x", str(store.root)]
+    chance = random.Random(21)
+    for _ in range(4):
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(chance.uniform(0.5, 4.0))
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        store.append_many(500, size=60)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+    log = _log(lake)
+    offsets = [r["commit_log_offset"] for r in log]
+    assert offsets == [w.offset for w in store.written]  # each once, in order, none missing
+    ingests = _ingests(lake)
+    assert ingests[-1]["end_offset"] == store.position == ingested_end(lake, "broker-x")
+    assert sum(r["records"] for r in ingests) == len(store.written)  # every commit has its row
+    commits = DeltaTable(str(COMMITLOG.location(lake))).transaction_version(app_id("broker-x"))
+    assert commits == store.position
+    sizes = pc.sum(DeltaTable(str(COMMITLOG.location(lake))).to_pyarrow_table(columns=["store_size"])["store_size"])
+    assert sizes.as_py() == sum(w.size for w in store.written)
