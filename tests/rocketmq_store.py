@@ -9,6 +9,7 @@ last record, flip a byte, delete files as retention does, and pre-allocate the n
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import zlib
@@ -194,6 +195,19 @@ class StoreWriter:
     def delete_first(self) -> None:
         """Delete the oldest file, as the broker's retention does."""
         min(self.commitlog.iterdir()).unlink()
+
+    def config(self, name: str, text: str, mtime_ms: int | None = None) -> Path:
+        """Write ``config/<name>`` as ``MixAll.string2File`` does: the text to ``<name>.tmp``, the
+        previous content to ``<name>.bak``, then the rename; with ``mtime_ms``, that modification time."""
+        path = self.root / "config" / name
+        temp, backup = path.with_name(name + ".tmp"), path.with_name(name + ".bak")
+        temp.write_text(text, encoding="utf-8")
+        if path.exists():
+            backup.write_bytes(path.read_bytes())
+        temp.replace(path)
+        if mtime_ms is not None:
+            os.utime(path, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
+        return path
 
     def files(self) -> list[Path]:
         """The commit log files, oldest first."""

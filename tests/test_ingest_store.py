@@ -6,6 +6,7 @@ a rewound store, and a run killed at random points then run again.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import signal
@@ -24,8 +25,16 @@ from broker_model.broker import Broker, BrokerConfig
 from broker_model.client import Producer
 from broker_model.common import Message
 from broker_model.store import ingest_store
+from broker_model.store.store_configs import ConfigCounts, parse_fastjson
 from broker_model.store.store_ingest import app_id, ingested_end
-from schemas.catalog import BROKERS, COMMITLOG, STORE_INGESTS, TOPIC_CONFIG
+from schemas.catalog import (
+    BROKERS,
+    COMMITLOG,
+    CONSUMER_OFFSET_COMMITS,
+    STORE_INGESTS,
+    SUBSCRIPTION_GROUP,
+    TOPIC_CONFIG,
+)
 from schemas.errors import CorruptRecordError, ValidationError
 from tests.rocketmq_store import StoreWriter, Written
 
@@ -249,3 +258,105 @@ def test_runs_killed_at_random_points_neither_skip_nor_repeat_a_record(tmp_path:
     assert commits == store.position
     sizes = pc.sum(DeltaTable(str(COMMITLOG.location(lake))).to_pyarrow_table(columns=["store_size"])["store_size"])
     assert sizes.as_py() == sum(w.size for w in store.written)
+
+
+# -- the config files ----------------------------------------------------------------------------
+
+
+def test_fastjson_text_with_bare_integer_keys_parses_and_strings_are_left_alone() -> None:
+    text = '{"offsetTable":{"T@G":{0:5, "1":7,\n -2 :9}},"note":"{3:4}, 5:6","list":[1,2]}'
+    assert parse_fastjson(text, "x.json") == {
+        "offsetTable": {"T@G": {"0": 5, "1": 7, "-2": 9}},
+        "note": "{3:4}, 5:6",
+        "list": [1, 2],
+    }
+    with pytest.raises(ValidationError, match=r"x\.json.*line 2, column 10"):
+        parse_fastjson('{0:1,\n "a": [1,,2]}', "x.json")
+
+
+OFFSETS = '{"offsetTable":{"Orders@cg-a":{0:12,1:7},"%RETRY%cg-a@cg-a":{0:1},"Audit@cg-b":{"2":30}},"dataVersion":{}}'
+TOPICS = (
+    '{"topicConfigTable":{"Orders":{"topicName":"Orders","readQueueNums":4,"writeQueueNums":4,"perm":6},'
+    '"Audit":{"topicName":"Audit","readQueueNums":8,"writeQueueNums":4,"perm":4}}}'
+)
+GROUPS = (
+    '{"subscriptionGroupTable":{"cg-a":{"groupName":"cg-a","retryMaxTimes":3,"retryQueueNums":1,'
+    '"consumeEnable":true,"consumeMessageOrderly":true}}}'
+)
+
+
+def _rows(lake: Path, spec: Any) -> list[dict[str, Any]]:
+    return DeltaTable(str(spec.location(lake))).to_pyarrow_table().to_pylist()
+
+
+def test_config_files_are_snapshots_that_append_only_what_changed(tmp_path: Path) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(10)
+    store.config("consumerOffset.json", OFFSETS, mtime_ms=1_700_000_100_000)
+    store.config("topics.json", TOPICS, mtime_ms=1_700_000_100_001)
+    store.config("subscriptionGroup.json", GROUPS, mtime_ms=1_700_000_100_002)
+    store.config("delayOffset.json", '{"offsetTable":{1:5,3:0}}')
+
+    first = ingest_store(lake, "broker-x", store.root)
+
+    # Orders came with 4 queues from its records already: only Audit changes
+    assert (first.configs.offsets, first.configs.topics, first.configs.groups, first.configs.delay) == (4, 1, 1, True)
+    commits = {
+        (r["group"], r["topic"], r["queue_id"]): (r["offset"], r["commit_timestamp"])
+        for r in _rows(lake, CONSUMER_OFFSET_COMMITS)
+    }
+    assert commits == {
+        ("cg-a", "Orders", 0): (12, 1_700_000_100_000),
+        ("cg-a", "Orders", 1): (7, 1_700_000_100_000),
+        ("cg-a", "%RETRY%cg-a", 0): (1, 1_700_000_100_000),
+        ("cg-b", "Audit", 2): (30, 1_700_000_100_000),
+    }
+    topics = {
+        r["topic"]: (r["queue_nums"], r["perm"])
+        for r in sorted(_rows(lake, TOPIC_CONFIG), key=lambda r: r["updated_timestamp"])
+    }
+    assert topics == {"Orders": (4, 6), "Audit": (8, 4)}
+    (group,) = _rows(lake, SUBSCRIPTION_GROUP)
+    assert (group["group"], group["retry_max_times"], group["consume_message_orderly"]) == ("cg-a", 3, True)
+    assert json.loads((lake / "_config" / "broker-x" / "delayOffset.json").read_text()) == {
+        "offsetTable": {"1": 5, "3": 0}
+    }
+
+    again = ingest_store(lake, "broker-x", store.root)
+    assert again.configs == ConfigCounts() and len(_rows(lake, CONSUMER_OFFSET_COMMITS)) == 4
+
+    store.config("consumerOffset.json", OFFSETS.replace("0:12", "0:15"), mtime_ms=1_700_000_200_000)
+    (store.root / "config" / "consumerOffset.json").unlink()  # a crash inside string2File: .bak stays
+    assert ingest_store(lake, "broker-x", store.root).configs.offsets == 0  # the .bak holds the old offsets
+    store.config("consumerOffset.json", OFFSETS.replace("0:12", "0:15"), mtime_ms=1_700_000_200_000)
+    moved = ingest_store(lake, "broker-x", store.root)
+    assert moved.configs.offsets == 1
+    latest = max(
+        (r for r in _rows(lake, CONSUMER_OFFSET_COMMITS) if r["topic"] == "Orders" and r["queue_id"] == 0),
+        key=lambda r: r["commit_timestamp"],
+    )
+    assert (latest["offset"], latest["commit_timestamp"]) == (15, 1_700_000_200_000)
+
+
+def test_a_malformed_config_file_is_named_and_nothing_of_the_run_is_written(tmp_path: Path) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(10)
+    ingest_store(lake, "broker-x", store.root)
+    version = _version(lake)
+    store.append_many(10)
+    path = store.config("topics.json", '{"topicConfigTable":{"Orders":{"readQueueNums":4,}}')
+    store.config("consumerOffset.json", OFFSETS)
+
+    with pytest.raises(ValidationError, match=rf"{path}.*line 1, column 50"):
+        ingest_store(lake, "broker-x", store.root)
+    assert _version(lake) == version and not CONSUMER_OFFSET_COMMITS.location(lake).exists()
+    assert broker_main(["ingest-store", "--lake", str(lake), "--broker-name", "broker-x", str(store.root)]) == 2
+
+
+def test_a_broker_of_ours_does_not_start_under_an_ingested_name(tmp_path: Path) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(5)
+    ingest_store(lake, "broker-x", store.root)
+    with pytest.raises(ValidationError, match="ingest-store"):
+        Broker(BrokerConfig(lake, "broker-x", segment_size=FILE)).start()
+    assert ingest_store(lake, "broker-x", store.root).version is None  # the name lock was released

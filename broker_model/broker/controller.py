@@ -37,6 +37,7 @@ from broker_model.store import (
     PullResult,
     append_rows,
     ensure_table,
+    ingested_end,
     read_table,
 )
 from schemas.catalog import BROKERS, COMMITLOG, TOPIC_CONFIG
@@ -105,6 +106,13 @@ class Broker(SendBack):
         try:
             for spec in (COMMITLOG, TOPIC_CONFIG, BROKERS):
                 ensure_table(self.config.lake, spec)
+            if ingested_end(self.config.lake, self.broker_name) is not None:
+                raise ValidationError(
+                    "broker_name",
+                    self.broker_name,
+                    "is a RocketMQ broker whose log comes from its store (ingest-store)",
+                    "start a broker of ours under a name of its own",
+                )
             self.segment_size = self._settle_segment_size()
             self._log = AppendLog(
                 COMMITLOG.location(self.config.lake), COMMITLOG, self.config.fsync, self.config.checkpoint_interval

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from broker_model.broker.config import InnerMessage
 from broker_model.broker.service import PeriodicService
 from broker_model.common import constants as c
-from broker_model.common import consume_queue_tags_code, level_delay_ms, validate_name
+from broker_model.common import consume_queue_tags_code, delay_progress_path, level_delay_ms, validate_name
 from broker_model.store import MessageExt
 from schemas.errors import BrokerError, ValidationError
 
@@ -34,7 +34,7 @@ _HOST_BITS = c.BORNHOST_V6_FLAG | c.STOREHOSTADDRESS_V6_FLAG  # the put sets the
 
 def progress_path(lake: str | Path, broker_name: str) -> Path:
     """Where a broker's delay progress file lives."""
-    return Path(lake) / "_config" / broker_name / "delayOffset.json"
+    return delay_progress_path(lake, broker_name)
 
 
 def deliver_timestamp(entry: MessageExt) -> int:

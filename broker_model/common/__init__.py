@@ -26,7 +26,7 @@ from broker_model.common.constants import (
     OFFSET_READ_ERROR,
     RETRY_GROUP_TOPIC_PREFIX,
 )
-from broker_model.common.lake_root import default_lake
+from broker_model.common.lake_root import default_lake, delay_progress_path
 from broker_model.common.message import (
     Message,
     MessageQueue,
@@ -79,6 +79,7 @@ __all__ = [
     "decode_uniq_key",
     "decompress_body",
     "default_lake",
+    "delay_progress_path",
     "dispatched_mask",
     "encode_properties",
     "host_from_bytes",

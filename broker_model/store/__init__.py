@@ -30,7 +30,7 @@ from broker_model.store.record import (
     record_length,
 )
 from broker_model.store.segment_files import export_commitlog, import_commitlog
-from broker_model.store.store_ingest import IngestReport, ingest_store
+from broker_model.store.store_ingest import IngestReport, ingest_store, ingested_end
 
 __all__ = [
     "FIXED_RECORD_LENGTH",
@@ -56,6 +56,7 @@ __all__ = [
     "export_commitlog",
     "import_commitlog",
     "ingest_store",
+    "ingested_end",
     "latest_version",
     "magic_for_topic",
     "pack_small_files",

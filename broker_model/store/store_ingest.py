@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import mmap
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,7 +40,7 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from broker_model.common import constants as c
-from broker_model.common import now_ms, validate_name
+from broker_model.common import delay_progress_path, now_ms, validate_name
 from broker_model.store.delta_log import AppendLog, ensure_table, read_table
 from broker_model.store.name_lock import BrokerNameLock
 from broker_model.store.record import peek_header
@@ -56,6 +56,7 @@ from broker_model.store.segment_files import (
     registered_segment_size,
     segment_count,
 )
+from broker_model.store.store_configs import ConfigCounts, read_snapshot, write_snapshot
 from schemas.catalog import COMMITLOG, STORE_INGESTS, TOPIC_CONFIG
 from schemas.errors import CorruptRecordError, ValidationError
 
@@ -262,6 +263,7 @@ class IngestReport:
         lost: a range lost before it was read, None when none.
         stop: END, TORN or CORRUPT.
         version: the ``commitlog`` version of the run's commit, None when nothing was committed.
+        configs: the rows the config files added (:mod:`broker_model.store.store_configs`).
     """
 
     broker_name: str
@@ -273,16 +275,23 @@ class IngestReport:
     lost: tuple[int, int] | None
     stop: str
     version: int | None
+    configs: ConfigCounts = field(default_factory=ConfigCounts)
 
     def summary(self) -> str:
         """One line for the command line."""
+        configs = self.configs
+        changed = (
+            f"; config: {configs.offsets} offset commits, {configs.topics} topics, {configs.groups} groups"
+            f"{', schedule progress' if configs.delay else ''}"
+        )
         if self.version is None:
-            return f"ingest-store {self.broker_name!r}: nothing new in {self.store_dir} after offset {self.end}"
+            where = f"{self.store_dir} after offset {self.end}"
+            return f"ingest-store {self.broker_name!r}: no new records in {where}{changed}"
         lost = f", offsets {self.lost[0]}..{self.lost[1]} lost before they were read" if self.lost else ""
         torn = ", an incomplete last record left for the next run" if self.stop == TORN else ""
         return (
             f"ingest-store {self.broker_name!r}: {self.records} records ({self.bytes} bytes) from {self.store_dir}, "
-            f"offsets {self.start}..{self.end}{lost}{torn}, commitlog version {self.version}"
+            f"offsets {self.start}..{self.end}{lost}{torn}, commitlog version {self.version}{changed}"
         )
 
 
@@ -309,6 +318,7 @@ def ingest_store(
     validate_name(broker_name, "broker_name", c.GROUP_MAX_LENGTH)
     store_dir = Path(store_dir)
     commitlog_dir = _check_store_dir(store_dir)
+    snapshot = read_snapshot(store_dir)  # a malformed config file stops the run before any write
     with BrokerNameLock(lake, broker_name):
         ensure_table(lake, COMMITLOG)
         done = ingested_end(lake, broker_name)
@@ -316,19 +326,28 @@ def ingest_store(
             _refuse_other_writers(lake, broker_name)
         _record_missing_ingest(lake, broker_name)
         files = list_commitlog_files(commitlog_dir) if _has_files(commitlog_dir) else []
-        if not files:
-            return IngestReport(broker_name, store_dir, done or 0, done or 0, 0, 0, None, END, None)
         registered = registered_segment_size(lake, broker_name)
-        if registered is not None and registered != files[0].size:
+        if files and registered is not None and registered != files[0].size:
             raise ValidationError(
                 "STORE_DIR",
                 str(store_dir),
                 f"its commit log files are {files[0].size} bytes, broker {broker_name!r} has segments of {registered}",
                 "this is another broker's store: ingest it under its own broker name",
             )
-        if done is not None:
+        if files and done is not None:
             _check_continuity(lake, broker_name, files, done, store_dir)
-        return _ingest(lake, broker_name, store_dir, files, done, registered is None, chunk_rows, chunk_bytes)
+        report, corrupt = (
+            _ingest(lake, broker_name, store_dir, files, done, registered is None, chunk_rows, chunk_bytes)
+            if files
+            else (IngestReport(broker_name, store_dir, done or 0, done or 0, 0, 0, None, END, None), None)
+        )
+        if registered is not None or report.version is not None:  # configs of a broker the lake knows
+            report = replace(
+                report, configs=write_snapshot(lake, broker_name, snapshot, delay_progress_path(lake, broker_name))
+            )
+    if corrupt is not None:
+        raise corrupt
+    return report
 
 
 def _ingest(
@@ -340,7 +359,8 @@ def _ingest(
     register: bool,
     chunk_rows: int,
     chunk_bytes: int,
-) -> IngestReport:
+) -> tuple[IngestReport, CorruptRecordError | None]:
+    """Walk and commit; the report, and the error of a CORRUPT stop (raised by the caller)."""
     log = AppendLog(COMMITLOG.location(lake), COMMITLOG)
     writer = _ChunkWriter(log, broker_name, chunk_rows, chunk_bytes)
     try:
@@ -349,9 +369,8 @@ def _ingest(
         # a lost range alone is committed (the next run starts after it), once the broker is known
         if walk.records == 0 and (walk.lost is None or register):
             writer.discard()
-            if walk.corrupt is not None:
-                raise walk.corrupt
-            return IngestReport(broker_name, store_dir, walk.start, walk.end, 0, 0, None, walk.stop, None)
+            nothing = IngestReport(broker_name, store_dir, walk.start, walk.end, 0, 0, None, walk.stop, None)
+            return nothing, walk.corrupt
         if register:
             assert walk.first_store_host is not None  # a run that registers has read a record
             register_broker(lake, broker_name, walk.first_store_host, files[0].size)
@@ -378,11 +397,10 @@ def _ingest(
     )
     log.wait_for_checkpoint()
     _record_ingest(lake, broker_name, parameters, version)
-    if walk.corrupt is not None:
-        raise walk.corrupt
-    return IngestReport(
+    report = IngestReport(
         broker_name, store_dir, walk.start, walk.end, walk.records, walk.bytes, walk.lost, walk.stop, version
     )
+    return report, walk.corrupt
 
 
 def _check_store_dir(store_dir: Path) -> Path:
