@@ -160,7 +160,8 @@ CONSUME_QUEUE_INTEGRITY = TableSpec(
         (
             "problem",
             pa.string(),
-            "GAP, DUPLICATE_QUEUE_OFFSET, NON_MONOTONIC_OFFSET, CRC_MISMATCH, SIZE_MISMATCH or BEYOND_SEGMENT",
+            "GAP, DUPLICATE_QUEUE_OFFSET, NON_MONOTONIC_OFFSET, CRC_MISMATCH, SIZE_MISMATCH, BEYOND_SEGMENT, "
+            "or BROKER_CQ_* (a broker's own consume queue differs: MISSING, EXTRA, OFFSET, SIZE, TAGS, BEYOND_LOG)",
             False,
         ),
         ("detail", pa.string(), "the values that disagree, in words", False),

@@ -22,6 +22,17 @@ BLANK_MAGIC = -875286124  # 0xCBD43194
 BORN_V6, STORE_V6 = 0x1 << 4, 0x1 << 5
 
 
+CQ_UNIT = 20  # CQ_STORE_UNIT_SIZE: commit log offset (8), size (4), tags code (8)
+
+
+def java_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (of UTF-16 code units, 32-bit wrap), as the tags code."""
+    h = 0
+    for unit in text.encode("utf-16-be").hex(" ", 2).split():
+        h = (31 * h + int(unit, 16)) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
 @dataclass(frozen=True)
 class Written:
     """One record the writer appended: where, and what a reader must find."""
@@ -100,8 +111,10 @@ class StoreWriter:
         first_base: int = 0,
         store_host: str = "10.0.0.7:10911",
         trailing_separator: bool = True,
+        cq_units_per_file: int = 64,
     ) -> None:
         self.root = Path(root)
+        self.cq_file_size = CQ_UNIT * cq_units_per_file
         self.commitlog = self.root / "commitlog"
         self.commitlog.mkdir(parents=True, exist_ok=True)
         (self.root / "config").mkdir(exist_ok=True)
@@ -145,11 +158,28 @@ class StoreWriter:
             self.position = base + self.file_size
             record = self._encode(topic, queue_id, queue_offset, body, text, self.position)
         self._put(self.position, record)
+        self.unit(topic, queue_id, queue_offset, self.position, len(record), java_hash("TagA"))
         written = Written(self.position, len(record), topic, queue_id, queue_offset, body, self.clock)
         self.written.append(written)
         self.position += len(record)
         self.queue_offsets[(topic, queue_id)] = queue_offset + 1
         return written
+
+    def unit(self, topic: str, queue_id: int, queue_offset: int, offset: int, size: int, tags_code: int) -> None:
+        """Write the consume queue unit of ``queue_offset`` (20 bytes: physical offset, size, tags
+        code) into ``consumequeue/<topic>/<queue_id>/``, files of ``cq_units_per_file`` units named
+        by their first byte (queue offset x 20), pre-allocated with zeros."""
+        directory = self.root / "consumequeue" / topic / str(queue_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        position = queue_offset * CQ_UNIT
+        base = position - position % self.cq_file_size
+        path = directory / f"{base:020d}"
+        if not path.exists():
+            with open(path, "wb") as handle:
+                handle.truncate(self.cq_file_size)
+        with open(path, "r+b") as handle:
+            handle.seek(position - base)
+            handle.write(struct.pack(">qiq", offset, size, tags_code))
 
     def _encode(self, topic: str, queue_id: int, queue_offset: int, body: bytes, props: str, offset: int) -> bytes:
         return encode(

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from broker_model.__main__ import main as broker_main
 from broker_model.broker import Broker, BrokerConfig
@@ -27,16 +28,20 @@ from broker_model.common import Message
 from broker_model.store import ingest_store
 from broker_model.store.store_configs import ConfigCounts, parse_fastjson
 from broker_model.store.store_ingest import app_id, ingested_end
+from jobs.rebuild_consume_queue import RebuildConfig
+from jobs.rebuild_consume_queue import run as rebuild
+from jobs.rebuild_consume_queue.verify import PROBLEMS as VERIFY_PROBLEMS
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
+    CONSUME_QUEUE_INTEGRITY,
     CONSUMER_OFFSET_COMMITS,
     STORE_INGESTS,
     SUBSCRIPTION_GROUP,
     TOPIC_CONFIG,
 )
 from schemas.errors import CorruptRecordError, ValidationError
-from tests.rocketmq_store import StoreWriter, Written
+from tests.rocketmq_store import StoreWriter, Written, java_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 FILE = 8192
@@ -360,3 +365,80 @@ def test_a_broker_of_ours_does_not_start_under_an_ingested_name(tmp_path: Path) 
     with pytest.raises(ValidationError, match="ingest-store"):
         Broker(BrokerConfig(lake, "broker-x", segment_size=FILE)).start()
     assert ingest_store(lake, "broker-x", store.root).version is None  # the name lock was released
+
+
+@pytest.mark.subprocess
+def test_follow_tails_a_store_being_written_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    lake, root, out = tmp_path / "lake", tmp_path / "store", tmp_path / "written.json"
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "tests.store_writer_process", str(root), str(64 * 1024), str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+    command = [sys.executable, "-m", "broker_model", "ingest-store", "--lake", str(lake), "--broker-name", "live"]
+    follower = subprocess.Popen(
+        [*command, "--follow", "--interval", "0.2", str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    time.sleep(4)
+    writer.send_signal(signal.SIGTERM)
+    assert writer.wait(timeout=30) == 0
+    follower.send_signal(signal.SIGTERM)
+    output, _ = follower.communicate(timeout=60)
+
+    assert follower.returncode == 0
+    lines = output.splitlines()
+    assert len(lines) >= 3 and lines[-1].startswith("ingest-store 'live': stopped, ingested up to offset")
+    written = json.loads(out.read_text())
+    assert [r["commit_log_offset"] for r in _log(lake, "live")] == written  # exactly what the writer finished
+    assert len(_ingests(lake)) == len(lines) - 1  # one commit per cycle that found records
+
+
+# -- the broker's own consume queues ---------------------------------------------------------------
+
+
+def _set_unit(store: StoreWriter, topic: str, queue_id: int, queue_offset: int, unit: tuple[int, int, int]) -> None:
+    store.unit(topic, queue_id, queue_offset, *unit)
+
+
+@pytest.mark.spark
+def test_verify_broker_reports_every_difference_of_the_brokers_own_consume_queues(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE, cq_units_per_file=8), tmp_path / "lake"
+    store.append_many(120)
+    ingest_store(lake, "broker-x", store.root)
+    config = RebuildConfig(lake, engine="bridge", verify_brokers=("broker-x",))
+
+    clean = rebuild(spark, config)
+    assert clean.row_counts["verified broker-x"] == 120
+    assert sum(clean.row_counts[f"broker-x {p}"] for p in VERIFY_PROBLEMS) == 0
+
+    orders = [w for w in store.written if (w.topic, w.queue_id) == ("Orders", 0)]
+    audit = [w for w in store.written if (w.topic, w.queue_id) == ("Audit", 1)]
+    tags = java_hash("TagA")
+    _set_unit(store, "Orders", 0, 2, (orders[2].offset, orders[2].size + 1, tags))  # wrong size
+    _set_unit(store, "Audit", 1, 0, (audit[0].offset, audit[0].size, tags + 1))  # wrong tags code
+    _set_unit(store, "Audit", 1, 1, (audit[2].offset, audit[2].size, tags))  # another record
+    last = orders[-1]
+    _set_unit(store, "Orders", 0, last.queue_offset, (0, 0, 0))  # the queue's last unit gone
+    _set_unit(store, "Audit", 1, len(audit), (orders[5].offset, orders[5].size, tags))  # one unit too many
+    _set_unit(store, "Orders", 7, 0, (store.position + FILE * 40, 90, tags))  # past the log's files
+
+    found = rebuild(spark, config)
+    integrity = DeltaTable(str(CONSUME_QUEUE_INTEGRITY.location(lake))).to_pyarrow_table().to_pylist()
+    problems = sorted((r["problem"], r["topic"], r["queue_id"], r["queue_offset"]) for r in integrity)
+    assert problems == [
+        ("BROKER_CQ_BEYOND_LOG", "Orders", 7, 0),
+        ("BROKER_CQ_EXTRA", "Audit", 1, len(audit)),
+        ("BROKER_CQ_MISSING", "Orders", 0, last.queue_offset),
+        ("BROKER_CQ_OFFSET", "Audit", 1, 1),
+        ("BROKER_CQ_SIZE", "Orders", 0, 2),
+        ("BROKER_CQ_TAGS", "Audit", 1, 0),
+    ]
+    assert found.row_counts["broker-x BROKER_CQ_SIZE"] == 1
+    assert all(str(store.root) in r["detail"] for r in integrity)
+
+    rebuild(spark, config)  # verified again: the findings are replaced, not added
+    assert len(DeltaTable(str(CONSUME_QUEUE_INTEGRITY.location(lake))).to_pyarrow_table()) == 6

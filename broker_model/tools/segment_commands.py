@@ -4,9 +4,13 @@ docs/jobs.md and docs/ingest.md)."""
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 from pathlib import Path
 
 from broker_model.store import export_commitlog, import_commitlog, ingest_store
+from broker_model.store.store_configs import ConfigCounts
+from schemas.errors import ValidationError
 
 
 def add_import_export_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,6 +49,12 @@ def add_import_export_commands(subparsers: argparse._SubParsersAction[argparse.A
     ingester.add_argument("--lake", type=Path, required=True, help="lake root directory")
     ingester.add_argument("--broker-name", required=True, help="the broker's name in the lake")
     ingester.add_argument("store_dir", type=Path, help="the store root: commitlog/, consumequeue/, config/")
+    ingester.add_argument(
+        "--follow", action="store_true", help="keep ingesting, one run per interval, until SIGTERM or SIGINT"
+    )
+    ingester.add_argument(
+        "--interval", type=float, default=5.0, help="seconds between the runs of --follow (default 5)"
+    )
     ingester.set_defaults(func=run_ingest_command)
 
 
@@ -63,7 +73,28 @@ def run_export_command(args: argparse.Namespace) -> int:
 
 
 def run_ingest_command(args: argparse.Namespace) -> int:
-    """Run ``ingest-store`` from parsed arguments; print the summary and return 0."""
-    report = ingest_store(args.lake, args.broker_name, args.store_dir)
-    print(report.summary())
-    return 0
+    """Run ``ingest-store`` from parsed arguments; print the summary and return 0. With
+    ``--follow``, run again every ``--interval`` seconds, printing the runs that changed something,
+    until SIGTERM or SIGINT: the run under way finishes, one last run takes what the store gained
+    meanwhile, and the command returns 0. An error ends it as a single run's would.
+
+    Raises:
+        ValidationError: ``--interval`` not a positive number of seconds.
+    """
+    if not args.follow:
+        print(ingest_store(args.lake, args.broker_name, args.store_dir).summary())
+        return 0
+    if not args.interval > 0:
+        raise ValidationError("--interval", args.interval, "is not a positive number of seconds", "e.g. 5")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    while True:
+        stopping = stop.is_set()
+        report = ingest_store(args.lake, args.broker_name, args.store_dir)
+        if report.version is not None or report.configs != ConfigCounts():
+            print(report.summary(), flush=True)
+        if stopping:
+            print(f"ingest-store {args.broker_name!r}: stopped, ingested up to offset {report.end}", flush=True)
+            return 0
+        stop.wait(args.interval)

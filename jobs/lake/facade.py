@@ -315,7 +315,15 @@ class Lake:
         """
         return self._write_rows(_spec(name_or_spec), rows, "overwrite", _transaction(app_id, app_version))
 
-    def _write_rows(self, spec: TableSpec, rows: pa.Table, mode: str, txn: Transaction | None) -> int | None:
+    def replace_rows_where(self, name_or_spec: str | TableSpec, rows: pa.Table, predicate: str) -> int | None:
+        """Replace the rows of a small unpartitioned catalog table that match the SQL ``predicate``
+        by ``rows`` (each of which must match it), from the driver with delta-rs for both engines:
+        one commit. The version committed. Errors as :meth:`overwrite_rows`."""
+        return self._write_rows(_spec(name_or_spec), rows, "overwrite", None, predicate)
+
+    def _write_rows(
+        self, spec: TableSpec, rows: pa.Table, mode: str, txn: Transaction | None, predicate: str | None = None
+    ) -> int | None:
         if spec.partition_by and mode == "overwrite":
             raise LakeError(f"{spec.name} is partitioned: overwrite it with Spark (Lake.overwrite)")
         missing = [n for n in spec.column_names if n not in rows.column_names]
@@ -333,13 +341,11 @@ class Lake:
         if txn is not None and _already_committed(dt, txn):
             return None
         properties = CommitProperties(app_transactions=[txn]) if txn is not None else None
-        write_deltalake(
-            path,
-            conformed,
-            mode="overwrite" if mode == "overwrite" else "append",
-            partition_by=list(spec.partition_by) or None,
-            commit_properties=properties,
-        )
+        if mode == "overwrite":
+            write_deltalake(path, conformed, mode="overwrite", predicate=predicate, commit_properties=properties)
+        else:
+            partition_by = list(spec.partition_by) or None
+            write_deltalake(path, conformed, mode="append", partition_by=partition_by, commit_properties=properties)
         # the new version from a probe or a listing of the log: loading it would replay the log
         version = table_version(local_directory(path))
         if mode == "append" and spec.name in PACKED_ON_APPEND:

@@ -46,6 +46,7 @@ from jobs.rebuild_consume_queue.transforms import (
     with_segment_size,
     with_tags_code,
 )
+from jobs.rebuild_consume_queue.verify import store_dir_of, verify_broker, write_findings
 from jobs.runs import JobRun, record_run, table_versions
 from schemas.catalog import (
     BROKERS,
@@ -97,12 +98,16 @@ APP_ID = JOB  # the Delta application transaction id; its version is the commit 
 @dataclass(frozen=True)
 class RebuildConfig:
     """Options of ``rebuild_consume_queue``: the lake root, a full rebuild or not, the lake engine,
-    and the most bytes of new commit log files an incremental run reads on the driver (0: none)."""
+    the most bytes of new commit log files an incremental run reads on the driver (0: none), the
+    ingested brokers whose own consume queues to verify afterwards (:mod:`.verify`), and the store
+    to read them from (None: the one each was last ingested from)."""
 
     lake: Path
     full: bool = False
     engine: str = "auto"
     driver_bytes: int = DRIVER_INCREMENT_BYTES
+    verify_brokers: tuple[str, ...] = ()
+    store_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -201,9 +206,11 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
     )
     plan = plan_run(cq_rows, findings, tails, latest, config.full)
     job_run.input_versions = {COMMITLOG.name: plan.target}
+    stores = {name: config.store_dir or store_dir_of(lake, name) for name in config.verify_brokers}
     if plan.mode == "noop":
         print(f"{JOB}: nothing to do, {plan.reason} (lake {config.lake})")
-        record_run(lake, job_run.finish("NOOP", plan.reason))
+        verified = _verify(lake, stores, plan.target, job_run)
+        record_run(lake, job_run.finish("SUCCEEDED" if verified else "NOOP", plan.reason))
         return job_run
     plan, summary = _execute(lake, plan, config.driver_bytes)
     job_run.output_versions = table_versions(
@@ -212,8 +219,28 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
     job_run.row_counts = summary.row_counts()
     print(f"{JOB}: {plan.mode} rebuild ({plan.reason}) up to commitlog version {plan.target} (lake {config.lake})")
     print("\n".join(summary.lines()))
+    _verify(lake, stores, plan.target, job_run)
     record_run(lake, job_run.finish("SUCCEEDED", f"{plan.mode} up to commitlog version {plan.target}"))
     return job_run
+
+
+def _verify(lake: Lake, stores: Mapping[str, Path], target: int, job_run: JobRun) -> bool:
+    """Verify each broker's own consume queues (``stores``: broker -> store root) against the
+    rebuilt ones, replace its findings, print and count them; whether any broker was verified."""
+    for broker_name, store_dir in stores.items():
+        verification = verify_broker(lake, broker_name, store_dir, target)
+        write_findings(lake, verification)
+        counts = verification.counts()
+        job_run.output_versions[CONSUME_QUEUE_INTEGRITY.name] = lake.version(CONSUME_QUEUE_INTEGRITY) or 0
+        job_run.row_counts[f"verified {broker_name}"] = verification.store_units
+        job_run.row_counts.update({f"{broker_name} {p}": n for p, n in counts.items()})
+        print(
+            f"{JOB}: broker {broker_name!r}'s own consume queues ({verification.store_units} units in {store_dir}) "
+            f"against the rebuilt ones: {sum(counts.values())} difference(s), {verification.unchecked} unit(s) "
+            "not checkable (not ingested or dispatched yet, or deleted)"
+        )
+        print("\n".join(f"  {problem:<26}{count:>12}" for problem, count in counts.items()))
+    return bool(stores)
 
 
 # brokers (segment sizes) and distinct tags (tags codes) up to which the records pass chooses each
@@ -502,6 +529,21 @@ def build_parser() -> argparse.ArgumentParser:
         "written on the driver, without Spark, when it is clean (0: always Spark; default: "
         "%(default)s)",
     )
+    parser.add_argument(
+        "--verify-broker",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="after the rebuild, compare this ingested broker's own consume queues (its store's "
+        "consumequeue/) with the rebuilt ones; the differences become BROKER_CQ_* findings (repeatable)",
+    )
+    parser.add_argument(
+        "--store-dir",
+        type=Path,
+        default=None,
+        help="the store root to read the consume queues of --verify-broker from (default: the one "
+        "the broker was last ingested from)",
+    )
     return parser
 
 
@@ -515,7 +557,14 @@ def _non_negative(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse ``argv``, build the session, run."""
     args = build_parser().parse_args(argv)
-    config = RebuildConfig(Path(args.lake), args.full, args.engine, args.driver_limit_mb << 20)
+    config = RebuildConfig(
+        Path(args.lake),
+        args.full,
+        args.engine,
+        args.driver_limit_mb << 20,
+        tuple(args.verify_broker),
+        args.store_dir,
+    )
     spark = build_session("rmq-rebuild-consume-queue", engine=config.engine)
     job_run = run(spark, config)
     print(f"{JOB} {job_run.status} in {job_run.duration_ms} ms (run {job_run.run_id})")
