@@ -442,3 +442,28 @@ def test_verify_broker_reports_every_difference_of_the_brokers_own_consume_queue
 
     rebuild(spark, config)  # verified again: the findings are replaced, not added
     assert len(DeltaTable(str(CONSUME_QUEUE_INTEGRITY.location(lake))).to_pyarrow_table()) == 6
+
+
+def test_export_store_writes_a_store_that_ingests_back_and_refuses_a_used_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lake = tmp_path / "lake"
+    broker = Broker(BrokerConfig(lake, "broker-a", segment_size=FILE, flush_mode="SYNC_FLUSH")).start()
+    try:
+        broker.ensure_topic("Orders", 2)
+        producer = Producer([broker], "p")
+        for i in range(60):
+            producer.send(Message.create("Orders", f"order {i}".encode() * 9, tags="created"))
+        broker.commit_offset("cg", "Orders", 1, 7)
+    finally:
+        broker.shutdown()
+    out = tmp_path / "store"
+    assert broker_main(["export-store", "--lake", str(lake), "--broker-name", "broker-a", str(out)]) == 0
+    assert "60 records" in capsys.readouterr().out
+    assert (out / "config" / "consumerOffset.json").read_text().count('"Orders@cg":{1:7}') == 1  # bare keys
+    assert sorted(p.name for p in (out / "consumequeue" / "Orders").iterdir()) == ["0", "1"]
+    assert broker_main(["export-store", "--lake", str(lake), "--broker-name", "broker-a", str(out)]) == 2
+
+    again = tmp_path / "again"
+    assert ingest_store(again, "broker-a", out).records == 60
+    assert _log(again, "broker-a") == _log(lake, "broker-a")

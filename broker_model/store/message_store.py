@@ -494,6 +494,16 @@ class MessageStore:
             self._drain()
             return sorted(self._queues)
 
+    def units(self, topic: str, queue_id: int) -> tuple[array[int], array[int], array[int]]:
+        """Copies of a queue's units in queue order: commit log offsets, sizes and tags codes (the
+        20-byte units of RocketMQ's consume queue files); empty for an unknown queue."""
+        with self._lock:
+            self._drain()
+            queue = self._queues.get((topic, queue_id))
+            if queue is None:
+                return array("q"), array("i"), array("q")
+            return array("q", queue.offsets), array("i", queue.sizes), array("q", queue.tags_codes)
+
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The smallest queue offset still stored (always 0: segments are never deleted)."""
         return 0

@@ -304,9 +304,7 @@ def _append_changed(
     if not wanted:
         return 0
     time, file_time = when
-    rows = read_table(lake, spec)
-    mine = rows.filter(pc.equal(rows["broker_name"], broker_name)).sort_by(time).to_pylist()
-    latest = {tuple(r[k] for k in key): r for r in mine}
+    latest = latest_rows(lake, spec, broker_name, key, time)
     changed = []
     for values, settings in sorted(wanted.items()):
         last = latest.get(values)
@@ -318,6 +316,15 @@ def _append_changed(
     if changed:
         append_rows(lake, spec, pa.Table.from_pylist(changed, schema=spec.arrow_schema))
     return len(changed)
+
+
+def latest_rows(
+    lake: Path, spec: TableSpec, broker_name: str, key: tuple[str, ...], time: str
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The latest row (greatest ``time``) of each ``key`` among ``broker_name``'s rows of ``spec``."""
+    rows = read_table(lake, spec)
+    mine = rows.filter(pc.equal(rows["broker_name"], broker_name)).sort_by(time).to_pylist()
+    return {tuple(r[k] for k in key): r for r in mine}
 
 
 def _write_delay(delay: dict[int, int] | None, path: Path) -> bool:
