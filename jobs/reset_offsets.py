@@ -5,6 +5,7 @@ Examples:
   python -m jobs reset_offsets --group cg-orders --topic Orders:0,1 --shift-by -100 --execute --reason "replay"
   python -m jobs reset_offsets --group cg-orders --all-topics --to-latest --export plan.csv
   python -m jobs reset_offsets --undo reset-1a2b3c4d5e6f --execute
+  python -m jobs reset_offsets --group cg-orders --topic Orders --to-earliest --execute --broker-config /data/store
 
 Time lookups follow RocketMQ: the first message stored at or after the time. Targets outside a
 queue's [min, max] are clamped and the clamp is reported. Unlike the other jobs this tool needs no
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker_model.common import parse_duration, parse_instant
+from broker_model.store.store_configs import write_store_offsets
+from broker_model.store.store_ingest import broker_of_store
 from broker_model.tools import (
     PLAN_COLUMNS,
     PlanRow,
@@ -51,6 +54,7 @@ class ResetConfig:
     execute: bool
     export: Path | None
     reason: str | None
+    broker_config: Path | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--execute", action="store_true", help="write the reset (default: dry run, nothing written)")
     parser.add_argument("--export", help="write the plan as CSV to this file")
     parser.add_argument("--reason", help="why the reset is made (kept in the audit rows)")
+    parser.add_argument(
+        "--broker-config",
+        metavar="STORE_DIR",
+        help="with --execute, also write the reset into the consumerOffset.json of the stopped RocketMQ broker "
+        "this store root belongs to (ingested with ingest-store), keeping a .bak copy as the broker does",
+    )
     return parser
 
 
@@ -104,6 +114,7 @@ def config_from_args(args: argparse.Namespace, now: int) -> ResetConfig:
         args.execute,
         Path(args.export) if args.export else None,
         args.reason,
+        Path(args.broker_config) if args.broker_config else None,
     )
 
 
@@ -128,6 +139,8 @@ def run(config: ResetConfig) -> list[PlanRow]:
     if not any(row.moves for row in plan):
         print("nothing to move: every offset is already at its target")
     elif config.execute:
+        if config.broker_config is not None:
+            _write_back(config.lake, config.broker_config, plan)
         reset_id = tool.execute(plan, reason)
         print(
             f"executed reset {reset_id}: {sum(r.moves for r in plan)} queue(s) moved"
@@ -136,6 +149,29 @@ def run(config: ResetConfig) -> list[PlanRow]:
     else:
         print("dry run: nothing written (add --execute to apply)")
     return plan
+
+
+def _write_back(lake: Path, store_dir: Path, plan: Sequence[PlanRow]) -> None:
+    """Write the plan's moves of the store's broker into its ``consumerOffset.json`` (before the
+    lake: a failed lake commit leaves a file a rerun writes again with the same offsets).
+
+    Raises:
+        ValidationError: no broker of the lake was ingested from ``store_dir``, or its broker runs.
+    """
+    broker_name = broker_of_store(lake, store_dir)
+    if broker_name is None:
+        raise ValidationError(
+            "--broker-config",
+            str(store_dir),
+            "no broker of the lake was ingested from this store",
+            "give the store root an ingest-store run read (see store_ingests)",
+        )
+    moves = {(r.group, r.topic, r.queue_id): r.target for r in plan if r.moves and r.broker_name == broker_name}
+    if not moves:
+        print(f"no offset of broker {broker_name} moves: {store_dir} left as it is")
+        return
+    path = write_store_offsets(store_dir, moves)
+    print(f"wrote {len(moves)} offset(s) of broker {broker_name} into {path} (the previous file kept as .bak)")
 
 
 def _print_plan(plan: Sequence[PlanRow]) -> None:

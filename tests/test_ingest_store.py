@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 
 from broker_model.__main__ import main as broker_main
 from broker_model.broker import Broker, BrokerConfig
+from broker_model.cli_exit import run_command
 from broker_model.client import Producer
 from broker_model.common import Message
 from broker_model.store import ingest_store
@@ -31,6 +32,7 @@ from broker_model.store.store_ingest import app_id, ingested_end
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
 from jobs.rebuild_consume_queue.verify import PROBLEMS as VERIFY_PROBLEMS
+from jobs.reset_offsets import main as reset_main
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
@@ -467,3 +469,60 @@ def test_export_store_writes_a_store_that_ingests_back_and_refuses_a_used_direct
     again = tmp_path / "again"
     assert ingest_store(again, "broker-a", out).records == 60
     assert _log(again, "broker-a") == _log(lake, "broker-a")
+
+
+# -- the way back: a reset written into the broker's own file ------------------------------------
+
+
+def _reset(lake: Path, store: Path, *extra: str) -> int:
+    argv = ["--lake", str(lake), "--group", "cg-a", "--topic", "Orders", "--to-earliest", "--execute", *extra]
+    return run_command(lambda: reset_main([*argv, "--broker-config", str(store)]))
+
+
+def test_a_reset_is_written_into_the_stopped_brokers_consumer_offsets_with_a_backup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(40)
+    before = store.config("consumerOffset.json", OFFSETS)
+    ingest_store(lake, "broker-x", store.root)
+    original = before.read_text()
+
+    assert _reset(lake, store.root) == 0
+    assert "wrote 4 offset(s) of broker broker-x" in capsys.readouterr().out  # Orders has 4 queues
+
+    written = parse_fastjson(before.read_text(), str(before))
+    assert written["offsetTable"]["Orders@cg-a"] == {"0": 0, "1": 0, "2": 0, "3": 0}
+    assert written["offsetTable"]["Audit@cg-b"] == {"2": 30} and "dataVersion" in written
+    assert (store.root / "config" / "consumerOffset.json.bak").read_text() == original
+    resets = [r for r in _rows(lake, CONSUMER_OFFSET_COMMITS) if r["source"] == "reset"]
+    assert sorted((r["queue_id"], r["offset"]) for r in resets) == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    assert ingest_store(lake, "broker-x", store.root).configs.offsets == 0  # the file agrees with the lake
+
+
+@pytest.mark.subprocess
+def test_a_reset_is_refused_while_the_broker_holds_its_lock_file(tmp_path: Path) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(40)
+    path = store.config("consumerOffset.json", OFFSETS)
+    ingest_store(lake, "broker-x", store.root)
+    holder = subprocess.Popen(  # as DefaultMessageStore.start: a lock on the lock file's first byte
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys; f = open(sys.argv[1], 'a+'); fcntl.lockf(f, fcntl.LOCK_EX, 1, 0); "
+            "print('locked', flush=True); sys.stdin.read()",
+            str(store.root / "lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        content, commits = path.read_text(), len(_rows(lake, CONSUMER_OFFSET_COMMITS))
+        assert _reset(lake, store.root) == 2
+        assert path.read_text() == content and len(_rows(lake, CONSUMER_OFFSET_COMMITS)) == commits
+    finally:
+        holder.communicate("", timeout=10)
+    assert _reset(lake, store.root) == 0  # stopped: the lock is free again

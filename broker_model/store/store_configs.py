@@ -17,13 +17,16 @@ Each snapshot contributes only what differs from the lake's latest state of that
 - ``delayOffset.json`` (``offsetTable``: ``level -> next schedule queue offset``): the schedule
   progress file the lake keeps per broker (where a broker of ours keeps its own).
 
-See docs/ingest.md.
+The way back: :func:`write_store_offsets` writes a reset into a stopped broker's
+``consumerOffset.json``. See docs/ingest.md.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker_model.common import constants as c
+from broker_model.common import now_ms
 from broker_model.store.delta_log import append_rows, read_table
 from schemas.catalog import CONSUMER_OFFSET_COMMITS, SUBSCRIPTION_GROUP, TOPIC_CONFIG, TableSpec
 from schemas.errors import ValidationError
@@ -345,3 +349,62 @@ def _write_delay(delay: dict[int, int] | None, path: Path) -> bool:
         os.fsync(handle.fileno())
     os.replace(temp, path)
     return True
+
+
+# -- the way back --------------------------------------------------------------------------------
+
+
+def broker_running(store_dir: Path) -> bool:
+    """Whether a RocketMQ broker runs on ``store_dir``: it holds a lock on the first byte of the
+    store's ``lock`` file while it runs (``DefaultMessageStore.start``: ``tryLock(0, 1, false)``,
+    a POSIX record lock), which the kernel drops when it exits."""
+    path = store_dir / "lock"
+    if not path.exists():
+        return False
+    with open(path, "rb+") as handle:
+        try:
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        except OSError:
+            return True
+        fcntl.lockf(handle, fcntl.LOCK_UN, 1, 0)
+    return False
+
+
+def write_store_offsets(store_dir: Path, offsets: Mapping[tuple[str, str, int], int]) -> Path:
+    """Set ``(group, topic, queue_id) -> offset`` in the stopped broker's ``config/consumerOffset.json``,
+    keeping every other entry and field, and write it as ``MixAll.string2File`` does: the new
+    text to ``consumerOffset.json.tmp``, the current file copied to ``consumerOffset.json.bak``,
+    then the rename. The file's path.
+
+    Raises:
+        ValidationError: a broker runs on the store, or its file is malformed (nothing written).
+    """
+    if broker_running(store_dir):
+        raise ValidationError(
+            "--broker-config",
+            str(store_dir),
+            "belongs to a running broker (it holds the store's lock file)",
+            "stop the broker first: it would overwrite the file with its own offsets",
+        )
+    config_dir = store_dir / "config"
+    found = read_config(config_dir, "consumerOffset.json")
+    data: dict[str, Any] = found[0] if found is not None else {}
+    table = _object(data.setdefault("offsetTable", {}), config_dir / "consumerOffset.json", "offsetTable")
+    for (group, topic, queue_id), offset in sorted(offsets.items()):
+        queues = _object(table.setdefault(f"{topic}@{group}", {}), config_dir / "consumerOffset.json", "offsetTable")
+        queues[str(queue_id)] = offset
+    version = data.get("dataVersion")
+    if isinstance(version, dict):
+        version["counter"] = int(version.get("counter", 0)) + 1
+        version["timestamp"] = now_ms()
+    path = config_dir / "consumerOffset.json"
+    config_dir.mkdir(parents=True, exist_ok=True)
+    temp, backup = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".bak")
+    with open(temp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent="\t")
+        handle.flush()
+        os.fsync(handle.fileno())
+    if path.exists():
+        shutil.copyfile(path, backup)
+    os.replace(temp, path)
+    return path

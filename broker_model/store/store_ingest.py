@@ -545,3 +545,14 @@ def _record_missing_ingest(lake: Path, broker_name: str) -> None:
             _record_ingest(lake, broker_name, parameters, version)
             return
         version -= 1
+
+
+def broker_of_store(lake: Path, store_dir: Path) -> str | None:
+    """The broker of ``lake`` last ingested from ``store_dir`` (paths compared resolved), None when
+    none was."""
+    if not DeltaTable.is_deltatable(str(STORE_INGESTS.location(lake))):
+        return None
+    rows = read_table(lake, STORE_INGESTS, ["broker_name", "store_dir", "ingested_timestamp"])
+    wanted = Path(store_dir).resolve()
+    mine = [r for r in rows.sort_by("ingested_timestamp").to_pylist() if Path(r["store_dir"]).resolve() == wanted]
+    return mine[-1]["broker_name"] if mine else None
