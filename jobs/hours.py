@@ -14,7 +14,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from broker_model.common import DISPATCHED_TRANSACTION_TYPES
+from broker_model.common import DISPATCHED_TRANSACTION_TYPES, uninterpreted_topic
 from broker_model.common import constants as c
 from jobs.extract import DRIVER_INCREMENT_BYTES
 from jobs.lake import IncrementalReadError, Lake
@@ -239,3 +239,23 @@ def topic_traffic(queue_hours: Iterable[Mapping[str, Any]]) -> list[Row]:
         total[0] += row["messages"]
         total[1] += row["bytes"]
     return [{"topic": t, "hour": h, "messages": m, "bytes": b} for (t, h), (m, b) in sorted(totals.items())]
+
+
+def uninterpreted_traffic(queue_hours: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Per broker and RocketMQ 5 system topic not interpreted yet (:func:`uninterpreted_topic`):
+    what it holds, ``messages``, ``bytes`` and the first and last store times."""
+    totals: dict[tuple[str, str], Row] = {}
+    for row in queue_hours:
+        holds = uninterpreted_topic(row["topic"])
+        if holds is None:
+            continue
+        total = totals.setdefault(
+            (row["broker_name"], row["topic"]),
+            {"holds": holds, "messages": 0, "bytes": 0, "first_store_timestamp": None, "last_store_timestamp": None},
+        )
+        total["messages"] += row["messages"]
+        total["bytes"] += row["bytes"]
+        first, last = total["first_store_timestamp"], total["last_store_timestamp"]
+        total["first_store_timestamp"] = min(row["first_store_timestamp"], first or row["first_store_timestamp"])
+        total["last_store_timestamp"] = max(row["last_store_timestamp"], last or row["last_store_timestamp"])
+    return [{"broker_name": b, "topic": t, **total} for (b, t), total in sorted(totals.items())]

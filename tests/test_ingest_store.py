@@ -32,6 +32,8 @@ from broker_model.store.store_ingest import app_id, ingested_end
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
 from jobs.rebuild_consume_queue.verify import PROBLEMS as VERIFY_PROBLEMS
+from jobs.report import ReportConfig
+from jobs.report import run as report
 from jobs.reset_offsets import main as reset_main
 from schemas.catalog import (
     BROKERS,
@@ -526,3 +528,28 @@ def test_a_reset_is_refused_while_the_broker_holds_its_lock_file(tmp_path: Path)
     finally:
         holder.communicate("", timeout=10)
     assert _reset(lake, store.root) == 0  # stopped: the lock is free again
+
+
+@pytest.mark.spark
+def test_records_of_rocketmq_5_system_topics_are_kept_and_flagged_as_not_interpreted(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(12)
+    for i in range(5):
+        store.append("rmq_sys_wheel_timer", 0, b"timer %d" % i)
+    for i in range(3):
+        store.append("rmq_sys_REVIVE_LOG_DefaultCluster", i % 2, b'{"ck": %d}' % i)
+    ingest_store(lake, "broker-x", store.root)
+
+    rebuild(spark, RebuildConfig(lake, engine="bridge"))
+    units = DeltaTable(str(lake / "consume_queue")).to_pyarrow_table(columns=["topic"])["topic"].to_pylist()
+    assert (units.count("rmq_sys_wheel_timer"), units.count("rmq_sys_REVIVE_LOG_DefaultCluster")) == (5, 3)
+    assert units.count("Orders") == 6  # the business topics count as before
+
+    out = tmp_path / "report"
+    assert report(spark, ReportConfig(lake, time.time_ns() // 1_000_000, out, engine="bridge")).status == "SUCCEEDED"
+    page = (out / "report.html").read_text()
+    section = page[page.index("RocketMQ 5 system topics: stored, not interpreted yet") :]
+    assert "rmq_sys_wheel_timer" in section and "rmq_sys_REVIVE_LOG_DefaultCluster" in section
+    assert "timer messages waiting for their delivery time" in section and "POP checkpoints and acks" in section

@@ -80,7 +80,7 @@ def test_a_lake_without_tables_gives_a_report_of_empty_sections(spark: SparkSess
     day = datetime.fromtimestamp(1_795_000_000, UTC).date().isoformat()
     page = (tmp_path / "reports" / day / "report.html").read_text(encoding="utf-8")
     assert job_run.status == "SUCCEEDED" and job_run.row_counts["plots"] == 0
-    assert page.count("no data yet") == 7 and "<img" not in page
+    assert page.count("no data yet") == 8 and "<img" not in page
 
 
 def test_a_report_whose_inputs_did_not_change_is_not_drawn_again(spark: SparkSession, tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ from broker_model.common.rules import (
     parse_delay_level,
     schedule_level,
     select_queue_by_hash,
+    uninterpreted_topic,
 )
 from broker_model.common.timeutil import now_ms, parse_duration, parse_instant
 
@@ -95,6 +96,7 @@ __all__ = [
     "schedule_level",
     "select_queue_by_hash",
     "tags_code",
+    "uninterpreted_topic",
     "validate_batch",
     "validate_group",
     "validate_message",

@@ -82,3 +82,15 @@ def select_queue_by_hash(arg: str, queue_count: int) -> int:
     """``SelectMessageQueueByHash``: the index of the queue for ``arg`` among ``queue_count``:
     Java hash of the string, remainder first, then absolute value (safe for Integer.MIN_VALUE)."""
     return abs(java_string_hash(arg)) % queue_count
+
+
+def uninterpreted_topic(topic: str) -> str | None:
+    """What a RocketMQ 5 system topic whose records this product stores but does not interpret
+    yet holds (the timer wheel, POP's revive log, POP checkpoints); None for any other topic."""
+    if topic == c.TIMER_TOPIC:
+        return "timer messages waiting for their delivery time (RocketMQ 5 timer wheel)"
+    if topic.startswith(c.REVIVE_TOPIC_PREFIX):
+        return "POP checkpoints and acks of a cluster (RocketMQ 5 revive log)"
+    if topic == c.POP_CHECKPOINT_TOPIC:
+        return "POP checkpoints (RocketMQ 5)"
+    return None
