@@ -426,6 +426,10 @@ class _ChunkWriter:
         if len(self._rows) >= self.chunk_rows or self._bytes >= self.chunk_bytes:
             self.flush()
 
+    def write_table(self, rows: pa.Table) -> None:
+        """Write ``rows`` (``commitlog`` columns) as uncommitted files at once."""
+        self.adds.extend(self.log.write_files(rows))
+
     def flush(self) -> None:
         """Write the buffered rows (nothing is committed)."""
         if self._rows:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -44,6 +45,7 @@ from broker_model.common import delay_progress_path, now_ms, validate_name
 from broker_model.store.delta_log import AppendLog, ensure_table, read_table
 from broker_model.store.name_lock import BrokerNameLock
 from broker_model.store.record import peek_header
+from broker_model.store.record_columns import RecordColumns
 from broker_model.store.segment_files import (
     IMPORT_CHUNK_BYTES,
     IMPORT_CHUNK_ROWS,
@@ -114,10 +116,16 @@ class Walk:
 
 
 def walk_commitlog(
-    files: list[SegmentFile], start: int | None, sink: Callable[[dict[str, Any]], None], broker_name: str
+    files: list[SegmentFile],
+    start: int | None,
+    sink: Callable[[pa.Table], None],
+    broker_name: str,
+    chunk_rows: int = IMPORT_CHUNK_ROWS,
+    chunk_bytes: int = IMPORT_CHUNK_BYTES,
 ) -> Walk:
     """Walk ``files`` (one RocketMQ commit log, in offset order) from physical offset ``start``
-    (None: the first file's base), passing each valid record's ``commitlog`` row to ``sink``.
+    (None: the first file's base), passing the valid records to ``sink`` as ``commitlog`` tables
+    of at most ``chunk_rows`` rows or about ``chunk_bytes`` record bytes (:class:`RecordColumns`).
 
     Raises:
         ValidationError: ``start`` lies beyond the files' end (the store is behind the lake).
@@ -131,6 +139,23 @@ def walk_commitlog(
     if start >= files[-1].base + size:
         raise _behind(files, start)
     walk = Walk(start, start, lost=lost)
+    columns = RecordColumns(broker_name)
+
+    def full() -> bool:
+        return len(columns) >= chunk_rows or columns.bytes >= chunk_bytes
+
+    def flush() -> None:
+        if len(columns):
+            table = columns.table()
+            if walk.first_store_host is None:
+                walk.first_store_host = table["store_host"][0].as_py()
+            topics = pc.dictionary_encode(table["topic"]).combine_chunks()
+            highest = np.full(len(topics.dictionary), -1, dtype=np.int64)
+            np.maximum.at(highest, topics.indices.to_numpy(), table["queue_id"].to_numpy())
+            for topic, queue_id in zip(topics.dictionary.to_pylist(), highest.tolist(), strict=True):
+                walk.queue_max[topic] = max(walk.queue_max.get(topic, -1), queue_id)
+            sink(table)
+
     index = (start - first_base) // size
     position = start - files[index].base
     while index < len(files):
@@ -138,7 +163,9 @@ def walk_commitlog(
         with open(segment_file.path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)
             try:
-                next_file = _walk_file(view, segment_file, files[index + 1 :], position, walk, sink, broker_name)
+                walker = _FileWalk(view, segment_file, files[index + 1 :], walk, columns)
+                next_file = walker.run(position, full, flush)
+                flush()  # the columns hold views of the file: taken before it is unmapped
             finally:
                 view.release()
         if not next_file:
@@ -156,46 +183,54 @@ def _behind(files: list[SegmentFile], done: int) -> ValidationError:
     )
 
 
-def _walk_file(
-    data: memoryview,
-    segment_file: SegmentFile,
-    later: list[SegmentFile],
-    position: int,
-    walk: Walk,
-    sink: Callable[[dict[str, Any]], None],
-    broker_name: str,
-) -> bool:
-    """Walk one file from ``position``; True when the walk goes on with the next file."""
-    left = segment_file.size
-    while True:
-        total, magic = peek_header(data, position)
-        if (total, magic) == (0, 0):
-            if later and _holds_data(later[0]) and peek_header(data, position) == (0, 0):
-                _stop_corrupt(walk, segment_file, position, "a zero header, but the next file holds records")
-            return False
-        if magic == c.BLANK_MAGIC_CODE and total == left - position:
-            return True
+@dataclass
+class _FileWalk:
+    """The walk of one mapped commit log file."""
+
+    data: memoryview
+    segment_file: SegmentFile
+    later: list[SegmentFile]
+    walk: Walk
+    columns: RecordColumns
+
+    def run(self, position: int, full: Callable[[], bool], flush: Callable[[], None]) -> bool:
+        """Walk from ``position``, calling ``flush`` whenever ``full()``; True when the walk goes
+        on with the next file."""
+        data, segment_file, walk = self.data, self.segment_file, self.walk
+        left = segment_file.size
+        while True:
+            total, magic = peek_header(data, position)
+            if (total, magic) == (0, 0):
+                if self.later and _holds_data(self.later[0]) and peek_header(data, position) == (0, 0):
+                    _stop_corrupt(walk, segment_file, position, "a zero header, but the next file holds records")
+                return False
+            if magic == c.BLANK_MAGIC_CODE and total == left - position:
+                return True
+            if magic == c.BLANK_MAGIC_CODE or self.columns.add(data, position, segment_file.base, left) is None:
+                self._stop(position, total, magic)
+                return False
+            walk.records += 1
+            walk.bytes += total
+            position += total
+            walk.end = segment_file.base + position
+            if full():
+                flush()
+
+    def _stop(self, position: int, total: int, magic: int) -> None:
+        """The record or marker at ``position`` fails a check: its exact error from the reference
+        decoder, then the stop it makes (:func:`_stop_invalid`)."""
+        data, segment_file = self.data, self.segment_file
         try:
             if magic == c.BLANK_MAGIC_CODE:
-                raise CorruptRecordError(
-                    str(segment_file.path),
-                    position,
-                    f"blank marker TOTALSIZE {total} but {left - position} bytes are left",
-                )
-            row = decode_file_record(data, segment_file, position, magic)
+                problem = f"blank marker TOTALSIZE {total} but {segment_file.size - position} bytes are left"
+                raise CorruptRecordError(str(segment_file.path), position, problem)
+            decode_file_record(data, segment_file, position, magic)
         except CorruptRecordError as err:
-            _stop_invalid(walk, data, segment_file, later, position, total, err)
-            return False
-        row["broker_name"] = broker_name
-        row["segment"] = segment_file.base
-        sink(row)
-        if walk.records == 0:
-            walk.first_store_host = row["store_host"]
-        walk.records += 1
-        walk.bytes += total
-        walk.queue_max[row["topic"]] = max(walk.queue_max.get(row["topic"], -1), row["queue_id"])
-        position += total
-        walk.end = segment_file.base + position
+            _stop_invalid(self.walk, data, segment_file, self.later, position, total, err)
+            return
+        raise AssertionError(  # the two decoders must agree on what is a valid record
+            f"the record at byte {position} of {segment_file.path} passes decode_file_record but not RecordColumns.add"
+        )
 
 
 def _stop_invalid(
@@ -364,8 +399,7 @@ def _ingest(
     log = AppendLog(COMMITLOG.location(lake), COMMITLOG)
     writer = _ChunkWriter(log, broker_name, chunk_rows, chunk_bytes)
     try:
-        walk = walk_commitlog(files, done, writer.add, broker_name)
-        writer.flush()
+        walk = walk_commitlog(files, done, writer.write_table, broker_name, chunk_rows, chunk_bytes)
         # a lost range alone is committed (the next run starts after it), once the broker is known
         if walk.records == 0 and (walk.lost is None or register):
             writer.discard()
