@@ -111,7 +111,7 @@ def _write_consume_queues(store: MessageStore, out_dir: Path, units_per_file: in
 
 
 def _data_version() -> str:
-    return json.dumps({"counter": 1, "stateVersion": 0, "timestamp": now_ms()})
+    return json.dumps({"counter": 1, "stateVersion": 0, "timestamp": now_ms()}, separators=(",", ":"))
 
 
 def _offsets_json(latest: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
