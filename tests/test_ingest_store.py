@@ -553,3 +553,23 @@ def test_records_of_rocketmq_5_system_topics_are_kept_and_flagged_as_not_interpr
     section = page[page.index("RocketMQ 5 system topics: stored, not interpreted yet") :]
     assert "rmq_sys_wheel_timer" in section and "rmq_sys_REVIVE_LOG_DefaultCluster" in section
     assert "timer messages waiting for their delivery time" in section and "POP checkpoints and acks" in section
+
+
+def test_a_run_killed_between_its_commit_and_its_ingest_row_gets_the_row_from_the_next_run(tmp_path: Path) -> None:
+    store, lake = StoreWriter(tmp_path / "store", FILE, first_base=2 * FILE), tmp_path / "lake"
+    store.append_many(30)
+    first = ingest_store(lake, "broker-x", store.root)
+    written = _ingests(lake)
+    # the state a first run killed right after its commitlog commit leaves: no store_ingests yet
+    shutil.rmtree(STORE_INGESTS.location(lake))
+
+    store.append_many(5)
+    second = ingest_store(lake, "broker-x", store.root)
+
+    rows = _ingests(lake)
+    assert [{k: v for k, v in r.items() if k != "ingested_timestamp"} for r in rows[:1]] == [
+        {k: v for k, v in r.items() if k != "ingested_timestamp"} for r in written
+    ]
+    assert rows[0]["lost_to"] == 2 * FILE and rows[0]["end_offset"] == first.end
+    assert [(r["from_offset"], r["records"]) for r in rows] == [(2 * FILE, 30), (first.end, 5)]
+    assert second.records == 5
