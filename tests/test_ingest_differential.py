@@ -26,6 +26,7 @@ from jobs.rebuild_consume_queue import run as rebuild
 from jobs.rebuild_consume_queue.verify import PROBLEMS as VERIFY_PROBLEMS
 from schemas.catalog import BROKERS
 from tests.helpers import canonical_rows
+from tests.rocketmq_store import StoreWriter
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -87,3 +88,29 @@ def test_every_job_gives_the_same_tables_on_the_stores_of_a_lake_ingested_into_a
     for name in brokers:
         assert verified.row_counts[f"verified {name}"] == units[name]
         assert sum(verified.row_counts[f"{name} {p}"] for p in VERIFY_PROBLEMS) == 0
+
+
+def test_an_ingested_broker_and_brokers_of_ours_side_by_side_in_one_lake(spark: SparkSession, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    demo = NightlyConfig(lake, demo_messages=800, demo_transactions=10, seed=4, out=tmp_path / "r", engine="bridge")
+    assert run(spark, demo).status == "SUCCEEDED"
+    ours = _brokers(lake)
+    store = StoreWriter(tmp_path / "store", 64 * 1024, store_host="10.9.9.9:10911")
+    store.append_many(300, topics=("Orders", "Ledger"))
+    committed = {0: 30, 1: 25, 2: 20, 3: 10}
+    entries = ",".join(f"{q}:{o}" for q, o in committed.items())
+    store.config("consumerOffset.json", f'{{"offsetTable":{{"Ledger@cg-ledger":{{{entries}}}}}}}')
+    assert ingest_store(lake, "broker-r", store.root).records == 300
+
+    as_of = time.time_ns() // 1_000_000 + 1
+    assert run(spark, NightlyConfig(lake, as_of=as_of, out=tmp_path / "r", engine="bridge")).status == "SUCCEEDED"
+    verified = rebuild(spark, RebuildConfig(lake, engine="bridge", verify_brokers=("broker-r",)))
+    assert verified.row_counts["verified broker-r"] == 300
+    assert sum(verified.row_counts[f"broker-r {p}"] for p in VERIFY_PROBLEMS) == 0
+
+    queue = DeltaTable(str(lake / "consume_queue")).to_pyarrow_table(columns=["broker_name"])["broker_name"]
+    assert set(queue.to_pylist()) == {*ours, "broker-r"}
+    lag = DeltaTable(str(lake / "consumer_offsets")).to_pyarrow_table().to_pylist()
+    ledger = sorted((r["queue_id"], r["consumer_offset"], r["diff"]) for r in lag if r["group"] == "cg-ledger")
+    ends = {q: store.queue_offsets[("Ledger", q)] for q in committed}
+    assert ledger == [(q, o, ends[q] - o) for q, o in committed.items()]
