@@ -33,6 +33,31 @@ def _workload(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from broker_model.endpoint import EndpointConfig, serve
+
+    config = EndpointConfig(
+        Path(args.lake),
+        tuple(name.strip() for name in args.brokers.split(",") if name.strip()),
+        args.listen,
+        args.flush_mode,
+        args.auto_create_topics,
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+    def ready(address: str) -> None:
+        print(f"serving brokers {', '.join(config.brokers)} of {config.lake} on {address}", flush=True)
+
+    serve(config, stop, ready)
+    print("stopped: the brokers flushed and released their names", flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every broker command."""
     parser = argparse.ArgumentParser(prog="python -m broker_model", description=__doc__)
@@ -54,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="push consumer groups with failing listeners: retries, delays and dead letters on a simulated clock",
     )
     workload.set_defaults(func=_workload)
+    server = commands.add_parser(
+        "serve", help="serve brokers of the lake to RocketMQ 5 clients over gRPC (MessagingService)"
+    )
+    server.add_argument("--lake", default=str(default_lake()), help="lake root (default: $RMQ_LAKE or data/lake)")
+    server.add_argument("--brokers", default="broker-a", help="comma-separated broker names (default broker-a)")
+    server.add_argument("--listen", default="127.0.0.1:8081", help="host:port to listen on (default 127.0.0.1:8081)")
+    server.add_argument("--flush-mode", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], default="ASYNC_FLUSH")
+    server.add_argument(
+        "--auto-create-topics", action="store_true", help="create an unknown topic on every broker at first use"
+    )
+    server.set_defaults(func=_serve)
     add_import_export_commands(commands)
     return parser
 

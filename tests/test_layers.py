@@ -18,6 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("broker_model.store",),
     ("broker_model.broker",),
     ("broker_model.client",),
+    ("broker_model.endpoint",),
     ("broker_model.tools",),
     ("broker_model",),
     ("jobs.lake",),

@@ -1,0 +1,112 @@
+"""The endpoint's process: brokers of the lake started under their name locks, the gRPC server in
+front of them, and a clean stop (the server drains, the brokers flush and release their locks).
+See docs/endpoint.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pyarrow.compute as pc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from broker_model.broker import Broker, BrokerConfig, FlushMode
+from broker_model.common import constants as c
+from broker_model.common import parse_host, validate_name
+from broker_model.endpoint.service import MessagingService
+from broker_model.store import read_table
+from schemas.catalog import BROKERS
+from schemas.errors import ValidationError
+
+DEFAULT_LISTEN = "127.0.0.1:8081"
+WORKERS = 64  # threads serving calls: the official clients keep several calls in flight each
+MAX_INBOUND_BYTES = 130 * 1024 * 1024  # the proxy's grpcMaxInboundMessageSize: a batch of 4 MiB bodies fits
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """What ``serve`` runs.
+
+    Attributes:
+        lake: the lake root.
+        brokers: names of the brokers served (each takes its name lock).
+        listen: ``host:port`` to listen on (loopback unless told otherwise); port 0 picks one.
+        flush_mode: the brokers' flush mode.
+        auto_create_topics: create an unknown topic on every broker instead of TOPIC_NOT_FOUND.
+        grace_seconds: how long calls in flight may finish at stop.
+
+    Raises:
+        ValidationError: no broker, a bad broker name or listen address.
+    """
+
+    lake: Path
+    brokers: tuple[str, ...] = ("broker-a",)
+    listen: str = DEFAULT_LISTEN
+    flush_mode: FlushMode = "ASYNC_FLUSH"
+    auto_create_topics: bool = False
+    grace_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.brokers:
+            raise ValidationError("--brokers", "", "names no broker", "e.g. --brokers broker-a,broker-b")
+        for name in self.brokers:
+            validate_name(name, "--brokers", c.GROUP_MAX_LENGTH)
+        if len(set(self.brokers)) != len(self.brokers):
+            raise ValidationError("--brokers", ",".join(self.brokers), "names a broker twice", "name each once")
+        parse_host(self.listen, "--listen")
+
+
+def store_hosts(lake: Path, names: Sequence[str]) -> dict[str, str]:
+    """Each broker's store host: the one it last registered in ``brokers``, else
+    ``127.0.0.<n>:10911`` by its place in ``names`` (as the workload gives them)."""
+    rows = read_table(lake, BROKERS, ["broker_name", "store_host", "started_timestamp"])
+    hosts = {}
+    for index, name in enumerate(names):
+        mine = rows.filter(pc.equal(rows["broker_name"], name))
+        if mine.num_rows:
+            latest = mine.sort_by([("started_timestamp", "descending")])
+            hosts[name] = str(latest["store_host"][0].as_py())
+        else:
+            hosts[name] = f"127.0.0.{index + 1}:10911"
+    return hosts
+
+
+def serve(config: EndpointConfig, stop: threading.Event, ready: Callable[[str], None] | None = None) -> None:
+    """Start the brokers and the server, call ``ready`` with the address listened on, serve until
+    ``stop`` is set, then stop the server (calls in flight get ``grace_seconds``) and shut the
+    brokers down (flush, release their name locks), whatever happened.
+
+    Raises:
+        BrokerLockedError: a broker name is held by another process (nothing is served).
+        ValidationError: the address cannot be listened on.
+    """
+    started: list[Broker] = []
+    try:
+        for name, host in store_hosts(config.lake, config.brokers).items():
+            broker = Broker(BrokerConfig(config.lake, name, store_host=host, flush_mode=config.flush_mode))
+            started.append(broker.start())
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="endpoint"),
+            options=[("grpc.max_receive_message_length", MAX_INBOUND_BYTES)],
+        )
+        port = server.add_insecure_port(config.listen)
+        if port == 0:
+            raise ValidationError("--listen", config.listen, "cannot be listened on", "choose a free host:port")
+        address = f"{config.listen.rsplit(':', 1)[0]}:{port}"
+        service = MessagingService({b.broker_name: b for b in started}, address, config.auto_create_topics)
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
+        server.start()
+        try:
+            if ready is not None:
+                ready(address)
+            stop.wait()
+        finally:
+            server.stop(config.grace_seconds).wait()
+    finally:
+        for broker in reversed(started):
+            broker.shutdown()

@@ -1,0 +1,310 @@
+"""``apache.rocketmq.v2.MessagingService`` for producers, served from brokers of the lake with
+RocketMQ 5's proxy semantics (``proxy/.../grpc/v2``: ``RouteActivity``, ``ClientActivity``,
+``SendMessageActivity``). See docs/endpoint.md.
+
+The protocol's messages are the generated code the official Python client publishes
+(``rocketmq.grpc_protocol``, from apache/rocketmq-apis).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from broker_model.broker import Broker, InnerMessage
+from broker_model.common import constants as c
+from broker_model.common import parse_host
+from schemas.errors import BrokerError, ValidationError
+
+# RocketMQ 5 property names the proxy sets (MessageConst)
+PROPERTY_SHARDING_KEY: Final = "__SHARDINGKEY"
+PROPERTY_TRACE_CONTEXT: Final = "TRACE_CONTEXT"
+PROPERTY_BORN_HOST: Final = "__BORNHOST"
+PROPERTY_BORN_TIMESTAMP: Final = "BORN_TIMESTAMP"
+KEY_SEPARATOR: Final = " "
+MAX_MESSAGE_GROUP_BYTES: Final = 64  # ProxyConfig.maxMessageGroupSize
+# the message types this endpoint stores so far (unspecified is taken as normal, as the proxy does)
+ACCEPTED_TYPES: Final = (pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO)
+_SENDABLE_TYPES: Final = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)  # a topic of ours takes any
+
+
+class RequestError(Exception):
+    """A request refused with a protocol code and a message naming the field."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def status(code: int = pb.OK, message: str = "OK") -> pb.Status:
+    """A protocol ``Status``."""
+    return pb.Status(code=code, message=message)
+
+
+def java_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (UTF-16 code units, 32-bit wrap)."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + (data[i] << 8 | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def consistent_hash(key: int, buckets: int) -> int:
+    """Guava's ``Hashing.consistentHash(long, int)``: the bucket of ``key`` among ``buckets``,
+    which the proxy uses to put every message of one message group into one queue."""
+    state = key & 0xFFFFFFFFFFFFFFFF
+    candidate = 0
+    while True:
+        state = (2862933555777941757 * state + 1) & 0xFFFFFFFFFFFFFFFF
+        next_double = ((state >> 33) + 1) / float(1 << 31)  # ((int) (state >>> 33) + 1) / 2^31
+        following = int((candidate + 1) / next_double)
+        if 0 <= following < buckets:
+            candidate = following
+        else:
+            return candidate
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A write queue of a topic on one broker."""
+
+    broker: Broker
+    queue_id: int
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: ignore[misc]
+    """The producer side of ``MessagingService`` over ``brokers`` (by name).
+
+    Args:
+        brokers: the running brokers served, by name.
+        advertised: the ``host:port`` clients reach this endpoint at (routes name it).
+        auto_create_topics: an unknown topic is created on every broker (RocketMQ's
+            ``autoCreateTopicEnable``) instead of answering TOPIC_NOT_FOUND.
+    """
+
+    def __init__(self, brokers: Mapping[str, Broker], advertised: str, auto_create_topics: bool = False) -> None:
+        self.brokers = dict(sorted(brokers.items()))
+        self.advertised = advertised
+        self.auto_create_topics = auto_create_topics
+        self._round_robin = itertools.count()
+        self._lock = threading.Lock()
+
+    # -- routes ------------------------------------------------------------------------------
+
+    def QueryRoute(self, request: rpc.QueryRouteRequest, context: grpc.ServicerContext) -> rpc.QueryRouteResponse:
+        try:
+            queues = self._queues(_topic_name(request.topic))
+        except RequestError as err:
+            return rpc.QueryRouteResponse(status=status(err.code, err.message))
+        endpoints = self._endpoints(request.endpoints)
+        message_queues = [
+            pb.MessageQueue(
+                topic=request.topic,
+                id=queue.queue_id,
+                permission=pb.READ_WRITE,
+                broker=pb.Broker(name=queue.broker.broker_name, id=0, endpoints=endpoints),
+                accept_message_types=_SENDABLE_TYPES,
+            )
+            for queue in queues
+        ]
+        return rpc.QueryRouteResponse(status=status(), message_queues=message_queues)
+
+    def _queues(self, topic: str) -> list[Queue]:
+        """Every broker's write queues of ``topic`` (by broker name, then queue id).
+
+        Raises:
+            RequestError: TOPIC_NOT_FOUND (unless topics are created on first use).
+        """
+        found = [(b, b.queue_nums(topic)) for b in self.brokers.values()]
+        if not any(n for _, n in found):
+            if not self.auto_create_topics:
+                raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {topic!r} not found on brokers {list(self.brokers)}")
+            with self._lock:
+                for broker in self.brokers.values():
+                    broker.ensure_topic(topic)
+            found = [(b, b.queue_nums(topic)) for b in self.brokers.values()]
+        return [Queue(broker, qid) for broker, n in found for qid in range(n or 0)]
+
+    def _endpoints(self, asked: pb.Endpoints) -> pb.Endpoints:
+        """The endpoints a route names: the ones the client asked through, else the advertised one."""
+        if len(asked.addresses):
+            return asked
+        host, port = self.advertised.rsplit(":", 1)
+        scheme = pb.IPv6 if ":" in host else pb.IPv4
+        return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host.strip("[]"), port=int(port))])
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def Heartbeat(self, request: rpc.HeartbeatRequest, context: grpc.ServicerContext) -> rpc.HeartbeatResponse:
+        return rpc.HeartbeatResponse(status=status())
+
+    def NotifyClientTermination(
+        self, request: rpc.NotifyClientTerminationRequest, context: grpc.ServicerContext
+    ) -> rpc.NotifyClientTerminationResponse:
+        return rpc.NotifyClientTerminationResponse(status=status())
+
+    def Telemetry(
+        self, requests: Iterator[rpc.TelemetryCommand], context: grpc.ServicerContext
+    ) -> Iterator[rpc.TelemetryCommand]:
+        """The client's settings in, the server's settings out (``ClientActivity.processClientSettings``)."""
+        for command in requests:
+            if command.HasField("settings"):
+                yield rpc.TelemetryCommand(status=status(), settings=self._settings(command.settings))
+
+    def _settings(self, client: pb.Settings) -> pb.Settings:
+        settings = pb.Settings()
+        settings.CopyFrom(client)
+        if client.client_type == pb.PRODUCER:
+            settings.publishing.max_body_size = c.MAX_MESSAGE_SIZE
+            settings.publishing.validate_message_type = True
+            settings.backoff_policy.max_attempts = 3
+            backoff = settings.backoff_policy.exponential_backoff
+            backoff.initial.FromMilliseconds(10)
+            backoff.max.FromMilliseconds(1000)
+            backoff.multiplier = 2.0
+        return settings
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.ServicerContext) -> rpc.SendMessageResponse:
+        try:
+            queue, messages = self._prepare(request.messages, context.peer())
+            result = queue.broker.put_messages(messages)
+        except RequestError as err:
+            return rpc.SendMessageResponse(status=status(err.code, err.message))
+        except ValidationError as err:
+            return rpc.SendMessageResponse(status=status(pb.BAD_REQUEST, str(err)))
+        except BrokerError as err:
+            return rpc.SendMessageResponse(status=status(pb.INTERNAL_SERVER_ERROR, str(err)))
+        ids = [m.properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] for m in messages]
+        entries = [
+            rpc.SendResultEntry(status=status(), message_id=i, offset=o)
+            for i, o in zip(ids, result.queue_offsets, strict=True)
+        ]
+        return rpc.SendMessageResponse(status=status(), entries=entries)
+
+    def _prepare(self, messages: Sequence[pb.Message], peer: str) -> tuple[Queue, list[InnerMessage]]:
+        """The queue and the broker messages of one send (``SendMessageActivity``).
+
+        Raises:
+            RequestError: an empty request, messages of several topics, an unknown topic, or a
+                message the protocol refuses (see :func:`build_message`).
+        """
+        if not messages:
+            raise RequestError(pb.BAD_REQUEST, "messages: the request holds no message")
+        topic = messages[0].topic
+        if any(m.topic != topic for m in messages):
+            raise RequestError(pb.MESSAGE_CORRUPTED, "messages: topic in message is not same")
+        queues = self._queues(_topic_name(topic))
+        built = [build_message(m, peer) for m in messages]
+        group = messages[0].system_properties.message_group if len(messages) == 1 else ""
+        if group:
+            queue = queues[consistent_hash(java_hash(group), len(queues))]
+        else:
+            queue = queues[next(self._round_robin) % len(queues)]
+        for message in built:
+            message.queue_id = queue.queue_id
+        return queue, built
+
+
+def _topic_name(resource: pb.Resource) -> str:
+    name: str = resource.name
+    if not name or not name.strip():
+        raise RequestError(pb.ILLEGAL_TOPIC, "topic.name: the topic cannot be empty")
+    if len(name) > c.TOPIC_MAX_LENGTH or not _is_topic(name):
+        raise RequestError(pb.ILLEGAL_TOPIC, f"topic.name: {name!r} is not a valid topic name")
+    return name
+
+
+def _is_topic(name: str) -> bool:
+    return all(ch.isascii() and (ch.isalnum() or ch in "%|_-") for ch in name)
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text)
+
+
+def build_message(message: pb.Message, peer: str) -> InnerMessage:
+    """The broker message of a protocol message (``SendMessageActivity.buildMessage``), stored
+    with the proxy's properties.
+
+    Raises:
+        RequestError: an unsupported message type, a body over the limit, a blank message id, a
+            tag or key or group or user property the proxy refuses.
+    """
+    system = message.system_properties
+    if len(message.body) > c.MAX_MESSAGE_SIZE:
+        raise RequestError(
+            pb.MESSAGE_BODY_TOO_LARGE, f"body: {len(message.body)} bytes, the max is {c.MAX_MESSAGE_SIZE}"
+        )
+    if not system.message_id.strip():
+        raise RequestError(pb.ILLEGAL_MESSAGE_ID, "system_properties.message_id: message id cannot be empty")
+    properties: dict[str, str] = {}
+    for key, value in message.user_properties.items():
+        if key in c.RESERVED_PROPERTY_NAMES or key.startswith("__"):
+            raise RequestError(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user_properties: {key!r} is used by system")
+        if _has_control(key) or _has_control(value) or not key:
+            raise RequestError(
+                pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user_properties: {key!r} holds a control character or is empty"
+            )
+        properties[key] = value
+    if system.tag:
+        if not system.tag.strip() or "|" in system.tag or _has_control(system.tag):
+            raise RequestError(pb.ILLEGAL_MESSAGE_TAG, f"system_properties.tag: {system.tag!r} is not a valid tag")
+        properties[c.PROPERTY_TAGS] = system.tag
+    for key in system.keys:
+        if not key.strip() or _has_control(key):
+            raise RequestError(pb.ILLEGAL_MESSAGE_KEY, f"system_properties.keys: {key!r} is not a valid key")
+    if system.keys:
+        properties[c.PROPERTY_KEYS] = KEY_SEPARATOR.join(system.keys)
+    properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = system.message_id
+    properties[c.PROPERTY_RECONSUME_TIME] = str(system.delivery_attempt)
+    properties[c.PROPERTY_PRODUCER_GROUP] = message.topic.name  # the proxy names the topic as the group
+    if system.message_group:
+        group = system.message_group
+        if not group.strip() or len(group.encode()) >= MAX_MESSAGE_GROUP_BYTES or _has_control(group):
+            raise RequestError(pb.ILLEGAL_MESSAGE_GROUP, f"system_properties.message_group: {group!r} is not valid")
+        properties[PROPERTY_SHARDING_KEY] = group
+    if system.message_type not in ACCEPTED_TYPES:
+        kind = pb.MessageType.Name(system.message_type)
+        raise RequestError(pb.UNSUPPORTED, f"system_properties.message_type: {kind} messages are not served yet")
+    if system.trace_context:
+        properties[PROPERTY_TRACE_CONTEXT] = system.trace_context
+    if system.born_host:
+        properties[PROPERTY_BORN_HOST] = system.born_host
+    born = system.born_timestamp.ToMilliseconds() if system.HasField("born_timestamp") else 0
+    if born:
+        properties[PROPERTY_BORN_TIMESTAMP] = str(born)
+    sys_flag = c.COMPRESSED_FLAG if system.body_encoding == pb.GZIP else 0
+    return InnerMessage(
+        topic=message.topic.name,
+        queue_id=0,
+        body=bytes(message.body),
+        properties=properties,
+        sys_flag=sys_flag,
+        born_timestamp=born,
+        born_host=_peer_host(peer),
+        reconsume_times=system.delivery_attempt,
+    )
+
+
+def _peer_host(peer: str) -> str:
+    """``ip:port`` of a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``), for the
+    record's BORNHOST; the loopback address when the peer is not an IP one."""
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        try:
+            return str(parse_host(address))
+        except ValidationError:
+            pass
+    return "127.0.0.1:0"

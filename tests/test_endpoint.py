@@ -1,0 +1,153 @@
+"""The gRPC endpoint (``python -m broker_model serve``) against the official RocketMQ 5 Python client
+(``rocketmq-python-client``, unmodified) in processes of their own, on loopback: what the client was
+told is what the lake holds, FIFO groups keep one queue and their order, the protocol's error codes
+for bad requests from a raw stub with nothing written, and a clean stop on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from deltalake import DeltaTable
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from broker_model.broker import Broker, BrokerConfig
+from broker_model.endpoint.service import consistent_hash, java_hash
+from schemas.catalog import COMMITLOG
+
+pytestmark = pytest.mark.subprocess
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[str]
+    address: str
+    lake: Path
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=60)
+
+
+def _serve(lake: Path, *extra: str) -> Server:
+    command = [sys.executable, "-m", "broker_model", "serve", "--lake", str(lake), "--listen", "127.0.0.1:0", *extra]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("serving brokers"), line
+    return Server(process, line.rsplit(" on ", 1)[1].strip(), lake)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    running = _serve(tmp_path / "lake", "--brokers", "broker-a,broker-b", "--auto-create-topics")
+    yield running
+    if running.process.poll() is None:
+        running.stop()
+
+
+def _client(server: Server, topic: str, mode: str, count: int, threads: int = 1) -> list[dict[str, Any]]:
+    command = [sys.executable, "-m", "tests.grpc_client_process", server.address, topic, mode, str(count), str(threads)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("done"), done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def _records(lake: Path, topic: str) -> dict[str, dict[str, Any]]:
+    columns = ["broker_name", "topic", "queue_id", "queue_offset", "body", "tags", "keys", "uniq_key", "properties"]
+    rows = DeltaTable(str(COMMITLOG.location(lake))).to_pyarrow_table(columns=columns).to_pylist()
+    return {r["uniq_key"]: {**r, "properties": dict(r["properties"])} for r in rows if r["topic"] == topic}
+
+
+def test_the_official_client_sends_and_the_lake_holds_what_it_was_told(server: Server) -> None:
+    receipts = _client(server, "Orders", "normal", 12)
+    assert server.stop() == 0  # SIGTERM: the brokers flush and stop
+
+    records = _records(server.lake, "Orders")
+    assert len(receipts) == 12 and len(records) == 12
+    for receipt in receipts:
+        record = records[receipt["message_id"]]
+        assert record["queue_offset"] == receipt["offset"]
+        assert record["body"] == f"message {receipt['sequence']}".encode()
+        assert (record["tags"], record["keys"]) == ("created", f"key-n-{receipt['sequence']}")
+        assert record["properties"]["PGROUP"] == "Orders"  # the proxy names the topic as producer group
+    assert {r["broker_name"] for r in records.values()} == {"broker-a", "broker-b"}  # round robin
+    Broker(BrokerConfig(server.lake, "broker-a")).start().shutdown()  # the name lock was released
+
+
+def test_fifo_groups_each_keep_one_queue_in_send_order(server: Server) -> None:
+    receipts = _client(server, "Ledger", "fifo", 6, threads=4)
+    assert server.stop() == 0
+
+    records = _records(server.lake, "Ledger")
+    assert len(receipts) == 18 and len(records) == 18
+    queues = sorted((b, q) for b in ("broker-a", "broker-b") for q in range(4))  # 4 queues per broker, auto-created
+    for group in ("group-a", "group-b", "group-c"):
+        mine = sorted((r for r in receipts if r["group"] == group), key=lambda r: r["sequence"])
+        stored = [records[r["message_id"]] for r in mine]
+        assert {(s["broker_name"], s["queue_id"]) for s in stored} == {queues[consistent_hash(java_hash(group), 8)]}
+        offsets = [s["queue_offset"] for s in stored]
+        assert offsets == sorted(offsets) and offsets == [r["offset"] for r in mine]
+        assert all(s["properties"]["__SHARDINGKEY"] == group for s in stored)
+
+
+def _stub(server: Server) -> service_pb2_grpc.MessagingServiceStub:
+    return service_pb2_grpc.MessagingServiceStub(grpc.insecure_channel(server.address))
+
+
+def _message(topic: str, body: bytes = b"x", **system: Any) -> pb.Message:
+    properties = pb.SystemProperties(message_id=system.pop("message_id", "0102FC00000001"), **system)
+    return pb.Message(topic=pb.Resource(name=topic), body=body, system_properties=properties)
+
+
+def test_bad_requests_get_the_protocol_codes_and_write_nothing(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    broker = Broker(BrokerConfig(lake, "broker-a")).start()
+    broker.ensure_topic("Orders", 2)
+    broker.shutdown()
+    server = _serve(lake)  # no auto-creation
+    try:
+        stub = _stub(server)
+        version = DeltaTable(str(COMMITLOG.location(lake))).version()
+        route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="Nowhere")), timeout=10)
+        assert route.status.code == pb.TOPIC_NOT_FOUND and "Nowhere" in route.status.message
+        route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="Orders")), timeout=10)
+        assert route.status.code == pb.OK and [q.id for q in route.message_queues] == [0, 1]
+
+        def send(*messages: pb.Message) -> pb.Status:
+            return stub.SendMessage(rpc.SendMessageRequest(messages=messages), timeout=10).status
+
+        cases = [
+            (send(_message("")), pb.ILLEGAL_TOPIC, "topic"),
+            (send(_message("Nowhere")), pb.TOPIC_NOT_FOUND, "Nowhere"),
+            (send(_message("Orders", b"x" * (4 * 1024 * 1024 + 1))), pb.MESSAGE_BODY_TOO_LARGE, "body"),
+            (send(_message("Orders", message_id=" ")), pb.ILLEGAL_MESSAGE_ID, "message_id"),
+            (send(_message("Orders", tag="a|b")), pb.ILLEGAL_MESSAGE_TAG, "tag"),
+            (send(_message("Orders", message_group="g\\x01")), pb.OK, ""),
+            (send(_message("Orders"), _message("Ledger")), pb.MESSAGE_CORRUPTED, "topic"),
+            (send(), pb.BAD_REQUEST, "messages"),
+        ]
+        reserved = _message("Orders")
+        reserved.user_properties["TAGS"] = "sneaky"
+        cases.append((send(reserved), pb.ILLEGAL_MESSAGE_PROPERTY_KEY, "TAGS"))
+        delayed = _message("Orders", message_type=pb.DELAY)
+        delayed.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 60_000)
+        cases.append((send(delayed), pb.UNSUPPORTED, "DELAY"))
+        for got, code, named in cases[:5] + cases[6:]:
+            assert (pb.Code.Name(got.code), named in got.message) == (pb.Code.Name(code), True), got
+        assert DeltaTable(str(COMMITLOG.location(lake))).version() == version + 1  # only the valid FIFO send
+    finally:
+        assert server.stop() == 0
