@@ -7,6 +7,8 @@ for bad requests from a raw stub with nothing written, and a clean stop on SIGTE
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,7 +63,10 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 def _client(server: Server, topic: str, mode: str, count: int, threads: int = 1) -> list[dict[str, Any]]:
     command = [sys.executable, "-m", "tests.grpc_client_process", server.address, topic, mode, str(count), str(threads)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    home = server.lake.parent / "client-home"  # the client writes its log files under $HOME/logs
+    home.mkdir(exist_ok=True)
+    environment = {**os.environ, "HOME": str(home)}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment)
     assert done.returncode == 0 and done.stdout.rstrip().endswith("done"), done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -151,3 +156,45 @@ def test_bad_requests_get_the_protocol_codes_and_write_nothing(tmp_path: Path) -
         assert DeltaTable(str(COMMITLOG.location(lake))).version() == version + 1  # only the valid FIFO send
     finally:
         assert server.stop() == 0
+
+
+NODE_SENDER = """
+const { Producer } = require('rocketmq-client-nodejs');
+(async () => {
+  const producer = new Producer({ endpoints: process.argv[2] });
+  await producer.startup();
+  for (let i = 0; i < Number(process.argv[4]); i++) {
+    const receipt = await producer.send({
+      topic: process.argv[3], tag: 'nodejs', keys: ['node-' + i], body: Buffer.from('from node ' + i),
+    });
+    console.log(JSON.stringify({ message_id: receipt.messageId, offset: Number(receipt.offset), sequence: i }));
+  }
+  await producer.shutdown();
+  console.log('done');
+})().catch((err) => { console.error(err); process.exit(1); });
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None, reason="needs Node.js and npm")
+def test_the_official_nodejs_client_sends_and_its_message_ids_are_in_the_log(server: Server, tmp_path: Path) -> None:
+    home = tmp_path / "node"
+    home.mkdir()
+    environment = {**os.environ, "HOME": str(home)}  # the client's log files go under $HOME/logs
+    install = ["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts", "rocketmq-client-nodejs@1.0.8"]
+    installed = subprocess.run(install, cwd=home, capture_output=True, text=True, timeout=600, env=environment)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    (home / "send.js").write_text(NODE_SENDER)
+    command = ["node", "send.js", server.address, "Orders", "8"]
+    done = subprocess.run(command, cwd=home, capture_output=True, text=True, timeout=120, env=environment)
+    lines = done.stdout.splitlines()
+    assert "done" in lines, done.stderr[-2000:]
+    receipts = [json.loads(line) for line in lines if line.startswith("{")]
+    assert server.stop() == 0
+
+    records = _records(server.lake, "Orders")
+    assert len(receipts) == 8 == len(records)
+    for receipt in receipts:
+        record = records[receipt["message_id"]]
+        body = f"from node {receipt['sequence']}".encode()
+        assert (record["queue_offset"], record["body"]) == (receipt["offset"], body)
+        assert (record["tags"], record["keys"]) == ("nodejs", f"node-{receipt['sequence']}")
