@@ -45,6 +45,9 @@ def _serve(args: argparse.Namespace) -> int:
         args.listen,
         args.flush_mode,
         args.auto_create_topics,
+        check_interval_ms=args.transaction_check_interval_ms,
+        check_timeout_ms=args.transaction_timeout_ms,
+        check_max=args.transaction_check_max,
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -88,6 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--flush-mode", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], default="ASYNC_FLUSH")
     server.add_argument(
         "--auto-create-topics", action="store_true", help="create an unknown topic on every broker at first use"
+    )
+    server.add_argument(
+        "--transaction-check-interval-ms", type=int, default=60_000, help="transaction check rounds (default 60000)"
+    )
+    server.add_argument(
+        "--transaction-timeout-ms", type=int, default=6_000, help="half messages younger are not checked (default 6000)"
+    )
+    server.add_argument(
+        "--transaction-check-max", type=int, default=15, help="checks before a half message is discarded (default 15)"
     )
     server.set_defaults(func=_serve)
     add_import_export_commands(commands)

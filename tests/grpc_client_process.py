@@ -2,9 +2,12 @@
 for the endpoint tests: ``python -m tests.grpc_client_process ENDPOINT TOPIC MODE COUNT [THREADS]``.
 
 MODE ``normal`` sends COUNT messages; ``fifo`` sends COUNT messages of each of three message groups
-from THREADS threads (a group's messages from one thread at a time, in order). Each send the client
-saw succeed is printed as one JSON line: message id, queue offset, group, sequence (the queue the
-client picked is not told: the endpoint chooses it, as RocketMQ's proxy does). Ends with
+from THREADS threads (a group's messages from one thread at a time, in order); ``transaction``
+sends COUNT transactional messages of each outcome (committed, rolled back, left open then
+committed by the checker, left open for good), then waits THREADS seconds for the check-backs.
+Each send the client saw succeed is printed as one JSON line: message id, queue offset, group or
+outcome, sequence (the queue the client picked is not told: the endpoint chooses it, as RocketMQ's
+proxy does); each check-back as a line with ``checked``. Ends with
 ``done`` after the producer shut down.
 """
 
@@ -13,14 +16,33 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 
-from rocketmq import ClientConfiguration, Credentials, Message, Producer
+from rocketmq import ClientConfiguration, Credentials, Message, Producer, TransactionChecker
+from rocketmq.grpc_protocol import TransactionResolution
+
+OUTCOMES = ("commit", "rollback", "check-commit", "open")
+
+
+class Checker(TransactionChecker):  # type: ignore[misc]
+    """Commits what was left open to be committed; leaves the rest open (an unknown answer)."""
+
+    def __init__(self, out: threading.Lock) -> None:
+        self.out = out
+
+    def check(self, message: Message) -> int:
+        outcome = message.body.decode().split()[0]
+        with self.out:
+            print(json.dumps({"checked": message.message_id, "outcome": outcome}), flush=True)
+        if outcome == "check-commit":
+            return int(TransactionResolution.COMMIT)
+        return int(TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED)
 
 
 def main(endpoint: str, topic: str, mode: str, count: int, threads: int) -> None:
-    producer = Producer(ClientConfiguration(endpoint, Credentials()), (topic,))
-    producer.startup()
     out = threading.Lock()
+    producer = Producer(ClientConfiguration(endpoint, Credentials()), (topic,), checker=Checker(out))
+    producer.startup()
 
     def send(body: str, group: str | None, sequence: int) -> None:
         message = Message()
@@ -40,8 +62,28 @@ def main(endpoint: str, topic: str, mode: str, count: int, threads: int) -> None
         with out:
             print(json.dumps(line), flush=True)
 
+    def send_in_transaction(outcome: str, sequence: int) -> None:
+        message = Message()
+        message.topic = topic
+        message.body = f"{outcome} {sequence}".encode()
+        message.tag = "tx"
+        transaction = producer.begin_transaction()
+        receipt = producer.send(message, transaction)
+        if outcome == "commit":
+            transaction.commit()
+        elif outcome == "rollback":
+            transaction.rollback()
+        line = {"message_id": receipt.message_id, "transaction_id": receipt.transaction_id}
+        with out:
+            print(json.dumps({**line, "offset": receipt.offset, "outcome": outcome, "sequence": sequence}), flush=True)
+
     try:
-        if mode == "normal":
+        if mode == "transaction":
+            for sequence in range(count):
+                for outcome in OUTCOMES:
+                    send_in_transaction(outcome, sequence)
+            time.sleep(threads)  # the check-backs come over the telemetry stream meanwhile
+        elif mode == "normal":
             for i in range(count):
                 send(f"message {i}", None, i)
         else:

@@ -21,12 +21,15 @@ from typing import Any
 import grpc
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from broker_model.broker import Broker, BrokerConfig
 from broker_model.endpoint.service import consistent_hash, java_hash
+from jobs.resolve_transactions import ResolveTransactionsConfig
+from jobs.resolve_transactions import run as resolve
 from schemas.catalog import COMMITLOG
 
 pytestmark = pytest.mark.subprocess
@@ -198,3 +201,42 @@ def test_the_official_nodejs_client_sends_and_its_message_ids_are_in_the_log(ser
         body = f"from node {receipt['sequence']}".encode()
         assert (record["queue_offset"], record["body"]) == (receipt["offset"], body)
         assert (record["tags"], record["keys"]) == ("nodejs", f"node-{receipt['sequence']}")
+
+
+@pytest.mark.spark
+def test_transactions_commit_roll_back_and_are_checked_back_through_the_clients_stream(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    lake = tmp_path / "lake"
+    checks = ["--transaction-check-interval-ms", "300", "--transaction-timeout-ms", "500", "--transaction-check-max"]
+    server = _serve(lake, "--brokers", "broker-a,broker-b", "--auto-create-topics", *checks, "3")
+    try:
+        lines = _client(server, "Payments", "transaction", 2, threads=8)  # then 8 s for the check-backs
+        stub = _stub(server)
+        unknown = rpc.EndTransactionRequest(
+            topic=pb.Resource(name="Payments"), message_id="X", transaction_id="7F00000100002A9F00000000DEADBEEF"
+        )
+        answer = stub.EndTransaction(unknown, timeout=10)
+        assert answer.status.code == pb.INVALID_TRANSACTION_ID and "transaction_id" in answer.status.message
+    finally:
+        assert server.stop() == 0
+    sent = [line for line in lines if "outcome" in line and "checked" not in line]
+    checked = [line["checked"] for line in lines if "checked" in line]
+    assert len(sent) == 8 and all(line["transaction_id"] for line in sent)
+    for line in sent:
+        asked = checked.count(line["message_id"])
+        expected = {"commit": 0, "rollback": 0, "check-commit": 1, "open": 3}[line["outcome"]]
+        assert asked == expected, line  # the open one is asked check-max times, then discarded
+
+    as_of = time.time_ns() // 1_000_000
+    resolve(spark, ResolveTransactionsConfig(lake, as_of, timeout_ms=500, check_max=3, engine="bridge"))
+    table = DeltaTable(str(lake / "transaction_state")).to_pyarrow_table(columns=["uniq_key", "state"])
+    states = {row["uniq_key"]: row["state"] for row in table.to_pylist()}
+    wanted = {"commit": "COMMITTED", "rollback": "ROLLED_BACK", "check-commit": "COMMITTED", "open": "DISCARDED"}
+    assert {line["message_id"]: states.get(line["message_id"]) for line in sent} == {
+        line["message_id"]: wanted[line["outcome"]] for line in sent
+    }
+    committed = _records(lake, "Payments")  # the final messages, in the real topic
+    assert sorted(r["body"] for r in committed.values()) == sorted(
+        f"{line['outcome']} {line['sequence']}".encode() for line in sent if wanted[line["outcome"]] == "COMMITTED"
+    )

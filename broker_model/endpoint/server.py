@@ -16,6 +16,12 @@ import pyarrow.compute as pc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from broker_model.broker import Broker, BrokerConfig, FlushMode
+from broker_model.broker.transaction import (
+    TRANSACTION_CHECK_INTERVAL_MS,
+    TRANSACTION_CHECK_MAX,
+    TRANSACTION_TIMEOUT_MS,
+    TransactionCheckService,
+)
 from broker_model.common import constants as c
 from broker_model.common import parse_host, validate_name
 from broker_model.endpoint.service import MessagingService
@@ -39,6 +45,10 @@ class EndpointConfig:
         flush_mode: the brokers' flush mode.
         auto_create_topics: create an unknown topic on every broker instead of TOPIC_NOT_FOUND.
         grace_seconds: how long calls in flight may finish at stop.
+        check_interval_ms: rounds of each broker's transaction check service
+            (``transactionCheckInterval``).
+        check_timeout_ms: a half message younger than this is not checked yet (``transactionTimeOut``).
+        check_max: checks before a half message is discarded (``transactionCheckMax``).
 
     Raises:
         ValidationError: no broker, a bad broker name or listen address.
@@ -50,6 +60,9 @@ class EndpointConfig:
     flush_mode: FlushMode = "ASYNC_FLUSH"
     auto_create_topics: bool = False
     grace_seconds: float = 5.0
+    check_interval_ms: int = TRANSACTION_CHECK_INTERVAL_MS
+    check_timeout_ms: int = TRANSACTION_TIMEOUT_MS
+    check_max: int = TRANSACTION_CHECK_MAX
 
     def __post_init__(self) -> None:
         if not self.brokers:
@@ -59,6 +72,13 @@ class EndpointConfig:
         if len(set(self.brokers)) != len(self.brokers):
             raise ValidationError("--brokers", ",".join(self.brokers), "names a broker twice", "name each once")
         parse_host(self.listen, "--listen")
+        for name, value in (
+            ("--transaction-check-interval-ms", self.check_interval_ms),
+            ("--transaction-timeout-ms", self.check_timeout_ms),
+            ("--transaction-check-max", self.check_max),
+        ):
+            if value < 1:
+                raise ValidationError(name, value, "is not a positive number", "e.g. the default")
 
 
 def store_hosts(lake: Path, names: Sequence[str]) -> dict[str, str]:
@@ -90,6 +110,9 @@ def serve(config: EndpointConfig, stop: threading.Event, ready: Callable[[str], 
         for name, host in store_hosts(config.lake, config.brokers).items():
             broker = Broker(BrokerConfig(config.lake, name, store_host=host, flush_mode=config.flush_mode))
             started.append(broker.start())
+            TransactionCheckService(
+                broker, config.check_timeout_ms, config.check_max, config.check_interval_ms
+            ).start()  # attached: the broker's shutdown stops it first
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="endpoint"),
             options=[("grpc.max_receive_message_length", MAX_INBOUND_BYTES)],

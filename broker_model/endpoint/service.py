@@ -9,6 +9,7 @@ The protocol's messages are the generated code the official Python client publis
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,19 +21,33 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from broker_model.broker import Broker, InnerMessage
+from broker_model.broker.transaction import (
+    EndTransactionRequest,
+    LocalTransactionState,
+    TransactionError,
+    end_transaction,
+)
 from broker_model.common import constants as c
-from broker_model.common import parse_host
+from broker_model.common import decode_msg_id, parse_host
+from broker_model.endpoint.convert import (
+    KEY_SEPARATOR,
+    PROPERTY_BORN_HOST,
+    PROPERTY_BORN_TIMESTAMP,
+    PROPERTY_SHARDING_KEY,
+    PROPERTY_TRACE_CONTEXT,
+    protocol_message,
+)
+from broker_model.store import MessageExt
 from schemas.errors import BrokerError, ValidationError
 
-# RocketMQ 5 property names the proxy sets (MessageConst)
-PROPERTY_SHARDING_KEY: Final = "__SHARDINGKEY"
-PROPERTY_TRACE_CONTEXT: Final = "TRACE_CONTEXT"
-PROPERTY_BORN_HOST: Final = "__BORNHOST"
-PROPERTY_BORN_TIMESTAMP: Final = "BORN_TIMESTAMP"
-KEY_SEPARATOR: Final = " "
 MAX_MESSAGE_GROUP_BYTES: Final = 64  # ProxyConfig.maxMessageGroupSize
 # the message types this endpoint stores so far (unspecified is taken as normal, as the proxy does)
-ACCEPTED_TYPES: Final = (pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO)
+ACCEPTED_TYPES: Final = (pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.TRANSACTION)
+_RESOLUTIONS: Final = {
+    pb.COMMIT: LocalTransactionState.COMMIT_MESSAGE,
+    pb.ROLLBACK: LocalTransactionState.ROLLBACK_MESSAGE,
+    pb.TRANSACTION_RESOLUTION_UNSPECIFIED: LocalTransactionState.UNKNOW,
+}
 _SENDABLE_TYPES: Final = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)  # a topic of ours takes any
 
 
@@ -156,10 +171,30 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
     def Telemetry(
         self, requests: Iterator[rpc.TelemetryCommand], context: grpc.ServicerContext
     ) -> Iterator[rpc.TelemetryCommand]:
-        """The client's settings in, the server's settings out (``ClientActivity.processClientSettings``)."""
-        for command in requests:
-            if command.HasField("settings"):
-                yield rpc.TelemetryCommand(status=status(), settings=self._settings(command.settings))
+        """The client's settings in, the server's settings out (``ClientActivity.processClientSettings``);
+        a producer's stream also carries the check-backs of its topics' open transactions
+        (``RecoverOrphanedTransactionCommand``) while it lasts."""
+        stream = TelemetryStream(self.brokers)
+
+        def read() -> None:
+            try:
+                for command in requests:
+                    if command.HasField("settings"):
+                        stream.register(command.settings)
+                        answer = self._settings(command.settings)
+                        stream.outbox.put(rpc.TelemetryCommand(status=status(), settings=answer))
+            except Exception:  # the client went away: the stream ends
+                pass
+            finally:
+                stream.outbox.put(None)
+
+        threading.Thread(target=read, name="telemetry-reader", daemon=True).start()
+        context.add_callback(lambda: stream.outbox.put(None))
+        try:
+            while (command := stream.outbox.get()) is not None:
+                yield command
+        finally:
+            stream.unregister()
 
     def _settings(self, client: pb.Settings) -> pb.Settings:
         settings = pb.Settings()
@@ -186,12 +221,58 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             return rpc.SendMessageResponse(status=status(pb.BAD_REQUEST, str(err)))
         except BrokerError as err:
             return rpc.SendMessageResponse(status=status(pb.INTERNAL_SERVER_ERROR, str(err)))
-        ids = [m.properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] for m in messages]
-        entries = [
-            rpc.SendResultEntry(status=status(), message_id=i, offset=o)
-            for i, o in zip(ids, result.queue_offsets, strict=True)
-        ]
+        entries = []
+        for message, offset, msg_id in zip(messages, result.queue_offsets, result.msg_ids, strict=True):
+            half = message.sys_flag & c.TRANSACTION_PREPARED_TYPE
+            entries.append(
+                rpc.SendResultEntry(
+                    status=status(),
+                    message_id=message.properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX],
+                    transaction_id=msg_id if half else "",  # the half record's offset message id
+                    offset=offset,
+                )
+            )
         return rpc.SendMessageResponse(status=status(), entries=entries)
+
+    def EndTransaction(
+        self, request: rpc.EndTransactionRequest, context: grpc.ServicerContext
+    ) -> rpc.EndTransactionResponse:
+        """Commit or roll back the half message the transaction id names (``EndTransactionActivity``):
+        the producer group is the topic, as the proxy sends; a check's answer counts as one."""
+        try:
+            broker, offset = self._half_of(request.transaction_id)
+            queue_offset = broker.store.half_queue_offset(offset)
+            if queue_offset is None:
+                broker.flush()
+                queue_offset = broker.store.half_queue_offset(offset)
+            if queue_offset is None:
+                raise RequestError(pb.INVALID_TRANSACTION_ID, f"transaction_id: no half message at {offset}")
+            end = EndTransactionRequest(
+                producer_group=_topic_name(request.topic),
+                tran_state_table_offset=queue_offset,
+                commit_log_offset=offset,
+                commit_or_rollback=_RESOLUTIONS.get(request.resolution, LocalTransactionState.UNKNOW),
+                from_transaction_check=request.source == pb.SOURCE_SERVER_CHECK,
+                msg_id=request.transaction_id,
+                transaction_id=request.message_id,
+            )
+            end_transaction(broker, end)
+        except RequestError as err:
+            return rpc.EndTransactionResponse(status=status(err.code, err.message))
+        except TransactionError as err:
+            return rpc.EndTransactionResponse(status=status(pb.INVALID_TRANSACTION_ID, f"transaction_id: {err}"))
+        return rpc.EndTransactionResponse(status=status())
+
+    def _half_of(self, transaction_id: str) -> tuple[Broker, int]:
+        """The broker and commit log offset of the half message a transaction id names."""
+        try:
+            host, offset = decode_msg_id(transaction_id)
+        except ValidationError:
+            raise RequestError(pb.INVALID_TRANSACTION_ID, f"transaction_id: {transaction_id!r} is not one") from None
+        for broker in self.brokers.values():
+            if str(parse_host(broker.config.store_host)) == str(host):
+                return broker, offset
+        raise RequestError(pb.INVALID_TRANSACTION_ID, f"transaction_id: {transaction_id!r} names no broker served here")
 
     def _prepare(self, messages: Sequence[pb.Message], peer: str) -> tuple[Queue, list[InnerMessage]]:
         """The queue and the broker messages of one send (``SendMessageActivity``).
@@ -278,6 +359,13 @@ def build_message(message: pb.Message, peer: str) -> InnerMessage:
     if system.message_type not in ACCEPTED_TYPES:
         kind = pb.MessageType.Name(system.message_type)
         raise RequestError(pb.UNSUPPORTED, f"system_properties.message_type: {kind} messages are not served yet")
+    sys_flag = c.COMPRESSED_FLAG if system.body_encoding == pb.GZIP else 0
+    if system.message_type == pb.TRANSACTION:
+        properties[c.PROPERTY_TRANSACTION_PREPARED] = "true"
+        sys_flag |= c.TRANSACTION_PREPARED_TYPE
+        if system.HasField("orphaned_transaction_recovery_duration"):
+            seconds = system.orphaned_transaction_recovery_duration.ToSeconds()
+            properties[c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(seconds)
     if system.trace_context:
         properties[PROPERTY_TRACE_CONTEXT] = system.trace_context
     if system.born_host:
@@ -285,7 +373,6 @@ def build_message(message: pb.Message, peer: str) -> InnerMessage:
     born = system.born_timestamp.ToMilliseconds() if system.HasField("born_timestamp") else 0
     if born:
         properties[PROPERTY_BORN_TIMESTAMP] = str(born)
-    sys_flag = c.COMPRESSED_FLAG if system.body_encoding == pb.GZIP else 0
     return InnerMessage(
         topic=message.topic.name,
         queue_id=0,
@@ -308,3 +395,46 @@ def _peer_host(peer: str) -> str:
         except ValidationError:
             pass
     return "127.0.0.1:0"
+
+
+class TelemetryStream:
+    """One client's ``Telemetry`` stream: what the server sends it (``outbox``), and, for a
+    producer, its place among the transactional producers of every served broker under each of
+    its topics (the proxy's producer group), so that their check services reach it."""
+
+    def __init__(self, brokers: Mapping[str, Broker]) -> None:
+        self.brokers = brokers
+        self.outbox: queue.Queue[rpc.TelemetryCommand | None] = queue.Queue()
+        self.groups: set[str] = set()
+        self._lock = threading.Lock()
+
+    def register(self, settings: pb.Settings) -> None:
+        """Register as a producer of the settings' topics (once per topic)."""
+        if settings.client_type != pb.PRODUCER:
+            return
+        with self._lock:
+            for topic in settings.publishing.topics:
+                if topic.name not in self.groups:
+                    self.groups.add(topic.name)
+                    for broker in self.brokers.values():
+                        broker.transaction_producers.setdefault(topic.name, []).append(self)
+
+    def unregister(self) -> None:
+        """Leave every broker's producers: check-backs no longer come here."""
+        with self._lock:
+            for group in self.groups:
+                for broker in self.brokers.values():
+                    producers = broker.transaction_producers.get(group, [])
+                    if self in producers:
+                        producers.remove(self)
+            self.groups.clear()
+
+    def check_transaction_state(self, broker: Broker, message: MessageExt) -> None:
+        """A check-back of the re-put half ``message``: sent to the client, shown in its real topic
+        and queue; the client's checker answers with ``EndTransaction`` naming the copy."""
+        real_topic = message.properties.get(c.PROPERTY_REAL_TOPIC, message.topic)
+        real_queue = int(message.properties.get(c.PROPERTY_REAL_QUEUE_ID, message.queue_id))
+        command = rpc.RecoverOrphanedTransactionCommand(
+            message=protocol_message(message, real_topic, real_queue), transaction_id=message.msg_id
+        )
+        self.outbox.put(rpc.TelemetryCommand(recover_orphaned_transaction_command=command))
