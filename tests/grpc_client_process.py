@@ -4,7 +4,9 @@ for the endpoint tests: ``python -m tests.grpc_client_process ENDPOINT TOPIC MOD
 MODE ``normal`` sends COUNT messages; ``fifo`` sends COUNT messages of each of three message groups
 from THREADS threads (a group's messages from one thread at a time, in order); ``transaction``
 sends COUNT transactional messages of each outcome (committed, rolled back, left open then
-committed by the checker, left open for good), then waits THREADS seconds for the check-backs.
+committed by the checker, left open for good), then waits THREADS seconds for the check-backs;
+``flood`` sends from THREADS threads for COUNT seconds, a failed send (the server killed) counted
+as not told.
 Each send the client saw succeed is printed as one JSON line: message id, queue offset, group or
 outcome, sequence (the queue the client picked is not told: the endpoint chooses it, as RocketMQ's
 proxy does); each check-back as a line with ``checked``. Ends with
@@ -77,8 +79,24 @@ def main(endpoint: str, topic: str, mode: str, count: int, threads: int) -> None
         with out:
             print(json.dumps({**line, "offset": receipt.offset, "outcome": outcome, "sequence": sequence}), flush=True)
 
+    def flood(index: int, until: float) -> None:
+        sequence = 0
+        while time.monotonic() < until:
+            try:
+                send(f"thread {index} message {sequence}", None, index * 1_000_000 + sequence)
+            except Exception:  # not told: the send may or may not be stored
+                time.sleep(0.05)
+            sequence += 1
+
     try:
-        if mode == "transaction":
+        if mode == "flood":
+            until = time.monotonic() + count
+            workers = [threading.Thread(target=flood, args=(i, until)) for i in range(threads)]
+            for thread in workers:
+                thread.start()
+            for thread in workers:
+                thread.join()
+        elif mode == "transaction":
             for sequence in range(count):
                 for outcome in OUTCOMES:
                     send_in_transaction(outcome, sequence)

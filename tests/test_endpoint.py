@@ -240,3 +240,28 @@ def test_transactions_commit_roll_back_and_are_checked_back_through_the_clients_
     assert sorted(r["body"] for r in committed.values()) == sorted(
         f"{line['outcome']} {line['sequence']}".encode() for line in sent if wanted[line["outcome"]] == "COMMITTED"
     )
+
+
+def test_every_send_the_client_saw_succeed_survives_a_sigkill_of_the_server(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    server = _serve(lake, "--brokers", "broker-a,broker-b", "--auto-create-topics", "--flush-mode", "SYNC_FLUSH")
+    home = tmp_path / "client-home"
+    home.mkdir()
+    command = [sys.executable, "-m", "tests.grpc_client_process", server.address, "Crash", "flood", "12", "16"]
+    environment = {**os.environ, "HOME": str(home)}
+    client = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environment
+    )
+    time.sleep(6)
+    server.process.send_signal(signal.SIGKILL)  # mid-flood: no flush, no unlock
+    server.process.wait(timeout=30)
+    output, _ = client.communicate(timeout=120)
+    told = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert len(told) > 50
+
+    restarted = _serve(lake, "--brokers", "broker-a,broker-b", "--flush-mode", "SYNC_FLUSH")  # recovery
+    assert restarted.stop() == 0
+    records = _records(lake, "Crash")
+    missing = [t for t in told if t["message_id"] not in records]
+    assert missing == []
+    assert all(records[t["message_id"]]["queue_offset"] == t["offset"] for t in told)
