@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
+from threads import run_timed
 
 from broker_model.broker import Broker, BrokerConfig, FlushMode
 from broker_model.client import Producer
@@ -69,21 +69,12 @@ def bench_threads(root: Path, threads: int, per_thread: int) -> tuple[float, flo
     broker.ensure_topic("Bench", 8)
     producers = [Producer([broker], f"p{i}", seed=i) for i in range(threads)]
     messages = [[Message.create("Bench", os.urandom(256), tags="t") for _ in range(per_thread)] for _ in range(threads)]
-    gate = threading.Barrier(threads + 1)
 
     def work(index: int) -> None:
-        gate.wait()
         for message in messages[index]:
             producers[index].send(message)
 
-    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    gate.wait()
-    started = time.perf_counter()
-    for worker in workers:
-        worker.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_timed(threads, work)
     broker.shutdown()
     total = threads * per_thread
     chunk = max(1, round(total / broker.commits))

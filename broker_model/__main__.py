@@ -48,6 +48,9 @@ def _serve(args: argparse.Namespace) -> int:
         check_interval_ms=args.transaction_check_interval_ms,
         check_timeout_ms=args.transaction_timeout_ms,
         check_max=args.transaction_check_max,
+        acl=Path(args.acl) if args.acl else None,
+        tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+        tls_key=Path(args.tls_key) if args.tls_key else None,
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -101,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument(
         "--transaction-check-max", type=int, default=15, help="checks before a half message is discarded (default 15)"
     )
+    server.add_argument("--acl", default=None, help="JSON file of accounts: requests must then be signed")
+    server.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve TLS (with --tls-key)")
+    server.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     server.set_defaults(func=_serve)
     add_import_export_commands(commands)
     return parser

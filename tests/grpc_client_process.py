@@ -9,13 +9,15 @@ committed by the checker, left open for good), then waits THREADS seconds for th
 as not told.
 Each send the client saw succeed is printed as one JSON line: message id, queue offset, group or
 outcome, sequence (the queue the client picked is not told: the endpoint chooses it, as RocketMQ's
-proxy does); each check-back as a line with ``checked``. Ends with
+proxy does); each check-back as a line with ``checked``. The environment's ``RMQ_CLIENT_AK`` and
+``RMQ_CLIENT_SK`` are the client's credentials, ``RMQ_CLIENT_TLS=1`` turns TLS on. Ends with
 ``done`` after the producer shut down.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -43,7 +45,9 @@ class Checker(TransactionChecker):  # type: ignore[misc]
 
 def main(endpoint: str, topic: str, mode: str, count: int, threads: int) -> None:
     out = threading.Lock()
-    producer = Producer(ClientConfiguration(endpoint, Credentials()), (topic,), checker=Checker(out))
+    credentials = Credentials(os.environ.get("RMQ_CLIENT_AK", ""), os.environ.get("RMQ_CLIENT_SK", ""))
+    tls = os.environ.get("RMQ_CLIENT_TLS") == "1"
+    producer = Producer(ClientConfiguration(endpoint, credentials), (topic,), checker=Checker(out), tls_enable=tls)
     producer.startup()
 
     def send(body: str, group: str | None, sequence: int) -> None:

@@ -6,6 +6,8 @@ for bad requests from a raw stub with nothing written, and a clean stop on SIGTE
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -64,12 +66,18 @@ def server(tmp_path: Path) -> Iterator[Server]:
         running.stop()
 
 
-def _client(server: Server, topic: str, mode: str, count: int, threads: int = 1) -> list[dict[str, Any]]:
+def _run_client(
+    server: Server, topic: str, mode: str, count: int, threads: int = 1, **env: str
+) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "tests.grpc_client_process", server.address, topic, mode, str(count), str(threads)]
     home = server.lake.parent / "client-home"  # the client writes its log files under $HOME/logs
     home.mkdir(exist_ok=True)
-    environment = {**os.environ, "HOME": str(home)}
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment)
+    environment = {**os.environ, "HOME": str(home), **env}
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment)
+
+
+def _client(server: Server, topic: str, mode: str, count: int, threads: int = 1, **env: str) -> list[dict[str, Any]]:
+    done = _run_client(server, topic, mode, count, threads, **env)
     assert done.returncode == 0 and done.stdout.rstrip().endswith("done"), done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -265,3 +273,58 @@ def test_every_send_the_client_saw_succeed_survives_a_sigkill_of_the_server(tmp_
     missing = [t for t in told if t["message_id"] not in records]
     assert missing == []
     assert all(records[t["message_id"]]["queue_offset"] == t["offset"] for t in told)
+
+
+def _signed(access_key: str, secret_key: str) -> list[tuple[str, str]]:
+    """The signature headers the official clients send (``Signature.metadata``)."""
+    date_time = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    digest = hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).hexdigest()
+    authorization = f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time, Signature={digest}"
+    return [("x-mq-date-time", date_time), ("authorization", authorization)]
+
+
+def test_with_an_acl_requests_must_be_signed_and_stay_within_their_topics(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    broker = Broker(BrokerConfig(lake, "broker-a")).start()
+    for topic in ("Orders", "Ledger"):
+        broker.ensure_topic(topic, 2)
+    broker.shutdown()
+    acl = tmp_path / "acl.json"
+    acl.write_text(json.dumps({"accounts": [{"accessKey": "orders-app", "secretKey": "s3cret", "topics": ["Orders"]}]}))
+    server = _serve(lake, "--acl", str(acl))
+    try:
+        sent = _client(server, "Orders", "normal", 3, RMQ_CLIENT_AK="orders-app", RMQ_CLIENT_SK="s3cret")
+        assert len(sent) == 3
+        version = DeltaTable(str(COMMITLOG.location(lake))).version()
+        refused = _run_client(server, "Orders", "normal", 3, RMQ_CLIENT_AK="orders-app", RMQ_CLIENT_SK="wrong")
+        assert refused.returncode != 0 and "done" not in refused.stdout
+
+        stub = _stub(server)
+        request = rpc.SendMessageRequest(messages=[_message("Orders")])
+        assert stub.SendMessage(request, timeout=10).status.code == pb.UNAUTHORIZED  # no signature
+        wrong = stub.SendMessage(request, timeout=10, metadata=_signed("orders-app", "guess"))
+        assert wrong.status.code == pb.UNAUTHORIZED and "wrong signature" in wrong.status.message
+        other = rpc.SendMessageRequest(messages=[_message("Ledger")])
+        forbidden = stub.SendMessage(other, timeout=10, metadata=_signed("orders-app", "s3cret"))
+        assert forbidden.status.code == pb.FORBIDDEN and "Ledger" in forbidden.status.message
+        assert DeltaTable(str(COMMITLOG.location(lake))).version() == version  # nothing written
+    finally:
+        assert server.stop() == 0
+    assert len(_records(lake, "Orders")) == 3 and not _records(lake, "Ledger")
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a certificate")
+def test_the_official_client_sends_over_tls(tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    make = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)]
+    names = ["-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"]
+    subprocess.run([*make, *names], check=True, capture_output=True)
+    server = _serve(tmp_path / "lake", "--auto-create-topics", "--tls-cert", str(cert), "--tls-key", str(key))
+    try:
+        sent = _client(server, "Orders", "normal", 4, RMQ_CLIENT_TLS="1", GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=str(cert))
+        assert len(sent) == 4
+        with pytest.raises(grpc.RpcError):  # plaintext is not served
+            _stub(server).QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="Orders")), timeout=5)
+    finally:
+        assert server.stop() == 0
+    assert {r["uniq_key"] for r in _records(tmp_path / "lake", "Orders").values()} == {s["message_id"] for s in sent}

@@ -24,6 +24,7 @@ from broker_model.broker.transaction import (
 )
 from broker_model.common import constants as c
 from broker_model.common import parse_host, validate_name
+from broker_model.endpoint.acl import Acl
 from broker_model.endpoint.service import MessagingService
 from broker_model.store import read_table
 from schemas.catalog import BROKERS
@@ -49,6 +50,10 @@ class EndpointConfig:
             (``transactionCheckInterval``).
         check_timeout_ms: a half message younger than this is not checked yet (``transactionTimeOut``).
         check_max: checks before a half message is discarded (``transactionCheckMax``).
+        acl: an ACL file (:mod:`.acl`): requests must then be signed, and use only what their
+            account may; None: no authentication.
+        tls_cert: PEM certificate chain to serve TLS with (with ``tls_key``); None: plaintext.
+        tls_key: PEM private key of ``tls_cert``.
 
     Raises:
         ValidationError: no broker, a bad broker name or listen address.
@@ -63,6 +68,9 @@ class EndpointConfig:
     check_interval_ms: int = TRANSACTION_CHECK_INTERVAL_MS
     check_timeout_ms: int = TRANSACTION_TIMEOUT_MS
     check_max: int = TRANSACTION_CHECK_MAX
+    acl: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.brokers:
@@ -79,6 +87,8 @@ class EndpointConfig:
         ):
             if value < 1:
                 raise ValidationError(name, value, "is not a positive number", "e.g. the default")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValidationError("--tls-cert", self.tls_cert, "and --tls-key go together", "give both or neither")
 
 
 def store_hosts(lake: Path, names: Sequence[str]) -> dict[str, str]:
@@ -105,6 +115,8 @@ def serve(config: EndpointConfig, stop: threading.Event, ready: Callable[[str], 
         BrokerLockedError: a broker name is held by another process (nothing is served).
         ValidationError: the address cannot be listened on.
     """
+    acl = Acl.load(config.acl) if config.acl is not None else None
+    credentials = _tls(config)
     started: list[Broker] = []
     try:
         for name, host in store_hosts(config.lake, config.brokers).items():
@@ -117,11 +129,15 @@ def serve(config: EndpointConfig, stop: threading.Event, ready: Callable[[str], 
             futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="endpoint"),
             options=[("grpc.max_receive_message_length", MAX_INBOUND_BYTES)],
         )
-        port = server.add_insecure_port(config.listen)
+        if credentials is None:
+            port = server.add_insecure_port(config.listen)
+        else:
+            port = server.add_secure_port(config.listen, credentials)
         if port == 0:
             raise ValidationError("--listen", config.listen, "cannot be listened on", "choose a free host:port")
         address = f"{config.listen.rsplit(':', 1)[0]}:{port}"
-        service = MessagingService({b.broker_name: b for b in started}, address, config.auto_create_topics)
+        served = {b.broker_name: b for b in started}
+        service = MessagingService(served, address, config.auto_create_topics, acl)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
         server.start()
         try:
@@ -133,3 +149,20 @@ def serve(config: EndpointConfig, stop: threading.Event, ready: Callable[[str], 
     finally:
         for broker in reversed(started):
             broker.shutdown()
+
+
+def _tls(config: EndpointConfig) -> grpc.ServerCredentials | None:
+    """The server's TLS credentials from the PEM files, None without them.
+
+    Raises:
+        ValidationError: a file cannot be read.
+    """
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    pems = []
+    for option, path in (("--tls-key", config.tls_key), ("--tls-cert", config.tls_cert)):
+        try:
+            pems.append(Path(path).read_bytes())
+        except OSError as err:
+            raise ValidationError(option, str(path), f"cannot be read ({err.strerror})", "give a PEM file") from None
+    return grpc.ssl_server_credentials([(pems[0], pems[1])])

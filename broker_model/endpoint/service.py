@@ -29,6 +29,7 @@ from broker_model.broker.transaction import (
 )
 from broker_model.common import constants as c
 from broker_model.common import decode_msg_id, parse_host
+from broker_model.endpoint.acl import Acl
 from broker_model.endpoint.convert import (
     KEY_SEPARATOR,
     PROPERTY_BORN_HOST,
@@ -37,6 +38,7 @@ from broker_model.endpoint.convert import (
     PROPERTY_TRACE_CONTEXT,
     protocol_message,
 )
+from broker_model.endpoint.errors import RequestError
 from broker_model.store import MessageExt
 from schemas.errors import BrokerError, ValidationError
 
@@ -49,15 +51,6 @@ _RESOLUTIONS: Final = {
     pb.TRANSACTION_RESOLUTION_UNSPECIFIED: LocalTransactionState.UNKNOW,
 }
 _SENDABLE_TYPES: Final = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)  # a topic of ours takes any
-
-
-class RequestError(Exception):
-    """A request refused with a protocol code and a message naming the field."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def status(code: int = pb.OK, message: str = "OK") -> pb.Status:
@@ -105,19 +98,37 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         advertised: the ``host:port`` clients reach this endpoint at (routes name it).
         auto_create_topics: an unknown topic is created on every broker (RocketMQ's
             ``autoCreateTopicEnable``) instead of answering TOPIC_NOT_FOUND.
+        acl: when given, every request must carry a valid signature of one of its accounts,
+            and use only topics that account may use (UNAUTHORIZED, FORBIDDEN).
     """
 
-    def __init__(self, brokers: Mapping[str, Broker], advertised: str, auto_create_topics: bool = False) -> None:
+    def __init__(
+        self, brokers: Mapping[str, Broker], advertised: str, auto_create_topics: bool = False, acl: Acl | None = None
+    ) -> None:
         self.brokers = dict(sorted(brokers.items()))
         self.advertised = advertised
         self.auto_create_topics = auto_create_topics
+        self.acl = acl
         self._round_robin = itertools.count()
         self._lock = threading.Lock()
+
+    def _admit(self, context: grpc.ServicerContext, topic: str | None = None) -> None:
+        """Check the request's signature, and its account's right to ``topic`` (with an ACL).
+
+        Raises:
+            RequestError: UNAUTHORIZED or FORBIDDEN.
+        """
+        if self.acl is None:
+            return
+        account = self.acl.authenticate(dict(context.invocation_metadata()))
+        if topic is not None:
+            self.acl.authorize_topic(account, topic)
 
     # -- routes ------------------------------------------------------------------------------
 
     def QueryRoute(self, request: rpc.QueryRouteRequest, context: grpc.ServicerContext) -> rpc.QueryRouteResponse:
         try:
+            self._admit(context, _topic_name(request.topic))
             queues = self._queues(_topic_name(request.topic))
         except RequestError as err:
             return rpc.QueryRouteResponse(status=status(err.code, err.message))
@@ -166,6 +177,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
     def NotifyClientTermination(
         self, request: rpc.NotifyClientTerminationRequest, context: grpc.ServicerContext
     ) -> rpc.NotifyClientTerminationResponse:
+        try:
+            self._admit(context)
+        except RequestError as err:
+            return rpc.NotifyClientTerminationResponse(status=status(err.code, err.message))
         return rpc.NotifyClientTerminationResponse(status=status())
 
     def Telemetry(
@@ -174,6 +189,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         """The client's settings in, the server's settings out (``ClientActivity.processClientSettings``);
         a producer's stream also carries the check-backs of its topics' open transactions
         (``RecoverOrphanedTransactionCommand``) while it lasts."""
+        try:
+            self._admit(context)
+        except RequestError as err:
+            yield rpc.TelemetryCommand(status=status(err.code, err.message))
+            return
         stream = TelemetryStream(self.brokers)
 
         def read() -> None:
@@ -213,6 +233,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
 
     def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.ServicerContext) -> rpc.SendMessageResponse:
         try:
+            if request.messages:
+                self._admit(context, _topic_name(request.messages[0].topic))
+            else:
+                self._admit(context)
             queue, messages = self._prepare(request.messages, context.peer())
             result = queue.broker.put_messages(messages)
         except RequestError as err:
@@ -240,6 +264,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         """Commit or roll back the half message the transaction id names (``EndTransactionActivity``):
         the producer group is the topic, as the proxy sends; a check's answer counts as one."""
         try:
+            self._admit(context, _topic_name(request.topic))
             broker, offset = self._half_of(request.transaction_id)
             queue_offset = broker.store.half_queue_offset(offset)
             if queue_offset is None:

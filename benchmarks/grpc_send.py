@@ -1,0 +1,90 @@
+"""Sends through the gRPC endpoint against the same sends in process, as ratios in one run.
+
+    python benchmarks/grpc_send.py [--threads 1,8,64] [--per-thread 200] [--flush-mode ASYNC_FLUSH]
+
+For each thread count: (a) the official Python client (``rocketmq-python-client``) in a process
+of its own, THREADS threads of single sends of 256-byte messages through ``python -m broker_model
+serve`` (two brokers, the endpoint in its own process); (b) the same sends in process: THREADS
+threads of this product's ``Producer`` over two brokers. Messages per second of each and their
+ratio (target: the endpoint at least half the in-process rate at 64 threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from threads import run_timed
+
+from broker_model.broker import Broker, BrokerConfig, FlushMode
+from broker_model.client import Producer
+from broker_model.common import Message
+
+HERE = Path(__file__).resolve().parent
+
+
+def endpoint_rate(root: Path, threads: int, per_thread: int, flush_mode: str) -> float:
+    """Messages/s of the official client through ``serve``."""
+    command = [sys.executable, "-m", "broker_model", "serve", "--lake", str(root / "lake"), "--listen", "127.0.0.1:0"]
+    command += ["--brokers", "broker-a,broker-b", "--flush-mode", flush_mode, "--auto-create-topics"]
+    server = subprocess.Popen(command, cwd=HERE.parent, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        address = server.stdout.readline().rsplit(" on ", 1)[1].strip()
+        client = [sys.executable, str(HERE / "grpc_client.py"), address, "Bench", str(threads), str(per_thread)]
+        home = root / "home"
+        home.mkdir(exist_ok=True)
+        environment = {**os.environ, "HOME": str(home)}  # the client's log files
+        done = subprocess.run(client, capture_output=True, text=True, timeout=900, env=environment)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-2000:])
+        seconds, sent = done.stdout.split()
+        return int(sent) / float(seconds)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def in_process_rate(root: Path, threads: int, per_thread: int, flush_mode: FlushMode) -> float:
+    """Messages/s of the same single sends by this product's producer, in process."""
+    brokers = [
+        Broker(BrokerConfig(root / "lake-in", name, store_host=f"127.0.0.{i + 1}:10911", flush_mode=flush_mode)).start()
+        for i, name in enumerate(("broker-a", "broker-b"))
+    ]
+    for broker in brokers:
+        broker.ensure_topic("Bench")
+    producers = [Producer(brokers, f"p{i}", seed=i) for i in range(threads)]
+    messages = [[Message.create("Bench", os.urandom(256), tags="t") for _ in range(per_thread)] for _ in range(threads)]
+
+    def work(index: int) -> None:
+        for message in messages[index]:
+            producers[index].send(message)
+
+    elapsed = run_timed(threads, work)
+    for broker in brokers:
+        broker.shutdown()
+    return threads * per_thread / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", default="1,8,64", help="thread counts (default 1,8,64)")
+    parser.add_argument("--per-thread", type=int, default=200, help="sends per thread (default 200)")
+    parser.add_argument("--flush-mode", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], default="ASYNC_FLUSH")
+    args = parser.parse_args()
+    counts = [int(t) for t in args.threads.split(",")]
+    print(f"{os.cpu_count()} cores, 256-byte bodies, {args.per_thread} single sends per thread, {args.flush_mode}")
+    print(f"{'threads':>8}{'endpoint msg/s':>16}{'in-process msg/s':>18}{'ratio':>8}")
+    for threads in counts:
+        with tempfile.TemporaryDirectory(prefix="grpc-bench-") as tmp:
+            remote = endpoint_rate(Path(tmp), threads, args.per_thread, args.flush_mode)
+            local = in_process_rate(Path(tmp), threads, args.per_thread, args.flush_mode)
+        print(f"{threads:>8}{remote:>16,.0f}{local:>18,.0f}{remote / local:>8.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
