@@ -134,7 +134,7 @@ def test_bad_requests_get_the_protocol_codes_and_write_nothing(tmp_path: Path) -
     broker = Broker(BrokerConfig(lake, "broker-a")).start()
     broker.ensure_topic("Orders", 2)
     broker.shutdown()
-    server = _serve(lake)  # no auto-creation
+    server = _serve(lake, "--flush-mode", "SYNC_FLUSH")  # no auto-creation; an answered send is committed
     try:
         stub = _stub(server)
         version = DeltaTable(str(COMMITLOG.location(lake))).version()
@@ -291,7 +291,7 @@ def test_with_an_acl_requests_must_be_signed_and_stay_within_their_topics(tmp_pa
     broker.shutdown()
     acl = tmp_path / "acl.json"
     acl.write_text(json.dumps({"accounts": [{"accessKey": "orders-app", "secretKey": "s3cret", "topics": ["Orders"]}]}))
-    server = _serve(lake, "--acl", str(acl))
+    server = _serve(lake, "--acl", str(acl), "--flush-mode", "SYNC_FLUSH")  # an answered send is committed
     try:
         sent = _client(server, "Orders", "normal", 3, RMQ_CLIENT_AK="orders-app", RMQ_CLIENT_SK="s3cret")
         assert len(sent) == 3
