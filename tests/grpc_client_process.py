@@ -6,7 +6,8 @@ from THREADS threads (a group's messages from one thread at a time, in order); `
 sends COUNT transactional messages of each outcome (committed, rolled back, left open then
 committed by the checker, left open for good), then waits THREADS seconds for the check-backs;
 ``flood`` sends from THREADS threads for COUNT seconds, a failed send (the server killed) counted
-as not told.
+as not told; ``timer`` sends COUNT messages due 1 s, 1.25 s, 1.5 s, ... after now (the line
+carries ``due``).
 Each send the client saw succeed is printed as one JSON line: message id, queue offset, group or
 outcome, sequence (the queue the client picked is not told: the endpoint chooses it, as RocketMQ's
 proxy does); each check-back as a line with ``checked``. The environment's ``RMQ_CLIENT_AK`` and
@@ -50,7 +51,7 @@ def main(endpoint: str, topic: str, mode: str, count: int, threads: int) -> None
     producer = Producer(ClientConfiguration(endpoint, credentials), (topic,), checker=Checker(out), tls_enable=tls)
     producer.startup()
 
-    def send(body: str, group: str | None, sequence: int) -> None:
+    def send(body: str, group: str | None, sequence: int, due: int | None = None) -> None:
         message = Message()
         message.topic = topic
         message.body = body.encode()
@@ -58,12 +59,15 @@ def main(endpoint: str, topic: str, mode: str, count: int, threads: int) -> None
         message.keys = f"key-{group or 'n'}-{sequence}"
         if group is not None:
             message.message_group = group
+        if due is not None:
+            message.delivery_timestamp = due
         receipt = producer.send(message)
         line = {
             "message_id": receipt.message_id,
             "offset": receipt.offset,
             "group": group,
             "sequence": sequence,
+            "due": due,
         }
         with out:
             print(json.dumps(line), flush=True)
@@ -93,7 +97,11 @@ def main(endpoint: str, topic: str, mode: str, count: int, threads: int) -> None
             sequence += 1
 
     try:
-        if mode == "flood":
+        if mode == "timer":
+            start = int(time.time() * 1000)
+            for i in range(count):
+                send(f"timer {i}", None, i, start + 1000 + 250 * i)
+        elif mode == "flood":
             until = time.monotonic() + count
             workers = [threading.Thread(target=flood, args=(i, until)) for i in range(threads)]
             for thread in workers:

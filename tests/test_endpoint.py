@@ -160,8 +160,9 @@ def test_bad_requests_get_the_protocol_codes_and_write_nothing(tmp_path: Path) -
         reserved.user_properties["TAGS"] = "sneaky"
         cases.append((send(reserved), pb.ILLEGAL_MESSAGE_PROPERTY_KEY, "TAGS"))
         delayed = _message("Orders", message_type=pb.DELAY)
-        delayed.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 60_000)
-        cases.append((send(delayed), pb.UNSUPPORTED, "DELAY"))
+        delayed.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 4 * 86_400_000)
+        cases.append((send(delayed), pb.ILLEGAL_DELIVERY_TIME, "delivery_timestamp"))
+        cases.append((send(_message("Orders", message_type=pb.LITE)), pb.UNSUPPORTED, "LITE"))
         for got, code, named in cases[:5] + cases[6:]:
             assert (pb.Code.Name(got.code), named in got.message) == (pb.Code.Name(code), True), got
         assert DeltaTable(str(COMMITLOG.location(lake))).version() == version + 1  # only the valid FIFO send
@@ -328,3 +329,53 @@ def test_the_official_client_sends_over_tls(tmp_path: Path) -> None:
     finally:
         assert server.stop() == 0
     assert {r["uniq_key"] for r in _records(tmp_path / "lake", "Orders").values()} == {s["message_id"] for s in sent}
+
+
+def _timer_records(lake: Path) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """The timer entries by message id, and every record of the real topic ``Later``."""
+    columns = ["topic", "queue_offset", "uniq_key", "store_timestamp", "properties", "body"]
+    rows = DeltaTable(str(COMMITLOG.location(lake))).to_pyarrow_table(columns=columns).to_pylist()
+    rows = [{**r, "properties": dict(r["properties"])} for r in rows]
+    entries = {r["uniq_key"]: r for r in rows if r["topic"] == "rmq_sys_wheel_timer"}
+    return entries, [r for r in rows if r["topic"] == "Later"]
+
+
+def test_timer_messages_are_delivered_at_their_millisecond(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    server = _serve(lake, "--brokers", "broker-a,broker-b", "--auto-create-topics", "--flush-mode", "SYNC_FLUSH")
+    try:
+        sent = _client(server, "Later", "timer", 8)
+        time.sleep((max(s["due"] for s in sent) - time.time() * 1000) / 1000 + 1.5)
+    finally:
+        assert server.stop() == 0
+    entries, delivered = _timer_records(lake)
+    for line in sent:
+        entry = entries[line["message_id"]]
+        assert entry["properties"]["TIMER_OUT_MS"] == str(line["due"]) == entry["properties"]["TIMER_DELIVER_MS"]
+        assert entry["queue_offset"] == line["offset"]  # the client is told where the entry waits
+        copies = [r for r in delivered if r["uniq_key"] == line["message_id"]]
+        assert len(copies) == 1, line
+        copy = copies[0]
+        assert line["due"] <= copy["store_timestamp"] <= line["due"] + 1500  # never early, soon after
+        assert "REAL_TOPIC" not in copy["properties"] and copy["body"] == f"timer {line['sequence']}".encode()
+        assert int(copy["properties"]["TIMER_DEQUEUE_MS"]) >= line["due"]
+
+
+def test_timer_delivery_neither_repeats_nor_skips_a_message_after_a_sigkill(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    arguments = ["--brokers", "broker-a", "--auto-create-topics", "--flush-mode", "SYNC_FLUSH"]
+    server = _serve(lake, *arguments)
+    sent = _client(server, "Later", "timer", 16)  # due over 1 s to 4.75 s from now
+    time.sleep(max(0.0, (sent[6]["due"] - time.time() * 1000) / 1000))  # some delivered, some not
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait(timeout=30)
+    restarted = _serve(lake, *arguments)
+    try:
+        time.sleep(max(0.0, (sent[-1]["due"] - time.time() * 1000) / 1000) + 1.5)
+    finally:
+        assert restarted.stop() == 0
+    _, delivered = _timer_records(lake)
+    ids = [r["uniq_key"] for r in delivered]
+    assert sorted(ids) == sorted(s["message_id"] for s in sent)  # each exactly once
+    due = {s["message_id"]: s["due"] for s in sent}
+    assert all(r["store_timestamp"] >= due[r["uniq_key"]] for r in delivered)

@@ -16,6 +16,7 @@ from broker_model.broker.schedule import (
     correct_deliver_timestamp,
     progress_path,
 )
+from broker_model.broker.timer import TimerMessageService, timer_progress_path
 from broker_model.broker.transaction import (
     FILE_RESERVED_MS,
     REMOVE_TAG,
@@ -51,6 +52,7 @@ __all__ = [
     "RebalanceLockManager",
     "ScheduleMessageService",
     "SubscriptionGroupConfig",
+    "TimerMessageService",
     "TransactionCheckService",
     "TransactionError",
     "_final_message",
@@ -61,4 +63,5 @@ __all__ = [
     "parse_op_body",
     "progress_path",
     "start_lake_brokers",
+    "timer_progress_path",
 ]

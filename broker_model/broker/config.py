@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from broker_model.common import constants as c
 from broker_model.common import now_ms, validate_name
@@ -51,6 +51,17 @@ class InnerMessage:
     born_host: str = "127.0.0.1:0"
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
+
+
+class WithStoredFields(Protocol):
+    """What a stored message carries that a copy of it keeps."""
+
+    body: bytes
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: str
+    reconsume_times: int
 
 
 @dataclass(frozen=True)
@@ -104,3 +115,21 @@ class SubscriptionGroupConfig:
 
 
 FlushMode = Literal["SYNC_FLUSH", "ASYNC_FLUSH"]
+
+
+def stored_copy(entry: WithStoredFields, topic: str, queue_id: int, properties: dict[str, str]) -> InnerMessage:
+    """A stored ``entry`` put again in ``topic`` and ``queue_id`` with ``properties`` and WAIT=false,
+    as the schedule and timer services deliver their entries: body as stored, flag, sys flag (the
+    put sets the host bits again), born time and host, reconsume times."""
+    properties[c.PROPERTY_WAIT_STORE_MSG_OK] = "false"
+    return InnerMessage(
+        topic=topic,
+        queue_id=queue_id,
+        body=entry.body,
+        properties=properties,
+        flag=entry.flag,
+        sys_flag=entry.sys_flag & ~(c.BORNHOST_V6_FLAG | c.STOREHOSTADDRESS_V6_FLAG),
+        born_timestamp=entry.born_timestamp,
+        born_host=entry.born_host,
+        reconsume_times=entry.reconsume_times,
+    )

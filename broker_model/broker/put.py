@@ -338,6 +338,10 @@ class PutPath:
             sys_flag = message.sys_flag & ~c.TRANSACTION_ROLLBACK_TYPE  # resetTransactionValue(NOT)
             return c.RMQ_SYS_TRANS_HALF_TOPIC, 0, properties, sys_flag
         delay = properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
+        if not delay or parse_delay_level(delay) == 0:
+            timer = self._timer_route(message, transaction)
+            if timer is not None:
+                return timer
         if not delay:
             return message.topic, message.queue_id, properties, message.sys_flag
         if parse_delay_level(delay) is None:
@@ -348,6 +352,47 @@ class PutPath:
             properties[c.PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
             return c.SCHEDULE_TOPIC, level - 1, properties, message.sys_flag
         return message.topic, message.queue_id, properties, message.sys_flag
+
+    def _timer_route(self, message: InnerMessage, transaction: int) -> tuple[str, int, dict[str, str], int] | None:
+        """RocketMQ 5's timer messages (``HookUtils.handleScheduleMessage``): a plain or committed
+        message with a delivery time (``TIMER_DELIVER_MS``, or ``TIMER_DELAY_MS``/``TIMER_DELAY_SEC``
+        after now) still in the future is stored in the timer topic, queue 0, waiting for
+        ``TIMER_OUT_MS``, its real topic and queue in its properties; one already due is stored
+        as it is. Not rounded to a precision: it is delivered at its millisecond, never before
+        (RocketMQ rounds down to ``timerPrecisionMs``, 1 s by default). A timer entry or a copy
+        it delivered (``TIMER_OUT_MS`` set) is never transformed again.
+
+        Raises:
+            ValidationError: a delivery time that is not a number, or more than 3 days ahead.
+        """
+        properties = message.properties
+        keys = (c.PROPERTY_TIMER_DELIVER_MS, c.PROPERTY_TIMER_DELAY_MS, c.PROPERTY_TIMER_DELAY_SEC)
+        if transaction not in (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE):
+            return None
+        if not any(k in properties for k in keys):
+            return None
+        if message.topic == c.TIMER_TOPIC or c.PROPERTY_TIMER_OUT_MS in properties:
+            return None
+        now = self.config.clock()
+        try:
+            if c.PROPERTY_TIMER_DELAY_SEC in properties:
+                deliver = now + int(properties[c.PROPERTY_TIMER_DELAY_SEC]) * 1000
+            elif c.PROPERTY_TIMER_DELAY_MS in properties:
+                deliver = now + int(properties[c.PROPERTY_TIMER_DELAY_MS])
+            else:
+                deliver = int(properties[c.PROPERTY_TIMER_DELIVER_MS])
+        except ValueError:
+            raise ValidationError(
+                "TIMER_DELIVER_MS", properties.get(c.PROPERTY_TIMER_DELIVER_MS), "is not a delivery time in ms"
+            ) from None
+        if deliver <= now:
+            return None
+        if deliver - now > c.TIMER_MAX_DELAY_MS:
+            raise ValidationError("TIMER_DELIVER_MS", deliver, "is more than 3 days ahead", "the max is 3 days")
+        properties[c.PROPERTY_TIMER_OUT_MS] = str(deliver)
+        properties[c.PROPERTY_REAL_TOPIC] = message.topic
+        properties[c.PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
+        return c.TIMER_TOPIC, 0, properties, message.sys_flag
 
     def _check_sizes(self, records: _Prepared) -> None:
         limit = self.config.max_message_size
@@ -540,6 +585,7 @@ def default_queue_nums(topic: str) -> int:
         c.RMQ_SYS_TRANS_HALF_TOPIC,
         c.RMQ_SYS_TRANS_OP_HALF_TOPIC,
         c.TRANS_CHECK_MAX_TIME_TOPIC,
+        c.TIMER_TOPIC,
     ):
         return 1
     return c.DEFAULT_TOPIC_QUEUE_NUMS

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker_model.broker.config import InnerMessage
+from broker_model.broker.config import InnerMessage, stored_copy
 from broker_model.broker.service import PeriodicService
 from broker_model.common import constants as c
 from broker_model.common import consume_queue_tags_code, delay_progress_path, level_delay_ms, validate_name
+from broker_model.common.durable import write_json_durably
 from broker_model.store import MessageExt
 from schemas.errors import BrokerError, ValidationError
 
@@ -29,7 +29,6 @@ _log = logging.getLogger(__name__)
 
 DELIVER_BATCH_SIZE = 32  # copies stored per put (one atomic commit) within a level's round
 _CLEARED_ON_DELIVERY = (c.PROPERTY_DELAY_TIME_LEVEL, c.PROPERTY_TIMER_DELIVER_MS, c.PROPERTY_TIMER_DELAY_SEC)
-_HOST_BITS = c.BORNHOST_V6_FLAG | c.STOREHOSTADDRESS_V6_FLAG  # the put sets them for the new record
 
 
 def progress_path(lake: str | Path, broker_name: str) -> Path:
@@ -68,18 +67,7 @@ def restore_message(entry: MessageExt) -> InnerMessage | None:
         return None
     for key in _CLEARED_ON_DELIVERY:
         properties.pop(key, None)
-    properties[c.PROPERTY_WAIT_STORE_MSG_OK] = "false"
-    return InnerMessage(
-        topic=real_topic,
-        queue_id=int(real_queue),
-        body=entry.body,
-        properties=properties,
-        flag=entry.flag,
-        sys_flag=entry.sys_flag & ~_HOST_BITS,
-        born_timestamp=entry.born_timestamp,
-        born_host=entry.born_host,
-        reconsume_times=entry.reconsume_times,
-    )
+    return stored_copy(entry, real_topic, int(real_queue), properties)
 
 
 @dataclass
@@ -166,18 +154,7 @@ class ScheduleMessageService(PeriodicService):
         data: dict[str, Any] = {"offsetTable": {str(k): v for k, v in sorted(self._offsets.items())}}
         if pending is not None:
             data["pending"] = pending
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temp = self.path.with_suffix(".json.tmp")
-        with open(temp, "w", encoding="utf-8") as handle:
-            json.dump(data, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        write_json_durably(self.path, data)
 
     def _range_delivered(self, level: int, start: int, end: int, log_offset: int) -> bool:
         """True when the copies of schedule queue offsets [start, end) of ``level`` are stored

@@ -219,6 +219,10 @@ PERSIST_CONSUMER_OFFSET_INTERVAL_MS: Final = 5000  # the client's persistConsume
 PROPERTY_CONSUME_START_TIMESTAMP: Final = "CONSUME_START_TIME"
 PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"  # 5.x timer property cleared on delivery
 PROPERTY_TIMER_DELAY_SEC: Final = "TIMER_DELAY_SEC"  # 5.x timer property cleared on delivery
+PROPERTY_TIMER_DELAY_MS: Final = "TIMER_DELAY_MS"  # 5.x: deliver this many ms after the put
+PROPERTY_TIMER_OUT_MS: Final = "TIMER_OUT_MS"  # 5.x: the delivery time a timer entry waits for
+PROPERTY_TIMER_DEQUEUE_MS: Final = "TIMER_DEQUEUE_MS"  # 5.x: when the timer delivered the copy
+TIMER_MAX_DELAY_MS: Final = 3 * 24 * 3600 * 1000  # MessageStoreConfig.timerMaxDelaySec, 3 days
 
 
 # -- readOffset answers besides offsets >= 0 (RemoteBrokerOffsetStore, ConsumerOffsetManager) -------

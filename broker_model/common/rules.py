@@ -86,9 +86,8 @@ def select_queue_by_hash(arg: str, queue_count: int) -> int:
 
 def uninterpreted_topic(topic: str) -> str | None:
     """What a RocketMQ 5 system topic whose records this product stores but does not interpret
-    yet holds (the timer wheel, POP's revive log, POP checkpoints); None for any other topic."""
-    if topic == c.TIMER_TOPIC:
-        return "timer messages waiting for their delivery time (RocketMQ 5 timer wheel)"
+    yet holds (POP's revive log, POP checkpoints); None for any other topic (the timer wheel
+    ``rmq_sys_wheel_timer`` is interpreted: its entries are delivered by the broker's timer)."""
     if topic.startswith(c.REVIVE_TOPIC_PREFIX):
         return "POP checkpoints and acks of a cluster (RocketMQ 5 revive log)"
     if topic == c.POP_CHECKPOINT_TOPIC:

@@ -15,7 +15,7 @@ import grpc
 import pyarrow.compute as pc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from broker_model.broker import Broker, BrokerConfig, FlushMode
+from broker_model.broker import Broker, BrokerConfig, FlushMode, TimerMessageService
 from broker_model.broker.transaction import (
     TRANSACTION_CHECK_INTERVAL_MS,
     TRANSACTION_CHECK_MAX,
@@ -125,6 +125,7 @@ def serve(config: EndpointConfig, stop: threading.Event, ready: Callable[[str], 
             TransactionCheckService(
                 broker, config.check_timeout_ms, config.check_max, config.check_interval_ms
             ).start()  # attached: the broker's shutdown stops it first
+            TimerMessageService(broker).start()  # delivery times of RocketMQ 5 clients' delayed sends
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="endpoint"),
             options=[("grpc.max_receive_message_length", MAX_INBOUND_BYTES)],

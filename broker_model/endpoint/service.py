@@ -11,11 +11,13 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 import grpc
+from google.protobuf import timestamp_pb2 as pb_timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
@@ -44,7 +46,7 @@ from schemas.errors import BrokerError, ValidationError
 
 MAX_MESSAGE_GROUP_BYTES: Final = 64  # ProxyConfig.maxMessageGroupSize
 # the message types this endpoint stores so far (unspecified is taken as normal, as the proxy does)
-ACCEPTED_TYPES: Final = (pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.TRANSACTION)
+ACCEPTED_TYPES: Final = (pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
 _RESOLUTIONS: Final = {
     pb.COMMIT: LocalTransactionState.COMMIT_MESSAGE,
     pb.ROLLBACK: LocalTransactionState.ROLLBACK_MESSAGE,
@@ -391,11 +393,20 @@ def build_message(message: pb.Message, peer: str) -> InnerMessage:
         if system.HasField("orphaned_transaction_recovery_duration"):
             seconds = system.orphaned_transaction_recovery_duration.ToSeconds()
             properties[c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(seconds)
+    if system.HasField("delivery_timestamp"):  # fillDelayMessageProperty: the broker's timer takes it
+        deliver = timestamp_millis(system.delivery_timestamp, "system_properties.delivery_timestamp")
+        if deliver - time.time() * 1000 > c.TIMER_MAX_DELAY_MS:
+            raise RequestError(
+                pb.ILLEGAL_DELIVERY_TIME, f"system_properties.delivery_timestamp: {deliver} is more than 3 days ahead"
+            )
+        properties[c.PROPERTY_TIMER_DELIVER_MS] = str(deliver)
     if system.trace_context:
         properties[PROPERTY_TRACE_CONTEXT] = system.trace_context
     if system.born_host:
         properties[PROPERTY_BORN_HOST] = system.born_host
-    born = system.born_timestamp.ToMilliseconds() if system.HasField("born_timestamp") else 0
+    born = 0
+    if system.HasField("born_timestamp"):
+        born = timestamp_millis(system.born_timestamp, "system_properties.born_timestamp")
     if born:
         properties[PROPERTY_BORN_TIMESTAMP] = str(born)
     return InnerMessage(
@@ -408,6 +419,25 @@ def build_message(message: pb.Message, peer: str) -> InnerMessage:
         born_host=_peer_host(peer),
         reconsume_times=system.delivery_attempt,
     )
+
+
+MAX_TIMESTAMP_SECONDS: Final = 253_402_300_799  # 9999-12-31T23:59:59Z, google.protobuf.Timestamp's bound
+
+
+def timestamp_millis(value: pb_timestamp.Timestamp, field: str) -> int:
+    """Epoch ms of a protocol ``Timestamp``. The official Python client (5.1.2) writes a delivery time
+    in ms into ``seconds``: a value beyond ``Timestamp``'s range (which no time in seconds can be)
+    is taken as ms, where RocketMQ's proxy refuses the message.
+
+    Raises:
+        RequestError: ILLEGAL_DELIVERY_TIME for a negative time.
+    """
+    seconds, millis = int(value.seconds), int(value.nanos) // 1_000_000
+    if seconds > MAX_TIMESTAMP_SECONDS:
+        return seconds + millis
+    if seconds < 0:
+        raise RequestError(pb.ILLEGAL_DELIVERY_TIME, f"{field}: {seconds} s is before 1970")
+    return seconds * 1000 + millis
 
 
 def _peer_host(peer: str) -> str:

@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from broker_model.common import constants as c
 from broker_model.common import now_ms
+from broker_model.common.durable import write_json_durably
 from broker_model.store.delta_log import append_rows, read_table
 from schemas.catalog import CONSUMER_OFFSET_COMMITS, SUBSCRIPTION_GROUP, TOPIC_CONFIG, TableSpec
 from schemas.errors import ValidationError
@@ -341,13 +342,7 @@ def _write_delay(delay: dict[int, int] | None, path: Path) -> bool:
             return False
     except (FileNotFoundError, ValueError):
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_suffix(".json.tmp")
-    with open(temp, "w", encoding="utf-8") as handle:
-        json.dump(content, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
+    write_json_durably(path, content)
     return True
 
 

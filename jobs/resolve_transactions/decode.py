@@ -68,6 +68,7 @@ def _kind(row: Mapping[str, Any]) -> str | None:
         topic.startswith(c.RETRY_GROUP_TOPIC_PREFIX)
         or topic.startswith(c.DLQ_GROUP_TOPIC_PREFIX)
         or topic == c.SCHEDULE_TOPIC
+        or topic == c.TIMER_TOPIC
     )
     return FINAL if transaction_type == c.TRANSACTION_COMMIT_TYPE and not copied else None
 

@@ -134,7 +134,7 @@ def is_op_record() -> Column:
 
 
 def is_final_record() -> Column:
-    """A record with transaction type COMMIT outside the retry, dead letter and schedule topics: the
+    """A record with transaction type COMMIT outside the retry, dead letter, schedule and timer topics: the
     message an end transaction wrote to the real topic. (A send-back copies the sys flag, so the
     retries and the dead letter of a committed message keep the COMMIT type.)"""
     topic = F.col("topic")
@@ -142,6 +142,7 @@ def is_final_record() -> Column:
         topic.startswith(c.RETRY_GROUP_TOPIC_PREFIX)
         | topic.startswith(c.DLQ_GROUP_TOPIC_PREFIX)
         | (topic == F.lit(c.SCHEDULE_TOPIC))
+        | (topic == F.lit(c.TIMER_TOPIC))
     )
     return (transaction_type(F.col("sys_flag")) == F.lit(c.TRANSACTION_COMMIT_TYPE)) & ~copied
 
