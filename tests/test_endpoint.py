@@ -30,6 +30,8 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from broker_model.broker import Broker, BrokerConfig
 from broker_model.endpoint.service import consistent_hash, java_hash
+from jobs.rebuild_consume_queue import RebuildConfig
+from jobs.rebuild_consume_queue import run as rebuild
 from jobs.resolve_transactions import ResolveTransactionsConfig
 from jobs.resolve_transactions import run as resolve
 from schemas.catalog import COMMITLOG
@@ -102,6 +104,20 @@ def test_the_official_client_sends_and_the_lake_holds_what_it_was_told(server: S
         assert record["properties"]["PGROUP"] == "Orders"  # the proxy names the topic as producer group
     assert {r["broker_name"] for r in records.values()} == {"broker-a", "broker-b"}  # round robin
     Broker(BrokerConfig(server.lake, "broker-a")).start().shutdown()  # the name lock was released
+
+
+@pytest.mark.spark
+def test_the_rebuilt_consume_queues_hold_what_the_clients_were_told(spark: SparkSession, server: Server) -> None:
+    told = _client(server, "Orders", "normal", 6) + _client(server, "Ledger", "fifo", 3, threads=2)
+    assert server.stop() == 0
+    assert rebuild(spark, RebuildConfig(server.lake, engine="bridge")).status == "SUCCEEDED"
+    units = DeltaTable(str(server.lake / "consume_queue")).to_pyarrow_table().to_pylist()
+    records = {**_records(server.lake, "Orders"), **_records(server.lake, "Ledger")}
+    for line in told:
+        record = records[line["message_id"]]
+        key = (record["broker_name"], record["topic"], record["queue_id"], line["offset"])
+        found = [u for u in units if (u["broker_name"], u["topic"], u["queue_id"], u["queue_offset"]) == key]
+        assert len(found) == 1 and found[0]["tags_code"] == java_hash("created"), line
 
 
 def test_fifo_groups_each_keep_one_queue_in_send_order(server: Server) -> None:
