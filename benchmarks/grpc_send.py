@@ -6,7 +6,9 @@ For each thread count: (a) the official Python client (``rocketmq-python-client`
 of its own, THREADS threads of single sends of 256-byte messages through ``python -m broker_model
 serve`` (two brokers, the endpoint in its own process); (b) the same sends in process: THREADS
 threads of this product's ``Producer`` over two brokers. Messages per second of each and their
-ratio (target: the endpoint at least half the in-process rate at 64 threads).
+ratio (target: the endpoint at least half the in-process rate at 64 threads); (c) the client's
+ceiling: the same sends against a server that stores nothing (``grpc_null_server.py``), and the
+endpoint's share of it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,15 @@ def endpoint_rate(root: Path, threads: int, per_thread: int, flush_mode: str) ->
     """Messages/s of the official client through ``serve``."""
     command = [sys.executable, "-m", "broker_model", "serve", "--lake", str(root / "lake"), "--listen", "127.0.0.1:0"]
     command += ["--brokers", "broker-a,broker-b", "--flush-mode", flush_mode, "--auto-create-topics"]
+    return _client_rate(command, root, threads, per_thread)
+
+
+def ceiling_rate(root: Path, threads: int, per_thread: int) -> float:
+    """Messages/s of the official client against a server that stores nothing (its own cost)."""
+    return _client_rate([sys.executable, str(HERE / "grpc_null_server.py")], root, threads, per_thread)
+
+
+def _client_rate(command: list[str], root: Path, threads: int, per_thread: int) -> float:
     server = subprocess.Popen(command, cwd=HERE.parent, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
@@ -78,12 +89,14 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(t) for t in args.threads.split(",")]
     print(f"{os.cpu_count()} cores, 256-byte bodies, {args.per_thread} single sends per thread, {args.flush_mode}")
-    print(f"{'threads':>8}{'endpoint msg/s':>16}{'in-process msg/s':>18}{'ratio':>8}")
+    print(f"{'threads':>8}{'endpoint msg/s':>16}{'in-process msg/s':>18}{'ratio':>8}{'client ceiling':>16}{'ratio':>8}")
     for threads in counts:
         with tempfile.TemporaryDirectory(prefix="grpc-bench-") as tmp:
             remote = endpoint_rate(Path(tmp), threads, args.per_thread, args.flush_mode)
             local = in_process_rate(Path(tmp), threads, args.per_thread, args.flush_mode)
-        print(f"{threads:>8}{remote:>16,.0f}{local:>18,.0f}{remote / local:>8.2f}", flush=True)
+            ceiling = ceiling_rate(Path(tmp), threads, args.per_thread)
+        ratios = f"{remote / local:>8.2f}{ceiling:>16,.0f}{remote / ceiling:>8.2f}"
+        print(f"{threads:>8}{remote:>16,.0f}{local:>18,.0f}{ratios}", flush=True)
 
 
 if __name__ == "__main__":
