@@ -1,0 +1,35 @@
+"""The endpoint's rules that must give RocketMQ's (and Guava's) exact numbers: the FIFO queue of a
+message group (``Hashing.consistentHash`` of the group's ``String.hashCode``) and the delivery time
+of a protocol ``Timestamp``, checked against published values."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import timestamp_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from broker_model.endpoint.errors import RequestError
+from broker_model.endpoint.service import consistent_hash, java_hash, timestamp_millis
+
+
+def test_consistent_hash_gives_guavas_published_values() -> None:
+    # Guava's own compatibility values (HashingTest, linear congruential generator)
+    golden100 = [0, 55, 62, 8, 45, 59, 86, 97, 82, 59, 73, 37, 17, 56, 86, 21, 90, 37, 38, 83]
+    assert [consistent_hash(i, 100) for i in range(20)] == golden100
+    assert [consistent_hash(k, 11) for k in (10863919174838991, 2016238256797177309, 1673758223894951030)] == [6, 3, 5]
+    assert [consistent_hash(k, 100001) for k in (2, 2201, 2202)] == [80343, 22152, 15018]
+
+
+def test_a_negative_group_hash_is_taken_as_javas_sign_extended_long() -> None:
+    assert java_hash("hello") == 99162322
+    assert java_hash("polygenelubricants") == -(2**31)  # Integer.MIN_VALUE
+    assert 0 <= consistent_hash(java_hash("polygenelubricants"), 8) < 8
+    assert consistent_hash(-1, 1) == 0
+
+
+def test_a_delivery_time_in_seconds_or_in_the_python_clients_milliseconds() -> None:
+    assert timestamp_millis(timestamp_pb2.Timestamp(seconds=1_800_000_000, nanos=250_000_000), "t") == 1_800_000_000_250
+    assert timestamp_millis(timestamp_pb2.Timestamp(seconds=1_800_000_000_123), "t") == 1_800_000_000_123
+    with pytest.raises(RequestError) as refused:
+        timestamp_millis(timestamp_pb2.Timestamp(seconds=-5), "system_properties.delivery_timestamp")
+    assert refused.value.code == pb.ILLEGAL_DELIVERY_TIME and "delivery_timestamp" in refused.value.message
