@@ -4,12 +4,17 @@ of a protocol ``Timestamp``, checked against published values."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from google.protobuf import timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from broker_model.endpoint import EndpointConfig
+from broker_model.endpoint.acl import Acl
 from broker_model.endpoint.errors import RequestError
 from broker_model.endpoint.service import consistent_hash, java_hash, timestamp_millis
+from schemas.errors import ValidationError
 
 
 def test_consistent_hash_gives_guavas_published_values() -> None:
@@ -33,3 +38,24 @@ def test_a_delivery_time_in_seconds_or_in_the_python_clients_milliseconds() -> N
     with pytest.raises(RequestError) as refused:
         timestamp_millis(timestamp_pb2.Timestamp(seconds=-5), "system_properties.delivery_timestamp")
     assert refused.value.code == pb.ILLEGAL_DELIVERY_TIME and "delivery_timestamp" in refused.value.message
+
+
+def test_bad_serve_settings_and_acl_files_are_refused_naming_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="--tls-cert"):
+        EndpointConfig(tmp_path, tls_cert=tmp_path / "cert.pem")
+    with pytest.raises(ValidationError, match="--transaction-check-max"):
+        EndpointConfig(tmp_path, check_max=0)
+    with pytest.raises(ValidationError, match="--brokers"):
+        EndpointConfig(tmp_path, brokers=("broker-a", "broker-a"))
+    acl = tmp_path / "acl.json"
+    for text, field in (
+        ("{not json", "readable JSON"),
+        ('{"accounts": []}', "no accounts"),
+        ('{"accounts": [{"accessKey": "a"}]}', r"accounts\[0\]\.secretKey"),
+        ('{"accounts": [{"accessKey": "a", "secretKey": "s", "topics": "Orders"}]}', r"accounts\[0\]\.topics"),
+    ):
+        acl.write_text(text)
+        with pytest.raises(ValidationError, match=field):
+            Acl.load(acl)
+    acl.write_text('{"accounts": [{"accessKey": "a", "secretKey": "s", "topics": ["*"]}]}')
+    assert Acl.load(acl).accounts["a"].may_use_topic("Anything")

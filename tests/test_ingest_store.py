@@ -239,6 +239,9 @@ def test_the_command_line_exit_statuses(tmp_path: Path, capsys: pytest.CaptureFi
     store.flip(store.written[15].offset + 90)
     assert broker_main(["ingest-store", "--lake", str(lake), "--broker-name", "broker-x", str(store.root)]) == 1
     assert "corrupt record in" in capsys.readouterr().err
+    follow = ["ingest-store", "--lake", str(lake), "--broker-name", "broker-x", "--follow", "--interval", "0"]
+    assert broker_main([*follow, str(store.root)]) == 2
+    assert "--interval" in capsys.readouterr().err
 
 
 @pytest.mark.subprocess

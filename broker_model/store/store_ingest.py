@@ -42,7 +42,7 @@ from deltalake import DeltaTable
 
 from broker_model.common import constants as c
 from broker_model.common import delay_progress_path, now_ms, validate_name
-from broker_model.store.delta_log import AppendLog, ensure_table, read_table
+from broker_model.store.delta_log import AppendLog, ensure_table, latest_version, read_table
 from broker_model.store.name_lock import BrokerNameLock
 from broker_model.store.record import peek_header
 from broker_model.store.record_columns import RecordColumns
@@ -355,11 +355,11 @@ def ingest_store(
     commitlog_dir = _check_store_dir(store_dir)
     snapshot = read_snapshot(store_dir)  # a malformed config file stops the run before any write
     with BrokerNameLock(lake, broker_name):
-        ensure_table(lake, COMMITLOG)
-        done = ingested_end(lake, broker_name)
+        log = DeltaTable(str(ensure_table(lake, COMMITLOG)))  # one snapshot for every check of the run
+        done = log.transaction_version(app_id(broker_name))
         if done is None:
             _refuse_other_writers(lake, broker_name)
-        _record_missing_ingest(lake, broker_name)
+        _record_missing_ingest(lake, broker_name, done)
         files = list_commitlog_files(commitlog_dir) if _has_files(commitlog_dir) else []
         registered = registered_segment_size(lake, broker_name)
         if files and registered is not None and registered != files[0].size:
@@ -370,7 +370,7 @@ def ingest_store(
                 "this is another broker's store: ingest it under its own broker name",
             )
         if files and done is not None:
-            _check_continuity(lake, broker_name, files, done, store_dir)
+            _check_continuity(log, broker_name, files, done, store_dir)
         report, corrupt = (
             _ingest(lake, broker_name, store_dir, files, done, registered is None, chunk_rows, chunk_bytes)
             if files
@@ -467,9 +467,9 @@ def _refuse_other_writers(lake: Path, broker_name: str) -> None:
         )
 
 
-def _check_continuity(lake: Path, broker_name: str, files: list[SegmentFile], done: int, store_dir: Path) -> None:
-    """The lake's last ingested record (the one ending at ``done``) must be the store's record at
-    its offset, when the store still holds that file."""
+def _check_continuity(log: DeltaTable, broker_name: str, files: list[SegmentFile], done: int, store_dir: Path) -> None:
+    """The lake's last ingested record (the one ending at ``done``) in ``log`` (the ``commitlog``
+    table) must be the store's record at its offset, when the store still holds that file."""
     size = files[0].size
     segment = (done - 1) - (done - 1) % size
     if done <= 0 or segment < files[0].base:
@@ -477,7 +477,7 @@ def _check_continuity(lake: Path, broker_name: str, files: list[SegmentFile], do
     if segment > files[-1].base:
         raise _behind(files, done)
     columns = ["commit_log_offset", "store_size", "body_crc", "store_timestamp", "msg_id"]
-    dataset = DeltaTable(str(COMMITLOG.location(lake))).to_pyarrow_dataset()
+    dataset = log.to_pyarrow_dataset()
     where = (ds.field("broker_name") == broker_name) & (ds.field("segment") == segment)
     rows = dataset.to_table(filter=where, columns=columns)
     last = rows.filter(pc.equal(pc.add(rows["commit_log_offset"], rows["store_size"]), done))
@@ -554,10 +554,10 @@ def _record_ingest(lake: Path, broker_name: str, parameters: dict[str, str], ver
     )
 
 
-def _record_missing_ingest(lake: Path, broker_name: str) -> None:
+def _record_missing_ingest(lake: Path, broker_name: str, done: int | None) -> None:
     """A run killed between its ``commitlog`` commit and its ``store_ingests`` row: append that row
-    now, from the commit's own parameters (found from the latest commit back)."""
-    done = ingested_end(lake, broker_name)
+    now, from the commit's own parameters (found from the latest commit back). ``done`` is the
+    broker's ingested end (:func:`ingested_end`)."""
     path = STORE_INGESTS.location(lake)
     recorded = (
         DeltaTable(str(path)).transaction_version(app_id(broker_name)) if DeltaTable.is_deltatable(str(path)) else None
@@ -565,7 +565,7 @@ def _record_missing_ingest(lake: Path, broker_name: str) -> None:
     if done is None or recorded == done:
         return
     log_dir = COMMITLOG.location(lake) / "_delta_log"
-    version = DeltaTable(str(COMMITLOG.location(lake))).version()
+    version = latest_version(COMMITLOG.location(lake))  # one listing, no replay of the log
     wanted = app_id(broker_name)
     while version >= 0:
         commit_file = log_dir / f"{version:020d}.json"
