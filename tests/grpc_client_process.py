@@ -30,7 +30,9 @@ OUTCOMES = ("commit", "rollback", "check-commit", "open")
 
 
 class Checker(TransactionChecker):  # type: ignore[misc]
-    """Commits what was left open to be committed; leaves the rest open (an unknown answer)."""
+    """Answers as an application does, from the transaction's real outcome: commits what was
+    committed or left open to be committed, rolls back what was rolled back (a check-back may come
+    before the client's own end, on a slow machine), leaves the rest open (an unknown answer)."""
 
     def __init__(self, out: threading.Lock) -> None:
         self.out = out
@@ -39,8 +41,10 @@ class Checker(TransactionChecker):  # type: ignore[misc]
         outcome = message.body.decode().split()[0]
         with self.out:
             print(json.dumps({"checked": message.message_id, "outcome": outcome}), flush=True)
-        if outcome == "check-commit":
+        if outcome in ("commit", "check-commit"):
             return int(TransactionResolution.COMMIT)
+        if outcome == "rollback":
+            return int(TransactionResolution.ROLLBACK)
         return int(TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED)
 
 
