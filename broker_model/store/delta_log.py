@@ -274,15 +274,21 @@ class AppendLog:
             temp.unlink(missing_ok=True)
 
     def _catch_up(self) -> None:
-        """Skip versions other writers took, refusing any that changed protocol or schema."""
-        latest = self._latest_version()
-        for version in range(self._next_version, latest + 1):
-            text = (self._log / f"{version:020d}.json").read_text(encoding="utf-8")
+        """Skip versions other writers took, refusing any that changed protocol or schema.
+
+        Versions are contiguous, so it reads forward from the next version until one is missing:
+        the cost follows the commits taken meanwhile, not the length of the log.
+        """
+        while True:
+            try:
+                text = (self._log / f"{self._next_version:020d}.json").read_text(encoding="utf-8")
+            except FileNotFoundError:
+                return
             for line in text.splitlines():
                 action = json.loads(line) if line.strip() else {}
                 if "protocol" in action or "metaData" in action:
                     self._check_protocol()
-        self._next_version = latest + 1
+            self._next_version += 1
 
     def _latest_version(self) -> int:
         versions = [int(p.name[:20]) for p in self._log.glob("*.json") if p.name[:20].isdigit()]

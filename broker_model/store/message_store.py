@@ -207,6 +207,7 @@ class MessageStore:
         self._cached = 0
         self._tail: LogTail | None = None
         self._undispatched: list[tuple[str, pa.Table | None]] = []  # committed here, not yet indexed
+        self._written: dict[str, pa.Table] = {}  # rows of the commit being dispatched through refresh
         self.skipped: list[tuple[str, int, int]] = []  # (topic, queue id, queue offset) not contiguous
         self._half_offsets: dict[int, int] = {}  # half record commit log offset -> half queue offset
         self._finals: dict[str, list[int]] = {}  # UNIQ_KEY -> commit log offsets of its commit records
@@ -276,7 +277,11 @@ class MessageStore:
         arrived = False
         pending: list[tuple[str, pa.Table | None]] = []
         for change in changes:
-            pending += [(path, None) for path, values in change.added if values.get("broker_name") == self.broker_name]
+            pending += [
+                (path, self._written.get(unquote(path)))
+                for path, values in change.added
+                if values.get("broker_name") == self.broker_name
+            ]
             if change.removed:
                 self._dispatch_files(pending)  # first: the rewrite may have compacted them
                 arrived, pending = arrived or bool(pending), []
@@ -345,7 +350,11 @@ class MessageStore:
                 self._undispatched.extend(files)
             else:
                 self._drain()
-                self.refresh()
+                self._written = {unquote(path): rows for path, rows in files}
+                try:
+                    self.refresh()  # the commits in between are read, this one's rows are at hand
+                finally:
+                    self._written = {}
             self._arrival.notify_all()
 
     def _drain(self) -> None:

@@ -1,0 +1,54 @@
+"""The append writer of a Delta table shared by several writers: each commit lands on the next free
+version, whatever the others committed meanwhile, and a protocol change by another writer stops it
+before it commits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from broker_model.store import AppendLog
+from broker_model.store.delta_log import ensure_table
+from schemas.catalog import TOPIC_CONFIG
+from schemas.errors import UnsupportedTableError
+
+
+def _rows(writer: str, n: int) -> pa.Table:
+    return pa.Table.from_pylist(
+        [{"broker_name": writer, "topic": f"T{n}", "queue_nums": 4, "perm": 6, "updated_timestamp": n}],
+        schema=TOPIC_CONFIG.arrow_schema,
+    )
+
+
+def test_writers_sharing_a_table_take_every_version_once(tmp_path: Path) -> None:
+    path = ensure_table(tmp_path, TOPIC_CONFIG)
+    writers = {name: AppendLog(path, TOPIC_CONFIG) for name in ("a", "b", "c")}
+    taken: list[int] = []
+    # uneven turns: a writer finds 0, 1 or several versions taken since its last commit
+    for n, name in enumerate("aabacccbab" * 6):
+        taken.append(writers[name].append(_rows(name, n)))
+    assert taken == list(range(1, len(taken) + 1))  # version 0 is the table's creation
+    table = DeltaTable(str(path))
+    assert table.version() == len(taken)
+    rows = table.to_pyarrow_table().to_pylist()
+    assert sorted(r["updated_timestamp"] for r in rows) == list(range(len(taken)))
+    assert all(r["topic"] == f"T{r['updated_timestamp']}" for r in rows)
+
+
+def test_a_protocol_change_by_another_writer_stops_the_commit(tmp_path: Path) -> None:
+    path = ensure_table(tmp_path, TOPIC_CONFIG)
+    ours = AppendLog(path, TOPIC_CONFIG)
+    ours.append(_rows("a", 0))
+    theirs = AppendLog(path, TOPIC_CONFIG)
+    theirs.append(_rows("b", 1))
+    # another writer turns on a feature the append path does not write (change data feed)
+    DeltaTable(str(path)).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    upgraded = DeltaTable(str(path)).version()
+    adds = ours.write_files(_rows("a", 2))
+    with pytest.raises(UnsupportedTableError, match="writer protocol"):
+        ours.commit(adds)
+    assert DeltaTable(str(path)).version() == upgraded
+    assert len(DeltaTable(str(path)).to_pyarrow_table()) == 2
