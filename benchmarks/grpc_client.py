@@ -1,10 +1,12 @@
 """The official RocketMQ 5 Python client sending for ``benchmarks/grpc_send.py``:
 ``python benchmarks/grpc_client.py ENDPOINT TOPIC THREADS PER_THREAD``. Prints the seconds the
-sends took (after the producer started, before it shut down) and the sends that succeeded."""
+sends took (after the producer started, before it shut down), the sends that succeeded, and the
+CPU seconds this process spent meanwhile (the client's own cost)."""
 
 from __future__ import annotations
 
 import os
+import resource
 import sys
 
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
@@ -26,9 +28,12 @@ def main(endpoint: str, topic: str, threads: int, per_thread: int) -> None:
             producer.send(message)
             sent[index] += 1
 
+    before = resource.getrusage(resource.RUSAGE_SELF)
     elapsed = run_timed(threads, work)
+    after = resource.getrusage(resource.RUSAGE_SELF)
     producer.shutdown()
-    print(f"{elapsed:.6f} {sum(sent)}", flush=True)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(f"{elapsed:.6f} {sum(sent)} {cpu:.6f}", flush=True)
 
 
 if __name__ == "__main__":

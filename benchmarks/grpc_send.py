@@ -9,6 +9,11 @@ threads of this product's ``Producer`` over two brokers. Messages per second of 
 ratio (target: the endpoint at least half the in-process rate at 64 threads); (c) the client's
 ceiling: the same sends against a server that stores nothing (``grpc_null_server.py``), and the
 endpoint's share of it.
+
+Where the CPU goes, from the same runs: the server's CPU per send through the endpoint (Linux:
+``/proc/PID/stat``), and the client's own CPU per send against the null server. The client's cost
+alone bounds any endpoint on these cores: ``cores / client CPU per send`` messages a second with a
+server that costs nothing, printed with its ratio to the in-process rate.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from threads import run_timed
@@ -29,19 +35,37 @@ from broker_model.common import Message
 HERE = Path(__file__).resolve().parent
 
 
-def endpoint_rate(root: Path, threads: int, per_thread: int, flush_mode: str) -> float:
-    """Messages/s of the official client through ``serve``."""
+@dataclass(frozen=True)
+class ClientRun:
+    """One run of the official client against a server process."""
+
+    rate: float  # messages/s
+    client_us: float  # the client process's CPU per send, µs
+    server_us: float | None  # the server process's CPU per send, µs (None where /proc is absent)
+
+
+def endpoint_rate(root: Path, threads: int, per_thread: int, flush_mode: str) -> ClientRun:
+    """The official client through ``serve``."""
     command = [sys.executable, "-m", "broker_model", "serve", "--lake", str(root / "lake"), "--listen", "127.0.0.1:0"]
     command += ["--brokers", "broker-a,broker-b", "--flush-mode", flush_mode, "--auto-create-topics"]
     return _client_rate(command, root, threads, per_thread)
 
 
-def ceiling_rate(root: Path, threads: int, per_thread: int) -> float:
-    """Messages/s of the official client against a server that stores nothing (its own cost)."""
+def ceiling_rate(root: Path, threads: int, per_thread: int) -> ClientRun:
+    """The official client against a server that stores nothing (its own cost)."""
     return _client_rate([sys.executable, str(HERE / "grpc_null_server.py")], root, threads, per_thread)
 
 
-def _client_rate(command: list[str], root: Path, threads: int, per_thread: int) -> float:
+def _cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds of process ``pid`` so far, None without ``/proc``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _client_rate(command: list[str], root: Path, threads: int, per_thread: int) -> ClientRun:
     server = subprocess.Popen(command, cwd=HERE.parent, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
@@ -50,11 +74,17 @@ def _client_rate(command: list[str], root: Path, threads: int, per_thread: int) 
         home = root / "home"
         home.mkdir(exist_ok=True)
         environment = {**os.environ, "HOME": str(home)}  # the client's log files
+        server_before = _cpu_seconds(server.pid)
         done = subprocess.run(client, capture_output=True, text=True, timeout=900, env=environment)
+        server_after = _cpu_seconds(server.pid)
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-2000:])
-        seconds, sent = done.stdout.split()
-        return int(sent) / float(seconds)
+        seconds, sent, client_cpu = done.stdout.split()
+        count = int(sent)
+        server_us = None
+        if server_before is not None and server_after is not None:
+            server_us = (server_after - server_before) / count * 1e6
+        return ClientRun(count / float(seconds), float(client_cpu) / count * 1e6, server_us)
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -88,15 +118,23 @@ def main() -> None:
     parser.add_argument("--flush-mode", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], default="ASYNC_FLUSH")
     args = parser.parse_args()
     counts = [int(t) for t in args.threads.split(",")]
-    print(f"{os.cpu_count()} cores, 256-byte bodies, {args.per_thread} single sends per thread, {args.flush_mode}")
-    print(f"{'threads':>8}{'endpoint msg/s':>16}{'in-process msg/s':>18}{'ratio':>8}{'client ceiling':>16}{'ratio':>8}")
+    cores = os.cpu_count() or 1
+    print(f"{cores} cores, 256-byte bodies, {args.per_thread} single sends per thread, {args.flush_mode}")
+    print("msg/s: endpoint, in-process and the client against a null server (ceiling); CPU µs per send")
+    header = ["threads", "endpoint", "in-process", "ratio", "ceiling", "end/ceil"]
+    header += ["server µs", "client µs", "bound", "bound/in"]
+    print("".join(f"{h:>11}" for h in header))
     for threads in counts:
         with tempfile.TemporaryDirectory(prefix="grpc-bench-") as tmp:
             remote = endpoint_rate(Path(tmp), threads, args.per_thread, args.flush_mode)
             local = in_process_rate(Path(tmp), threads, args.per_thread, args.flush_mode)
             ceiling = ceiling_rate(Path(tmp), threads, args.per_thread)
-        ratios = f"{remote / local:>8.2f}{ceiling:>16,.0f}{remote / ceiling:>8.2f}"
-        print(f"{threads:>8}{remote:>16,.0f}{local:>18,.0f}{ratios}", flush=True)
+        bound = cores * 1e6 / ceiling.client_us  # any server, even one that costs nothing
+        server = "-" if remote.server_us is None else f"{remote.server_us:,.0f}"
+        cells = [f"{threads}", f"{remote.rate:,.0f}", f"{local:,.0f}", f"{remote.rate / local:.2f}"]
+        cells += [f"{ceiling.rate:,.0f}", f"{remote.rate / ceiling.rate:.2f}", server]
+        cells += [f"{ceiling.client_us:,.0f}", f"{bound:,.0f}", f"{bound / local:.2f}"]
+        print("".join(f"{cell:>11}" for cell in cells), flush=True)
 
 
 if __name__ == "__main__":

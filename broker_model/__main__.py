@@ -7,6 +7,8 @@ the native libraries, which can abort an ending process (:mod:`broker_model.cli_
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -60,7 +62,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"serving brokers {', '.join(config.brokers)} of {config.lake} on {address}", flush=True)
 
     serve(config, stop, ready)
-    print("stopped: the brokers flushed and released their names", flush=True)
+    try:
+        print("stopped: the brokers flushed and released their names", flush=True)
+    except BrokenPipeError:  # whoever read the output is gone; the stop itself is done
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
     return 0
 
 

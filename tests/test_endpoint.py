@@ -107,6 +107,15 @@ def test_the_official_client_sends_and_the_lake_holds_what_it_was_told(server: S
 
 
 @pytest.mark.spark
+def test_a_server_whose_output_reader_is_gone_still_stops_cleanly(tmp_path: Path) -> None:
+    running = _serve(tmp_path / "lake", "--brokers", "broker-a")
+    assert running.process.stdout is not None
+    running.process.stdout.close()  # the process that started it went away
+    assert running.stop() == 0
+    broker = Broker(BrokerConfig(tmp_path / "lake", "broker-a")).start()  # its name lock was released
+    broker.shutdown()
+
+
 def test_the_rebuilt_consume_queues_hold_what_the_clients_were_told(spark: SparkSession, server: Server) -> None:
     told = _client(server, "Orders", "normal", 6) + _client(server, "Ledger", "fifo", 3, threads=2)
     assert server.stop() == 0
