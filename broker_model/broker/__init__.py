@@ -10,6 +10,7 @@ from broker_model.broker.consumer_groups import ConsumerGroupManager
 from broker_model.broker.consumer_offsets import ConsumerOffsetManager
 from broker_model.broker.controller import Broker
 from broker_model.broker.lake_brokers import start_lake_brokers
+from broker_model.broker.put import PendingPut
 from broker_model.broker.rebalance_locks import RebalanceLockManager
 from broker_model.broker.schedule import (
     ScheduleMessageService,
@@ -48,6 +49,7 @@ __all__ = [
     "FlushMode",
     "InnerMessage",
     "LocalTransactionState",
+    "PendingPut",
     "PutResult",
     "RebalanceLockManager",
     "ScheduleMessageService",

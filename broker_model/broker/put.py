@@ -125,30 +125,45 @@ def _record_column(records: _Prepared, name: str) -> list[Any]:
 
 
 class _Completion:
-    """Set once, waited on by any number of threads.
+    """Set once, waited on by any number of threads, or called back.
 
     A lock held from creation until :meth:`set`: each waiter takes and hands it back in turn,
     so a commit wakes its senders without a condition variable all of them contend for.
     """
 
-    __slots__ = ("_lock", "_set")
+    __slots__ = ("_callbacks", "_guard", "_lock", "_set")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
         self._set = False
+        self._guard = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
 
     def set(self) -> None:
-        """Complete it (once) and wake every waiter."""
-        if not self._set:
+        """Complete it (once), wake every waiter and run every callback."""
+        with self._guard:
+            if self._set:
+                return
             self._set = True
-            self._lock.release()
+            callbacks, self._callbacks = self._callbacks, []
+        self._lock.release()
+        for callback in callbacks:
+            callback()
 
     def wait(self) -> None:
         """Return once :meth:`set` was called."""
         if not self._set:
             with self._lock:
                 pass
+
+    def add_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once set: from the thread that sets it, or now when it is set already."""
+        with self._guard:
+            if not self._set:
+                self._callbacks.append(callback)
+                return
+        callback()
 
 
 class _Group:
@@ -160,6 +175,43 @@ class _Group:
         self.puts = 0  # puts that added them
         self.done = _Completion()
         self.error: BaseException | None = None
+
+
+class PendingPut:
+    """A put placed in a group that may not be committed yet: where its messages go (``result``)
+    and the group's commit, to wait for (:meth:`wait`) or be called back on (:meth:`add_callback`,
+    then :meth:`check`)."""
+
+    __slots__ = ("_group", "result")
+
+    def __init__(self, result: PutResult, group: _Group) -> None:
+        self.result = result
+        self._group = group
+
+    def wait(self) -> None:
+        """Return once the commit is done.
+
+        Raises:
+            CommitFailedError: the commit failed after its retries; nothing is stored.
+        """
+        self._group.done.wait()
+        self.check()
+
+    def add_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the committing thread) once the commit is done or failed."""
+        self._group.done.add_callback(callback)
+
+    def check(self) -> None:
+        """Raise when the commit, done, failed.
+
+        Raises:
+            CommitFailedError: the commit failed after its retries; nothing is stored.
+        """
+        error = self._group.error
+        if error is not None:
+            raise CommitFailedError(
+                f"broker {self.result.broker_name!r}: commit failed, message not stored: {error}"
+            ) from error
 
 
 @functools.lru_cache(maxsize=16)
@@ -229,6 +281,19 @@ class PutPath:
             CommitFailedError: the commit failed after its retries; nothing is stored.
             BrokerError: the broker is not running.
         """
+        put = self.submit_messages(messages)
+        if self.config.flush_mode == "SYNC_FLUSH":
+            put.wait()
+        return put.result
+
+    def submit_messages(self, messages: Sequence[InnerMessage]) -> PendingPut:
+        """Place messages as :meth:`put_messages` does and return at once: the result is known
+        before the commit, which the returned put waits for or calls back on (a server that does
+        not hold a thread per send awaits it).
+
+        Raises:
+            ValidationError, BrokerError: as :meth:`put_messages`; nothing is stored.
+        """
         if not messages:
             raise ValidationError("messages", [], "nothing to put")
         records = self._prepare(messages)
@@ -254,13 +319,7 @@ class PutPath:
             group.puts += 1
             if group.puts == self._full_group:
                 self._wake.notify()  # every recent sender is back: the lingering committer goes on
-        if self.config.flush_mode == "SYNC_FLUSH":
-            group.done.wait()
-            if group.error is not None:
-                raise CommitFailedError(
-                    f"broker {self.broker_name!r}: commit failed, message not stored: {group.error}"
-                ) from group.error
-        return PutResult(
+        result = PutResult(
             self.broker_name,
             records.topics[0],
             records.queue_ids[0],
@@ -269,6 +328,7 @@ class PutPath:
             tuple(placed["msg_id"]),
             store_timestamp,
         )
+        return PendingPut(result, group)
 
     def flush(self) -> None:
         """Wait until everything put so far is committed.

@@ -1,10 +1,11 @@
-"""The endpoint's process: brokers of the lake started under their name locks, the gRPC server in
-front of them, and a clean stop (the server drains, the brokers flush and release their locks).
-See docs/endpoint.md.
+"""The endpoint's process: brokers of the lake started under their name locks, gRPC's asyncio server
+in front of them on its own event loop, and a clean stop (the server drains, the brokers flush and
+release their locks). See docs/endpoint.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
@@ -31,7 +32,7 @@ from schemas.catalog import BROKERS
 from schemas.errors import ValidationError
 
 DEFAULT_LISTEN = "127.0.0.1:8081"
-WORKERS = 64  # threads serving calls: the official clients keep several calls in flight each
+BLOCKING_WORKERS = 16  # threads for what blocks: topic creation, ending transactions
 MAX_INBOUND_BYTES = 130 * 1024 * 1024  # the proxy's grpcMaxInboundMessageSize: a batch of 4 MiB bodies fits
 
 
@@ -126,30 +127,59 @@ def serve(config: EndpointConfig, stop: threading.Event, ready: Callable[[str], 
                 broker, config.check_timeout_ms, config.check_max, config.check_interval_ms
             ).start()  # attached: the broker's shutdown stops it first
             TimerMessageService(broker).start()  # delivery times of RocketMQ 5 clients' delayed sends
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="endpoint"),
-            options=[("grpc.max_receive_message_length", MAX_INBOUND_BYTES)],
-        )
+        served = {b.broker_name: b for b in started}
+        asyncio.run(_serve_calls(config, served, acl, credentials, stop, ready))
+    finally:
+        for broker in reversed(started):
+            broker.shutdown()
+
+
+async def _serve_calls(
+    config: EndpointConfig,
+    brokers: dict[str, Broker],
+    acl: Acl | None,
+    credentials: grpc.ServerCredentials | None,
+    stop: threading.Event,
+    ready: Callable[[str], None] | None,
+) -> None:
+    """Serve ``brokers`` on the running loop until ``stop`` is set, then stop the server (calls in
+    flight get ``grace_seconds``).
+
+    Raises:
+        ValidationError: the address cannot be listened on.
+    """
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(futures.ThreadPoolExecutor(BLOCKING_WORKERS, thread_name_prefix="endpoint"))
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_INBOUND_BYTES)])
+    try:
         if credentials is None:
             port = server.add_insecure_port(config.listen)
         else:
             port = server.add_secure_port(config.listen, credentials)
-        if port == 0:
-            raise ValidationError("--listen", config.listen, "cannot be listened on", "choose a free host:port")
-        address = f"{config.listen.rsplit(':', 1)[0]}:{port}"
-        served = {b.broker_name: b for b in started}
-        service = MessagingService(served, address, config.auto_create_topics, acl)
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
-        server.start()
+    except RuntimeError:  # grpc refuses an address it cannot bind
+        port = 0
+    if port == 0:
+        raise ValidationError("--listen", config.listen, "cannot be listened on", "choose a free host:port")
+    address = f"{config.listen.rsplit(':', 1)[0]}:{port}"
+    service = MessagingService(brokers, address, config.auto_create_topics, acl)
+    service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
+    await server.start()
+    stopping = asyncio.Event()
+
+    def wake() -> None:  # the stop is a threading event: signal handlers and tests set it
+        stop.wait()
         try:
-            if ready is not None:
-                ready(address)
-            stop.wait()
-        finally:
-            server.stop(config.grace_seconds).wait()
+            loop.call_soon_threadsafe(stopping.set)
+        except RuntimeError:  # the loop ended already (the server failed)
+            pass
+
+    threading.Thread(target=wake, name="endpoint-stop", daemon=True).start()
+    try:
+        if ready is not None:
+            ready(address)
+        await stopping.wait()
     finally:
-        for broker in reversed(started):
-            broker.shutdown()
+        await server.stop(config.grace_seconds)
 
 
 def _tls(config: EndpointConfig) -> grpc.ServerCredentials | None:

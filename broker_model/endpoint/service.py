@@ -3,16 +3,19 @@ RocketMQ 5's proxy semantics (``proxy/.../grpc/v2``: ``RouteActivity``, ``Client
 ``SendMessageActivity``). See docs/endpoint.md.
 
 The protocol's messages are the generated code the official Python client publishes
-(``rocketmq.grpc_protocol``, from apache/rocketmq-apis).
+(``rocketmq.grpc_protocol``, from apache/rocketmq-apis). The service runs on gRPC's asyncio server:
+a call holds no thread while it waits for its commit or a client's next command, so that held
+calls (streams, and the long polls of consumers) are not bounded by a thread pool; what blocks
+(creating topics, ending transactions) runs in the loop's executor.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -22,7 +25,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from broker_model.broker import Broker, InnerMessage
+from broker_model.broker import Broker, InnerMessage, PendingPut
 from broker_model.broker.transaction import (
     EndTransactionRequest,
     LocalTransactionState,
@@ -114,7 +117,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         self._round_robin = itertools.count()
         self._lock = threading.Lock()
 
-    def _admit(self, context: grpc.ServicerContext, topic: str | None = None) -> None:
+    def _admit(self, context: grpc.aio.ServicerContext, topic: str | None = None) -> None:
         """Check the request's signature, and its account's right to ``topic`` (with an ACL).
 
         Raises:
@@ -122,16 +125,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         """
         if self.acl is None:
             return
-        account = self.acl.authenticate(dict(context.invocation_metadata()))
+        account = self.acl.authenticate(dict(context.invocation_metadata() or ()))
         if topic is not None:
             self.acl.authorize_topic(account, topic)
 
     # -- routes ------------------------------------------------------------------------------
 
-    def QueryRoute(self, request: rpc.QueryRouteRequest, context: grpc.ServicerContext) -> rpc.QueryRouteResponse:
+    async def QueryRoute(
+        self, request: rpc.QueryRouteRequest, context: grpc.aio.ServicerContext
+    ) -> rpc.QueryRouteResponse:
         try:
-            self._admit(context, _topic_name(request.topic))
-            queues = self._queues(_topic_name(request.topic))
+            topic = _topic_name(request.topic)
+            self._admit(context, topic)
+            queues = await self._queues(topic)
         except RequestError as err:
             return rpc.QueryRouteResponse(status=status(err.code, err.message))
         endpoints = self._endpoints(request.endpoints)
@@ -147,7 +153,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         ]
         return rpc.QueryRouteResponse(status=status(), message_queues=message_queues)
 
-    def _queues(self, topic: str) -> list[Queue]:
+    async def _queues(self, topic: str) -> list[Queue]:
         """Every broker's write queues of ``topic`` (by broker name, then queue id).
 
         Raises:
@@ -157,11 +163,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         if not any(n for _, n in found):
             if not self.auto_create_topics:
                 raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {topic!r} not found on brokers {list(self.brokers)}")
-            with self._lock:
-                for broker in self.brokers.values():
-                    broker.ensure_topic(topic)
+            await asyncio.to_thread(self._create_topic, topic)  # a commit on every broker
             found = [(b, b.queue_nums(topic)) for b in self.brokers.values()]
         return [Queue(broker, qid) for broker, n in found for qid in range(n or 0)]
+
+    def _create_topic(self, topic: str) -> None:
+        with self._lock:
+            for broker in self.brokers.values():
+                broker.ensure_topic(topic)
 
     def _endpoints(self, asked: pb.Endpoints) -> pb.Endpoints:
         """The endpoints a route names: the ones the client asked through, else the advertised one."""
@@ -173,11 +182,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
 
     # -- clients -----------------------------------------------------------------------------
 
-    def Heartbeat(self, request: rpc.HeartbeatRequest, context: grpc.ServicerContext) -> rpc.HeartbeatResponse:
+    async def Heartbeat(
+        self, request: rpc.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> rpc.HeartbeatResponse:
         return rpc.HeartbeatResponse(status=status())
 
-    def NotifyClientTermination(
-        self, request: rpc.NotifyClientTerminationRequest, context: grpc.ServicerContext
+    async def NotifyClientTermination(
+        self, request: rpc.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
     ) -> rpc.NotifyClientTerminationResponse:
         try:
             self._admit(context)
@@ -185,9 +196,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             return rpc.NotifyClientTerminationResponse(status=status(err.code, err.message))
         return rpc.NotifyClientTerminationResponse(status=status())
 
-    def Telemetry(
-        self, requests: Iterator[rpc.TelemetryCommand], context: grpc.ServicerContext
-    ) -> Iterator[rpc.TelemetryCommand]:
+    async def Telemetry(
+        self, requests: AsyncIterator[rpc.TelemetryCommand], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rpc.TelemetryCommand]:
         """The client's settings in, the server's settings out (``ClientActivity.processClientSettings``);
         a producer's stream also carries the check-backs of its topics' open transactions
         (``RecoverOrphanedTransactionCommand``) while it lasts."""
@@ -196,26 +207,26 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         except RequestError as err:
             yield rpc.TelemetryCommand(status=status(err.code, err.message))
             return
-        stream = TelemetryStream(self.brokers)
+        stream = TelemetryStream(self.brokers, asyncio.get_running_loop())
 
-        def read() -> None:
+        async def read() -> None:
             try:
-                for command in requests:
+                async for command in requests:
                     if command.HasField("settings"):
                         stream.register(command.settings)
                         answer = self._settings(command.settings)
-                        stream.outbox.put(rpc.TelemetryCommand(status=status(), settings=answer))
+                        stream.outbox.put_nowait(rpc.TelemetryCommand(status=status(), settings=answer))
             except Exception:  # the client went away: the stream ends
                 pass
             finally:
-                stream.outbox.put(None)
+                stream.outbox.put_nowait(None)
 
-        threading.Thread(target=read, name="telemetry-reader", daemon=True).start()
-        context.add_callback(lambda: stream.outbox.put(None))
+        reader = asyncio.create_task(read())
         try:
-            while (command := stream.outbox.get()) is not None:
+            while (command := await stream.outbox.get()) is not None:
                 yield command
-        finally:
+        finally:  # the stream ended, or the call was cancelled (the client left, the server stops)
+            reader.cancel()
             stream.unregister()
 
     def _settings(self, client: pb.Settings) -> pb.Settings:
@@ -233,14 +244,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
 
     # -- sending -----------------------------------------------------------------------------
 
-    def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.ServicerContext) -> rpc.SendMessageResponse:
+    async def SendMessage(
+        self, request: rpc.SendMessageRequest, context: grpc.aio.ServicerContext
+    ) -> rpc.SendMessageResponse:
         try:
             if request.messages:
                 self._admit(context, _topic_name(request.messages[0].topic))
             else:
                 self._admit(context)
-            queue, messages = self._prepare(request.messages, context.peer())
-            result = queue.broker.put_messages(messages)
+            queue, messages = await self._prepare(request.messages, context.peer())
+            put = queue.broker.submit_messages(messages)
+            if queue.broker.config.flush_mode == "SYNC_FLUSH":
+                await committed(put)
+            result = put.result
         except RequestError as err:
             return rpc.SendMessageResponse(status=status(err.code, err.message))
         except ValidationError as err:
@@ -260,35 +276,44 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             )
         return rpc.SendMessageResponse(status=status(), entries=entries)
 
-    def EndTransaction(
-        self, request: rpc.EndTransactionRequest, context: grpc.ServicerContext
+    async def EndTransaction(
+        self, request: rpc.EndTransactionRequest, context: grpc.aio.ServicerContext
     ) -> rpc.EndTransactionResponse:
         """Commit or roll back the half message the transaction id names (``EndTransactionActivity``):
         the producer group is the topic, as the proxy sends; a check's answer counts as one."""
         try:
             self._admit(context, _topic_name(request.topic))
-            broker, offset = self._half_of(request.transaction_id)
-            queue_offset = broker.store.half_queue_offset(offset)
-            if queue_offset is None:
-                broker.flush()
-                queue_offset = broker.store.half_queue_offset(offset)
-            if queue_offset is None:
-                raise RequestError(pb.INVALID_TRANSACTION_ID, f"transaction_id: no half message at {offset}")
-            end = EndTransactionRequest(
-                producer_group=_topic_name(request.topic),
-                tran_state_table_offset=queue_offset,
-                commit_log_offset=offset,
-                commit_or_rollback=_RESOLUTIONS.get(request.resolution, LocalTransactionState.UNKNOW),
-                from_transaction_check=request.source == pb.SOURCE_SERVER_CHECK,
-                msg_id=request.transaction_id,
-                transaction_id=request.message_id,
-            )
-            end_transaction(broker, end)
+            await asyncio.to_thread(self._end_transaction, request)  # it waits for its commits
         except RequestError as err:
             return rpc.EndTransactionResponse(status=status(err.code, err.message))
         except TransactionError as err:
             return rpc.EndTransactionResponse(status=status(pb.INVALID_TRANSACTION_ID, f"transaction_id: {err}"))
         return rpc.EndTransactionResponse(status=status())
+
+    def _end_transaction(self, request: rpc.EndTransactionRequest) -> None:
+        """Write the op (and final) records of the resolution.
+
+        Raises:
+            RequestError: INVALID_TRANSACTION_ID for an id naming no half message here.
+            TransactionError: the half message cannot take this resolution.
+        """
+        broker, offset = self._half_of(request.transaction_id)
+        queue_offset = broker.store.half_queue_offset(offset)
+        if queue_offset is None:
+            broker.flush()
+            queue_offset = broker.store.half_queue_offset(offset)
+        if queue_offset is None:
+            raise RequestError(pb.INVALID_TRANSACTION_ID, f"transaction_id: no half message at {offset}")
+        end = EndTransactionRequest(
+            producer_group=_topic_name(request.topic),
+            tran_state_table_offset=queue_offset,
+            commit_log_offset=offset,
+            commit_or_rollback=_RESOLUTIONS.get(request.resolution, LocalTransactionState.UNKNOW),
+            from_transaction_check=request.source == pb.SOURCE_SERVER_CHECK,
+            msg_id=request.transaction_id,
+            transaction_id=request.message_id,
+        )
+        end_transaction(broker, end)
 
     def _half_of(self, transaction_id: str) -> tuple[Broker, int]:
         """The broker and commit log offset of the half message a transaction id names."""
@@ -301,7 +326,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
                 return broker, offset
         raise RequestError(pb.INVALID_TRANSACTION_ID, f"transaction_id: {transaction_id!r} names no broker served here")
 
-    def _prepare(self, messages: Sequence[pb.Message], peer: str) -> tuple[Queue, list[InnerMessage]]:
+    async def _prepare(self, messages: Sequence[pb.Message], peer: str) -> tuple[Queue, list[InnerMessage]]:
         """The queue and the broker messages of one send (``SendMessageActivity``).
 
         Raises:
@@ -313,7 +338,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         topic = messages[0].topic
         if any(m.topic != topic for m in messages):
             raise RequestError(pb.MESSAGE_CORRUPTED, "messages: topic in message is not same")
-        queues = self._queues(_topic_name(topic))
+        queues = await self._queues(_topic_name(topic))
         built = [build_message(m, peer) for m in messages]
         group = messages[0].system_properties.message_group if len(messages) == 1 else ""
         if group:
@@ -323,6 +348,31 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         for message in built:
             message.queue_id = queue.queue_id
         return queue, built
+
+
+async def committed(put: PendingPut) -> None:
+    """Return once the commit of ``put`` is done, holding no thread meanwhile.
+
+    Raises:
+        CommitFailedError: the commit failed; nothing of the put is stored.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:  # in the committing thread: it must not raise
+        try:
+            loop.call_soon_threadsafe(_resolve, done)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    put.add_callback(wake)
+    await done
+    put.check()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():  # a cancelled wait (the client left) is done already
+        future.set_result(None)
 
 
 def _topic_name(resource: pb.Resource) -> str:
@@ -457,9 +507,10 @@ class TelemetryStream:
     producer, its place among the transactional producers of every served broker under each of
     its topics (the proxy's producer group), so that their check services reach it."""
 
-    def __init__(self, brokers: Mapping[str, Broker]) -> None:
+    def __init__(self, brokers: Mapping[str, Broker], loop: asyncio.AbstractEventLoop) -> None:
         self.brokers = brokers
-        self.outbox: queue.Queue[rpc.TelemetryCommand | None] = queue.Queue()
+        self.loop = loop
+        self.outbox: asyncio.Queue[rpc.TelemetryCommand | None] = asyncio.Queue()  # the loop's own
         self.groups: set[str] = set()
         self._lock = threading.Lock()
 
@@ -492,4 +543,8 @@ class TelemetryStream:
         command = rpc.RecoverOrphanedTransactionCommand(
             message=protocol_message(message, real_topic, real_queue), transaction_id=message.msg_id
         )
-        self.outbox.put(rpc.TelemetryCommand(recover_orphaned_transaction_command=command))
+        out = rpc.TelemetryCommand(recover_orphaned_transaction_command=command)
+        try:  # called from the broker's check service thread
+            self.loop.call_soon_threadsafe(self.outbox.put_nowait, out)
+        except RuntimeError:  # the server stopped: the check counts, as for a client that left
+            pass
