@@ -11,7 +11,8 @@ ceiling: the same sends against a server that stores nothing (``grpc_null_server
 endpoint's share of it.
 
 Where the CPU goes, from the same runs: the server's CPU per send through the endpoint (Linux:
-``/proc/PID/stat``), and the client's own CPU per send against the null server. The client's cost
+``/proc/PID/stat``, over the client's whole run, its start and shutdown included), and the
+client's own CPU per send against the null server (over the sends only). The client's cost
 alone bounds any endpoint on these cores: ``cores / client CPU per send`` messages a second with a
 server that costs nothing, printed with its ratio to the in-process rate.
 """

@@ -205,6 +205,54 @@ def test_failed_commit_is_reported_and_offsets_continue_without_gap(tmp_path: Pa
     assert check_log(rows, SEGMENT) == []
 
 
+def test_a_submit_that_must_not_block_places_nothing_while_the_lock_is_held_or_the_log_is_unread(
+    tmp_path: Path,
+) -> None:
+    with _broker(tmp_path, commit_retries=1) as broker:
+        first = broker.submit_messages([_inner()])
+        first.wait()
+        records = broker.prepare_put([_inner()])
+        with broker._lock:  # another thread places a put, or the committer takes a group
+            assert broker.try_submit_prepared(records) is None
+        put = broker.try_submit_prepared(records)
+        assert put is not None and put.result.queue_offsets == (1,)  # nothing was placed by the refusal
+        put.wait()
+        log_dir, hidden = tmp_path / "commitlog" / "_delta_log", tmp_path / "hidden_log"
+        log_dir.rename(hidden)
+        log_dir.write_text("not a directory")
+        with pytest.raises(CommitFailedError):
+            broker.put_message(_inner())
+        # re-reading the log would block: refused at once, and a blocking submit says why
+        assert broker.try_submit_prepared(broker.prepare_put([_inner()])) is None
+        with pytest.raises(BrokerError, match="cannot read its commit log"):
+            broker.submit_prepared(broker.prepare_put([_inner()]))
+        log_dir.unlink()
+        hidden.rename(log_dir)
+        again = broker.submit_prepared(broker.prepare_put([_inner()]))
+        again.wait()
+    assert again.result.queue_offsets == (2,)
+    assert check_log(read_log(tmp_path, "broker-a"), SEGMENT) == []
+
+
+def test_a_failing_completion_callback_stops_neither_the_committer_nor_the_other_callbacks(tmp_path: Path) -> None:
+    called: list[str] = []
+
+    def failing() -> None:
+        called.append("failing")
+        raise RuntimeError("a waiter's own failure")
+
+    with _broker(tmp_path, flush_mode="SYNC_FLUSH") as broker:
+        put = broker.submit_messages([_inner()])
+        put.add_callback(failing)
+        put.add_callback(lambda: called.append("next"))
+        put.wait()
+        assert called == ["failing", "next"]
+        put.add_callback(lambda: called.append("late"))  # already done: called at once
+        assert called[-1] == "late"
+        assert _put_in_a_thread(broker) is None  # the committer lives on: a SYNC_FLUSH put returns
+    assert len(read_log(tmp_path, "broker-a")) == 2
+
+
 def _put_in_a_thread(broker: Broker) -> BaseException | None:
     """What one put raises (None: it stored), failing the test if it waits for 30 s: a committer
     that died leaves every later put waiting."""

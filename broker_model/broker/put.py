@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import threading
 import time
 import zlib
@@ -31,10 +32,13 @@ from broker_model.store.message_store import MessageStore
 from schemas.catalog import COMMITLOG, TOPIC_CONFIG
 from schemas.errors import BrokerError, CommitFailedError, ValidationError
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass(slots=True)
-class _Prepared:
-    """Records before they have a position, as column lists (what :meth:`Broker._prepare` computes)."""
+class PreparedPut:
+    """Records before they have a position, as column lists (what :meth:`PutPath.prepare_put`
+    computes, the broker's lock not taken)."""
 
     messages: Sequence[InnerMessage]
     topics: list[str]
@@ -52,9 +56,9 @@ class _Columns:
     """Positioned batches waiting for their commit; turned into one Arrow table by the committer."""
 
     def __init__(self) -> None:
-        self.batches: list[tuple[dict[str, Any], dict[str, list[Any]], _Prepared]] = []
+        self.batches: list[tuple[dict[str, Any], dict[str, list[Any]], PreparedPut]] = []
 
-    def extend(self, fixed: dict[str, Any], placed: dict[str, list[Any]], records: _Prepared) -> None:
+    def extend(self, fixed: dict[str, Any], placed: dict[str, list[Any]], records: PreparedPut) -> None:
         """Add positioned records: ``fixed`` values repeat on every row, ``placed`` columns come
         from placement, the rest from ``records``."""
         self.batches.append((fixed, placed, records))
@@ -114,7 +118,7 @@ _PROPERTY_FIELDS = {
 }
 
 
-def _record_column(records: _Prepared, name: str) -> list[Any]:
+def _record_column(records: PreparedPut, name: str) -> list[Any]:
     if name in _RECORD_FIELDS:
         values: list[Any] = getattr(records, _RECORD_FIELDS[name])
         return values
@@ -149,7 +153,10 @@ class _Completion:
             callbacks, self._callbacks = self._callbacks, []
         self._lock.release()
         for callback in callbacks:
-            callback()
+            try:
+                callback()
+            except Exception:  # a waiter's failure must not stop the committer or the other waiters
+                _log.exception("a commit's completion callback failed")
 
     def wait(self) -> None:
         """Return once :meth:`set` was called."""
@@ -288,19 +295,55 @@ class PutPath:
 
     def submit_messages(self, messages: Sequence[InnerMessage]) -> PendingPut:
         """Place messages as :meth:`put_messages` does and return at once: the result is known
-        before the commit, which the returned put waits for or calls back on (a server that does
-        not hold a thread per send awaits it).
+        before the commit, which the returned put waits for or calls back on.
 
         Raises:
             ValidationError, BrokerError: as :meth:`put_messages`; nothing is stored.
         """
+        put = self._submit(self.prepare_put(messages), block=True)
+        assert put is not None  # a blocking submit always places
+        return put
+
+    def prepare_put(self, messages: Sequence[InnerMessage]) -> PreparedPut:
+        """Check and encode messages for :meth:`try_submit_prepared` (no lock taken).
+
+        Raises:
+            ValidationError: as :meth:`put_messages`.
+        """
         if not messages:
             raise ValidationError("messages", [], "nothing to put")
-        records = self._prepare(messages)
-        with self._lock:
+        return self._prepare(messages)
+
+    def try_submit_prepared(self, records: PreparedPut) -> PendingPut | None:
+        """Place prepared records as :meth:`submit_messages` does, or return None, having placed
+        nothing, when that would block: the broker's lock is held elsewhere, or the broker must
+        first re-read its log after a failed commit. A caller that must not block (an event loop)
+        then submits them from a thread with :meth:`submit_prepared`.
+
+        Raises:
+            BrokerError: the broker is not running.
+        """
+        return self._submit(records, block=False)
+
+    def submit_prepared(self, records: PreparedPut) -> PendingPut:
+        """Place prepared records as :meth:`submit_messages` does, waiting for the lock.
+
+        Raises:
+            BrokerError: as :meth:`put_messages`.
+        """
+        put = self._submit(records, block=True)
+        assert put is not None  # a blocking submit always places
+        return put
+
+    def _submit(self, records: PreparedPut, block: bool) -> PendingPut | None:
+        if not self._lock.acquire(blocking=block):
+            return None
+        try:
             if not self._running:
                 raise BrokerError(f"broker {self.broker_name!r} is not running; start it first")
             if self._failed is not None:
+                if not block:
+                    return None  # re-reading the log takes a while
                 self._recover_or_mark_failed()
             if self._failed is not None:
                 raise BrokerError(
@@ -319,6 +362,8 @@ class PutPath:
             group.puts += 1
             if group.puts == self._full_group:
                 self._wake.notify()  # every recent sender is back: the lingering committer goes on
+        finally:
+            self._lock.release()
         result = PutResult(
             self.broker_name,
             records.topics[0],
@@ -344,7 +389,7 @@ class PutPath:
         if failed:
             raise CommitFailedError(f"broker {self.broker_name!r}: {len(failed)} commit(s) failed: {failed[0]}")
 
-    def _prepare(self, messages: Sequence[InnerMessage]) -> _Prepared:
+    def _prepare(self, messages: Sequence[InnerMessage]) -> PreparedPut:
         """Everything about the records that does not depend on their position.
 
         Raises:
@@ -366,7 +411,7 @@ class PutPath:
             _fixed_length(h[1], store_v6, mg == c.MAGIC_CODE_V2) + len(m.body) + _utf8_length(t) + len(r)
             for m, h, mg, t, r in zip(messages, hosts, magics, topics, raw, strict=True)
         ]
-        records = _Prepared(
+        records = PreparedPut(
             messages,
             topics,
             [r[1] for r in routed],
@@ -454,7 +499,7 @@ class PutPath:
         properties[c.PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
         return c.TIMER_TOPIC, 0, properties, message.sys_flag
 
-    def _check_sizes(self, records: _Prepared) -> None:
+    def _check_sizes(self, records: PreparedPut) -> None:
         limit = self.config.max_message_size
         rows = zip(records.messages, records.raw_properties, records.sizes, strict=True)
         for index, (message, raw, size) in enumerate(rows):
@@ -473,7 +518,7 @@ class PutPath:
             if message.queue_id < 0:
                 raise ValidationError(f"messages[{index}].queue_id", message.queue_id, "must not be negative")
 
-    def _place(self, records: _Prepared) -> dict[str, list[Any]]:
+    def _place(self, records: PreparedPut) -> dict[str, list[Any]]:
         """Give every record its physical offset, segment and queue offset (caller holds the
         lock); returns those columns plus msg_id."""
         offsets, segments, queue_offsets = [], [], []

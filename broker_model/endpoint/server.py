@@ -167,7 +167,9 @@ async def _serve_calls(
     stopping = asyncio.Event()
 
     def wake() -> None:  # the stop is a threading event: signal handlers and tests set it
-        stop.wait()
+        while not stop.wait(0.5):
+            if loop.is_closed():  # the server failed before a stop
+                return
         try:
             loop.call_soon_threadsafe(stopping.set)
         except RuntimeError:  # the loop ended already (the server failed)

@@ -253,7 +253,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             else:
                 self._admit(context)
             queue, messages = await self._prepare(request.messages, context.peer())
-            put = queue.broker.submit_messages(messages)
+            records = queue.broker.prepare_put(messages)
+            put = queue.broker.try_submit_prepared(records)
+            if put is None:  # the broker's lock is busy or it must re-read its log: not on the loop
+                put = await asyncio.to_thread(queue.broker.submit_prepared, records)
             if queue.broker.config.flush_mode == "SYNC_FLUSH":
                 await committed(put)
             result = put.result

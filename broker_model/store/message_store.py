@@ -350,7 +350,7 @@ class MessageStore:
                 self._undispatched.extend(files)
             else:
                 self._drain()
-                self._written = {unquote(path): rows for path, rows in files}
+                self._written = dict(files)  # paths unquoted, as _follow looks them up
                 try:
                     self.refresh()  # the commits in between are read, this one's rows are at hand
                 finally:
