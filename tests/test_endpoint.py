@@ -29,7 +29,10 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from broker_model.broker import Broker, BrokerConfig
+from broker_model.client import PullConsumer
 from broker_model.endpoint.service import consistent_hash, java_hash
+from jobs.consumer_offsets import ConsumerOffsetsConfig
+from jobs.consumer_offsets import run as offsets
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
 from jobs.resolve_transactions import ResolveTransactionsConfig
@@ -106,7 +109,6 @@ def test_the_official_client_sends_and_the_lake_holds_what_it_was_told(server: S
     Broker(BrokerConfig(server.lake, "broker-a")).start().shutdown()  # the name lock was released
 
 
-@pytest.mark.spark
 def test_a_server_whose_output_reader_is_gone_still_stops_cleanly(tmp_path: Path) -> None:
     running = _serve(tmp_path / "lake", "--brokers", "broker-a")
     assert running.process.stdout is not None
@@ -116,6 +118,7 @@ def test_a_server_whose_output_reader_is_gone_still_stops_cleanly(tmp_path: Path
     broker.shutdown()
 
 
+@pytest.mark.spark
 def test_the_rebuilt_consume_queues_hold_what_the_clients_were_told(spark: SparkSession, server: Server) -> None:
     told = _client(server, "Orders", "normal", 6) + _client(server, "Ledger", "fifo", 3, threads=2)
     assert server.stop() == 0
@@ -127,6 +130,38 @@ def test_the_rebuilt_consume_queues_hold_what_the_clients_were_told(spark: Spark
         key = (record["broker_name"], record["topic"], record["queue_id"], line["offset"])
         found = [u for u in units if (u["broker_name"], u["topic"], u["queue_id"], u["queue_offset"]) == key]
         assert len(found) == 1 and found[0]["tags_code"] == java_hash("created"), line
+
+
+@pytest.mark.spark
+def test_consumer_offsets_measure_lag_from_the_offsets_the_client_was_told(spark: SparkSession, server: Server) -> None:
+    told = _client(server, "Orders", "normal", 12)
+    assert server.stop() == 0
+    records = _records(server.lake, "Orders")
+    ends: dict[tuple[str, int], int] = {}  # the next offset of each queue, from what the client was told
+    for line in told:
+        record = records[line["message_id"]]
+        key = (record["broker_name"], record["queue_id"])
+        ends[key] = max(ends.get(key, 0), line["offset"] + 1)
+    # a consumer group of ours consumes the first message of every queue the client wrote
+    brokers = [Broker(BrokerConfig(server.lake, name)).start() for name in ("broker-a", "broker-b")]
+    try:
+        consumer = PullConsumer(brokers, "cg-orders")
+        for queue in consumer.queues("Orders"):
+            if (queue.broker_name, queue.queue_id) in ends:
+                pulled = consumer.pull(queue, 0, max_nums=1)
+                consumer.update_offset(queue, pulled.next_begin_offset)
+        consumer.persist()
+    finally:
+        for broker in brokers:
+            broker.shutdown()
+    assert rebuild(spark, RebuildConfig(server.lake, engine="bridge")).status == "SUCCEEDED"
+    as_of = int(time.time() * 1000)
+    assert offsets(spark, ConsumerOffsetsConfig(server.lake, as_of, engine="bridge")).status == "SUCCEEDED"
+    rows = DeltaTable(str(server.lake / "consumer_offsets")).to_pyarrow_table().to_pylist()
+    lag = {(r["broker_name"], r["queue_id"]): r for r in rows if (r["group"], r["topic"]) == ("cg-orders", "Orders")}
+    assert set(lag) == set(ends)
+    for key, end in ends.items():
+        assert (lag[key]["consumer_offset"], lag[key]["broker_offset"], lag[key]["diff"]) == (1, end, end - 1), key
 
 
 def test_fifo_groups_each_keep_one_queue_in_send_order(server: Server) -> None:
