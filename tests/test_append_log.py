@@ -52,3 +52,19 @@ def test_a_protocol_change_by_another_writer_stops_the_commit(tmp_path: Path) ->
         ours.commit(adds)
     assert DeltaTable(str(path)).version() == upgraded
     assert len(DeltaTable(str(path)).to_pyarrow_table()) == 2
+
+
+def test_a_writer_idle_past_a_log_cleanup_commits_after_the_newest_version(tmp_path: Path) -> None:
+    path = ensure_table(tmp_path, TOPIC_CONFIG)
+    idle = AppendLog(path, TOPIC_CONFIG)
+    assert idle.append(_rows("idle", 0)) == 1
+    busy = AppendLog(path, TOPIC_CONFIG)
+    for n in range(1, 10):
+        busy.append(_rows("busy", n))
+    DeltaTable(str(path)).create_checkpoint()  # at version 10; then the retention removes the oldest commits
+    for version in range(6):
+        (path / "_delta_log" / f"{version:020d}.json").unlink()
+    # the idle writer's next version (2) is free now, but a commit there would precede the checkpoint
+    assert idle.append(_rows("idle", 10)) == 11
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    assert sorted(r["updated_timestamp"] for r in rows) == list(range(11))

@@ -251,6 +251,7 @@ class AppendLog:
         return self.commit(self.write_files(rows), operation)
 
     def _put_if_absent(self, payload: bytes) -> int:
+        self._resync_if_cleaned_up()
         temp = self._log / f"_commit_{uuid.uuid4()}.json.tmp"
         with open(temp, "wb") as handle:
             handle.write(payload)
@@ -289,6 +290,19 @@ class AppendLog:
                 if "protocol" in action or "metaData" in action:
                     self._check_protocol()
             self._next_version += 1
+
+    def _resync_if_cleaned_up(self) -> None:
+        """Move the next version past a log cleanup that removed this writer's last known version.
+
+        Log cleanup removes the oldest commits (those before a checkpoint, past the retention), so
+        a writer idle for longer may find its next version free although the table went far
+        beyond it: a commit written there would sit before the checkpoint, unread. When the version
+        before the next is gone, the next one is taken from the log's newest commit instead, and the
+        protocol checked again (the commits in between cannot be read).
+        """
+        if self._next_version > 0 and not (self._log / f"{self._next_version - 1:020d}.json").exists():
+            self._next_version = self._latest_version() + 1
+            self._check_protocol()
 
     def _latest_version(self) -> int:
         versions = [int(p.name[:20]) for p in self._log.glob("*.json") if p.name[:20].isdigit()]
