@@ -7,17 +7,11 @@ gives a "no data yet" section. See docs/jobs.md (report).
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
-import html
-import io
-import json
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -25,6 +19,27 @@ from broker_model.common import QUEUE_KEY
 from jobs import hours
 from jobs.cli import add_as_of, as_of_of, job_parser, run_spark_job
 from jobs.lake import IncrementalReadError, Lake
+from jobs.report.page import Section, Table, render_html
+from jobs.report.plots import (
+    PLOTS_FILE,
+    Plot,
+    PlotCache,
+    plot_dead_letters,
+    plot_lag_over_time,
+    plot_lag_per_queue,
+    plot_topic_traffic,
+    plot_transaction_outcomes,
+)
+from jobs.report.rows import (
+    Row,
+    ascending,
+    dead_letters_per_day,
+    integrity_summary,
+    lag_per_group,
+    lag_per_queue,
+    transaction_outcomes,
+    utc_datetime,
+)
 from jobs.runs import JobRun, latest_reusable_run, record_run, same_inputs, table_versions
 from schemas.catalog import (
     COMMIT_HOURS,
@@ -40,9 +55,6 @@ from schemas.catalog import (
 )
 from schemas.errors import LakeError, ValidationError
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
 JOB = "report"
 INPUTS = (
     CONSUMER_OFFSETS,
@@ -55,11 +67,8 @@ INPUTS = (
 )
 DEFAULT_SAMPLES = 24  # one point per hour of a day-long log
 MAX_TABLE_ROWS = 200  # a page stays readable; the tables hold the rest
-MAX_BARS = 30  # bars beyond this are unreadable on a page-wide chart
-MAX_TOPIC_LINES = 10  # more lines than a legend can tell apart; the rest is summed as "other"
 RUNS_LISTED = 30
 UNLISTED_RUNS = ("report", "nightly")  # the runs section lists the runs of the other jobs that did something
-_DPI = 100
 
 
 @dataclass(frozen=True)
@@ -94,311 +103,6 @@ class ReportConfig:
             return self.out
         day = datetime.fromtimestamp(self.as_of / 1000, UTC).date().isoformat()
         return self.lake.absolute().parent / "reports" / day
-
-
-# ---------------------------------------------------------------------------------------------
-# Transforms
-# ---------------------------------------------------------------------------------------------
-
-
-Row = dict[str, Any]
-
-
-def _ascending(value: Any) -> tuple[bool, Any]:
-    """A sort key putting None first, as an ascending Spark sort does."""
-    return value is not None, value
-
-
-def lag_per_queue(offsets: Iterable[Mapping[str, Any]]) -> list[Row]:
-    """Per (group, broker_name, topic, queue_id) of ``consumer_offsets`` rows: ``consumer_offset``,
-    ``broker_offset``, ``diff`` (a null diff, QUEUE_NOT_FOUND, as 0) and
-    ``oldest_unconsumed_timestamp``; the largest diff first."""
-    rows = [
-        {
-            "group": r["group"],
-            **{k: r[k] for k in QUEUE_KEY},
-            "consumer_offset": r["consumer_offset"],
-            "broker_offset": r["broker_offset"],
-            "diff": r["diff"] if r["diff"] is not None else 0,
-            "oldest_unconsumed_timestamp": r["oldest_unconsumed_timestamp"],
-        }
-        for r in offsets
-    ]
-    return sorted(rows, key=lambda r: (-r["diff"], *(_ascending(r[k]) for k in ("group", *QUEUE_KEY))))
-
-
-def lag_per_group(offsets: Iterable[Mapping[str, Any]]) -> list[Row]:
-    """Per group: ``lag`` (sum of ``diff``, nulls as 0) and ``queues`` (rows of the group); the
-    largest lag first."""
-    groups: dict[str, list[int]] = {}
-    for r in offsets:
-        total = groups.setdefault(r["group"], [0, 0])
-        total[0] += r["diff"] or 0
-        total[1] += 1
-    rows = [{"group": g, "lag": lag, "queues": queues} for g, (lag, queues) in groups.items()]
-    return sorted(rows, key=lambda r: (-r["lag"], r["group"]))
-
-
-def dead_letters_per_day(dead: Iterable[Mapping[str, Any]]) -> list[Row]:
-    """Per group and UTC day (``yyyy-MM-dd`` of ``dlq_timestamp``, None for letters not written
-    yet): ``dead_letters``; by day, then group."""
-    counted = Counter(
-        (r["group"], _datetime(r["dlq_timestamp"]).date().isoformat() if r["dlq_timestamp"] is not None else None)
-        for r in dead
-    )
-    rows = [{"group": g, "day": day, "dead_letters": n} for (g, day), n in counted.items()]
-    return sorted(rows, key=lambda r: (_ascending(r["day"]), r["group"]))
-
-
-def transaction_outcomes(states: Iterable[Mapping[str, Any]]) -> list[Row]:
-    """Per ``state``: ``transactions``, and ``anomalies`` (rows with a non-null anomaly); the most
-    transactions first."""
-    counted: dict[str, list[int]] = {}
-    for r in states:
-        total = counted.setdefault(r["state"], [0, 0])
-        total[0] += 1
-        total[1] += r["anomaly"] is not None
-    rows = [{"state": s, "transactions": n, "anomalies": a} for s, (n, a) in counted.items()]
-    return sorted(rows, key=lambda r: (-r["transactions"], r["state"]))
-
-
-def integrity_summary(findings: Iterable[Mapping[str, Any]]) -> list[Row]:
-    """Per ``problem``: ``findings`` and ``brokers`` (distinct brokers with the problem)."""
-    problems: dict[str, tuple[int, set[str]]] = {}
-    for r in findings:
-        count, brokers = problems.get(r["problem"], (0, set()))
-        brokers.add(r["broker_name"])
-        problems[r["problem"]] = (count + 1, brokers)
-    return [{"problem": p, "findings": n, "brokers": len(b)} for p, (n, b) in sorted(problems.items())]
-
-
-# ---------------------------------------------------------------------------------------------
-# Plots (small collected rows in, PNG bytes out)
-# ---------------------------------------------------------------------------------------------
-
-
-def _figure(width: float = 10.0, height: float = 4.0) -> Figure:
-    from matplotlib.figure import Figure
-
-    # a Figure without pyplot: no global state, no display, the Agg canvas by default
-    return Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
-
-
-def _png(figure: Figure) -> bytes:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", metadata={"Software": None})
-    return buffer.getvalue()
-
-
-Plot = Callable[[Sequence[Mapping[str, Any]]], bytes]
-PLOTS_FILE = "plots.json"
-_PLOTS_FORMAT = 1  # bump when a plot function draws differently from the same rows
-
-
-class PlotCache:
-    """Draws a plot only when its rows changed: the PNG files a report wrote stay in its directory
-    with ``plots.json`` (per file, a digest of the rows and the drawing, and of the PNG bytes); a
-    plot whose rows, drawing and file are all unchanged is read back instead of drawn again."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self.out_dir = out_dir
-        try:
-            known = json.loads((out_dir / PLOTS_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            known = {}
-        self.known: dict[str, dict[str, str]] = known if isinstance(known, dict) else {}
-        self.drawn: dict[str, dict[str, str]] = {}
-        self.read_back: set[str] = set()
-
-    def draw(self, name: str, plot: Plot, rows: Sequence[Mapping[str, Any]]) -> tuple[str, bytes]:
-        """``(name, PNG bytes)`` of ``plot`` over ``rows``."""
-        from matplotlib import __version__ as matplotlib_version
-
-        drawing = [_PLOTS_FORMAT, plot.__module__, plot.__qualname__, matplotlib_version, _DPI]
-        text = json.dumps([drawing, list(rows)], sort_keys=True, default=str)
-        inputs = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        entry = self.known.get(name)
-        if isinstance(entry, dict) and entry.get("inputs") == inputs:
-            try:
-                png = (self.out_dir / name).read_bytes()
-            except OSError:
-                png = b""
-            if png and hashlib.sha256(png).hexdigest() == entry.get("png"):
-                self.drawn[name] = entry
-                self.read_back.add(name)
-                return name, png
-        png = plot(rows)
-        self.drawn[name] = {"inputs": inputs, "png": hashlib.sha256(png).hexdigest()}
-        self.read_back.discard(name)
-        return name, png
-
-    def save(self) -> None:
-        """Record the plots of this report (after its PNG files are written)."""
-        (self.out_dir / PLOTS_FILE).write_text(json.dumps(self.drawn, sort_keys=True), encoding="utf-8")
-
-
-def plot_lag_per_queue(rows: Sequence[Mapping[str, Any]]) -> bytes:
-    """Horizontal bars of ``diff`` per (group, queue), rows in the order given (largest first)."""
-    shown = list(rows)[:MAX_BARS]
-    figure = _figure(10, max(2.5, 0.28 * len(shown) + 1))
-    axes = figure.subplots()
-    labels = [f"{r['group']}  {r['broker_name']}/{r['topic']}/{r['queue_id']}" for r in shown]
-    axes.barh(range(len(shown)), [r["diff"] for r in shown], color="#d62728")
-    axes.set_yticks(range(len(shown)), labels, fontsize=7)
-    axes.invert_yaxis()
-    axes.set_xlabel("lag (messages)")
-    axes.set_title(f"lag per group and queue (largest {len(shown)})")
-    return _png(figure)
-
-
-def plot_lag_over_time(rows: Sequence[Mapping[str, Any]]) -> bytes:
-    """One line per group: lag against time (UTC)."""
-    figure = _figure()
-    axes = figure.subplots()
-    for group in sorted({r["group"] for r in rows}):
-        points = sorted((r["as_of"], r["lag"]) for r in rows if r["group"] == group)
-        axes.plot(_dates([t for t, _ in points]), [lag for _, lag in points], marker=".", label=group)
-    axes.set_ylabel("lag (messages)")
-    axes.set_title("lag over time per group")
-    axes.legend(fontsize=7)
-    axes.xaxis_date("UTC")
-    figure.autofmt_xdate()
-    return _png(figure)
-
-
-def plot_dead_letters(rows: Sequence[Mapping[str, Any]]) -> bytes:
-    """Stacked bars: dead letters per day, one color per group."""
-    days = sorted({r["day"] for r in rows})
-    figure = _figure()
-    axes = figure.subplots()
-    bottom = [0] * len(days)
-    for group in sorted({r["group"] for r in rows}):
-        counts = {r["day"]: r["dead_letters"] for r in rows if r["group"] == group}
-        heights = [counts.get(day, 0) for day in days]
-        axes.bar(days, heights, bottom=bottom, label=group)
-        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    axes.set_ylabel("dead letters")
-    axes.set_title("dead letters per group and day (UTC)")
-    axes.legend(fontsize=7)
-    return _png(figure)
-
-
-def plot_transaction_outcomes(rows: Sequence[Mapping[str, Any]]) -> bytes:
-    """Bars: transactions per state."""
-    figure = _figure(8, 3.5)
-    axes = figure.subplots()
-    axes.bar([r["state"] for r in rows], [r["transactions"] for r in rows], color="#1f77b4")
-    axes.set_ylabel("transactions")
-    axes.set_title("transaction outcomes")
-    return _png(figure)
-
-
-def plot_topic_traffic(rows: Sequence[Mapping[str, Any]]) -> bytes:
-    """Two panels, messages and bytes per hour, one line per topic (the busiest ones)."""
-    totals: dict[str, int] = {}
-    for r in rows:
-        totals[r["topic"]] = totals.get(r["topic"], 0) + r["messages"]
-    shown = sorted(totals, key=lambda t: (-totals[t], t))[:MAX_TOPIC_LINES]
-    figure = _figure(10, 6)
-    messages_axes, bytes_axes = figure.subplots(2, 1, sharex=True)
-    for topic in shown:
-        points = sorted((r["hour"], r["messages"], r["bytes"]) for r in rows if r["topic"] == topic)
-        hours = _dates([h for h, _, _ in points])
-        messages_axes.plot(hours, [m for _, m, _ in points], marker="o", label=topic)
-        bytes_axes.plot(hours, [b for _, _, b in points], marker="o", label=topic)
-    messages_axes.set_ylabel("messages per hour")
-    bytes_axes.set_ylabel("bytes per hour")
-    messages_axes.set_title("traffic per topic and hour (UTC)")
-    messages_axes.legend(fontsize=7, ncol=2)
-    bytes_axes.xaxis_date("UTC")
-    figure.autofmt_xdate()
-    return _png(figure)
-
-
-def _datetime(epoch_ms: int) -> datetime:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC)
-
-
-def _dates(epoch_ms: Sequence[int]) -> list[float]:
-    """Matplotlib date numbers (days since the epoch) of epoch milliseconds: an x axis of dates."""
-    return [t / 86_400_000 for t in epoch_ms]
-
-
-# ---------------------------------------------------------------------------------------------
-# The page
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Table:
-    """A table of the page: column names and rows (values are shown with ``str``)."""
-
-    columns: list[str]
-    rows: list[list[Any]]
-    truncated: bool = False
-
-
-@dataclass
-class Section:
-    """A section of the page: a title, a note, plots (file name, PNG bytes) and tables."""
-
-    title: str
-    note: str = ""
-    plots: list[tuple[str, bytes]] = field(default_factory=list)
-    tables: list[Table] = field(default_factory=list)
-
-
-_STYLE = """
-body { font-family: sans-serif; margin: 2em; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; border-bottom: 1px solid #ccc; margin-top: 2em; }
-table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
-th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
-th { background: #f0f0f0; } td.text { text-align: left; }
-img { max-width: 100%; display: block; margin: 0.5em 0; }
-p.note { color: #555; } p.empty { color: #a00; }
-"""
-
-
-def render_html(title: str, subtitle: str, sections: Sequence[Section]) -> str:
-    """The whole page: plots embedded as ``data:image/png;base64`` URIs, every text escaped."""
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1><p class='note'>{html.escape(subtitle)}</p>",
-    ]
-    for section in sections:
-        parts.append(f"<section><h2>{html.escape(section.title)}</h2>")
-        if section.note:
-            css = "empty" if not section.plots and not section.tables else "note"
-            parts.append(f"<p class='{css}'>{html.escape(section.note)}</p>")
-        for name, png in section.plots:
-            data = base64.b64encode(png).decode("ascii")
-            parts.append(
-                f'<img alt="{html.escape(name)}" data-file="{html.escape(name)}" src="data:image/png;base64,{data}">'
-            )
-        parts.extend(_table_html(table) for table in section.tables)
-        parts.append("</section>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
-def _table_html(table: Table) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
-    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in table.rows)
-    more = f"<p class='note'>first {len(table.rows)} rows shown</p>" if table.truncated else ""
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
-
-
-def _cell(value: Any) -> str:
-    text = "" if value is None else str(value)
-    css = "" if isinstance(value, int | float) else " class='text'"
-    return f"<td{css}>{html.escape(text)}</td>"
-
-
-# ---------------------------------------------------------------------------------------------
-# The job
-# ---------------------------------------------------------------------------------------------
 
 
 def _table(rows: list[dict[str, Any]], columns: Sequence[str], limit: int = MAX_TABLE_ROWS) -> Table:
@@ -523,7 +227,7 @@ def _integrity_section(lake: Lake, versions: Mapping[str, int]) -> Section:
         return Section(title, note + ": no findings, the consume queues are consistent with the log")
     columns = CONSUME_QUEUE_INTEGRITY.column_names
     order = ("broker_name", "commit_log_offset", "problem")
-    rows = sorted(findings, key=lambda r: tuple(_ascending(r[k]) for k in order))[: MAX_TABLE_ROWS + 1]
+    rows = sorted(findings, key=lambda r: tuple(ascending(r[k]) for k in order))[: MAX_TABLE_ROWS + 1]
     return Section(title, note, [], [_table(summary, ["problem", "findings", "brokers"]), _table(rows, columns)])
 
 
@@ -546,7 +250,7 @@ def _runs_section(lake: Lake, versions: Mapping[str, int]) -> Section:
 
 
 def _iso(epoch_ms: int | None) -> str:
-    return "-" if epoch_ms is None else _datetime(epoch_ms).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return "-" if epoch_ms is None else utc_datetime(epoch_ms).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def build_sections(lake: Lake, versions: Mapping[str, int], samples: int, plots: PlotCache) -> list[Section]:

@@ -1,0 +1,31 @@
+"""The ``report`` job: one self-contained HTML page with PNG plots about the lake (see
+:mod:`jobs.report.job` and docs/jobs.md): its rows (:mod:`.rows`), plots (:mod:`.plots`) and page
+(:mod:`.page`).
+"""
+
+from __future__ import annotations
+
+from jobs.report.job import ReportConfig, build_config, build_parser, main, page_of, run, write_report
+from jobs.report.page import Section, Table, render_html
+from jobs.report.plots import PLOTS_FILE, PlotCache
+from jobs.report.rows import dead_letters_per_day, integrity_summary, lag_per_group, lag_per_queue, transaction_outcomes
+
+__all__ = [
+    "PLOTS_FILE",
+    "PlotCache",
+    "ReportConfig",
+    "Section",
+    "Table",
+    "build_config",
+    "build_parser",
+    "dead_letters_per_day",
+    "integrity_summary",
+    "lag_per_group",
+    "lag_per_queue",
+    "main",
+    "page_of",
+    "render_html",
+    "run",
+    "transaction_outcomes",
+    "write_report",
+]

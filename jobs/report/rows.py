@@ -1,0 +1,85 @@
+"""The report's rows: the small aggregations of the lake's tables that its tables and plots show."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from broker_model.common import QUEUE_KEY
+
+Row = dict[str, Any]
+
+
+def utc_datetime(epoch_ms: int) -> datetime:
+    """The UTC time of epoch milliseconds."""
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC)
+
+
+def ascending(value: Any) -> tuple[bool, Any]:
+    """A sort key putting None first, as an ascending Spark sort does."""
+    return value is not None, value
+
+
+def lag_per_queue(offsets: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Per (group, broker_name, topic, queue_id) of ``consumer_offsets`` rows: ``consumer_offset``,
+    ``broker_offset``, ``diff`` (a null diff, QUEUE_NOT_FOUND, as 0) and
+    ``oldest_unconsumed_timestamp``; the largest diff first."""
+    rows = [
+        {
+            "group": r["group"],
+            **{k: r[k] for k in QUEUE_KEY},
+            "consumer_offset": r["consumer_offset"],
+            "broker_offset": r["broker_offset"],
+            "diff": r["diff"] if r["diff"] is not None else 0,
+            "oldest_unconsumed_timestamp": r["oldest_unconsumed_timestamp"],
+        }
+        for r in offsets
+    ]
+    return sorted(rows, key=lambda r: (-r["diff"], *(ascending(r[k]) for k in ("group", *QUEUE_KEY))))
+
+
+def lag_per_group(offsets: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Per group: ``lag`` (sum of ``diff``, nulls as 0) and ``queues`` (rows of the group); the
+    largest lag first."""
+    groups: dict[str, list[int]] = {}
+    for r in offsets:
+        total = groups.setdefault(r["group"], [0, 0])
+        total[0] += r["diff"] or 0
+        total[1] += 1
+    rows = [{"group": g, "lag": lag, "queues": queues} for g, (lag, queues) in groups.items()]
+    return sorted(rows, key=lambda r: (-r["lag"], r["group"]))
+
+
+def dead_letters_per_day(dead: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Per group and UTC day (``yyyy-MM-dd`` of ``dlq_timestamp``, None for letters not written
+    yet): ``dead_letters``; by day, then group."""
+    counted = Counter(
+        (r["group"], utc_datetime(r["dlq_timestamp"]).date().isoformat() if r["dlq_timestamp"] is not None else None)
+        for r in dead
+    )
+    rows = [{"group": g, "day": day, "dead_letters": n} for (g, day), n in counted.items()]
+    return sorted(rows, key=lambda r: (ascending(r["day"]), r["group"]))
+
+
+def transaction_outcomes(states: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Per ``state``: ``transactions``, and ``anomalies`` (rows with a non-null anomaly); the most
+    transactions first."""
+    counted: dict[str, list[int]] = {}
+    for r in states:
+        total = counted.setdefault(r["state"], [0, 0])
+        total[0] += 1
+        total[1] += r["anomaly"] is not None
+    rows = [{"state": s, "transactions": n, "anomalies": a} for s, (n, a) in counted.items()]
+    return sorted(rows, key=lambda r: (-r["transactions"], r["state"]))
+
+
+def integrity_summary(findings: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Per ``problem``: ``findings`` and ``brokers`` (distinct brokers with the problem)."""
+    problems: dict[str, tuple[int, set[str]]] = {}
+    for r in findings:
+        count, brokers = problems.get(r["problem"], (0, set()))
+        brokers.add(r["broker_name"])
+        problems[r["problem"]] = (count + 1, brokers)
+    return [{"problem": p, "findings": n, "brokers": len(b)} for p, (n, b) in sorted(problems.items())]
