@@ -687,18 +687,3 @@ def _transaction(app_id: str | None, app_version: int | None) -> Transaction | N
     if isinstance(app_version, bool) or not isinstance(app_version, int) or app_version < 0:
         raise ValidationError("app_version", app_version, "not an int >= 0", "pass both app_id and app_version")
     return Transaction(app_id, app_version)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the Delta log with delta-rs
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# The bridge engine
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# The delta-spark engine
-# ---------------------------------------------------------------------------------------------
