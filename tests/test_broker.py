@@ -243,9 +243,11 @@ def test_a_failing_completion_callback_stops_neither_the_committer_nor_the_other
 
     with _broker(tmp_path, flush_mode="SYNC_FLUSH") as broker:
         put = broker.submit_messages([_inner()])
+        ran = threading.Event()
         put.add_callback(failing)
-        put.add_callback(lambda: called.append("next"))
-        put.wait()
+        put.add_callback(lambda: (called.append("next"), ran.set()))
+        put.wait()  # waiters are released before the callbacks run
+        assert ran.wait(timeout=30)
         assert called == ["failing", "next"]
         put.add_callback(lambda: called.append("late"))  # already done: called at once
         assert called[-1] == "late"
