@@ -51,10 +51,22 @@ def test_a_future_delivery_time_waits_in_the_timer_topic_and_a_past_one_is_store
     assert (entry.properties["REAL_TOPIC"], entry.properties["REAL_QID"]) == ("T", "1")
     assert in_ms.properties["TIMER_OUT_MS"] == str(T0 + 500)
     assert [m.body for m in _queue(broker, "T", 1)] == [b"now"]
-    for bad in ({"TIMER_DELIVER_MS": "soon"}, {"TIMER_DELIVER_MS": str(T0 + 4 * 86_400_000)}):
-        with pytest.raises(ValidationError, match="TIMER_DELIVER_MS"):
+    bad_times = [  # (the property the error names, the properties)
+        ("TIMER_DELIVER_MS", {"TIMER_DELIVER_MS": "soon"}),
+        ("TIMER_DELIVER_MS", {"TIMER_DELIVER_MS": str(T0 + 4 * 86_400_000)}),
+        ("TIMER_DELAY_SEC", {"TIMER_DELAY_SEC": "1.5"}),
+        ("TIMER_DELAY_MS", {"TIMER_DELAY_MS": str(4 * 86_400_000), "TIMER_DELIVER_MS": str(T0 + 1)}),  # a delay wins
+    ]
+    for named, bad in bad_times:
+        with pytest.raises(ValidationError, match=f"^{named}="):
             _put(broker, b"bad", **bad)
     assert len(_queue(broker, c.TIMER_TOPIC, 0)) == 2
+    assert len(_queue(broker, "T", 1)) == 1
+
+
+def test_a_timer_service_delivering_nothing_a_round_is_refused(broker: Broker) -> None:
+    with pytest.raises(ValidationError, match="round_size"):
+        TimerMessageService(broker, round_size=0)  # its rounds would never empty the heap
 
 
 def test_entries_are_delivered_at_their_millisecond_in_delivery_time_order(broker: Broker, clock: ManualClock) -> None:

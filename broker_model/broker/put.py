@@ -300,9 +300,7 @@ class PutPath:
         Raises:
             ValidationError, BrokerError: as :meth:`put_messages`; nothing is stored.
         """
-        put = self._submit(self.prepare_put(messages), block=True)
-        assert put is not None  # a blocking submit always places
-        return put
+        return self.submit_prepared(self.prepare_put(messages))
 
     def prepare_put(self, messages: Sequence[InnerMessage]) -> PreparedPut:
         """Check and encode messages for :meth:`try_submit_prepared` (no lock taken).
@@ -479,21 +477,17 @@ class PutPath:
         if message.topic == c.TIMER_TOPIC or c.PROPERTY_TIMER_OUT_MS in properties:
             return None
         now = self.config.clock()
+        # the first of these that is set wins, as in HookUtils: (key, time it counts from, ms per unit)
+        rules = ((c.PROPERTY_TIMER_DELAY_SEC, now, 1000), (c.PROPERTY_TIMER_DELAY_MS, now, 1), (keys[0], 0, 1))
+        key, start, unit = next(rule for rule in rules if rule[0] in properties)
         try:
-            if c.PROPERTY_TIMER_DELAY_SEC in properties:
-                deliver = now + int(properties[c.PROPERTY_TIMER_DELAY_SEC]) * 1000
-            elif c.PROPERTY_TIMER_DELAY_MS in properties:
-                deliver = now + int(properties[c.PROPERTY_TIMER_DELAY_MS])
-            else:
-                deliver = int(properties[c.PROPERTY_TIMER_DELIVER_MS])
+            deliver = start + int(properties[key]) * unit
         except ValueError:
-            raise ValidationError(
-                "TIMER_DELIVER_MS", properties.get(c.PROPERTY_TIMER_DELIVER_MS), "is not a delivery time in ms"
-            ) from None
+            raise ValidationError(key, properties[key], "is not a whole number", "give a time in ms (or s)") from None
         if deliver <= now:
             return None
         if deliver - now > c.TIMER_MAX_DELAY_MS:
-            raise ValidationError("TIMER_DELIVER_MS", deliver, "is more than 3 days ahead", "the max is 3 days")
+            raise ValidationError(key, properties[key], "is more than 3 days ahead", "the max is 3 days")
         properties[c.PROPERTY_TIMER_OUT_MS] = str(deliver)
         properties[c.PROPERTY_REAL_TOPIC] = message.topic
         properties[c.PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)

@@ -29,7 +29,7 @@ from broker_model.broker.service import PeriodicService
 from broker_model.common import constants as c
 from broker_model.common.durable import write_json_durably
 from broker_model.store import MessageExt
-from schemas.errors import BrokerError
+from schemas.errors import BrokerError, ValidationError
 
 if TYPE_CHECKING:
     from broker_model.broker.controller import Broker
@@ -72,6 +72,8 @@ class TimerMessageService(PeriodicService):
         interval_ms: int = INTERVAL_MS,
         round_size: int = ROUND_SIZE,
     ) -> None:
+        if round_size < 1:
+            raise ValidationError("round_size", round_size, "must be at least 1")
         super().__init__(broker, interval_ms, interval_ms)
         self.path = Path(path) if path is not None else timer_progress_path(broker.config.lake, broker.broker_name)
         self.round_size = round_size
@@ -165,9 +167,9 @@ class TimerMessageService(PeriodicService):
         return delivered
 
     def _scan(self) -> None:
-        """Read the timer entries appended since the last scan into the heap."""
+        """Read the timer entries appended since the last scan into the heap (those still in a
+        pending commit come with a later scan)."""
         store = self.broker.store
-        self.broker.flush()
         end = store.max_offset(c.TIMER_TOPIC, 0)
         for offset in range(max(self._scanned, self._floor), end):
             if offset in self._settled:
