@@ -85,7 +85,8 @@ from jobs.consumer_offsets import run as run_offsets
 from jobs.dlq.decode import RECORD_COLUMNS as ROUTE_DLQ_INPUTS
 from jobs.dlq.route import RouteDlqConfig
 from jobs.dlq.route import run as run_route
-from jobs.lake import Bin, Lake, build_session, eligible_paths, list_files, plan_bins
+from jobs.lake import Lake, build_session
+from jobs.lake.compaction import Bin, eligible_paths, list_files, plan_bins
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as run_rebuild
 from jobs.report import ReportConfig

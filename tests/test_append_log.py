@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from broker_model.store import AppendLog
-from broker_model.store.delta_log import ensure_table
+from broker_model.store import AppendLog, ensure_table
+from broker_model.store.delta_commits import commit_path
 from schemas.catalog import TOPIC_CONFIG
 from schemas.errors import UnsupportedTableError
 
@@ -63,7 +63,7 @@ def test_a_writer_idle_past_a_log_cleanup_commits_after_the_newest_version(tmp_p
         busy.append(_rows("busy", n))
     DeltaTable(str(path)).create_checkpoint()  # at version 10; then the retention removes the oldest commits
     for version in range(6):
-        (path / "_delta_log" / f"{version:020d}.json").unlink()
+        commit_path(path, version).unlink()
     # the idle writer's next version (2) is free now, but a commit there would precede the checkpoint
     assert idle.append(_rows("idle", 10)) == 11
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()

@@ -19,6 +19,7 @@ from broker_model.broker import Broker, BrokerConfig, InnerMessage
 from broker_model.client import Producer, decompress_body
 from broker_model.common import Message
 from broker_model.common import constants as c
+from broker_model.store.delta_commits import log_dir as delta_log_dir
 from broker_model.tools import plan_sends, run_workload
 from schemas.catalog import PLAIN_ENCODED_COLUMNS
 from schemas.errors import BrokerError, BrokerLockedError, CommitFailedError, ValidationError
@@ -188,7 +189,7 @@ def test_async_flush_returns_before_commit_and_flush_makes_it_durable(tmp_path: 
 def test_failed_commit_is_reported_and_offsets_continue_without_gap(tmp_path: Path, put_while_unreadable: bool) -> None:
     with _broker(tmp_path, commit_retries=1) as broker:
         broker.put_message(_inner())
-        log_dir = tmp_path / "commitlog" / "_delta_log"
+        log_dir = delta_log_dir(tmp_path / "commitlog")
         hidden = tmp_path / "hidden_log"
         log_dir.rename(hidden)
         log_dir.write_text("not a directory")  # commits fail, and so does reading the offsets back
@@ -221,7 +222,7 @@ def test_a_submit_that_must_not_block_places_nothing_while_the_lock_is_held_or_t
             time.sleep(0.001)
         assert put is not None and put.result.queue_offsets == (1,)  # nothing was placed by the refusal
         put.wait()
-        log_dir, hidden = tmp_path / "commitlog" / "_delta_log", tmp_path / "hidden_log"
+        log_dir, hidden = delta_log_dir(tmp_path / "commitlog"), tmp_path / "hidden_log"
         log_dir.rename(hidden)
         log_dir.write_text("not a directory")
         with pytest.raises(CommitFailedError):

@@ -26,17 +26,17 @@ from broker_model.broker import Broker, BrokerConfig
 from broker_model.client import Producer, PullConsumer
 from broker_model.common import Message, MessageQueue
 from broker_model.store import AppendLog
+from broker_model.store.delta_commits import commit_path
 from jobs.compact_commitlog import CompactConfig, build_config, run
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as consumer_offsets
-from jobs.lake import (
+from jobs.lake import Lake, open_table
+from jobs.lake.compaction import (
     Bin,
     DataFile,
-    Lake,
     batches,
     commit_bins,
     list_files,
-    open_table,
     plan_bins,
     sealed_segments,
     write_bins,
@@ -195,7 +195,7 @@ def _files_by_segment(root: Path) -> dict[tuple[str, int], set[str]]:
 
 
 def _commit_actions(root: Path, version: int) -> list[dict[str, Any]]:
-    text = (root / "commitlog" / "_delta_log" / f"{version:020d}.json").read_text(encoding="utf-8")
+    text = commit_path(root / "commitlog", version).read_text(encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
@@ -450,7 +450,7 @@ def test_the_offset_commits_every_reader_has_read_are_packed_and_the_readers_mov
     job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
 
     packed = job_run.output_versions[CONSUMER_OFFSET_COMMITS.name]
-    log_file = Path(commits_dir, "_delta_log", f"{packed:020d}.json")
+    log_file = commit_path(commits_dir, packed)
     actions = [json.loads(line) for line in log_file.read_text().splitlines()]
     changes = [a[k] for a in actions for k in ("add", "remove") if k in a]
     removed = {Path(a["remove"]["path"]).name for a in actions if "remove" in a}

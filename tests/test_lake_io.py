@@ -16,16 +16,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from broker_model.store.delta_log import ensure_table
-from jobs.lake import (
-    ENGINE_CONF,
-    IncrementalReadError,
-    Lake,
-    commit_data_files,
-    detect_engine,
-    resolve_engine,
-    write_data_files,
-)
+from broker_model.store import ensure_table
+from broker_model.store.delta_commits import commit_path
+from jobs.lake import ENGINE_CONF, IncrementalReadError, Lake, detect_engine, resolve_engine
+from jobs.lake.bridge import commit_data_files, write_data_files
 from schemas.catalog import (
     COMMITLOG,
     CONSUME_QUEUE,
@@ -320,7 +314,7 @@ def test_versions_hold_the_same_data_when_only_compactions_and_empty_commits_lie
     assert lake.same_data("commitlog", 2, 4) and lake.same_data("commitlog", 3, 3)
     assert not lake.same_data("commitlog", 1, 4)  # version 2 added a row
     assert not lake.same_data("commitlog", 4, 2)  # backwards
-    (lake.location(COMMITLOG) / "_delta_log" / f"{3:020d}.json").unlink()  # the log cleaned up
+    commit_path(lake.location(COMMITLOG), 3).unlink()  # the log cleaned up
     assert not lake.same_data("commitlog", 2, 4)
 
 
@@ -616,7 +610,7 @@ def test_a_kept_snapshot_is_served_until_a_commit_follows_it_and_never_for_a_tab
 ) -> None:
     import shutil
 
-    from jobs.lake.delta_log import open_table, table_version
+    from jobs.lake.snapshots import open_table, table_version
     from schemas.catalog import JOB_RUNS
 
     root = tmp_path / "lake"
@@ -651,7 +645,7 @@ def test_small_files_piling_up_in_a_table_appended_row_by_row_are_packed_with_ev
     spark: SparkSession, tmp_path: Path
 ) -> None:
     from broker_model.store import append_rows
-    from broker_model.store.delta_log import SMALL_TABLE_FILES
+    from broker_model.store.delta_tables import SMALL_TABLE_FILES
     from schemas.catalog import JOB_RUNS, TOPIC_CONFIG
 
     lake = Lake(spark, tmp_path / "lake", "bridge")

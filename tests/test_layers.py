@@ -1,6 +1,7 @@
 """The house keeps its shape: the import graph of the product's packages has no cycle, no module
 imports from a layer above its own, no job imports another job, only the lake package imports
-deltalake on the Spark side, and the broker never imports pyspark. See docs/architecture.md."""
+deltalake on the Spark side, the broker never imports pyspark, and no module imports a private
+(``_``) name of another. See docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -138,6 +139,27 @@ def test_no_job_imports_another_job() -> None:
     assert borrowed_jobs(graph()) == []
 
 
+def private_imports(paths: dict[str, Path]) -> list[str]:
+    """Every ``from <product module> import _name`` in ``paths`` (module name -> file): a name another
+    module uses is public, so it carries no underscore."""
+    found = []
+    for name, path in sorted(paths.items()):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+                found += [
+                    f"{name}:{node.lineno} imports {node.module}.{alias.name}"
+                    for alias in node.names
+                    if alias.name.startswith("_")
+                ]
+    return found
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    users = {**product_modules(), **{f"tests.{p.stem}": p for p in (ROOT / "tests").glob("*.py")}}
+    users.update({f"benchmarks.{p.stem}": p for p in (ROOT / "benchmarks").glob("*.py")})
+    assert private_imports(users) == []
+
+
 def test_the_checks_find_what_they_look_for() -> None:
     """Hand-built graphs: a lazy cycle between broker and schedule (as the broker once had), an
     upward import from the catalog, and a job borrowing from another."""
@@ -156,6 +178,12 @@ def test_the_checks_find_what_they_look_for() -> None:
         "jobs.dlq.inspect imports jobs.consumer_offsets"
     ]
     assert borrowed_jobs({"jobs.dlq.inspect": {"jobs.dlq.chains"}}) == []
+
+
+def test_the_private_import_check_finds_one(tmp_path: Path) -> None:
+    module = tmp_path / "user.py"
+    module.write_text("from jobs.replay.config import _now, build_config\nfrom os import _exit\n")
+    assert private_imports({"user": module}) == ["user:1 imports jobs.replay.config._now"]
 
 
 def test_only_the_lake_package_imports_deltalake_on_the_spark_side() -> None:

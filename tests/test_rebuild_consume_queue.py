@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 
 from broker_model.common import body_crc, java_string_hash, tags_code
 from broker_model.common import constants as c
+from broker_model.store.delta_commits import commit_path
 from jobs.lake import IncrementalReadError, Lake
 from jobs.log_chains import CHAIN_COLUMNS, Chains, segment_sizes
 from jobs.rebuild_consume_queue import (
@@ -721,7 +722,7 @@ def test_read_appended_refuses_a_range_it_cannot_read_as_appends(spark: SparkSes
     with pytest.raises(IncrementalReadError, match="removed or rewrote"):
         lake.read_appended(COMMITLOG, v2)
     DeltaTable(str(tmp_path / "commitlog")).create_checkpoint()
-    (tmp_path / "commitlog" / "_delta_log" / f"{v2:020d}.json").unlink()  # log cleanup
+    commit_path(tmp_path / "commitlog", v2).unlink()  # log cleanup
     with pytest.raises(IncrementalReadError, match="is gone"):
         lake.read_appended(COMMITLOG, v1)
 
@@ -939,7 +940,7 @@ def test_an_incremental_run_without_the_commit_files_rebuilds_in_full(
     run(spark, RebuildConfig(tmp_path, engine="bridge"))
     version = _append_log(lake, spark, second)
     DeltaTable(str(tmp_path / "commitlog")).create_checkpoint()
-    (tmp_path / "commitlog" / "_delta_log" / f"{version:020d}.json").unlink()  # log cleanup
+    commit_path(tmp_path / "commitlog", version).unlink()  # log cleanup
     assert run(spark, RebuildConfig(tmp_path, engine="bridge")).status == "SUCCEEDED"
     assert "rebuilding in full" in capsys.readouterr().out
     assert lake.read(CONSUME_QUEUE).count() == len(first) + len(second)

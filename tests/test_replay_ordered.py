@@ -28,6 +28,7 @@ from broker_model.client import ConsumeOrderlyStatus, select_by_hash
 from broker_model.common import Message, MessageQueue
 from broker_model.common import constants as c
 from broker_model.store import MessageExt, read_table
+from broker_model.store.delta_commits import log_dir as delta_log_dir
 from jobs.lake import Lake
 from jobs.replay import (
     REPLAYED_COLUMNS,
@@ -452,7 +453,7 @@ def kill_when(args: list[str], ready: Callable[[], bool], env: dict[str, str] | 
 
 def progress_rows(lake: Path, replay_id: str) -> list[dict[str, Any]]:
     """The replay's rows of ``replay_progress`` (none when the table is missing)."""
-    if not (lake / REPLAY_PROGRESS.path / "_delta_log").exists():
+    if not delta_log_dir(lake / REPLAY_PROGRESS.path).exists():
         return []
     table = read_table(lake, REPLAY_PROGRESS)
     return table.filter(pc.equal(table["replay_id"], replay_id)).to_pylist()

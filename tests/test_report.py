@@ -103,7 +103,7 @@ def test_a_report_whose_inputs_did_not_change_is_not_drawn_again(spark: SparkSes
 
     from deltalake import DeltaTable
 
-    from broker_model.store.delta_log import SMALL_TABLE_FILES
+    from broker_model.store.delta_tables import SMALL_TABLE_FILES
     from jobs.lake import Lake
     from jobs.runs import JobRun, record_run
     from schemas.catalog import JOB_RUNS

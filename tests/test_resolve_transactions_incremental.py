@@ -181,7 +181,7 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
     spark: SparkSession, tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the records' files are packed after almost every run: a run still moves on from the last one
-    monkeypatch.setattr("broker_model.store.delta_log.SMALL_TABLE_FILES", 2)
+    monkeypatch.setattr("broker_model.store.delta_tables.SMALL_TABLE_FILES", 2)
     story = _Story(seed)
     chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
     driver = Lake(spark, tmp_path / "driver", "bridge")

@@ -13,7 +13,8 @@ import signal
 import sys
 from pathlib import Path
 
-from broker_model.broker import Broker, BrokerConfig, LocalTransactionState, _final_message, _stored
+from broker_model.broker import Broker, BrokerConfig, LocalTransactionState
+from broker_model.broker.transaction import final_message, stored_record
 from broker_model.client import TransactionProducer
 from broker_model.common import Message
 
@@ -31,9 +32,9 @@ def main(lake: str) -> None:
     sent = TransactionProducer([broker], "pg-crash", Unknown(), seed=1).send_message_in_transaction(
         Message.create("Payments", b"paid 42")
     )
-    half = _stored(broker, "RMQ_SYS_TRANS_HALF_TOPIC", sent.send_result.queue_offset)
+    half = stored_record(broker, "RMQ_SYS_TRANS_HALF_TOPIC", sent.send_result.queue_offset)
     assert half is not None
-    broker.put_message(_final_message(half, half.commit_log_offset))
+    broker.put_message(final_message(half, half.commit_log_offset))
     print(f"final {sent.transaction_id}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from broker_model.broker.config import BrokerConfig, SubscriptionGroupConfig
 from broker_model.broker.consumer_groups import ConsumerGroupManager
 from broker_model.broker.consumer_offsets import ConsumerOffsetManager
-from broker_model.broker.put import _Group
+from broker_model.broker.put import PutGroup
 from broker_model.broker.rebalance_locks import RebalanceLockManager
 from broker_model.broker.send_back import SendBack
 from broker_model.common import MessageQueue, parse_host, validate_name
@@ -63,8 +63,8 @@ class Broker(SendBack):
         self._clock = config.clock
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._pending: _Group | None = None  # accumulating puts
-        self._committing: _Group | None = None  # being committed
+        self._pending: PutGroup | None = None  # accumulating puts
+        self._committing: PutGroup | None = None  # being committed
         self._recent_puts: collections.deque[int] = collections.deque(maxlen=8)  # puts of the last commits
         self._full_group = 0  # the most of those: a group that large commits without lingering
         self._running = False

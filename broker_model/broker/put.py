@@ -26,8 +26,9 @@ from broker_model.store import (
     magic_for_topic,
     record_length,
 )
+from broker_model.store.append_log import AppendLog
 from broker_model.store.commitlog import recover_offsets
-from broker_model.store.delta_log import AppendLog, append_rows, read_table
+from broker_model.store.delta_tables import append_rows, read_table
 from broker_model.store.message_store import MessageStore
 from schemas.catalog import COMMITLOG, TOPIC_CONFIG
 from schemas.errors import BrokerError, CommitFailedError, ValidationError
@@ -173,7 +174,7 @@ class _Completion:
         callback()
 
 
-class _Group:
+class PutGroup:
     """Records put together and committed together; completion is shared."""
 
     def __init__(self) -> None:
@@ -191,7 +192,7 @@ class PendingPut:
 
     __slots__ = ("_group", "result")
 
-    def __init__(self, result: PutResult, group: _Group) -> None:
+    def __init__(self, result: PutResult, group: PutGroup) -> None:
         self.result = result
         self._group = group
 
@@ -255,8 +256,8 @@ class PutPath:
     _clock: Callable[[], int]
     _lock: threading.Lock
     _wake: threading.Condition
-    _pending: _Group | None
-    _committing: _Group | None
+    _pending: PutGroup | None
+    _committing: PutGroup | None
     _recent_puts: collections.deque[int]
     _full_group: int
     _running: bool
@@ -350,7 +351,7 @@ class PutPath:
                 ) from self._failed
             store_timestamp = self._clock()
             if self._pending is None:
-                self._pending = _Group()
+                self._pending = PutGroup()
                 self._wake.notify()  # the committer waits for a group; a lingering one polls
             group = self._pending
             placed = self._place(records)
@@ -577,7 +578,7 @@ class PutPath:
                 return
             self._wake.wait(min(step, remaining))
 
-    def _commit_group(self, group: _Group) -> None:
+    def _commit_group(self, group: PutGroup) -> None:
         error: BaseException | None = None
         for attempt in range(self.config.commit_retries + 1):
             try:
@@ -596,7 +597,7 @@ class PutPath:
             self._committing = None
         group.done.set()
 
-    def _fail(self, group: _Group, error: BaseException | None) -> None:
+    def _fail(self, group: PutGroup, error: BaseException | None) -> None:
         """A commit failed for good: fail it and everything put after it, then re-read the log so
         that offsets continue from what is really stored."""
         with self._lock:

@@ -76,7 +76,7 @@ def end_transaction(broker: Broker, request: EndTransactionRequest) -> str:
     if request.commit_or_rollback is LocalTransactionState.COMMIT_MESSAGE:
         uniq_key = half.uniq_key
         if uniq_key is None or not broker.store.final_offsets(uniq_key):
-            broker.put_message(_final_message(half, request.commit_log_offset))
+            broker.put_message(final_message(half, request.commit_log_offset))
     broker.put_message(_op_message(broker, half.queue_offset, half.queue_id))
     return "SUCCESS"
 
@@ -86,7 +86,7 @@ def _half_message(broker: Broker, request: EndTransactionRequest) -> MessageExt:
     if queue_offset is None and broker.config.flush_mode == "ASYNC_FLUSH":
         broker.flush()  # an ASYNC_FLUSH put is visible once its group commit lands
         queue_offset = broker.store.half_queue_offset(request.commit_log_offset)
-    half = None if queue_offset is None else _stored(broker, c.RMQ_SYS_TRANS_HALF_TOPIC, queue_offset)
+    half = None if queue_offset is None else stored_record(broker, c.RMQ_SYS_TRANS_HALF_TOPIC, queue_offset)
     if half is None:
         raise TransactionError(
             f"Find prepared transaction message failed: commit_log_offset={request.commit_log_offset!r}"
@@ -103,7 +103,7 @@ def _half_message(broker: Broker, request: EndTransactionRequest) -> MessageExt:
     return half
 
 
-def _stored(broker: Broker, topic: str, queue_offset: int) -> MessageExt | None:
+def stored_record(broker: Broker, topic: str, queue_offset: int) -> MessageExt | None:
     """A record of queue 0 of ``topic`` with its body as stored (compressed when flagged)."""
     return broker.store.message_at(topic, 0, queue_offset, decompress=False)
 
@@ -122,7 +122,7 @@ def _reject_outside_immunity(broker: Broker, half: MessageExt, request: EndTrans
         )
 
 
-def _final_message(half: MessageExt, prepared_offset: int) -> InnerMessage:
+def final_message(half: MessageExt, prepared_offset: int) -> InnerMessage:
     """``endMessageTransaction``: the half message restored to its real topic, commit type. Its
     stored properties keep REAL_TOPIC, REAL_QID and TRAN_MSG (computed before they are cleared)."""
     properties = dict(half.properties)
@@ -224,7 +224,7 @@ class TransactionCheckService(PeriodicService):
                 done_ops.append(remove.pop(i))
                 report.resolved += 1
             else:
-                half = _stored(self.broker, c.RMQ_SYS_TRANS_HALF_TOPIC, i)
+                half = stored_record(self.broker, c.RMQ_SYS_TRANS_HALF_TOPIC, i)
                 if half is None:
                     break
                 if not self._process(half, now, report, remove, done_ops):
@@ -307,7 +307,7 @@ class TransactionCheckService(PeriodicService):
         store = self.broker.store
         position, end = op_offset, store.max_offset(c.RMQ_SYS_TRANS_OP_HALF_TOPIC, 0)
         while position < end:
-            op = _stored(self.broker, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, position)
+            op = stored_record(self.broker, c.RMQ_SYS_TRANS_OP_HALF_TOPIC, position)
             if op is not None and op.tags == REMOVE_TAG:
                 halves = [h for h in parse_op_body(op.body) if h >= half_offset]
                 for half in halves:

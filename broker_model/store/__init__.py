@@ -1,20 +1,15 @@
-"""The store: the commit log record layout, the Delta tables a broker appends to (commit log, offset ledger),
+"""The store: the commit log record layout, the Delta tables a broker appends to (commit log, offset ledger) and the
+reading of their Delta logs (``delta_commits``),
 the message store that indexes a commit log into consume queues, the broker name lock, and RocketMQ segment
 file import, export and incremental ingest of a RocketMQ store (see docs/architecture.md).
 """
 
 from __future__ import annotations
 
-from broker_model.store.commitlog import recover_offsets, rows_to_table
-from broker_model.store.delta_log import (
-    AddFile,
-    AppendLog,
-    append_rows,
-    ensure_table,
-    latest_version,
-    pack_small_files,
-    read_table,
-)
+from broker_model.store.append_log import AddFile, AppendLog
+from broker_model.store.commitlog import rows_to_table
+from broker_model.store.delta_commits import CommitChange, FileAction, commit_path, latest_version, read_change
+from broker_model.store.delta_tables import append_rows, ensure_table, pack_small_files, read_table
 from broker_model.store.message_store import MessageExt, MessageStore, PullResult, PullStatus, Subscription
 from broker_model.store.name_lock import BrokerNameLock, LakeLock
 from broker_model.store.offset_ledger import OffsetCommit, OffsetLedger
@@ -30,7 +25,7 @@ from broker_model.store.record import (
     record_length,
 )
 from broker_model.store.segment_files import export_commitlog, import_commitlog
-from broker_model.store.store_ingest import IngestReport, ingest_store, ingested_end
+from broker_model.store.store_ingest import ingest_store, ingested_end
 
 __all__ = [
     "FIXED_RECORD_LENGTH",
@@ -39,7 +34,8 @@ __all__ = [
     "AddFile",
     "AppendLog",
     "BrokerNameLock",
-    "IngestReport",
+    "CommitChange",
+    "FileAction",
     "LakeLock",
     "MessageExt",
     "MessageStore",
@@ -49,6 +45,7 @@ __all__ = [
     "PullStatus",
     "Subscription",
     "append_rows",
+    "commit_path",
     "decode_record",
     "encode_blank",
     "encode_record",
@@ -61,8 +58,8 @@ __all__ = [
     "magic_for_topic",
     "pack_small_files",
     "peek_header",
+    "read_change",
     "read_table",
     "record_length",
-    "recover_offsets",
     "rows_to_table",
 ]

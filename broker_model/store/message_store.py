@@ -33,7 +33,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from broker_model.common import WithProperties, consume_queue_tags_code, decompress_body, dispatched_mask, tags_code
 from broker_model.common import constants as c
-from broker_model.store.delta_log import LogChange, LogTail
+from broker_model.store.delta_commits import CommitChange, CommitTail
 from schemas.catalog import COMMITLOG
 from schemas.errors import ValidationError
 
@@ -205,7 +205,7 @@ class MessageStore:
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._cache_bytes = cache_bytes
         self._cached = 0
-        self._tail: LogTail | None = None
+        self._tail: CommitTail | None = None
         self._undispatched: list[tuple[str, pa.Table | None]] = []  # committed here, not yet indexed
         self._written: dict[str, pa.Table] = {}  # rows of the commit being dispatched through refresh
         self.skipped: list[tuple[str, int, int]] = []  # (topic, queue id, queue offset) not contiguous
@@ -232,7 +232,7 @@ class MessageStore:
             try:
                 table = DeltaTable(str(path))
             except TableNotFoundError:
-                self._tail = LogTail(path, -1)
+                self._tail = CommitTail(path, -1)
                 return self
             version = table.version()
             actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
@@ -242,7 +242,7 @@ class MessageStore:
                 if b == self.broker_name
             ]
             self._dispatch_files([(p, None) for p in paths])
-            self._tail = LogTail(path, version)
+            self._tail = CommitTail(path, version)
         return self
 
     def refresh(self) -> bool:
@@ -258,7 +258,7 @@ class MessageStore:
                 self.load()
                 return True
             changes = self._tail.poll()
-            if changes is None or any(change.data_removed for change in changes):
+            if changes is None or any(change.starts_over for change in changes):
                 self.load()
                 return True
             self._drain()
@@ -271,16 +271,16 @@ class MessageStore:
                 self._arrival.notify_all()
             return arrived
 
-    def _follow(self, changes: Sequence[LogChange]) -> bool:
+    def _follow(self, changes: Sequence[CommitChange]) -> bool:
         """Index the new files of ``changes`` and follow their rewrites, in log order (caller holds
         the lock); True when new rows of this broker came. A rewrite it cannot follow reloads all."""
         arrived = False
         pending: list[tuple[str, pa.Table | None]] = []
         for change in changes:
             pending += [
-                (path, self._written.get(unquote(path)))
-                for path, values in change.added
-                if values.get("broker_name") == self.broker_name
+                (added.path, self._written.get(added.path))
+                for added in change.added
+                if added.partition_values.get("broker_name") == self.broker_name
             ]
             if change.removed:
                 self._dispatch_files(pending)  # first: the rewrite may have compacted them
@@ -293,14 +293,16 @@ class MessageStore:
             arrived = True
         return arrived
 
-    def _remap(self, change: LogChange) -> bool:
+    def _remap(self, change: CommitChange) -> bool:
         """Point the entries of the files ``change`` removed at the same rows in the files it
         added (caller holds the lock). False when an entry's commit log offset is in none of them."""
-        gone = [self._file_ids[path] for path in change.removed if path in self._file_ids]
+        gone = [self._file_ids[removed.path] for removed in change.removed if removed.path in self._file_ids]
         if not gone:
             return True  # another broker's files
         located = [
-            self._locate(path) for path, values in change.rewritten if values.get("broker_name") == self.broker_name
+            self._locate(moved.path)
+            for moved in change.rewritten
+            if moved.partition_values.get("broker_name") == self.broker_name
         ]
         if not located:
             return False

@@ -26,7 +26,9 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from broker_model.common import GroupQueueKey
-from broker_model.store.delta_log import AppendLog, LogTail, ensure_table
+from broker_model.store.append_log import AppendLog
+from broker_model.store.delta_commits import CommitTail
+from broker_model.store.delta_tables import ensure_table
 from schemas.catalog import CONSUMER_OFFSET_COMMITS
 
 
@@ -85,7 +87,7 @@ class OffsetLedger:
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._lock = threading.RLock()
         self._latest: dict[GroupQueueKey, tuple[int, int]] = {}
-        self._tail: LogTail | None = None
+        self._tail: CommitTail | None = None
         self._log: AppendLog | None = None
 
     def load(self) -> OffsetLedger:
@@ -94,9 +96,9 @@ class OffsetLedger:
             try:
                 table = DeltaTable(str(self.path))
             except TableNotFoundError:
-                self._latest, self._tail = {}, LogTail(self.path, -1)
+                self._latest, self._tail = {}, CommitTail(self.path, -1)
                 return self
-            self._tail = LogTail(self.path, table.version())
+            self._tail = CommitTail(self.path, table.version())
             self._latest = latest_commits(table.to_pyarrow_table())
         return self
 
@@ -111,8 +113,8 @@ class OffsetLedger:
                 self.load()
                 return
             for change in changes:
-                for path, _ in change.added:
-                    self._apply(latest_commits(pq.read_table(self.path / path)))
+                for added in change.added:
+                    self._apply(latest_commits(pq.read_table(self.path / added.path)))
 
     def _apply(self, rows: dict[GroupQueueKey, tuple[int, int]]) -> None:
         for key, value in rows.items():

@@ -32,8 +32,9 @@ from deltalake.exceptions import TableNotFoundError
 
 from broker_model.common import constants as c
 from broker_model.common import now_ms, parse_host, validate_name
+from broker_model.store.append_log import AddFile, AppendLog, escape_partition_value
 from broker_model.store.commitlog import rows_to_table
-from broker_model.store.delta_log import AddFile, AppendLog, _escape_path_value, append_rows, ensure_table, read_table
+from broker_model.store.delta_tables import append_rows, ensure_table, read_table
 from broker_model.store.name_lock import BrokerNameLock
 from broker_model.store.record import RECORD_COLUMNS, decode_record, encode_blank, encode_record, peek_header
 from schemas.catalog import BROKERS, COMMITLOG, TOPIC_CONFIG
@@ -251,7 +252,7 @@ def import_commitlog(
         ensure_table(lake, COMMITLOG)
         _refuse_existing_records(lake, broker_name)
         log = AppendLog(COMMITLOG.location(lake), COMMITLOG)
-        writer = _ChunkWriter(log, broker_name, chunk_rows, chunk_bytes)
+        writer = ChunkWriter(log, broker_name, chunk_rows, chunk_bytes)
         try:
             scan = _scan_files(files, broker_name, writer.add)
             writer.flush()
@@ -406,7 +407,7 @@ def decode_file_record(data: memoryview, segment_file: SegmentFile, position: in
     return row
 
 
-class _ChunkWriter:
+class ChunkWriter:
     """Buffers rows and writes them as uncommitted Parquet files; can delete what it wrote."""
 
     def __init__(self, log: AppendLog, broker_name: str, chunk_rows: int, chunk_bytes: int) -> None:
@@ -416,7 +417,7 @@ class _ChunkWriter:
         self.adds: list[AddFile] = []
         self._rows: list[dict[str, Any]] = []
         self._bytes = 0
-        self._directory = log.path / f"broker_name={_escape_path_value(broker_name)}"
+        self._directory = log.path / f"broker_name={escape_partition_value(broker_name)}"
         self._before = _tree(self._directory)
 
     def add(self, row: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 from broker_model.common import constants as c
 from broker_model.common import now_ms
 from broker_model.common.durable import write_json_durably
-from broker_model.store.delta_log import append_rows, read_table
+from broker_model.store.delta_tables import append_rows, read_table
 from schemas.catalog import CONSUMER_OFFSET_COMMITS, SUBSCRIPTION_GROUP, TOPIC_CONFIG, TableSpec
 from schemas.errors import ValidationError
 

@@ -27,7 +27,6 @@ See docs/ingest.md.
 
 from __future__ import annotations
 
-import json
 import mmap
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -42,15 +41,17 @@ from deltalake import DeltaTable
 
 from broker_model.common import constants as c
 from broker_model.common import delay_progress_path, now_ms, validate_name
-from broker_model.store.delta_log import AppendLog, ensure_table, latest_version, read_table
+from broker_model.store.append_log import AppendLog
+from broker_model.store.delta_commits import latest_version, read_change
+from broker_model.store.delta_tables import ensure_table, read_table
 from broker_model.store.name_lock import BrokerNameLock
 from broker_model.store.record import peek_header
 from broker_model.store.record_columns import RecordColumns
 from broker_model.store.segment_files import (
     IMPORT_CHUNK_BYTES,
     IMPORT_CHUNK_ROWS,
+    ChunkWriter,
     SegmentFile,
-    _ChunkWriter,
     append_topic_config,
     decode_file_record,
     list_commitlog_files,
@@ -397,7 +398,7 @@ def _ingest(
 ) -> tuple[IngestReport, CorruptRecordError | None]:
     """Walk and commit; the report, and the error of a CORRUPT stop (raised by the caller)."""
     log = AppendLog(COMMITLOG.location(lake), COMMITLOG)
-    writer = _ChunkWriter(log, broker_name, chunk_rows, chunk_bytes)
+    writer = ChunkWriter(log, broker_name, chunk_rows, chunk_bytes)
     try:
         walk = walk_commitlog(files, done, writer.write_table, broker_name, chunk_rows, chunk_bytes)
         # a lost range alone is committed (the next run starts after it), once the broker is known
@@ -564,18 +565,15 @@ def _record_missing_ingest(lake: Path, broker_name: str, done: int | None) -> No
     )
     if done is None or recorded == done:
         return
-    log_dir = COMMITLOG.location(lake) / "_delta_log"
-    version = latest_version(COMMITLOG.location(lake))  # one listing, no replay of the log
+    table_dir = COMMITLOG.location(lake)
+    version = latest_version(table_dir)  # one listing, no replay of the Delta log
     wanted = app_id(broker_name)
     while version >= 0:
-        commit_file = log_dir / f"{version:020d}.json"
-        if not commit_file.exists():
-            return  # the commit is gone with the log's cleanup: nothing left to tell
-        actions = [json.loads(line) for line in commit_file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        txn = next((a["txn"] for a in actions if "txn" in a and a["txn"]["appId"] == wanted), None)
-        if txn is not None:
-            info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
-            parameters = {**info["operationParameters"], "timestamp": str(info["timestamp"])}
+        change = read_change(table_dir, version)
+        if change is None:
+            return  # the commit is gone with the Delta log's cleanup: nothing left to tell
+        if wanted in change.app_transactions:
+            parameters = {**change.info["operationParameters"], "timestamp": str(change.info["timestamp"])}
             _record_ingest(lake, broker_name, parameters, version)
             return
         version -= 1

@@ -238,7 +238,7 @@ def build_origins(originals_df: DataFrame, chain_keys_df: DataFrame, hosts_df: D
         not an offset message id of a known broker, or whose record is not in ``originals_df``,
         are left out.
     """
-    decoded_df = _decoded_origins(chain_keys_df, hosts_df)
+    decoded_df = decoded_origins(chain_keys_df, hosts_df)
     attempt = F.struct(
         "broker_name", "topic", "commit_log_offset", F.lit(0).cast("int").alias("reconsume_times"), "store_timestamp"
     )
@@ -247,7 +247,7 @@ def build_origins(originals_df: DataFrame, chain_keys_df: DataFrame, hosts_df: D
     )
 
 
-def _decoded_origins(chain_keys_df: DataFrame, hosts_df: DataFrame) -> DataFrame:
+def decoded_origins(chain_keys_df: DataFrame, hosts_df: DataFrame) -> DataFrame:
     """Chain keys with the broker and commit log offset their origin id names (offset message ids
     of known brokers only: a client id or another broker's id matches no host prefix)."""
     origin = F.col("origin_msg_id")

@@ -79,7 +79,7 @@ def load(
             raise ValidationError(name, value, "must be a non-blank string", f"leave {name} out to match all")
     if reason is not None and reason not in REASONS:
         raise ValidationError("reason", reason, "is not a dead letter reason", f"use one of {list(REASONS)}")
-    return filter_dead_letters(_read_dlq(_lake(spark, lake)), group, topic, start, end, key, reason)
+    return filter_dead_letters(read_dlq(open_lake(spark, lake)), group, topic, start, end, key, reason)
 
 
 def filter_dead_letters(
@@ -200,13 +200,13 @@ def show(
             ``max_body_bytes`` below 1.
         LakeError: the lake has no ``dlq`` table.
     """
-    wanted = _hex_id(msg_id, "msg_id")
+    wanted = check_hex_id(msg_id, "msg_id")
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         raise ValidationError("max_body_bytes", max_body_bytes, "must be an int >= 1")
-    lake_ = _lake(spark, lake)
+    lake_ = open_lake(spark, lake)
     rows = [
         r.asDict(recursive=True)
-        for r in _read_dlq(lake_)
+        for r in read_dlq(lake_)
         .where((F.col("msg_id") == F.lit(wanted)) | (F.col("uniq_key") == F.lit(wanted)))
         .orderBy("broker_name", "msg_id", "group")
         .collect()
@@ -348,11 +348,11 @@ def format_history(row: Mapping[str, Any]) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _lake(spark: SparkSession, lake: str | Path | None) -> Lake:
+def open_lake(spark: SparkSession, lake: str | Path | None) -> Lake:
     return Lake(spark, default_lake() if lake is None else Path(lake))
 
 
-def _read_dlq(lake: Lake) -> DataFrame:
+def read_dlq(lake: Lake) -> DataFrame:
     if not lake.exists(DLQ):
         raise LakeError(
             f"lake {str(lake.root)!r} has no dlq table; build it with: python -m jobs route_dlq --lake {lake.root}"
@@ -379,7 +379,7 @@ def _instant(value: Instant, field: str) -> int:
     raise ValidationError(field, value, "is not a time", "pass epoch ms or ISO-8601 with a zone")
 
 
-def _hex_id(value: object, field: str) -> str:
+def check_hex_id(value: object, field: str) -> str:
     if not isinstance(value, str) or not _HEX_ID.match(value.strip()):
         raise ValidationError(
             field,

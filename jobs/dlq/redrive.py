@@ -24,7 +24,7 @@ from broker_model.common import constants as c
 from broker_model.store import MessageExt, MessageStore
 from jobs.cli import text_table
 from jobs.dlq.chains import PENDING, POLICY_NOT_WRITTEN, PROPERTY_ROUTED_BY, SENT
-from jobs.dlq.inspect import _hex_id, _lake, _read_dlq
+from jobs.dlq.inspect import check_hex_id, open_lake, read_dlq
 from jobs.lake import Lake
 from schemas.catalog import DLQ_REDRIVES, spark_schema
 from schemas.errors import BrokerError, LakeError, ValidationError
@@ -153,7 +153,7 @@ def redrive(
             "name the request, e.g. 'fix-1234'",
         )
     keys = _selected_keys(selection)
-    lake_ = _lake(spark, lake)
+    lake_ = open_lake(spark, lake)
     chosen = _resolve(lake_, keys)
     if not execute:
         ledger = _ledger(lake_, request_id, chosen)
@@ -213,7 +213,7 @@ def _selected_keys(selection: DataFrame | Sequence[str] | str) -> list[tuple[str
         pairs = [(None, value) for value in selection]
     else:
         raise ValidationError("selection", selection, "is neither a DataFrame nor msg ids", "pass dlq.load(...) rows")
-    keys = list(dict.fromkeys((broker, _hex_id(value, "selection")) for broker, value in pairs))
+    keys = list(dict.fromkeys((broker, check_hex_id(value, "selection")) for broker, value in pairs))
     if not keys:
         raise ValidationError("selection", [], "selects no dead letter", "check the filters of dlq.load")
     return keys
@@ -228,7 +228,7 @@ def _resolve(lake: Lake, keys: Sequence[tuple[str | None, str]]) -> list[_Item]:
     ids = sorted({msg_id for _, msg_id in keys})
     found: dict[str, list[dict[str, Any]]] = {}
     for row in (
-        _read_dlq(lake)
+        read_dlq(lake)
         .where(F.col("msg_id").isin(ids))
         .select("broker_name", "msg_id", "group", "origin_topic", "reason")
         .collect()

@@ -28,13 +28,13 @@ from jobs.dlq.chains import (
     PROPERTY_ROUTED_BY,
     RETRY,
     STATES,
-    _decoded_origins,
     build_dlq,
     build_origin_hosts,
     build_origins,
     build_policies,
     build_retry_chains,
     build_retry_records,
+    decoded_origins,
     with_chain_key,
 )
 from jobs.dlq.decode import RECORD_COLUMNS, decode_retry_records
@@ -236,7 +236,7 @@ def _origins(lake: Lake, versions: Mapping[str, int], records_df: DataFrame, as_
     keys_df = with_chain_key(records_df.where(F.col("store_timestamp") <= F.lit(as_of))).select(*CHAIN_KEY).distinct()
     sizes = {name: size for name, _, size in brokers}
     decoded_df = (
-        _decoded_origins(keys_df, hosts_df)
+        decoded_origins(keys_df, hosts_df)
         .where(F.col("commit_log_offset").isNotNull())
         .select("broker_name", "commit_log_offset")
         .distinct()

@@ -21,20 +21,20 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
-from jobs.lake.conform import _check_partition_filter, create_table
-from jobs.lake.delta_log import (
+from jobs.lake.conform import check_partition_filter, create_table
+from jobs.lake.engine import PartitionFilter, PartitionTargets, WriteMode
+from jobs.lake.snapshots import (
     HIVE_NULL,
-    PartitionFilter,
-    WriteMode,
-    _active_files,
-    _already_committed,
-    _delta_string,
-    _log_schema,
-    _prune,
+    active_files,
+    add_actions,
+    already_committed,
     check_bridge_can_read,
+    delta_string,
     file_location,
     local_directory,
+    log_schema,
     open_table,
+    prune,
     table_version,
 )
 from schemas.catalog import TableSpec
@@ -88,7 +88,7 @@ class WrittenFiles:
     files: tuple[WrittenFile, ...]
 
 
-class _BridgeEngine:
+class BridgeEngine:
     """Spark Parquet files committed and listed through delta-rs (see the module docstring)."""
 
     def __init__(self, spark: SparkSession) -> None:
@@ -98,10 +98,10 @@ class _BridgeEngine:
         table_dir = local_directory(path)
         dt = open_table(table_dir, version)
         check_bridge_can_read(dt, path)
-        schema = _log_schema(dt)
+        schema = log_schema(dt)
         partition_by = list(dt.metadata().partition_columns)
-        _check_partition_filter(partition_filter, partition_by, path)
-        files = _prune(_active_files(dt, partition_by), partition_filter)
+        check_partition_filter(partition_filter, partition_by, path)
+        files = prune(active_files(add_actions(dt), partition_by), partition_filter)
         return scan_files(self.spark, table_dir, schema, partition_by, files)
 
     def exists(self, path: str) -> bool:
@@ -114,7 +114,7 @@ class _BridgeEngine:
         return newest if newest >= 0 else open_table(local_directory(path)).version()
 
     def schema(self, path: str) -> StructType:
-        return _log_schema(open_table(local_directory(path)))
+        return log_schema(open_table(local_directory(path)))
 
     def create(self, path: str, spec: TableSpec) -> None:
         create_table(local_directory(path), spec)
@@ -125,14 +125,14 @@ class _BridgeEngine:
         spec: TableSpec,
         df: DataFrame,
         mode: WriteMode,
-        targets: list[dict[str, str | None]] | None,
+        targets: PartitionTargets | None,
         txn: Transaction | None,
     ) -> int | None:
         """Write and commit ``df``; None when ``txn`` is already committed (nothing written)."""
         table_dir = local_directory(path)
         dt = open_table(table_dir)
         check_bridge_can_read(dt, path)
-        if txn is not None and _already_committed(dt, txn):
+        if txn is not None and already_committed(dt, txn):
             return None
         written = write_data_files(df, table_dir, spec.partition_by)
         try:
@@ -148,7 +148,7 @@ class _BridgeEngine:
 def scan_files(
     spark: SparkSession, table_dir: str, schema: StructType, partition_by: Sequence[str], files: pa.Table
 ) -> DataFrame:
-    """A DataFrame of exactly ``files`` (from :func:`_active_files`), columns in ``schema`` order.
+    """A DataFrame of exactly ``files`` (from :func:`~jobs.lake.snapshots.active_files`), columns in ``schema`` order.
 
     Data columns come from the Parquet files read with the data schema; partition columns are
     joined back from the log's typed values by file path. A row whose file is unknown to the log
@@ -352,7 +352,7 @@ def commit_data_files(
     table_dir: str,
     written: WrittenFiles,
     mode: WriteMode,
-    targets: list[dict[str, str | None]] | None,
+    targets: PartitionTargets | None,
     txn: Transaction | None,
 ) -> None:
     """Commit the files of :func:`write_data_files` to the Delta table in one transaction.
@@ -387,8 +387,8 @@ def _removes_in(
     """Remove actions for the active files whose partition values match one of ``targets``."""
     now = int(time.time() * 1000)
     removes = []
-    for file in _active_files(dt, partition_by).to_pylist():
-        values = {c: _delta_string(file[f"partition.{c}"]) for c in partition_by}
+    for file in active_files(add_actions(dt), partition_by).to_pylist():
+        values = {c: delta_string(file[f"partition.{c}"]) for c in partition_by}
         if any(_matches(values, t) for t in targets):
             # delta-rs URL-encodes a RemoveAction's path itself: give it the decoded path
             removes.append(RemoveAction(unquote(file["path"]), True, now, file["size_bytes"], values))
@@ -398,7 +398,7 @@ def _removes_in(
 def _check_removed(table_dir: str, removes: list[RemoveAction]) -> None:
     # delta-rs accepts a remove of a path it does not know, so a remove that missed its file
     # would silently leave old rows next to the new ones
-    active = {unquote(p) for p in _active_files(open_table(table_dir), []).column("path").to_pylist()}
+    active = {unquote(p) for p in active_files(add_actions(open_table(table_dir)), []).column("path").to_pylist()}
     still_active = {r.path for r in removes} & active
     if still_active:
         raise LakeError(
@@ -410,7 +410,7 @@ def _check_removed(table_dir: str, removes: list[RemoveAction]) -> None:
 def _is_committed(table_dir: str, written: WrittenFiles) -> bool:
     """Whether any file of ``written`` is active in the latest version (a commit raised late)."""
     try:
-        active = _active_files(open_table(table_dir), []).column("path").to_pylist()
+        active = active_files(add_actions(open_table(table_dir)), []).column("path").to_pylist()
     except LakeError:
         return False
     prefix = f"{written.directory.name}/"

@@ -22,9 +22,9 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 from pyspark.sql import SparkSession
 
 from broker_model.store import AddFile, AppendLog
-from jobs.lake.delta_log import check_bridge_can_read, file_location, local_directory, open_table
 from jobs.lake.delta_spark import replace_where
 from jobs.lake.facade import Lake
+from jobs.lake.snapshots import add_actions, check_bridge_can_read, file_location, local_directory, open_table
 from schemas.catalog import COMMITLOG
 from schemas.errors import LakeError, ValidationError
 
@@ -208,7 +208,7 @@ def batches(bins: Sequence[Bin], segments_per_commit: int) -> list[list[Bin]]:
 
 def list_files(dt: DeltaTable) -> list[DataFile]:
     """The active files of a commit log snapshot, with the statistics the plan uses."""
-    actions = pa.table(dt.get_add_actions(flatten=True))
+    actions = add_actions(dt)
     if actions.num_rows == 0:
         return []
     columns = actions.to_pydict()

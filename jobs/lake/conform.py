@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from jobs.lake.delta_log import PartitionFilter, PartitionValues
+from jobs.lake.engine import PartitionFilter, PartitionTargets, PartitionValues
 from schemas.catalog import Column as CatalogColumn
 from schemas.catalog import TableSpec, spark_schema
 from schemas.errors import LakeError, ValidationError
@@ -24,9 +24,15 @@ if TYPE_CHECKING:
 NOT_NULL_MARK = "rmq-lake NOT NULL violated by a null (or an empty partition string) in "
 
 
-def _check_partition_filter(
+def check_partition_filter(
     partition_filter: PartitionFilter | None, partition_by: Sequence[str], table_name: str
 ) -> None:
+    """Refuse a ``partition_filter`` that names a column outside ``partition_by`` or a value list
+    that is not a sequence.
+
+    Raises:
+        ValidationError: naming the column or its values.
+    """
     for column, values in (partition_filter or {}).items():
         if column not in partition_by:
             raise ValidationError(
@@ -39,9 +45,7 @@ def _check_partition_filter(
             raise ValidationError(f"partition_filter[{column!r}]", values, "not a list of values")
 
 
-def _partition_targets(
-    spec: TableSpec, partition_values: Sequence[PartitionValues] | None
-) -> list[dict[str, str | None]]:
+def partition_targets(spec: TableSpec, partition_values: Sequence[PartitionValues] | None) -> PartitionTargets:
     """``partition_values`` as Delta partition value strings, after checking them."""
     if not spec.partition_by:
         raise ValidationError("table", spec.name, "is not partitioned", "use overwrite instead")
@@ -123,7 +127,7 @@ def _not_null_guard(column: CatalogColumn, spec: TableSpec) -> Column:
     return F.when(bad, F.raise_error(F.lit(message))).otherwise(value).alias(column.name)
 
 
-def _not_null_violation(err: Exception) -> ValidationError | None:
+def not_null_violation(err: Exception) -> ValidationError | None:
     """The ValidationError for a write job failed by a NOT NULL guard, None for other errors."""
     found = re.search(re.escape(NOT_NULL_MARK) + r"([\w.]+)", str(err))
     if found is None:
@@ -149,7 +153,7 @@ def create_table(path: str, spec: TableSpec) -> None:
     )
 
 
-def _check_catalog_schema(spec: TableSpec, actual: StructType, path: str) -> None:
+def check_catalog_schema(spec: TableSpec, actual: StructType, path: str) -> None:
     """Raise LakeError unless ``actual`` has the catalog's column names and types (any order)."""
     expected = {f.name: f.dataType.simpleString() for f in spark_schema(spec).fields}
     found = {f.name: f.dataType.simpleString() for f in actual.fields}

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from deltalake.transaction import Transaction
 
-from jobs.lake.delta_log import PartitionFilter, WriteMode
+from jobs.lake.engine import PartitionFilter, PartitionTargets, WriteMode
 from schemas.catalog import TableSpec, spark_schema
 from schemas.errors import LakeError
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 
-class _DeltaSparkEngine:
+class DeltaSparkEngine:
     """Spark's own Delta data source; needs the Delta jars (not available on this machine)."""
 
     def __init__(self, spark: SparkSession) -> None:
@@ -62,7 +62,7 @@ class _DeltaSparkEngine:
         spec: TableSpec,
         df: DataFrame,
         mode: WriteMode,
-        targets: list[dict[str, str | None]] | None,
+        targets: PartitionTargets | None,
         txn: Transaction | None,
     ) -> int | None:
         """Write ``df``; None when Delta skipped it as an already committed ``txn``.
@@ -90,7 +90,7 @@ def _is_in(column: str, values: Sequence[Any]) -> Column:
     return condition | F.col(column).isNull() if len(present) < len(values) else condition
 
 
-def replace_where(spec: TableSpec, targets: list[dict[str, str | None]]) -> str:
+def replace_where(spec: TableSpec, targets: PartitionTargets) -> str:
     """The ``replaceWhere`` SQL predicate selecting the partitions ``targets`` of ``spec``."""
     types = {c.name: c.type for c in spec.columns}
     terms = [

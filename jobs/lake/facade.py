@@ -16,43 +16,36 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
-from broker_model.store import pack_small_files
-from jobs.lake.bridge import WrittenFiles, _BridgeEngine, commit_data_files, scan_files, write_data_files
+from broker_model.store import pack_small_files, read_change
+from jobs.lake.bridge import BridgeEngine, WrittenFiles, commit_data_files, scan_files, write_data_files
 from jobs.lake.conform import (
-    _check_catalog_schema,
-    _check_partition_filter,
-    _not_null_violation,
-    _partition_targets,
+    check_catalog_schema,
+    check_partition_filter,
     conform_to_catalog,
     create_table,
+    not_null_violation,
+    partition_targets,
 )
-from jobs.lake.delta_log import (
-    FileReader,
+from jobs.lake.delta_spark import DeltaSparkEngine
+from jobs.lake.driver_reads import FileReader, read_files, scan_chunks
+from jobs.lake.engine import LakeEngine, PartitionFilter, PartitionValues, WriteMode
+from jobs.lake.session import resolve_engine
+from jobs.lake.snapshots import (
     IncrementalReadError,
-    PartitionFilter,
-    PartitionValues,
-    WriteMode,
-    _active_files,
-    _active_files_of,
-    _already_committed,
-    _check_column_names,
-    _commit_actions,
-    _data_neutral,
-    _log_schema,
-    _prune,
-    _read_files,
-    _stat,
+    active_files,
+    add_actions,
+    already_committed,
     appended_files,
     check_bridge_can_read,
+    file_statistic,
     files_around,
     local_directory,
+    log_schema,
     open_table,
     ordered_files,
-    scan_chunks,
+    prune,
     table_version,
 )
-from jobs.lake.delta_spark import _DeltaSparkEngine
-from jobs.lake.session import resolve_engine
 from schemas.catalog import TableSpec, table
 from schemas.errors import LakeError, UnsupportedTableError, ValidationError
 
@@ -89,9 +82,7 @@ class Lake:
         self.spark = spark
         self.root = Path(root)
         self.engine = resolve_engine(spark, engine)
-        self._io: _BridgeEngine | _DeltaSparkEngine = (
-            _BridgeEngine(spark) if self.engine == "bridge" else _DeltaSparkEngine(spark)
-        )
+        self._io: LakeEngine = BridgeEngine(spark) if self.engine == "bridge" else DeltaSparkEngine(spark)
         # the appended files of version ranges already planned: committed versions never change
         self._appended_ranges: dict[tuple[str, int, int], tuple[str, DeltaTable, pa.Table]] = {}
 
@@ -118,9 +109,9 @@ class Lake:
             UnsupportedTableError: the bridge cannot read the table (see the module docstring).
         """
         spec = _spec(name_or_spec)
-        _check_partition_filter(partition_filter, spec.partition_by, spec.name)
+        check_partition_filter(partition_filter, spec.partition_by, spec.name)
         df = self.read_path(self.location(spec), version, partition_filter)
-        _check_catalog_schema(spec, df.schema, str(self.location(spec)))
+        check_catalog_schema(spec, df.schema, str(self.location(spec)))
         return df.select(*spec.column_names)
 
     def read_path(
@@ -210,7 +201,7 @@ class Lake:
         if not DeltaTable.is_deltatable(path):
             return spec.arrow_schema.empty_table().select(names)
         dt = open_table(path, version)  # the process's snapshot of that version
-        _check_catalog_schema(spec, _log_schema(dt), path)
+        check_catalog_schema(spec, log_schema(dt), path)
         return dt.to_pyarrow_table(columns=names, filters=list(filters) if filters else None)
 
     def schema(self, name_or_spec: str | TableSpec) -> pa.Schema | None:
@@ -229,7 +220,7 @@ class Lake:
         path = str(self.location(name_or_spec))
         if not DeltaTable.is_deltatable(path):
             return None
-        actions = pa.table(open_table(path, version).get_add_actions(flatten=True))
+        actions = add_actions(open_table(path, version))
         name = f"max.{column}"
         if not actions.num_rows or name not in actions.column_names:
             return None
@@ -250,7 +241,7 @@ class Lake:
         path = str(self.location(spec))
         if not DeltaTable.is_deltatable(path):
             return 0
-        actions = pa.table(open_table(path, version).get_add_actions(flatten=True))
+        actions = add_actions(open_table(path, version))
         if not actions.num_rows:
             return 0
         records = actions.column("num_records") if "num_records" in actions.column_names else None
@@ -337,8 +328,8 @@ class Lake:
         if not DeltaTable.is_deltatable(path):
             create_table(path, spec)
         dt = open_table(path)
-        _check_catalog_schema(spec, _log_schema(dt), path)
-        if txn is not None and _already_committed(dt, txn):
+        check_catalog_schema(spec, log_schema(dt), path)
+        if txn is not None and already_committed(dt, txn):
             return None
         properties = CommitProperties(app_transactions=[txn]) if txn is not None else None
         if mode == "overwrite":
@@ -390,7 +381,7 @@ class Lake:
     ) -> DataFrame:
         """The rows that the commits after ``after_version`` (up to ``up_to_version``) added.
 
-        Reads the commit files ``_delta_log/<v>.json`` of versions ``after_version + 1`` to
+        Reads the commit files of versions ``after_version + 1`` to
         ``up_to_version`` (default: the latest) and scans exactly the data files they added with
         ``dataChange=true``, whatever the engine (the files are read as Parquet, with the partition
         values of the log). Files added with ``dataChange=false`` (compaction) hold rows that were
@@ -405,8 +396,8 @@ class Lake:
         """
         spec = _spec(name_or_spec)
         table_dir, dt, files = self._appended(spec, after_version, up_to_version)
-        df = scan_files(self.spark, table_dir, _log_schema(dt), spec.partition_by, files)
-        _check_catalog_schema(spec, df.schema, table_dir)
+        df = scan_files(self.spark, table_dir, log_schema(dt), spec.partition_by, files)
+        check_catalog_schema(spec, df.schema, table_dir)
         return df.select(*spec.column_names)
 
     def same_data(self, name_or_spec: str | TableSpec, version: int, later: int) -> bool:
@@ -420,12 +411,8 @@ class Lake:
         if later < version:
             return False
         table_dir = local_directory(self.location(_spec(name_or_spec)))
-        try:
-            return all(
-                _data_neutral(action) for v in range(version + 1, later + 1) for action in _commit_actions(table_dir, v)
-            )
-        except IncrementalReadError:
-            return False
+        changes = (read_change(table_dir, v) for v in range(version + 1, later + 1))
+        return all(change is not None and change.data_neutral for change in changes)
 
     def appended_size(self, name_or_spec: str | TableSpec, after_version: int, up_to_version: int | None = None) -> int:
         """Bytes of the data files :meth:`read_appended` reads (their sizes in the log), to decide
@@ -446,14 +433,14 @@ class Lake:
         :data:`SHARED_APPEND_BYTES` is read whole once and kept for the next call on the same
         range and files, from any ``Lake`` of the process. Errors as :meth:`read_appended`."""
         spec = _spec(name_or_spec)
-        _check_column_names(spec, "columns", columns)
+        check_column_names(spec, "columns", columns)
         table_dir, dt, files = self._appended(spec, after_version, up_to_version)
         if int(pc.sum(files.column("size_bytes")).as_py() or 0) > SHARED_APPEND_BYTES:
-            return _read_files(table_dir, files, spec, columns)
+            return read_files(table_dir, files, spec, columns)
         key = (after_version, dt.version(), tuple(files.column("path").to_pylist()))  # a new table: new names
         shared = _RECENT_APPENDS.get(table_dir)
         if shared is None or shared[0] != key:
-            shared = key, _read_files(table_dir, files, spec, spec.column_names)
+            shared = key, read_files(table_dir, files, spec, spec.column_names)
             _RECENT_APPENDS.pop(table_dir, None)
             _RECENT_APPENDS[table_dir] = shared
             while len(_RECENT_APPENDS) > SHARED_APPEND_TABLES:
@@ -480,13 +467,13 @@ class Lake:
         per column and file: data columns from the Parquet dictionary pages as stored (no string
         is decoded), partition columns as a one-value dictionary. For grouping by few values."""
         spec = _spec(name_or_spec)
-        _check_partition_filter(partition_filter, spec.partition_by, spec.name)
-        _check_column_names(spec, "equal", list(equal or {}), spec.data_columns)
+        check_partition_filter(partition_filter, spec.partition_by, spec.name)
+        check_column_names(spec, "equal", list(equal or {}), spec.data_columns)
         opened = self._open_for_driver(spec, version, columns, dictionaries)
         if opened is None:
             return iter(())
         table_dir, dt = opened
-        files = _prune(_active_files(dt, spec.partition_by), partition_filter)
+        files = prune(active_files(add_actions(dt), spec.partition_by), partition_filter)
         return map(FileReader(table_dir, files, spec, columns, equal, dictionaries), range(files.num_rows))
 
     def iter_row_chunks(
@@ -511,13 +498,13 @@ class Lake:
         if chunk_rows < 1:
             raise ValidationError("chunk_rows", chunk_rows, "must be at least 1")
         if order_by is not None:
-            _check_column_names(spec, "order_by", [order_by], spec.data_columns)
-        _check_partition_filter(partition_filter, list(spec.partition_by), spec.name)
+            check_column_names(spec, "order_by", [order_by], spec.data_columns)
+        check_partition_filter(partition_filter, list(spec.partition_by), spec.name)
         opened = self._open_for_driver(spec, version, columns, dictionaries)
         if opened is None:
             return iter(())
         table_dir, dt = opened
-        files = _prune(ordered_files(dt, spec, order_by), partition_filter)
+        files = prune(ordered_files(dt, spec, order_by), partition_filter)
         return scan_chunks(table_dir, files, spec, columns, dictionaries, chunk_rows)
 
     def _open_for_driver(
@@ -532,8 +519,8 @@ class Lake:
             UnsupportedTableError: the table uses features the bridge cannot read.
         """
         _check_version(version)
-        _check_column_names(spec, "columns", columns)
-        _check_column_names(spec, "dictionaries", dictionaries, list(columns))
+        check_column_names(spec, "columns", columns)
+        check_column_names(spec, "dictionaries", dictionaries, list(columns))
         strings = [c for c in dictionaries if spec.arrow_schema.field(c).type != pa.string()]
         if strings:
             raise ValidationError("dictionaries", strings, "are not string columns", "name string columns only")
@@ -555,21 +542,21 @@ class Lake:
         _check_version(version)
         if by not in spec.partition_by:
             raise ValidationError("by", by, f"not a partition column of {spec.name!r}", f"use {spec.partition_by}")
-        _check_column_names(spec, "columns", [*columns, column])
+        check_column_names(spec, "columns", [*columns, column])
         table_dir = local_directory(self.location(spec))
         dt = open_table(table_dir, version)
         check_bridge_can_read(dt, table_dir)
-        actions = pa.table(dt.get_add_actions(flatten=True))
+        actions = add_actions(dt)
         if actions.num_rows == 0:
             return pa.schema([spec.arrow_schema.field(c) for c in columns]).empty_table()
-        values, highs = actions.column(f"partition.{by}").to_pylist(), _stat(actions, f"max.{column}")
+        values, highs = actions.column(f"partition.{by}").to_pylist(), file_statistic(actions, f"max.{column}")
         best: dict[Any, Any] = {}
         for value, high in zip(values, highs, strict=True):
             if high is not None and (value not in best or high > best[value]):
                 best[value] = high
         keep = [high is None or high == best.get(value) for value, high in zip(values, highs, strict=True)]
-        files = _active_files_of(actions.filter(pa.array(keep, pa.bool_())), spec.partition_by)
-        rows = _read_files(table_dir, files, spec, list(dict.fromkeys([*columns, column, by])))
+        files = active_files(actions.filter(pa.array(keep, pa.bool_())), spec.partition_by)
+        rows = read_files(table_dir, files, spec, list(dict.fromkeys([*columns, column, by])))
         if rows.num_rows == 0:
             return rows.select(list(columns))
         # the greatest value of each partition value among the rows read
@@ -633,9 +620,9 @@ class Lake:
         except LakeError as err:
             raise IncrementalReadError(str(err)) from err
         check_bridge_can_read(dt, table_dir)
-        files = files_around(pa.table(dt.get_add_actions(flatten=True)), column, bounds, by, spec.partition_by)
-        df = scan_files(self.spark, table_dir, _log_schema(dt), spec.partition_by, files)
-        _check_catalog_schema(spec, df.schema, table_dir)
+        files = files_around(add_actions(dt), column, bounds, by, spec.partition_by)
+        df = scan_files(self.spark, table_dir, log_schema(dt), spec.partition_by, files)
+        check_catalog_schema(spec, df.schema, table_dir)
         return df.select(*spec.column_names)
 
     def _write(
@@ -649,16 +636,16 @@ class Lake:
     ) -> int | None:
         spec = _spec(name_or_spec)
         txn = _transaction(app_id, app_version)
-        targets = _partition_targets(spec, partition_values) if mode == "partitions" else None
+        targets = partition_targets(spec, partition_values) if mode == "partitions" else None
         conformed_df = conform_to_catalog(df, spec)
         path = str(self.location(spec))
         if not self._io.exists(path):
             self._io.create(path, spec)
-        _check_catalog_schema(spec, self._io.schema(path), path)
+        check_catalog_schema(spec, self._io.schema(path), path)
         try:
             return self._io.write(path, spec, conformed_df, mode, targets, txn)
         except Exception as err:
-            violation = _not_null_violation(err)
+            violation = not_null_violation(err)
             if violation is None:
                 raise
             raise violation from err
@@ -671,6 +658,20 @@ class Lake:
 
 def _spec(name_or_spec: str | TableSpec) -> TableSpec:
     return name_or_spec if isinstance(name_or_spec, TableSpec) else table(name_or_spec)
+
+
+def check_column_names(
+    spec: TableSpec, option: str, columns: Sequence[str], allowed: Sequence[str] | None = None
+) -> None:
+    """Refuse ``columns`` that are not among ``allowed`` (default: every column of ``spec``).
+
+    Raises:
+        ValidationError: naming ``option`` and the unknown columns.
+    """
+    allowed = spec.column_names if allowed is None else allowed
+    unknown = [c for c in columns if c not in allowed]
+    if unknown:
+        raise ValidationError(option, unknown, f"not columns of {spec.name!r} here", f"use {list(allowed)}")
 
 
 def _check_version(version: int | None) -> None:

@@ -26,10 +26,10 @@ from jobs.extract import DRIVER_INCREMENT_BYTES
 from jobs.lake import IncrementalReadError, Lake, build_session
 from jobs.log_chains import CHAIN_COLUMNS, Chains, segment_sizes
 from jobs.rebuild_consume_queue.driver import DRIVER_COLUMNS, Declined, consume_queue_rows, has_record_problem
-from jobs.rebuild_consume_queue.tails import _START_COLUMNS, QueueStart, Tails, queue_starts
+from jobs.rebuild_consume_queue.tails import START_COLUMNS, QueueStart, Tails, queue_starts
 from jobs.rebuild_consume_queue.transforms import (
-    _QUEUE_PARTITION,
     PROBLEMS,
+    QUEUE_PARTITION,
     build_checked_records,
     build_continuity_findings,
     build_findings,
@@ -303,7 +303,7 @@ def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[Rebu
     sizes = segment_sizes(lake.read_rows(BROKERS))
     on_driver = 0 < driver_bytes and lake.appended_size(COMMITLOG, processed, plan.target) <= driver_bytes
     new_rows = lake.read_appended_rows(
-        COMMITLOG, DRIVER_COLUMNS if on_driver else _START_COLUMNS, processed, plan.target
+        COMMITLOG, DRIVER_COLUMNS if on_driver else START_COLUMNS, processed, plan.target
     )
     if on_driver:
         done = _driver_increment(lake, plan, new_rows, old_tails, sizes)
@@ -467,7 +467,7 @@ def _rebuild(
     cq_rows_df = select_consume_queue(coded_df)
     write = lake.overwrite if plan.mode == "full" else lake.append
     written = write(
-        CONSUME_QUEUE, cq_rows_df.sortWithinPartitions(*_QUEUE_PARTITION, "queue_offset"), APP_ID, plan.target
+        CONSUME_QUEUE, cq_rows_df.sortWithinPartitions(*QUEUE_PARTITION, "queue_offset"), APP_ID, plan.target
     )
     # a full run whose consume-queue rows were committed by a run that stopped has no observation: check every record
     problems = written is None or bool(records.get["failed"])

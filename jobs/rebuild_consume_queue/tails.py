@@ -135,11 +135,11 @@ class QueueStart:
     first_cq_row: int | None
 
 
-_START_COLUMNS = (*CHAIN_COLUMNS, "tags")
+START_COLUMNS = (*CHAIN_COLUMNS, "tags")
 
 
 def queue_starts(rows: pa.Table) -> list[QueueStart]:
-    """The :class:`QueueStart` of every queue of commit log ``rows`` (:data:`_START_COLUMNS`, an
+    """The :class:`QueueStart` of every queue of commit log ``rows`` (:data:`START_COLUMNS`, an
     Arrow table read on the driver: the new rows of an incremental run are few, and their starts
     decide what the Spark work reads). Consume-queue rows are the dispatched records (:func:`is_dispatched`)."""
     cq_rows = pc.if_else(dispatched_mask(rows["sys_flag"]), rows["queue_offset"], pa.scalar(None, pa.int64()))

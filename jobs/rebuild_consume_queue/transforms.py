@@ -32,7 +32,7 @@ PROBLEMS = (
 
 # consume-queue rows are shuffled by queue with the topic first: they then come out sorted by topic, the
 # partition column of consume_queue, and the write needs no sort of its own
-_QUEUE_PARTITION = ("topic", "broker_name", "queue_id")
+QUEUE_PARTITION = ("topic", "broker_name", "queue_id")
 
 
 CHECKED_COLUMNS = (
@@ -254,12 +254,12 @@ def with_queue_order(cq_rows_df: DataFrame, context_df: DataFrame | None = None)
     rows_df = cq_rows_df.withColumn("_new", F.lit(True))
     if context_df is not None:
         rows_df = rows_df.unionByName(_as_context_cq_rows(context_df, rows_df.schema))
-    window = Window.partitionBy(*_QUEUE_PARTITION).orderBy("queue_offset", "commit_log_offset", "_new")
+    window = Window.partitionBy(*QUEUE_PARTITION).orderBy("queue_offset", "commit_log_offset", "_new")
     priors = {
         f"_prior_{n}": F.lag(c_).over(window)
         for n, c_ in (("offset", "queue_offset"), ("log_offset", "commit_log_offset"), ("new", "_new"))
     }
-    return rows_df.repartition(*_QUEUE_PARTITION).withColumns(priors)
+    return rows_df.repartition(*QUEUE_PARTITION).withColumns(priors)
 
 
 def _as_context_cq_rows(context_df: DataFrame, schema: StructType) -> DataFrame:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,14 +63,14 @@ MAX_PARTITIONS = 256  # one Spark partition per source queue, up to this many
 SOURCES = ("queues", "backlog", "dlq")
 
 
-_BATCH_DIR = "replay_batch_dir"  # the staging directory key of a batch's files (a copy of replay_batch)
+BATCH_DIR_KEY = "replay_batch_dir"  # the staging directory key of a batch's files (a copy of replay_batch)
 
 
 _REPLAY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 # a replayed message is delivered now, as a plain message: no delay, no transaction markers
-_DROPPED_PROPERTIES = (
+DROPPED_PROPERTIES = (
     c.PROPERTY_DELAY_TIME_LEVEL,
     c.PROPERTY_REAL_TOPIC,
     c.PROPERTY_REAL_QUEUE_ID,
@@ -79,7 +78,7 @@ _DROPPED_PROPERTIES = (
 )
 
 
-_KEPT_SYS_FLAG = c.COMPRESSED_FLAG | c.COMPRESSION_TYPE_MASK | c.MULTI_TAGS_FLAG
+KEPT_SYS_FLAG = c.COMPRESSED_FLAG | c.COMPRESSION_TYPE_MASK | c.MULTI_TAGS_FLAG
 
 
 # the commit log columns a Delta sink row carries, besides its source coordinates
@@ -279,10 +278,6 @@ def parse_topic(text: str) -> TopicQueues:
         return TopicQueues(topic, tuple(sorted({int(part) for part in ids.split(",")})))
     except ValueError:
         raise ValidationError("--topic", text, "queue ids are not integers", "write e.g. Orders:0,1") from None
-
-
-def _now() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,7 +26,7 @@ from broker_model.store import MessageExt
 from jobs.replay.config import REPLAYED_COLUMNS
 from jobs.replay.plan import batch_count, plan_ranges, progress_after
 from jobs.replay.progress import write_progress
-from jobs.replay.report import _REPLAYED_TYPES
+from jobs.replay.report import REPLAYED_TYPES
 from jobs.replay.source import build_source_rows
 from jobs.replay.state import ReplayOutcome, ReplayRun, expected_rows, finish_report, ranges_df, start_replay
 from jobs.runs import JobRun
@@ -183,7 +183,7 @@ def replay_to_handler(state: ReplayRun, job_run: JobRun, handler: ReplayHandler)
         [
             pa.array(column, kind)
             for column, kind in zip(
-                zip(*delivered, strict=True) if delivered else [[]] * 6, _REPLAYED_TYPES, strict=True
+                zip(*delivered, strict=True) if delivered else [[]] * 6, REPLAYED_TYPES, strict=True
             )
         ],
         names=list(REPLAYED_COLUMNS),

@@ -19,20 +19,21 @@ from pyspark.sql import functions as F
 
 from broker_model.common import (
     QUEUE_KEY,
+    now_ms,
 )
 from broker_model.common import constants as c
 from jobs.cli import run_spark_job
 from jobs.lake import (
     Lake,
 )
-from jobs.replay.config import JOB, SOURCE_SEPARATOR, ReplayConfig, _now, build_config, sink_spec
+from jobs.replay.config import JOB, SOURCE_SEPARATOR, ReplayConfig, build_config, sink_spec
 from jobs.replay.handler import ReplayHandler, load_handler, replay_to_handler
 from jobs.replay.progress import ReplayLock, read_progress
 from jobs.replay.report import format_report
 from jobs.replay.source import (
-    _BOUNDS,
+    BOUND_COLUMNS,
     SUMMARY_COLUMNS,
-    _bound_aggregates,
+    bound_aggregates,
     build_backlog_starts,
     build_dlq_selection,
     filter_source_records,
@@ -150,9 +151,9 @@ def _prepare(lake: Lake, config: ReplayConfig) -> ReplayRun:
         records_df = records_df.where(F.col("topic").startswith(c.DLQ_GROUP_TOPIC_PREFIX))
         positions_df = selection_df.withColumn("store_timestamp", F.lit(0).cast("long"))
         summary_df = positions_df.groupBy(*QUEUE_KEY).agg(
-            *_bound_aggregates(config.from_time, config.to_time), F.collect_list("queue_offset").alias("offsets")
+            *bound_aggregates(config.from_time, config.to_time), F.collect_list("queue_offset").alias("offsets")
         )
-        summary = summary_df.select(*QUEUE_KEY, *_BOUNDS, "offsets").toArrow()
+        summary = summary_df.select(*QUEUE_KEY, *BOUND_COLUMNS, "offsets").toArrow()
     else:
         # the source summarized per file and queue on the driver, from the narrow columns (bounds,
         # and the offsets the report expects): no Spark job before the write
@@ -164,7 +165,7 @@ def _prepare(lake: Lake, config: ReplayConfig) -> ReplayRun:
     if config.source == "backlog":
         if not lake.exists(CONSUMER_OFFSET_COMMITS):
             raise ValidationError("--group", config.group, "the lake has no consumer_offset_commits table")
-        starts_df = build_backlog_starts(lake.read(CONSUMER_OFFSET_COMMITS), config.group or "", _now())
+        starts_df = build_backlog_starts(lake.read(CONSUMER_OFFSET_COMMITS), config.group or "", now_ms())
         starts = {(r["broker_name"], r["topic"], r["queue_id"]): r["committed"] for r in starts_df.collect()}
         bounds = [replace(b, committed=starts[b.key]) for b in bounds if b.key in starts]
     progress = read_progress(lake, config.replay_id)

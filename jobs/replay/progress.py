@@ -12,12 +12,12 @@ import pyarrow as pa
 from broker_model.common import (
     QUEUE_KEY,
     QueueKey,
+    now_ms,
 )
 from broker_model.store import LakeLock
 from jobs.lake import (
     Lake,
 )
-from jobs.replay.config import _now
 from jobs.replay.plan import Progress
 from schemas.catalog import (
     REPLAY_PROGRESS,
@@ -75,7 +75,7 @@ def write_progress(lake: Lake, replay_id: str, last_offsets: Mapping[QueueKey, i
         "topic": [k[1] for k in keys],
         "queue_id": [k[2] for k in keys],
         "last_offset": [last_offsets[k] for k in keys],
-        "updated_timestamp": [_now()] * len(keys),
+        "updated_timestamp": [now_ms()] * len(keys),
     }
     # a few rows per batch: appended from the driver, so that a batch's progress costs a commit, not a Spark job
     lake.append_rows(REPLAY_PROGRESS, pa.table(columns, schema=REPLAY_PROGRESS.arrow_schema))

@@ -147,7 +147,7 @@ def _report_row(key: QueueKey, replay_order: np.ndarray, source: np.ndarray) -> 
     }
 
 
-_REPLAYED_TYPES = (pa.string(), pa.string(), pa.int32(), pa.int64(), pa.int64(), pa.int64())  # of REPLAYED_COLUMNS
+REPLAYED_TYPES = (pa.string(), pa.string(), pa.int32(), pa.int64(), pa.int64(), pa.int64())  # of REPLAYED_COLUMNS
 
 
 def read_replayed_from_sink(lake: Lake, spec: TableSpec, replay_id: str) -> Iterator[pa.Table]:

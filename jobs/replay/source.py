@@ -40,10 +40,10 @@ def filter_source_records(commitlog_df: DataFrame, topics: Sequence[TopicQueues]
     return dispatched.where(wanted)
 
 
-_BOUNDS = ("min_offset", "max_offset", "time_start", "time_end")
+BOUND_COLUMNS = ("min_offset", "max_offset", "time_start", "time_end")
 
 
-def _bound_aggregates(from_time: int | None, to_time: int | None) -> list[Column]:
+def bound_aggregates(from_time: int | None, to_time: int | None) -> list[Column]:
     def first_at(moment: int | None) -> Column:
         if moment is None:
             return F.lit(None).cast("long")
@@ -201,7 +201,7 @@ def _source_mask(rows: pa.Table, topics: Sequence[TopicQueues]) -> pa.ChunkedArr
 def merge_queue_bounds(summary: pa.Table) -> list[QueueBounds]:
     """The bounds of each queue of ``summary`` (rows of :func:`summarize_source`, several per
     queue), sorted by queue; nulls are skipped, as Spark's ``min`` skips them."""
-    aggregates = [(n, "max" if n == "max_offset" else "min") for n in _BOUNDS]
+    aggregates = [(n, "max" if n == "max_offset" else "min") for n in BOUND_COLUMNS]
     merged = summary.group_by(list(QUEUE_KEY), use_threads=False).aggregate(aggregates)
     rows = merged.to_pylist()
     bounds = [

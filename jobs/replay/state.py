@@ -13,11 +13,12 @@ from pyspark.sql import DataFrame, SparkSession
 from broker_model.common import (
     QUEUE_KEY,
     QueueKey,
+    now_ms,
 )
 from jobs.lake import (
     Lake,
 )
-from jobs.replay.config import ReplayConfig, _now
+from jobs.replay.config import ReplayConfig
 from jobs.replay.plan import Progress, QueueBounds, QueueRange
 from jobs.replay.progress import write_progress
 from jobs.replay.report import build_ordering_report
@@ -91,7 +92,7 @@ def finish_report(
     """Compute the ordering report and append it to ``replay_report`` from the driver (one commit)."""
     config = state.config
     outcome.report = build_ordering_report(
-        replayed, expected, config.replay_id, job_run.run_id, config.sink_label, _now()
+        replayed, expected, config.replay_id, job_run.run_id, config.sink_label, now_ms()
     )
     if outcome.report:
         state.lake.append_rows(REPLAY_REPORT, pa.Table.from_pylist(outcome.report, REPLAY_REPORT.arrow_schema))

@@ -21,7 +21,7 @@ from jobs.lake import (
     WrittenFiles,
     conform_to_catalog,
 )
-from jobs.replay.config import _BATCH_DIR, MAX_PARTITIONS, ReplayConfig, sink_spec
+from jobs.replay.config import BATCH_DIR_KEY, MAX_PARTITIONS, ReplayConfig, sink_spec
 from jobs.replay.plan import QueueRange, batch_count, plan_ranges, progress_after
 from jobs.replay.progress import write_progress
 from jobs.replay.report import build_replayed_from_sink, read_replayed_from_sink
@@ -80,11 +80,11 @@ def _write_batches_bridge(
     # a guard rewrites replay_batch, and the writer would then sort the rows by batch again, unstably.
     # Every sink column is a literal or a NOT NULL commit log column. The staging key is replay_batch
     # itself, the first key of the sort, so the writer keeps the order as it is.
-    staged_df = sink_df.select(*spec.column_names, F.col("replay_batch").alias(_BATCH_DIR))
-    written = lake.stage_files(spec, staged_df, _BATCH_DIR)
+    staged_df = sink_df.select(*spec.column_names, F.col("replay_batch").alias(BATCH_DIR_KEY))
+    written = lake.stage_files(spec, staged_df, BATCH_DIR_KEY)
     by_batch: dict[int, list[WrittenFile]] = {}
     for file in written.files:
-        batch = int(file.partition_values[_BATCH_DIR] or 0)
+        batch = int(file.partition_values[BATCH_DIR_KEY] or 0)
         by_batch.setdefault(batch, []).append(replace(file, partition_values={}))
     rows = 0
     try:

@@ -14,8 +14,8 @@ from broker_model.common import (
     QueueKey,
 )
 from jobs.replay.config import (
-    _DROPPED_PROPERTIES,
-    _KEPT_SYS_FLAG,
+    DROPPED_PROPERTIES,
+    KEPT_SYS_FLAG,
     REPLAY_ID_PROPERTY,
     REPLAY_SOURCE_PROPERTY,
     TAIL_SCAN_MARGIN_MS,
@@ -131,7 +131,7 @@ def target_message(
 ) -> InnerMessage:
     """The message a broker sink stores for a source row: stored body, flag and compression bits,
     properties without delay and transaction markers plus ``REPLAY_ID`` and ``REPLAY_SOURCE``."""
-    properties = {k: v for k, v in (row["properties"] or {}).items() if k not in _DROPPED_PROPERTIES}
+    properties = {k: v for k, v in (row["properties"] or {}).items() if k not in DROPPED_PROPERTIES}
     key = (row["broker_name"], row["topic"], row["queue_id"])
     properties[REPLAY_ID_PROPERTY] = replay_id
     properties[REPLAY_SOURCE_PROPERTY] = format_source(key, row["queue_offset"])
@@ -146,7 +146,7 @@ def target_message(
         body=bytes(row["body"]),
         properties=properties,
         flag=row["flag"],
-        sys_flag=row["sys_flag"] & _KEPT_SYS_FLAG,
+        sys_flag=row["sys_flag"] & KEPT_SYS_FLAG,
         born_timestamp=row["born_timestamp"],
         born_host=row["born_host"],
     )

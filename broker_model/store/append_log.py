@@ -1,8 +1,9 @@
-"""Delta tables on the broker side: creation through delta-rs, and a fast append-only committer.
+"""The broker's append path into a Delta table: Parquet files written by the broker itself and one
+atomic JSON commit each.
 
 The broker's send path commits many small appends. delta-rs re-derives its snapshot on every
-write, which costs 10-30 ms and grows with the log; :class:`AppendLog` instead writes the Parquet
-files itself and commits them with one JSON log entry, created atomically with put-if-absent
+write, which costs 10-30 ms and grows with the Delta log; :class:`AppendLog` instead writes the
+Parquet files itself and commits them with one commit file, created atomically with put-if-absent
 (``os.link``), exactly as the Delta protocol requires of a writer. Reading, checkpoints, overwrites
 and idempotent job commits stay with delta-rs and Spark.
 
@@ -21,116 +22,21 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake import DeltaTable
 
+from broker_model.store.delta_commits import commit_path, latest_version, log_dir, read_change
 from schemas.catalog import PLAIN_ENCODED_COLUMNS, TableSpec
 from schemas.errors import LakeError, UnsupportedTableError
 
-_LOG_DIR = "_delta_log"
 # Writer features an append honours trivially (no invariants or constraints are ever declared).
 _SUPPORTED_WRITER_FEATURES = frozenset({"appendOnly", "invariants"})
 _STATS_TYPES = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
 _MAX_STATS_STRING = 32  # Delta truncates string stats at 32 chars; longer values get no stats
-
-
-def ensure_table(lake_root: str | Path, spec: TableSpec) -> Path:
-    """Create ``spec``'s table under ``lake_root`` unless it exists; return its path.
-
-    Safe against a concurrent creator: losing the race is not an error.
-    """
-    path = spec.location(lake_root)
-    if (path / _LOG_DIR).is_dir() and any((path / _LOG_DIR).glob("*.json")):
-        return path
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        DeltaTable.create(
-            str(path),
-            schema=spec.arrow_schema,
-            partition_by=list(spec.partition_by) or None,
-            mode="ignore",
-            name=spec.name,
-        )
-    except Exception as exc:  # a concurrent creator won: fine if the table is there now
-        if not DeltaTable.is_deltatable(str(path)):
-            raise LakeError(f"cannot create table {spec.name} at {path}: {exc}") from exc
-    return path
-
-
-def read_table(
-    lake_root: str | Path,
-    spec: TableSpec,
-    columns: list[str] | None = None,
-    partitions: list[tuple[str, str, Any]] | None = None,
-) -> pa.Table:
-    """Read ``spec``'s table (latest version) with delta-rs; an absent table reads as empty."""
-    path = spec.location(lake_root)
-    try:
-        table = DeltaTable(str(path))
-    except TableNotFoundError:
-        schema = spec.arrow_schema
-        return schema.empty_table().select(columns) if columns else schema.empty_table()
-    return table.to_pyarrow_table(filters=partitions, columns=columns)
-
-
-def append_rows(lake_root: str | Path, spec: TableSpec, rows: pa.Table) -> None:
-    """Append a small table of rows with delta-rs (for rare writes such as configuration), then
-    pack the table's small files when they have piled up (:func:`pack_small_files`)."""
-    path = ensure_table(lake_root, spec)
-    write_deltalake(
-        str(path),
-        rows.select(spec.column_names).cast(spec.arrow_schema),
-        mode="append",
-        partition_by=list(spec.partition_by) or None,
-    )
-    pack_small_files(path)
-
-
-# Files of one partition of a table written a few rows at a time (configuration, run records)
-# beyond which they are packed: every reader opens each file, so a table appended to once per
-# run or restart would otherwise cost its readers more every day.
-SMALL_TABLE_FILES = 16
-SMALL_FILE_BYTES = 8 << 20  # files below this size are packed, into files of about this size
-
-
-def pack_small_files(
-    path: str | Path, snapshot: DeltaTable | None = None, appended: int = 0, files_up_to: int | None = None
-) -> int | None:
-    """Pack the small files (below :data:`SMALL_FILE_BYTES`) of the table at ``path`` with
-    delta-rs's compaction when a partition holds more than :data:`SMALL_TABLE_FILES` of them in
-    ``snapshot`` (default: the table at ``files_up_to``) plus ``appended`` small files committed
-    after it: one commit that rewrites them and changes no row (``dataChange`` false, so
-    incremental readers skip it), and a checkpoint of it. With ``files_up_to``, only files active
-    at that version are packed: the files appended after it stay as they are, for a reader that
-    reads the table's appends from that version on. The version committed; None when no partition
-    has that many files, or when a concurrent writer's commit conflicts (the next append tries
-    again). ``snapshot`` is only read."""
-    counted = snapshot if snapshot is not None else DeltaTable(str(path), version=files_up_to)
-    actions = pa.table(counted.get_add_actions(flatten=True))
-    if actions.num_rows + appended > SMALL_TABLE_FILES:
-        actions = actions.filter(pc.less(actions.column("size_bytes"), SMALL_FILE_BYTES))
-    if actions.num_rows + appended <= SMALL_TABLE_FILES:
-        return None
-    keys = [name for name in actions.column_names if name.startswith("partition.")]
-    counts = actions.group_by(keys).aggregate([("path", "count")]) if keys and actions.num_rows else None
-    most = pc.max(counts.column("path_count")).as_py() if counts is not None else actions.num_rows
-    if most + appended <= SMALL_TABLE_FILES:
-        return None
-    # compaction moves the table it runs on to its new version: never a snapshot shared by readers
-    table = counted if snapshot is None else DeltaTable(str(path), version=files_up_to)
-    try:
-        table.optimize.compact(target_size=SMALL_FILE_BYTES)
-        # a checkpoint of the packed version: loading the table then replays at most the commits
-        # of the next packing period, not up to Delta's checkpoint interval of 100
-        table.create_checkpoint()
-    except DeltaError:
-        return None
-    return table.version()
 
 
 @dataclass(frozen=True)
@@ -171,7 +77,7 @@ class AppendLog:
         self.spec = spec
         self.fsync = fsync
         self.checkpoint_interval = checkpoint_interval
-        self._log = self.path / _LOG_DIR
+        self._log = log_dir(self.path)
         self._check_protocol()
         self._next_version = self._latest_version() + 1
         self._checkpointer: threading.Thread | None = None
@@ -194,7 +100,7 @@ class AppendLog:
         return adds
 
     def _write_file(self, data: pa.Table, partition_values: dict[str, str | None]) -> AddFile:
-        directory = "/".join(f"{k}={_escape_path_value(v)}" for k, v in partition_values.items())
+        directory = "/".join(f"{k}={escape_partition_value(v)}" for k, v in partition_values.items())
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         relative = f"{directory}/{name}" if directory else name
         target = self.path / relative
@@ -260,7 +166,7 @@ class AppendLog:
                 os.fsync(handle.fileno())
         try:
             while True:
-                target = self._log / f"{self._next_version:020d}.json"
+                target = commit_path(self.path, self._next_version)
                 try:
                     os.link(temp, target)
                 except FileExistsError:
@@ -281,14 +187,11 @@ class AppendLog:
         the cost follows the commits taken meanwhile, not the length of the log.
         """
         while True:
-            try:
-                text = (self._log / f"{self._next_version:020d}.json").read_text(encoding="utf-8")
-            except FileNotFoundError:
+            change = read_change(self.path, self._next_version)
+            if change is None:
                 return
-            for line in text.splitlines():
-                action = json.loads(line) if line.strip() else {}
-                if "protocol" in action or "metaData" in action:
-                    self._check_protocol()
+            if change.protocol_changed or change.metadata_changed:
+                self._check_protocol()
             self._next_version += 1
 
     def _resync_if_cleaned_up(self) -> None:
@@ -300,15 +203,15 @@ class AppendLog:
         before the next is gone, the next one is taken from the log's newest commit instead, and the
         protocol checked again (the commits in between cannot be read).
         """
-        if self._next_version > 0 and not (self._log / f"{self._next_version - 1:020d}.json").exists():
+        if self._next_version > 0 and not commit_path(self.path, self._next_version - 1).exists():
             self._next_version = self._latest_version() + 1
             self._check_protocol()
 
     def _latest_version(self) -> int:
-        versions = [int(p.name[:20]) for p in self._log.glob("*.json") if p.name[:20].isdigit()]
-        if not versions:
+        version = latest_version(self.path)
+        if version < 0:
             raise LakeError(f"{self.path} is not a Delta table: no commits in {self._log}")
-        return max(versions)
+        return version
 
     def _check_protocol(self) -> None:
         protocol = DeltaTable(str(self.path)).protocol()
@@ -339,86 +242,6 @@ class AppendLog:
         """Block until a running background checkpoint finishes (for clean shutdown)."""
         if self._checkpointer is not None:
             self._checkpointer.join()
-
-
-@dataclass(frozen=True)
-class LogChange:
-    """What one commit did to data (paths table-relative, decoded): files added with new rows
-    (``dataChange`` adds), files a rewrite added (``dataChange=false`` adds: the same rows moved,
-    as compaction does), every file removed, and whether a removal took rows away
-    (``dataChange`` removes)."""
-
-    version: int
-    added: list[tuple[str, dict[str, str | None]]]
-    removed: list[str]
-    rewritten: list[tuple[str, dict[str, str | None]]] = field(default_factory=list)
-    data_removed: bool = False
-
-
-class LogTail:
-    """Follows a Delta table's log from a version on, reading each new commit's JSON entry.
-
-    Cheap when nothing is new (one ``stat`` of the next entry's name). Only appended data
-    (``dataChange`` adds) counts as added; rewrites (compaction) show up as removed files.
-    """
-
-    def __init__(self, path: str | Path, after_version: int) -> None:
-        self.path = Path(path)
-        self.version = after_version
-
-    def poll(self) -> list[LogChange] | None:
-        """The changes of the commits after :attr:`version`, oldest first, advancing it.
-
-        Returns None when an entry needed is gone (log cleanup): the caller must reload.
-        """
-        changes: list[LogChange] = []
-        while True:
-            entry = self.path / _LOG_DIR / f"{self.version + 1:020d}.json"
-            try:
-                text = entry.read_text(encoding="utf-8")
-            except FileNotFoundError:
-                if changes or not self._has_later_versions():
-                    return changes
-                return None
-            self.version += 1
-            changes.append(_parse_change(self.version, text))
-
-    def _has_later_versions(self) -> bool:
-        names = (p.name for p in (self.path / _LOG_DIR).glob("*.json"))
-        return any(n[:20].isdigit() and int(n[:20]) > self.version + 1 for n in names)
-
-
-def latest_version(path: str | Path) -> int:
-    """The newest version of the Delta table at ``path`` (-1 when it has no log yet): its newest
-    commit or checkpoint file, from one listing of the log directory."""
-    try:
-        names = os.listdir(Path(path) / _LOG_DIR)
-    except (FileNotFoundError, NotADirectoryError):
-        return -1
-    # 20-digit versions: the greatest name is the greatest version
-    commits = [n[:20] for n in names if n.endswith(".json") and n[:20].isdigit()]
-    checkpoints = [n[:20] for n in names if ".checkpoint" in n and n.endswith(".parquet") and n[:20].isdigit()]
-    return int(max(commits + checkpoints, default="-1"))
-
-
-def _parse_change(version: int, text: str) -> LogChange:
-    added: list[tuple[str, dict[str, str | None]]] = []
-    rewritten: list[tuple[str, dict[str, str | None]]] = []
-    removed: list[str] = []
-    data_removed = False
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        action = json.loads(line)
-        if "add" in action:
-            file = (unquote(action["add"]["path"]), action["add"].get("partitionValues") or {})
-            (added if action["add"].get("dataChange", True) else rewritten).append(file)
-        elif "remove" in action:
-            removed.append(unquote(action["remove"]["path"]))
-            data_removed = data_removed or action["remove"].get("dataChange", True)
-        elif "metaData" in action:
-            data_removed = True  # a new schema or a replaced table: readers start over
-    return LogChange(version, added, removed, rewritten, data_removed)
 
 
 def file_stats(data: pa.Table) -> dict[str, Any]:
@@ -477,7 +300,8 @@ def _split_by(rows: pa.Table, keys: list[str]) -> list[tuple[dict[str, str | Non
     return parts
 
 
-def _escape_path_value(value: str | None) -> str:
+def escape_partition_value(value: str | None) -> str:
+    """A partition value as a directory name writes it (Hive's escaping; ``__HIVE_DEFAULT_PARTITION__`` for null)."""
     if value is None:
         return "__HIVE_DEFAULT_PARTITION__"
     return "".join(ch if ch.isalnum() or ch in "_.-" else "".join(f"%{b:02X}" for b in ch.encode()) for ch in value)

@@ -1,0 +1,194 @@
+"""A table's Delta log read commit by commit: where each commit file is, the actions it holds, what
+it did to the table's data, and the table's newest version.
+
+Every reader of the Delta log in the product reads it through this module: the broker's message
+store and offset ledger follow it (:class:`CommitTail`), the append path skips the versions other
+writers took, ``ingest-store`` looks for its own commits in it, and the Spark side's snapshots and
+incremental reads (``jobs.lake``) are built on it. The Delta protocol numbers commits without
+gaps, one JSON file a version, named by the version in 20 digits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+LOG_DIR = "_delta_log"  # the Delta protocol's name for a table's log directory
+
+
+def log_dir(table_dir: str | Path) -> Path:
+    """The Delta log directory of the table in ``table_dir``."""
+    return Path(table_dir) / LOG_DIR
+
+
+def commit_path(table_dir: str | Path, version: int) -> Path:
+    """The commit file of ``version`` of the table in ``table_dir`` (it may not exist)."""
+    return Path(table_dir) / LOG_DIR / f"{version:020d}.json"
+
+
+def read_actions(table_dir: str | Path, version: int) -> list[dict[str, Any]] | None:
+    """The actions of commit ``version`` in file order, one dict each; None when the commit file
+    is absent (not written yet, or removed by a log cleanup)."""
+    try:
+        text = commit_path(table_dir, version).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def latest_version(table_dir: str | Path) -> int:
+    """The newest version of the Delta table in ``table_dir`` (-1 when it has no log yet): its newest
+    commit or checkpoint file, from one listing of the log directory."""
+    try:
+        names = os.listdir(log_dir(table_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        return -1
+    # 20-digit versions: the greatest name is the greatest version
+    commits = [n[:20] for n in names if n.endswith(".json") and n[:20].isdigit()]
+    checkpoints = [n[:20] for n in names if ".checkpoint" in n and n.endswith(".parquet") and n[:20].isdigit()]
+    return int(max(commits + checkpoints, default="-1"))
+
+
+def has_later_commit(table_dir: str | Path, version: int) -> bool:
+    """Whether the log holds a commit file of a version above ``version`` (one listing)."""
+    names = (p.name for p in log_dir(table_dir).glob("*.json"))
+    return any(n[:20].isdigit() and int(n[:20]) > version for n in names)
+
+
+@dataclass(frozen=True)
+class FileAction:
+    """One ``add`` or ``remove`` action of a commit.
+
+    Attributes:
+        log_path: the file's path as the log writes it (relative to the table and URL-encoded, or a URI).
+        partition_values: the Delta partition value strings (None for null); empty on a remove
+            that does not repeat them.
+        size: bytes (0 when the action does not say).
+        data_change: the action's ``dataChange``: False when it moves rows without changing them
+            (a compaction), True by default.
+    """
+
+    log_path: str
+    partition_values: dict[str, str | None]
+    size: int
+    data_change: bool
+
+    @property
+    def path(self) -> str:
+        """The path relative to the table, decoded."""
+        return unquote(self.log_path)
+
+
+@dataclass(frozen=True)
+class CommitChange:
+    """What one commit did to a table's data.
+
+    Attributes:
+        version: the commit's version.
+        added: files added with new rows (``dataChange`` adds).
+        rewritten: files a rewrite added (``dataChange=false`` adds: rows already in the table).
+        removed: every file removed.
+        data_removed: whether a removal took rows away (a ``dataChange`` remove).
+        metadata_changed: whether the commit holds a ``metaData`` action (a new schema or a
+            replaced table).
+        protocol_changed: whether the commit holds a ``protocol`` action.
+        app_transactions: the ``txn`` actions, application id to version.
+        info: the ``commitInfo`` action, empty when the commit has none.
+    """
+
+    version: int
+    added: list[FileAction] = field(default_factory=list)
+    rewritten: list[FileAction] = field(default_factory=list)
+    removed: list[FileAction] = field(default_factory=list)
+    data_removed: bool = False
+    metadata_changed: bool = False
+    protocol_changed: bool = False
+    app_transactions: dict[str, int] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def data_neutral(self) -> bool:
+        """Whether the table holds the same rows, schema and protocol after the commit as before:
+        no file added or removed with ``dataChange``, no metadata or protocol action."""
+        return not (self.added or self.data_removed or self.metadata_changed or self.protocol_changed)
+
+    @property
+    def starts_over(self) -> bool:
+        """Whether a reader following the table must read it whole again: rows were removed, or
+        the metadata was replaced."""
+        return self.data_removed or self.metadata_changed
+
+
+def commit_change(version: int, actions: list[dict[str, Any]]) -> CommitChange:
+    """The :class:`CommitChange` of commit ``version`` holding ``actions`` (:func:`read_actions`)."""
+    added: list[FileAction] = []
+    rewritten: list[FileAction] = []
+    removed: list[FileAction] = []
+    transactions: dict[str, int] = {}
+    info: dict[str, Any] = {}
+    for action in actions:
+        if "add" in action:
+            file = _file_action(action["add"])
+            (added if file.data_change else rewritten).append(file)
+        elif "remove" in action:
+            removed.append(_file_action(action["remove"]))
+        elif "txn" in action:
+            transactions[action["txn"]["appId"]] = int(action["txn"]["version"])
+        elif "commitInfo" in action:
+            info.update(action["commitInfo"])
+    return CommitChange(
+        version,
+        added,
+        rewritten,
+        removed,
+        data_removed=any(file.data_change for file in removed),
+        metadata_changed=any("metaData" in action for action in actions),
+        protocol_changed=any("protocol" in action for action in actions),
+        app_transactions=transactions,
+        info=info,
+    )
+
+
+def read_change(table_dir: str | Path, version: int) -> CommitChange | None:
+    """The :class:`CommitChange` of commit ``version``, None when its file is absent."""
+    actions = read_actions(table_dir, version)
+    return None if actions is None else commit_change(version, actions)
+
+
+def _file_action(action: dict[str, Any]) -> FileAction:
+    return FileAction(
+        action["path"],
+        dict(action.get("partitionValues") or {}),
+        int(action.get("size") or 0),
+        bool(action.get("dataChange", True)),
+    )
+
+
+class CommitTail:
+    """Follows a table's Delta log from a version on, reading each new commit file.
+
+    Cheap when nothing is new (one ``open`` of the next commit's name).
+    """
+
+    def __init__(self, table_dir: str | Path, after_version: int) -> None:
+        self.table_dir = Path(table_dir)
+        self.version = after_version
+
+    def poll(self) -> list[CommitChange] | None:
+        """The changes of the commits after :attr:`version`, oldest first, advancing it.
+
+        Returns None when a commit needed is gone (log cleanup): the caller must read the table whole.
+        """
+        changes: list[CommitChange] = []
+        while True:
+            change = read_change(self.table_dir, self.version + 1)
+            if change is None:
+                if changes or not has_later_commit(self.table_dir, self.version + 1):
+                    return changes
+                return None
+            self.version += 1
+            changes.append(change)
