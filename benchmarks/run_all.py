@@ -82,16 +82,16 @@ from jobs.compact_commitlog import CompactConfig
 from jobs.compact_commitlog import run as run_compact
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as run_offsets
-from jobs.dlq.decode import RECORD_COLUMNS as ROUTE_DLQ_INPUTS
-from jobs.dlq.route import RouteDlqConfig
-from jobs.dlq.route import run as run_route
+from jobs.dlq.decode import RETRY_SOURCE_COLUMNS as ROUTE_DLQ_INPUTS
+from jobs.dlq.job import RouteDlqConfig
+from jobs.dlq.job import run as run_route
 from jobs.lake import Lake, build_session
 from jobs.lake.compaction import Bin, eligible_paths, list_files, plan_bins
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as run_rebuild
 from jobs.report import ReportConfig
 from jobs.report import run as run_report
-from jobs.resolve_transactions import RECORD_COLUMNS as TRANSACTION_INPUTS
+from jobs.resolve_transactions import TRANSACTION_SOURCE_COLUMNS as TRANSACTION_INPUTS
 from jobs.resolve_transactions import ResolveTransactionsConfig
 from jobs.resolve_transactions import run as run_resolve
 from jobs.runs import JobRun

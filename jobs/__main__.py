@@ -21,7 +21,7 @@ JOBS = {
     "reset_offsets": "jobs.reset_offsets",
     "resolve_transactions": "jobs.resolve_transactions",
     "replay_ordered": "jobs.replay",
-    "route_dlq": "jobs.dlq.route",
+    "route_dlq": "jobs.dlq.job",
     "compact_commitlog": "jobs.compact_commitlog",
     "report": "jobs.report",
 }

@@ -21,7 +21,7 @@ from jobs.lake import (
     compact,
     plan_compaction,
 )
-from jobs.runs import JobRun, latest_reusable_run, record_run
+from jobs.runs import JobRun, latest_reusable_run, recorded_run
 from schemas.catalog import (
     COMMIT_HOURS,
     COMMITLOG,
@@ -147,49 +147,49 @@ def run(spark: SparkSession, config: CompactConfig) -> JobRun:
         LakeError: the bridge cannot read the table, a file cannot be compacted, or a commit
             conflicted (see :func:`commit_bins`).
     """
-    job_run = JobRun(JOB)
     lake = Lake(spark, config.lake, config.engine)
-    if not lake.exists(COMMITLOG):
-        print(f"{JOB}: nothing to do, no commitlog table under {config.lake}")
-        record_run(lake, job_run.finish("NOOP", "no commitlog table"))
-        return job_run
-    summary = CompactSummary()
-    try:
-        up_to = config.files_up_to_version if config.files_up_to_version is not None else read_up_to(lake)
-        version, before, bins = plan_compaction(lake, config.target_file_size, config.min_file_fraction, up_to)
-        job_run.input_versions = {COMMITLOG.name: version}
-        if bins:
-            compact(
-                lake,
-                bins,
-                config.target_file_size,
-                config.min_file_fraction,
-                config.segments_per_commit,
-                job_run.run_id,
-                summary,
-            )
-        summary.count_files(before, commitlog_files(lake))
-        packed = pack_offset_commits(lake)
-    except Exception as err:
-        job_run.row_counts = summary.row_counts()
-        record_run(lake, job_run.finish("FAILED", f"{type(err).__name__}: {err}"))
-        raise
-    job_run.row_counts = summary.row_counts()
-    if packed is not None:
-        job_run.output_versions[CONSUMER_OFFSET_COMMITS.name] = packed
-        print(f"{JOB}: packed the small files of {CONSUMER_OFFSET_COMMITS.name} (version {packed})")
-    if not bins:
-        print(f"{JOB}: nothing to do, no segment has adjacent small files to pack (lake {config.lake})")
-        done = ("SUCCEEDED", "offset commits packed") if packed is not None else ("NOOP", "nothing to compact")
-        record_run(lake, job_run.finish(*done))
-        return job_run
-    job_run.output_versions[COMMITLOG.name] = lake.version(COMMITLOG) or 0
-    print(
-        f"{JOB}: compacted {summary.segments_compacted} segment(s) in {summary.commits} commit(s) "
-        f"(lake {config.lake}, engine {lake.engine})"
-    )
-    print("\n".join(summary.lines()))
-    record_run(lake, job_run.finish("SUCCEEDED", f"{summary.segments_compacted} segments compacted"))
+    settings = {"target_file_size": config.target_file_size, "segments_per_commit": config.segments_per_commit}
+    with recorded_run(lake, JOB, settings) as job_run:
+        if not lake.exists(COMMITLOG):
+            print(f"{JOB}: nothing to do, no commitlog table under {config.lake}")
+            job_run.conclude("NOOP", "no commitlog table")
+            return job_run
+        summary = CompactSummary()
+        try:
+            up_to = config.files_up_to_version if config.files_up_to_version is not None else read_up_to(lake)
+            version, before, bins = plan_compaction(lake, config.target_file_size, config.min_file_fraction, up_to)
+            job_run.input_versions = {COMMITLOG.name: version}
+            if bins:
+                compact(
+                    lake,
+                    bins,
+                    config.target_file_size,
+                    config.min_file_fraction,
+                    config.segments_per_commit,
+                    job_run.run_id,
+                    summary,
+                )
+            summary.count_files(before, commitlog_files(lake))
+            packed = pack_offset_commits(lake)
+        finally:
+            job_run.row_counts = summary.row_counts()
+        if packed is not None:
+            job_run.output_versions[CONSUMER_OFFSET_COMMITS.name] = packed
+            print(f"{JOB}: packed the small files of {CONSUMER_OFFSET_COMMITS.name} (version {packed})")
+        if not bins:
+            print(f"{JOB}: nothing to do, no segment has adjacent small files to pack (lake {config.lake})")
+            if packed is not None:
+                job_run.conclude("SUCCEEDED", "offset commits packed")
+            else:
+                job_run.conclude("NOOP", "nothing to compact")
+            return job_run
+        job_run.output_versions[COMMITLOG.name] = lake.version(COMMITLOG) or 0
+        print(
+            f"{JOB}: compacted {summary.segments_compacted} segment(s) in {summary.commits} commit(s) "
+            f"(lake {config.lake}, engine {lake.engine})"
+        )
+        print("\n".join(summary.lines()))
+        job_run.conclude("SUCCEEDED", f"{summary.segments_compacted} segments compacted")
     return job_run
 
 

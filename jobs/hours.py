@@ -14,21 +14,26 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from broker_model.common import DISPATCHED_TRANSACTION_TYPES, uninterpreted_topic
-from broker_model.common import constants as c
+from broker_model.common import QUEUE_KEY, uninterpreted_topic
+from broker_model.common import rules as record_rules
 from jobs.extract import DRIVER_INCREMENT_BYTES
 from jobs.lake import IncrementalReadError, Lake
 from jobs.rules import is_dispatched
-from schemas.catalog import COMMIT_HOURS, COMMITLOG, CONSUMER_OFFSET_COMMITS, QUEUE_HOURS, TableSpec
+from schemas.catalog import (
+    COMMIT_HOURS,
+    COMMITLOG,
+    CONSUMER_OFFSET_COMMITS,
+    OFFSET_COMMIT_COLUMNS,
+    QUEUE_HOURS,
+    TableSpec,
+)
 from schemas.errors import LakeError
 
 APP_ID = "report"  # application transaction of both tables: the version of their source folded in
 HOUR_MS = 3_600_000
-QUEUE = ("broker_name", "topic", "queue_id")
-QUEUE_HOUR = (*QUEUE, "hour")  # the key of queue_hours
-COMMIT_HOUR = ("group", *QUEUE, "hour")  # the key of commit_hours
-_LOG_COLUMNS = [*QUEUE, "queue_offset", "sys_flag", "store_timestamp", "store_size"]
-_COMMIT_COLUMNS = ["group", *QUEUE, "offset", "commit_timestamp", "source"]
+QUEUE_HOUR = (*QUEUE_KEY, "hour")  # the key of queue_hours
+COMMIT_HOUR = ("group", *QUEUE_KEY, "hour")  # the key of commit_hours
+_LOG_COLUMNS = [*QUEUE_KEY, "queue_offset", "sys_flag", "store_timestamp", "store_size"]
 
 Row = dict[str, Any]
 
@@ -72,7 +77,7 @@ def _update(
             f"{target.name} was built from {source.name} version {done}, after its latest version {latest}: "
             f"{source.name} was replaced; delete {lake.location(target)}"
         )
-    columns = _LOG_COLUMNS if source is COMMITLOG else _COMMIT_COLUMNS
+    columns = _LOG_COLUMNS if source is COMMITLOG else list(OFFSET_COMMIT_COLUMNS)
     summary: dict[tuple[Any, ...], Row] | None = None
     if done is not None:
         try:
@@ -105,7 +110,7 @@ def build_queue_hours(commitlog_df: DataFrame) -> DataFrame:
     hour = (F.col("store_timestamp") - F.pmod(F.col("store_timestamp"), F.lit(HOUR_MS))).alias("hour")
     dispatched_end = F.max(F.when(is_dispatched(F.col("sys_flag")), F.col("queue_offset") + 1))
     return (
-        commitlog_df.groupBy(*QUEUE, hour)
+        commitlog_df.groupBy(*QUEUE_KEY, hour)
         .agg(
             F.count(F.lit(1)).alias("messages"),
             F.sum(F.col("store_size").cast("long")).alias("bytes"),
@@ -123,9 +128,9 @@ def build_commit_hours(commits_df: DataFrame) -> DataFrame:
     hour = (F.col("commit_timestamp") - F.pmod(F.col("commit_timestamp"), F.lit(HOUR_MS))).alias("hour")
     latest = F.max(F.struct("commit_timestamp", (F.col("source") == F.lit("reset")).alias("is_reset"), "offset"))
     return (
-        commits_df.groupBy("group", *QUEUE, hour)
+        commits_df.groupBy("group", *QUEUE_KEY, hour)
         .agg(latest.alias("latest"))
-        .select("group", *QUEUE, "hour", "latest.commit_timestamp", "latest.is_reset", "latest.offset")
+        .select("group", *QUEUE_KEY, "hour", "latest.commit_timestamp", "latest.is_reset", "latest.offset")
         .select(*COMMIT_HOURS.column_names)
     )
 
@@ -135,7 +140,7 @@ def _fold_log(summary: dict[tuple[Any, ...], Row], records: Iterable[Row]) -> No
     for record in records:
         at = record["store_timestamp"]
         key = (record["broker_name"], record["topic"], record["queue_id"], hour_of(at))
-        end = record["queue_offset"] + 1 if _dispatched(record["sys_flag"]) else None
+        end = record["queue_offset"] + 1 if record_rules.is_dispatched(record["sys_flag"]) else None
         row = summary.get(key)
         if row is None:
             summary[key] = {
@@ -153,10 +158,6 @@ def _fold_log(summary: dict[tuple[Any, ...], Row], records: Iterable[Row]) -> No
             row["end_offset"] = end
         row["first_store_timestamp"] = min(row["first_store_timestamp"], at)
         row["last_store_timestamp"] = max(row["last_store_timestamp"], at)
-
-
-def _dispatched(sys_flag: int) -> bool:
-    return sys_flag & c.TRANSACTION_ROLLBACK_TYPE in DISPATCHED_TRANSACTION_TYPES
 
 
 def _fold_commits(summary: dict[tuple[Any, ...], Row], commits: Iterable[Row]) -> None:
@@ -205,11 +206,11 @@ def lag_over_time(
     ends: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
     for row in queue_hours:
         if row["end_offset"] is not None:
-            ends.setdefault(tuple(row[k] for k in QUEUE), []).append((row["hour"], row["end_offset"]))
+            ends.setdefault(tuple(row[k] for k in QUEUE_KEY), []).append((row["hour"], row["end_offset"]))
     commits: dict[tuple[Any, ...], list[tuple[int, tuple[int, bool, int]]]] = {}
     for row in commit_hours:
         order = (row["commit_timestamp"], row["is_reset"], row["offset"])
-        commits.setdefault((row["group"], *(row[k] for k in QUEUE)), []).append((row["hour"], order))
+        commits.setdefault((row["group"], *(row[k] for k in QUEUE_KEY)), []).append((row["hour"], order))
     lags: dict[tuple[str, int], int] = {}
     for (group, *queue), history in commits.items():
         history.sort()

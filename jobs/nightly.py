@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from jobs.cli import add_as_of, as_of_of, iso_utc, job_parser, run_spark_job, text_table
 from jobs.lake import Lake, open_table
-from jobs.runs import JobRun, record_run, table_versions
+from jobs.runs import JobRun, recorded_run, table_versions
 from schemas.catalog import (
     COMMITLOG,
     CONSUMER_OFFSET_COMMITS,
@@ -136,7 +136,6 @@ def run(spark: SparkSession, config: NightlyConfig) -> JobRun:
     Raises:
         Exception: the failing step's error, after the nightly FAILED row is recorded.
     """
-    job_run = JobRun(JOB)
     lake = Lake(spark, config.lake, config.engine)
     if not lake.exists(COMMITLOG) or lake.read(COMMITLOG).limit(1).count() == 0:
         from broker_model.tools import run_workload
@@ -152,34 +151,35 @@ def run(spark: SparkSession, config: NightlyConfig) -> JobRun:
         print(f"empty lake: wrote a demo workload, {report.summary()}")
     as_of = config.as_of if config.as_of is not None else data_time(lake) or time.time_ns() // 1_000_000
     print(f"{JOB}: lake {config.lake} (engine {lake.engine}), as of {iso_utc(as_of)} ({as_of})")
-    job_run.input_versions = table_versions(lake, list(TABLES))
-    done: list[tuple[str, JobRun]] = []
-    for step in STEPS:
-        print(f"--- {step}")
-        try:
-            done.append((step, _STEP_RUNNERS[step](spark, config, as_of)))
-        except Exception as err:
-            print(f"{JOB}: step {step} failed ({type(err).__name__}: {err}); the steps before it are committed")
-            record_run(lake, job_run.finish("FAILED", f"step {step} failed: {type(err).__name__}: {err}"))
-            raise
-    from jobs.report import page_of
+    with recorded_run(lake, JOB, {"as_of": as_of}) as job_run:
+        job_run.input_versions = table_versions(lake, list(TABLES))
+        done: list[tuple[str, JobRun]] = []
+        for step in STEPS:
+            print(f"--- {step}")
+            try:
+                done.append((step, _STEP_RUNNERS[step](spark, config, as_of)))
+            except Exception as err:
+                print(f"{JOB}: step {step} failed ({type(err).__name__}: {err}); the steps before it are committed")
+                job_run.message = f"step {step} failed"
+                raise
+        from jobs.report import page_of
 
-    report_path = page_of(done[-1][1].message)
-    _print_steps(done)
-    from jobs import hours
+        report_path = page_of(done[-1][1])
+        _print_steps(done)
+        from jobs import hours
 
-    summary_versions = hours.update(lake)
-    queue_hours = (
-        lake.read_rows(QUEUE_HOURS, version=summary_versions[QUEUE_HOURS.name]).to_pylist()
-        if QUEUE_HOURS.name in summary_versions
-        else []
-    )
-    _print_rows("commit log per broker", BROKER_COLUMNS, broker_summary(queue_hours, segments_per_broker(lake)))
-    print(f"report: {report_path}")
-    job_run.output_versions = table_versions(lake, list(TABLES))
-    job_run.row_counts = {step: sum(run.row_counts.values()) for step, run in done}
-    statuses = ", ".join(f"{step} {run.status}" for step, run in done)
-    record_run(lake, job_run.finish("SUCCEEDED", f"as_of={as_of}; {statuses}; report {report_path}"))
+        summary_versions = hours.update(lake)
+        queue_hours = (
+            lake.read_rows(QUEUE_HOURS, version=summary_versions[QUEUE_HOURS.name]).to_pylist()
+            if QUEUE_HOURS.name in summary_versions
+            else []
+        )
+        _print_rows("commit log per broker", BROKER_COLUMNS, broker_summary(queue_hours, segments_per_broker(lake)))
+        print(f"report: {report_path}")
+        job_run.output_versions = table_versions(lake, list(TABLES))
+        job_run.row_counts = {step: sum(run.row_counts.values()) for step, run in done}
+        job_run.parameters["page"] = report_path
+        job_run.conclude("SUCCEEDED", ", ".join(f"{step} {run.status}" for step, run in done))
     return job_run
 
 
@@ -213,8 +213,8 @@ def _transactions(spark: SparkSession, config: NightlyConfig, as_of: int) -> Job
 
 
 def _dlq(spark: SparkSession, config: NightlyConfig, as_of: int) -> JobRun:
-    from jobs.dlq.route import RouteDlqConfig
-    from jobs.dlq.route import run as route
+    from jobs.dlq.job import RouteDlqConfig
+    from jobs.dlq.job import run as route
 
     return route(spark, RouteDlqConfig(config.lake, as_of, engine=config.engine, show=5))
 

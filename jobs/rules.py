@@ -10,8 +10,9 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from broker_model.common import DISPATCHED_TRANSACTION_TYPES, GROUP_QUEUE_KEY
+from broker_model.common import GROUP_QUEUE_KEY
 from broker_model.common import constants as c
+from broker_model.common.rules import DISPATCHED_TRANSACTION_TYPES
 
 _UINT32 = 1 << 32  # Java int arithmetic is modulo 2^32
 

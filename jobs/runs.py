@@ -1,11 +1,19 @@
-"""The ``job_runs`` table: one row per job run, written by every job."""
+"""The ``job_runs`` table: one row per job run, written by every job through :func:`recorded_run`.
+
+A run's settings and the bounds it computed up to (``as_of``, ``through``, ...) are data: the
+``parameters`` map of its row, each value JSON-encoded, read back decoded by
+:func:`latest_reusable_run`. Lakes written before that column existed gain it on first use; their
+runs read back with no parameters, which every job treats as "no run to reuse or move on": the
+full-run case.
+"""
 
 from __future__ import annotations
 
-import re
+import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,10 +27,25 @@ if TYPE_CHECKING:
 
 REUSABLE_STATUSES = ("SUCCEEDED", "NOOP")  # FAILED runs wrote nothing
 
+Parameter = int | str | bool | None
+"""A value of a run's ``parameters``: a setting or a bound, stored as its JSON text."""
+
+
+class CannotFold(Exception):
+    """An incremental step cannot give the full run's table exactly; the message says why, and the
+    run computes from the whole inputs instead (and records why)."""
+
 
 @dataclass
 class JobRun:
-    """A run being timed; :meth:`finish` fills in status and duration."""
+    """A run being timed; :func:`recorded_run` records it when its body ends.
+
+    Attributes:
+        parameters: the run's settings and bounds by name (``as_of``, ``through``, ...).
+        status, message: what the run records when it ends without an error (:meth:`conclude`).
+        packs: tables whose read files are packed once the run is recorded, with the version the
+            run read (:meth:`Lake.pack_read_files`).
+    """
 
     job: str
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -30,9 +53,15 @@ class JobRun:
     input_versions: dict[str, int] = field(default_factory=dict)
     output_versions: dict[str, int] = field(default_factory=dict)
     row_counts: dict[str, int] = field(default_factory=dict)
+    parameters: dict[str, Parameter] = field(default_factory=dict)
     status: str = "RUNNING"
     duration_ms: int = 0
     message: str | None = None
+    packs: dict[str, int] = field(default_factory=dict)
+
+    def conclude(self, status: str, message: str | None = None) -> None:
+        """Say how the run ends when its body returns: SUCCEEDED, NOOP or FAILED, and a summary."""
+        self.status, self.message = status, message
 
     def finish(self, status: str, message: str | None = None) -> JobRun:
         """Mark the run ended with ``status`` (SUCCEEDED, NOOP or FAILED)."""
@@ -40,6 +69,29 @@ class JobRun:
         self.message = message
         self.duration_ms = time.time_ns() // 1_000_000 - self.started_timestamp
         return self
+
+
+@contextmanager
+def recorded_run(lake: Lake, job: str, parameters: Mapping[str, Parameter] | None = None) -> Iterator[JobRun]:
+    """A run of ``job`` with ``parameters``, recorded in ``job_runs`` when the block ends.
+
+    The block fills in the run (versions, counts, more parameters) and says how it ends with
+    :meth:`JobRun.conclude` (SUCCEEDED when it says nothing). An exception is recorded as a FAILED
+    run with the error's type and text, after the run's message when the block set one (what it
+    was doing), then re-raised. After a recorded end, the files of the
+    tables in :attr:`JobRun.packs` that the run read are packed.
+    """
+    job_run = JobRun(job, parameters=dict(parameters or {}))
+    try:
+        yield job_run
+    except BaseException as err:
+        failure = f"{type(err).__name__}: {err}"
+        record_run(lake, job_run.finish("FAILED", f"{job_run.message}: {failure}" if job_run.message else failure))
+        raise
+    status = job_run.status if job_run.status != "RUNNING" else "SUCCEEDED"
+    record_run(lake, job_run.finish(status, job_run.message))
+    for name, version in job_run.packs.items():
+        lake.pack_read_files(name, version)
 
 
 def table_versions(lake: Lake, names: Mapping[str, object] | list[str]) -> dict[str, int]:
@@ -50,34 +102,34 @@ def table_versions(lake: Lake, names: Mapping[str, object] | list[str]) -> dict[
 
 def record_run(lake: Lake, run: JobRun) -> int | None:
     """Append ``run`` to ``job_runs``; returns the committed version."""
+    upgrade_job_runs(lake)
     row = {
         "run_id": run.run_id,
         "job": run.job,
         "started_timestamp": run.started_timestamp,
         "duration_ms": run.duration_ms,
         "status": run.status,
-        "input_versions": run.input_versions,
-        "output_versions": run.output_versions,
-        "row_counts": run.row_counts,
         "message": run.message,
     }
     # one row: appended from the driver (a commit, not a Spark job); maps as Arrow takes them
     maps = {"input_versions": run.input_versions, "output_versions": run.output_versions, "row_counts": run.row_counts}
     row.update({name: list(value.items()) for name, value in maps.items()})
+    row["parameters"] = [(name, json.dumps(value)) for name, value in run.parameters.items()]
     return lake.append_rows(JOB_RUNS, pa.Table.from_pylist([row], schema=JOB_RUNS.arrow_schema))
 
 
-def message_number(message: str | None, name: str) -> int | None:
-    """The integer a run recorded as ``name=<n>`` among the ``; ``-separated parts of its
-    ``message`` (``as_of``, ``through``), None when absent."""
-    found = re.search(rf"(?:^|; ){re.escape(name)}=(-?\d+)(?:;|$)", message or "")
-    return int(found.group(1)) if found else None
+def upgrade_job_runs(lake: Lake) -> None:
+    """Give a ``job_runs`` table of an older lake the catalog's columns it lacks (``parameters``)."""
+    lake.add_missing_columns(JOB_RUNS)
 
 
 def latest_reusable_run(lake: Lake, job: str) -> dict[str, Any] | None:
     """The latest SUCCEEDED or NOOP ``job_runs`` row of ``job`` (by start time, then run id) as a
-    dict, None when there is none. A job whose inputs and settings equal that run's, while its
-    outputs are still at the versions that run left, has nothing to compute. Read on the driver."""
+    dict, its maps as dicts and its ``parameters`` decoded (empty for a run recorded before the
+    column existed); None when there is none. A job whose inputs and settings equal that run's,
+    while its outputs are still at the versions that run left, has nothing to compute. Read on
+    the driver."""
+    upgrade_job_runs(lake)
     filters = [("job", "=", job), ("status", "in", list(REUSABLE_STATUSES))]
     rows = lake.read_rows(JOB_RUNS, filters=filters).to_pylist()
     if not rows:
@@ -85,6 +137,7 @@ def latest_reusable_run(lake: Lake, job: str) -> dict[str, Any] | None:
     row: dict[str, Any] = max(rows, key=lambda r: (r["started_timestamp"], r["run_id"]))
     for name in ("input_versions", "output_versions", "row_counts"):
         row[name] = dict(row[name] or ())
+    row["parameters"] = {name: json.loads(value) for name, value in row["parameters"] or ()}
     return row
 
 

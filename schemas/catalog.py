@@ -112,12 +112,12 @@ CONSUME_QUEUE = TableSpec(
     name="consume_queue",
     path="consume_queue",
     partition_by=("topic",),
-    meaning="one row per consume queue unit (broker_name, topic, queue_id, queue_offset)",
+    meaning="one consume-queue row per dispatched record (broker_name, topic, queue_id, queue_offset)",
     columns=_cols(
         ("broker_name", pa.string(), "broker holding the queue", False),
         ("topic", pa.string(), "topic of the queue", False),
         ("queue_id", pa.int32(), "queue id within the topic on that broker", False),
-        ("queue_offset", pa.int64(), "index of the unit in the queue", False),
+        ("queue_offset", pa.int64(), "index of the row in the queue", False),
         ("commit_log_offset", pa.int64(), "physical byte offset of the record", False),
         ("store_size", pa.int32(), "record length in bytes", False),
         ("tags_code", pa.int64(), "Java String.hashCode of TAGS, or delivery time (ms) on the schedule topic", False),
@@ -146,6 +146,9 @@ CONSUMER_OFFSET_COMMITS = TableSpec(
     ),
 )
 
+OFFSET_COMMIT_COLUMNS = ("group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp", "source")
+"""The columns of ``consumer_offset_commits`` that say what a commit set; the rest describe resets."""
+
 CONSUME_QUEUE_INTEGRITY = TableSpec(
     name="consume_queue_integrity",
     path="consume_queue_integrity",
@@ -173,16 +176,21 @@ CONSUME_QUEUE_TAILS = TableSpec(
     name="consume_queue_tails",
     path="consume_queue_tails",
     partition_by=(),
-    meaning="the last unit of every queue and the last record of every broker's log, as of the commit log "
+    meaning="the last consume-queue row of every queue and the last record of every broker's log, as of the commit log "
     "version the consume queue was built from",
     columns=_cols(
-        ("kind", pa.string(), "QUEUE: the last unit of a queue; LOG: the last record of a broker's commit log", False),
+        (
+            "kind",
+            pa.string(),
+            "QUEUE: the last consume-queue row of a queue; LOG: the last record of a broker's commit log",
+            False,
+        ),
         ("broker_name", pa.string(), "broker of the queue or the log", False),
         ("topic", pa.string(), "topic of the queue, null for LOG"),
         ("queue_id", pa.int32(), "queue id, null for LOG"),
-        ("queue_offset", pa.int64(), "queue offset of the queue's last unit, null for LOG"),
+        ("queue_offset", pa.int64(), "queue offset of the queue's last consume-queue row, null for LOG"),
         ("segment", pa.int64(), "segment column of the log's last record, null for QUEUE"),
-        ("commit_log_offset", pa.int64(), "commit log offset of the last unit or record", False),
+        ("commit_log_offset", pa.int64(), "commit log offset of the last consume-queue row or record", False),
         ("store_size", pa.int32(), "record length in bytes of the log's last record, null for QUEUE"),
         ("commitlog_version", pa.int64(), "commitlog version the tails are of", False),
     ),
@@ -401,6 +409,11 @@ JOB_RUNS = TableSpec(
         ("output_versions", _VERSION_MAP, "Delta version of every table written"),
         ("row_counts", _VERSION_MAP, "rows read or written, by name"),
         ("message", pa.string(), "error or summary text"),
+        (
+            "parameters",
+            _STRING_MAP,
+            "the run's settings and the bounds it computed up to (as_of, through, ...), each value as JSON",
+        ),
     ),
 )
 

@@ -44,10 +44,9 @@ from jobs.lake.compaction import (
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
 from jobs.replay import SUMMARY_COLUMNS, queues_out_of_log_order, summarize_source
-from jobs.runs import message_number
 from schemas.catalog import COMMITLOG, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS
 from schemas.errors import LakeError, ValidationError
-from tests.helpers import canonical_rows
+from tests.helpers import canonical_rows, wait_until
 
 SEGMENT_SIZE = 16384
 MIB = 1024 * 1024
@@ -437,7 +436,7 @@ def test_the_offset_commits_every_reader_has_read_are_packed_and_the_readers_mov
         commit(0, 20)
         first = consumer_offsets(spark, ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine="bridge"))
         read = first.input_versions[CONSUMER_OFFSET_COMMITS.name]
-        time.sleep(0.01)  # the next commits are timed after that run's T
+        wait_until(lambda: _now_ms() > first.parameters["as_of"], "a clock after that run's T")  # later commits
         commit(20, 3)
     finally:
         for broker in brokers:
@@ -461,8 +460,8 @@ def test_the_offset_commits_every_reader_has_read_are_packed_and_the_readers_mov
     moved_on = consumer_offsets(spark, ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine="bridge"))
     assert moved_on.row_counts.get(f"new {CONSUMER_OFFSET_COMMITS.name}") == 3, moved_on.message  # only what came after
     table = canonical_rows(DeltaTable(str(lake_root / CONSUMER_OFFSETS.name)).to_pyarrow_table())
-    as_of = message_number(moved_on.message, "as_of")
-    assert as_of is not None
+    as_of = moved_on.parameters["as_of"]
+    assert isinstance(as_of, int)
     fresh = tmp_path / "fresh"  # the same inputs, no earlier run: one full run
     shutil.copytree(lake_root, fresh, ignore=shutil.ignore_patterns(CONSUMER_OFFSETS.name, "job_runs"))
     assert consumer_offsets(spark, ConsumerOffsetsConfig(fresh, as_of, engine="bridge")).status == "SUCCEEDED"

@@ -15,7 +15,6 @@ from pyspark.sql import DataFrame, SparkSession
 from jobs.cli import iso_utc
 from jobs.consumer_offsets import (
     ConsumerOffsetsConfig,
-    as_of_of_message,
     build_config,
     build_consumer_offsets,
     build_queue_bounds,
@@ -341,20 +340,6 @@ def test_iso_utc_prints_milliseconds_in_utc(epoch_ms: int, text: str) -> None:
     assert iso_utc(epoch_ms) == text
 
 
-@pytest.mark.parametrize(
-    ("message", "as_of"),
-    [
-        ("as_of=1700000000000; consumer_offsets overwritten", 1_700_000_000_000),
-        ("as_of=-5", -5),
-        ("summary as_of=12", None),
-        ("as_of=12x", None),
-        (None, None),
-    ],
-)
-def test_as_of_is_read_back_from_the_run_message_prefix_only(message: str | None, as_of: int | None) -> None:
-    assert as_of_of_message(message) == as_of
-
-
 def test_command_line_takes_iso_instants_and_repeated_groups() -> None:
     config = build_config(
         ["--lake", "/l", "--as-of", "2026-11-22T10:00:00+08:00", "--group", "b", "--group", "a", "--group", "b"]
@@ -378,9 +363,9 @@ def test_command_line_takes_the_driver_limit_and_refuses_a_negative_one() -> Non
 # ---------------------------------------------------------------------------------------------
 
 
-def _runs(lake: Lake) -> list[tuple[str, str | None]]:
+def _runs(lake: Lake) -> list[tuple[str, str | None, dict[str, str] | None]]:
     rows = lake.read("job_runs").orderBy("started_timestamp", "run_id").collect()
-    return [(r["status"], r["message"]) for r in rows]
+    return [(r["status"], r["message"], r["parameters"]) for r in rows]
 
 
 @pytest.mark.spark
@@ -391,7 +376,7 @@ def test_run_on_a_lake_without_inputs_writes_an_empty_table(spark: SparkSession,
     assert lake.read(CONSUMER_OFFSETS).count() == 0
     assert (job_run.status, job_run.input_versions) == ("SUCCEEDED", {})
     assert job_run.row_counts == {"consumer_offset_commits": 0, "consume_queue": 0, "consumer_offsets": 0}
-    assert _runs(lake) == [("SUCCEEDED", "as_of=1000; consumer_offsets overwritten")]
+    assert _runs(lake) == [("SUCCEEDED", "consumer_offsets overwritten", {"as_of": "1000"})]
 
 
 @pytest.fixture
@@ -420,7 +405,7 @@ def test_rerun_with_the_same_inputs_and_as_of_commits_nothing(spark: SparkSessio
     assert second.status == "NOOP"
     assert lake.version(CONSUMER_OFFSETS) == version
     assert second.output_versions == {"consumer_offsets": version}
-    assert [status for status, _ in _runs(lake)] == ["SUCCEEDED", "NOOP"]
+    assert [status for status, _, _ in _runs(lake)] == ["SUCCEEDED", "NOOP"]
 
 
 @pytest.mark.spark

@@ -20,8 +20,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from broker_model.common import RETRY_GROUP_TOPIC_PREFIX
-from jobs.consumer_offsets import ConsumerOffsetsConfig, Previous, can_fold, run
+from jobs.consumer_offsets import ConsumerOffsetsConfig, Previous, check_foldable, run
 from jobs.lake import Lake
+from jobs.runs import CannotFold
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS
 from tests.helpers import canonical_rows
 
@@ -155,15 +156,19 @@ def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_rows_it_left_for_a_lat
     commits = pa.Table.from_pylist(
         [_commit("g", ("b", "t", 0), 1, 2_000, "consumer")], schema=CONSUMER_OFFSET_COMMITS.arrow_schema
     )
-    assert can_fold(previous, 2_500, commits.slice(0, 0)) is None
-    assert "before the previous run's" in str(can_fold(previous, 1_999, commits.slice(0, 0)))
-    assert "stored after its as_of" in str(can_fold(Previous([], 2_000, 2_001), 2_500, commits.slice(0, 0)))
-    assert "not after the previous as_of" in str(can_fold(previous, 2_500, commits))
+    check_foldable(previous, 2_500, commits.slice(0, 0))
+    with pytest.raises(CannotFold, match="before the previous run's"):
+        check_foldable(previous, 1_999, commits.slice(0, 0))
+    with pytest.raises(CannotFold, match="stored after its as_of"):
+        check_foldable(Previous([], 2_000, 2_001), 2_500, commits.slice(0, 0))
+    with pytest.raises(CannotFold, match="not after the previous as_of"):
+        check_foldable(previous, 2_500, commits)
 
 
 @pytest.mark.parametrize("seed", [3, 8, 13])
 def test_the_driver_computation_over_chunks_in_any_order_equals_it_over_the_whole_consume_queue(seed: int) -> None:
-    from jobs.consumer_offsets.fold import COMMIT_COLUMNS, CQ_ROW_COLUMNS, compute
+    from jobs.consumer_offsets.fold import CQ_ROW_COLUMNS, compute
+    from schemas.catalog import OFFSET_COMMIT_COLUMNS
 
     story, cq_rows, commits = _Story(seed), [], []
     for step in range(8):
@@ -171,7 +176,9 @@ def test_the_driver_computation_over_chunks_in_any_order_equals_it_over_the_whol
         cq_rows += rows
         commits += more
     cq = pa.Table.from_pylist(cq_rows, schema=CONSUME_QUEUE.arrow_schema).select(list(CQ_ROW_COLUMNS))
-    committed = pa.Table.from_pylist(commits, schema=CONSUMER_OFFSET_COMMITS.arrow_schema).select(list(COMMIT_COLUMNS))
+    committed = pa.Table.from_pylist(commits, schema=CONSUMER_OFFSET_COMMITS.arrow_schema).select(
+        list(OFFSET_COMMIT_COLUMNS)
+    )
     # chunks cut anywhere (a queue's least offset and its duplicates land in several), read in any order
     shuffled = random.Random(seed)
     cuts = sorted(shuffled.sample(range(1, cq.num_rows), 6))

@@ -34,9 +34,9 @@ from broker_model.store import MessageExt, MessageStore
 from broker_model.tools import run_workload
 from jobs import dlq
 from jobs.cli import iso_utc
-from jobs.dlq.chains import CONSUMER_REQUESTED, MAX_RECONSUME_TIMES, build_dlq
-from jobs.dlq.route import RouteDlqConfig
-from jobs.dlq.route import run as route_dlq
+from jobs.dlq.job import RouteDlqConfig
+from jobs.dlq.job import run as route_dlq
+from jobs.dlq.transforms import CONSUMER_REQUESTED, MAX_RECONSUME_TIMES, build_dlq
 from jobs.lake import Lake
 from schemas.catalog import COMMITLOG, DLQ, DLQ_REDRIVES, RETRY_CHAINS, RETRY_RECORDS
 from schemas.errors import LakeError, ValidationError

@@ -177,7 +177,7 @@ def test_the_checks_find_what_they_look_for() -> None:
     assert borrowed_jobs({"jobs.dlq.inspect": {"jobs.consumer_offsets"}}) == [
         "jobs.dlq.inspect imports jobs.consumer_offsets"
     ]
-    assert borrowed_jobs({"jobs.dlq.inspect": {"jobs.dlq.chains"}}) == []
+    assert borrowed_jobs({"jobs.dlq.inspect": {"jobs.dlq.transforms"}}) == []
 
 
 def test_the_private_import_check_finds_one(tmp_path: Path) -> None:

@@ -85,8 +85,8 @@ def test_a_lake_without_tables_gives_a_report_of_empty_sections(spark: SparkSess
 
 def test_a_report_whose_inputs_did_not_change_is_not_drawn_again(spark: SparkSession, tmp_path: Path) -> None:
     from broker_model.tools import run_workload
-    from jobs.dlq.route import RouteDlqConfig
-    from jobs.dlq.route import run as route_dlq
+    from jobs.dlq.job import RouteDlqConfig
+    from jobs.dlq.job import run as route_dlq
 
     lake_root, out, as_of = tmp_path / "lake", tmp_path / "report", 1_795_000_000_000
     run_workload(lake_root, 300, seed=2, consumers=True)
@@ -99,7 +99,7 @@ def test_a_report_whose_inputs_did_not_change_is_not_drawn_again(spark: SparkSes
     route_dlq(spark, RouteDlqConfig(lake_root, as_of, engine="bridge"))  # a no-op run: not listed
     again = run(spark, config)
     assert again.status == "NOOP" and again.row_counts["tables"] > 0 and page.stat().st_mtime_ns == drawn
-    assert again.message == f"as_of={as_of}; samples=24; {page}"
+    assert again.parameters == {"as_of": as_of, "samples": 24, "page": str(page)}
 
     from deltalake import DeltaTable
 

@@ -33,7 +33,6 @@ from jobs.resolve_transactions import (
     build_transaction_state,
     format_summary,
     main,
-    parameters_of_message,
     run,
 )
 from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE, spark_schema
@@ -602,23 +601,6 @@ def test_ages_print_for_people(millis: int, text: str) -> None:
     assert format_age(millis) == text
 
 
-@pytest.mark.parametrize(
-    ("message", "parameters"),
-    [
-        (
-            "as_of=5; timeout_ms=6000; check_max=15; reserve_ms=9; transaction_state overwritten",
-            "as_of=5; timeout_ms=6000; check_max=15; reserve_ms=9",
-        ),
-        ("as_of=-5; timeout_ms=1; check_max=2; reserve_ms=3", "as_of=-5; timeout_ms=1; check_max=2; reserve_ms=3"),
-        ("as_of=5; timeout_ms=6000; check_max=15", None),
-        ("as_of=5; consumer_offsets overwritten", None),
-        (None, None),
-    ],
-)
-def test_settings_are_read_back_from_the_run_message_prefix(message: str | None, parameters: str | None) -> None:
-    assert parameters_of_message(message) == parameters
-
-
 def test_command_line_takes_iso_instants_and_the_check_settings() -> None:
     config = build_config(
         [
@@ -637,7 +619,7 @@ def test_command_line_takes_iso_instants_and_the_check_settings() -> None:
         ]
     )
     assert config == ResolveTransactionsConfig(Path("/l"), 1_795_312_800_000, 3000, 5, 60_000, "auto", 3)
-    assert config.parameters == "as_of=1795312800000; timeout_ms=3000; check_max=5; reserve_ms=60000"
+    assert config.parameters == {"as_of": 1795312800000, "timeout_ms": 3000, "check_max": 5, "reserve_ms": 60000}
 
 
 @pytest.mark.parametrize(

@@ -20,8 +20,8 @@ from broker_model.common import Message
 from broker_model.common import constants as c
 from broker_model.store import MessageExt
 from broker_model.tools import RETRY_GROUPS, run_workload
-from jobs.dlq.chains import build_retry_records
-from jobs.dlq.route import RouteDlqConfig, build_config, run
+from jobs.dlq.job import RouteDlqConfig, build_config, run
+from jobs.dlq.transforms import build_retry_records
 from jobs.lake import Lake
 from schemas.catalog import COMMITLOG, DLQ, JOB_RUNS, RETRY_CHAINS, RETRY_RECORDS
 from schemas.errors import LakeError, ValidationError

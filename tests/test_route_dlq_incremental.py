@@ -23,11 +23,12 @@ from pyspark.sql import SparkSession
 
 from broker_model.common import constants as c
 from broker_model.common import create_msg_id, parse_host
-from jobs.dlq.chains import PROPERTY_ROUTED_BY, build_retry_records
 from jobs.dlq.decode import decode_retry_records
-from jobs.dlq.fold import Previous, can_fold, origin_positions
-from jobs.dlq.route import RouteDlqConfig, run
+from jobs.dlq.fold import Previous, check_foldable, origin_positions
+from jobs.dlq.job import RouteDlqConfig, run
+from jobs.dlq.transforms import PROPERTY_ROUTED_BY, build_retry_records
 from jobs.lake import Lake
+from jobs.runs import CannotFold
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
@@ -319,9 +320,11 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
 
 def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_records_it_left_for_a_later_one() -> None:
     previous = Previous([], [], as_of=2_000, through=2_000, policies={})
-    assert can_fold(previous, 2_000) is None
-    assert "before the previous run's" in str(can_fold(previous, 1_999))
-    assert "stored after its as_of" in str(can_fold(Previous([], [], 2_000, 2_001, {}), 2_500))
+    check_foldable(previous, 2_000)
+    with pytest.raises(CannotFold, match="before the previous run's"):
+        check_foldable(previous, 1_999)
+    with pytest.raises(CannotFold, match="stored after its as_of"):
+        check_foldable(Previous([], [], 2_000, 2_001, {}), 2_500)
 
 
 @pytest.mark.parametrize(
@@ -451,5 +454,5 @@ def test_a_broker_restarted_on_another_host_makes_the_run_compute_every_chain(
     ]
     chained, states = _chained_against_spark(spark, tmp_path, steps)
     assert states == [["CONSUMED"], ["CONSUMED"]]  # not open: only the host check makes it computed again
-    assert _messages(chained)[-1].endswith("retry_chains and dlq overwritten")
+    assert _messages(chained)[-1] == "computed in full: a broker's store host changed"
     assert [len(a) for a in chained.read_rows(RETRY_CHAINS).column("attempts").to_pylist()] == [1]

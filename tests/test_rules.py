@@ -27,7 +27,7 @@ from broker_model.common import (
 )
 from broker_model.common import constants as c
 from jobs import rules
-from jobs.rebuild_consume_queue.driver import consume_queue_rows
+from jobs.rebuild_consume_queue.fold import consume_queue_rows
 from jobs.replay.plan import select_queue_id
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSETS, REPLAY_PROGRESS
 from tests.builders import commitlog_frame, commitlog_record, commitlog_table

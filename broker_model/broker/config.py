@@ -117,19 +117,19 @@ class SubscriptionGroupConfig:
 FlushMode = Literal["SYNC_FLUSH", "ASYNC_FLUSH"]
 
 
-def stored_copy(entry: WithStoredFields, topic: str, queue_id: int, properties: dict[str, str]) -> InnerMessage:
-    """A stored ``entry`` put again in ``topic`` and ``queue_id`` with ``properties`` and WAIT=false,
-    as the schedule and timer services deliver their entries: body as stored, flag, sys flag (the
+def stored_copy(record: WithStoredFields, topic: str, queue_id: int, properties: dict[str, str]) -> InnerMessage:
+    """A stored ``record`` put again in ``topic`` and ``queue_id`` with ``properties`` and WAIT=false,
+    as the schedule and timer services deliver their records: body as stored, flag, sys flag (the
     put sets the host bits again), born time and host, reconsume times."""
     properties[c.PROPERTY_WAIT_STORE_MSG_OK] = "false"
     return InnerMessage(
         topic=topic,
         queue_id=queue_id,
-        body=entry.body,
+        body=record.body,
         properties=properties,
-        flag=entry.flag,
-        sys_flag=entry.sys_flag & ~(c.BORNHOST_V6_FLAG | c.STOREHOSTADDRESS_V6_FLAG),
-        born_timestamp=entry.born_timestamp,
-        born_host=entry.born_host,
-        reconsume_times=entry.reconsume_times,
+        flag=record.flag,
+        sys_flag=record.sys_flag & ~(c.BORNHOST_V6_FLAG | c.STOREHOSTADDRESS_V6_FLAG),
+        born_timestamp=record.born_timestamp,
+        born_host=record.born_host,
+        reconsume_times=record.reconsume_times,
     )

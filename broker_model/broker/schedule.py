@@ -36,11 +36,11 @@ def progress_path(lake: str | Path, broker_name: str) -> Path:
     return delay_progress_path(lake, broker_name)
 
 
-def deliver_timestamp(entry: MessageExt) -> int:
-    """The tags code the consume queue holds for a schedule entry: its delivery time from its
+def deliver_timestamp(record: MessageExt) -> int:
+    """The tags code the consume queue holds for a schedule record: its delivery time from its
     DELAY level (capped at 18) when that is a positive number, else the Java hash of its TAGS."""
-    delay = entry.properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
-    return consume_queue_tags_code(c.SCHEDULE_TOPIC, entry.tags, delay, entry.store_timestamp)
+    delay = record.properties.get(c.PROPERTY_DELAY_TIME_LEVEL)
+    return consume_queue_tags_code(c.SCHEDULE_TOPIC, record.tags, delay, record.store_timestamp)
 
 
 def correct_deliver_timestamp(now: int, deliver_ts: int, level: int) -> int:
@@ -50,11 +50,11 @@ def correct_deliver_timestamp(now: int, deliver_ts: int, level: int) -> int:
     return now if deliver_ts > latest else deliver_ts
 
 
-def restore_message(entry: MessageExt) -> InnerMessage | None:
-    """``messageTimeUp``: the message to store in the entry's real topic and queue, or None when
-    the entry must be dropped (real topic is the half topic, REAL_TOPIC / REAL_QID missing or
+def restore_message(record: MessageExt) -> InnerMessage | None:
+    """``messageTimeUp``: the message to store in the record's real topic and queue, or None when
+    the record must be dropped (real topic is the half topic, REAL_TOPIC / REAL_QID missing or
     invalid)."""
-    properties = dict(entry.properties)
+    properties = dict(record.properties)
     real_topic = properties.get(c.PROPERTY_REAL_TOPIC)
     real_queue = properties.get(c.PROPERTY_REAL_QUEUE_ID)
     if real_topic is None or real_topic == c.RMQ_SYS_TRANS_HALF_TOPIC:
@@ -67,7 +67,7 @@ def restore_message(entry: MessageExt) -> InnerMessage | None:
         return None
     for key in _CLEARED_ON_DELIVERY:
         properties.pop(key, None)
-    return stored_copy(entry, real_topic, int(real_queue), properties)
+    return stored_copy(record, real_topic, int(real_queue), properties)
 
 
 @dataclass
@@ -75,7 +75,7 @@ class DeliveryReport:
     """What one :meth:`ScheduleMessageService.deliver_due` call did."""
 
     delivered: Counter[int] = field(default_factory=Counter)  # level -> copies stored
-    dropped: list[tuple[int, int]] = field(default_factory=list)  # (level, queue offset) of dropped entries
+    dropped: list[tuple[int, int]] = field(default_factory=list)  # (level, queue offset) of dropped records
     offsets: dict[int, int] = field(default_factory=dict)  # level -> progress after the call
 
     @property
@@ -126,7 +126,10 @@ class ScheduleMessageService(PeriodicService):
             return dict(self._offsets)
 
     def _load(self) -> None:
-        """Read the progress file and settle a pending round (see the module docstring).
+        """Read the progress file and settle a pending round: a round saves its range as pending
+        before its put and its new offset after; a pending range found at start is delivered when
+        its copies landed in their real queues at or after the logged commit log offset, else it
+        is delivered again (docs/broker.md).
 
         Raises:
             BrokerError: the file exists but is not valid progress JSON.
@@ -161,26 +164,26 @@ class ScheduleMessageService(PeriodicService):
         (all or none are: they were one put). A range with nothing deliverable counts as done."""
         store = self.broker.store
         for position in range(start, end):
-            entry = store.message_at(c.SCHEDULE_TOPIC, level - 1, position, decompress=False)
-            copy = None if entry is None else restore_message(entry)
-            if entry is not None and copy is not None:
-                return self._copy_stored(entry, copy, log_offset)
+            record = store.message_at(c.SCHEDULE_TOPIC, level - 1, position, decompress=False)
+            copy = None if record is None else restore_message(record)
+            if record is not None and copy is not None:
+                return self._copy_stored(record, copy, log_offset)
         return True
 
-    def _copy_stored(self, entry: MessageExt, copy: InnerMessage, log_offset: int) -> bool:
-        """Whether ``entry``'s copy is in its real queue at or after ``log_offset``."""
+    def _copy_stored(self, record: MessageExt, copy: InnerMessage, log_offset: int) -> bool:
+        """Whether ``record``'s copy is in its real queue at or after ``log_offset``."""
         store = self.broker.store
         position = store.max_offset(copy.topic, copy.queue_id) - 1
         while position >= 0:
-            record = store.message_at(copy.topic, copy.queue_id, position, decompress=False)
-            if record is None or record.commit_log_offset < log_offset:
+            landed = store.message_at(copy.topic, copy.queue_id, position, decompress=False)
+            if landed is None or landed.commit_log_offset < log_offset:
                 return False
-            if (record.uniq_key, record.born_timestamp, record.body_crc, record.reconsume_times) == (
-                entry.uniq_key,
-                entry.born_timestamp,
-                entry.body_crc,
-                entry.reconsume_times,
-            ) and c.PROPERTY_REAL_TOPIC in record.properties:
+            if (landed.uniq_key, landed.born_timestamp, landed.body_crc, landed.reconsume_times) == (
+                record.uniq_key,
+                record.born_timestamp,
+                record.body_crc,
+                record.reconsume_times,
+            ) and c.PROPERTY_REAL_TOPIC in landed.properties:
                 return True
             position -= 1
         return False
@@ -188,7 +191,7 @@ class ScheduleMessageService(PeriodicService):
     # -- delivery ---------------------------------------------------------------------------------
 
     def deliver_due(self, now: int) -> DeliveryReport:
-        """Deliver every entry of every level that is due at ``now`` (epoch ms).
+        """Deliver every record of every level that is due at ``now`` (epoch ms).
 
         Raises:
             BrokerError, CommitFailedError: the broker could not store the copies; the progress
@@ -204,19 +207,19 @@ class ScheduleMessageService(PeriodicService):
 
     def next_delivery_time(self) -> int | None:
         """The earliest delivery time (epoch ms, as stored: before ``correctDeliverTimestamp``)
-        of the entries waiting at each level's progress offset; None when nothing waits."""
+        of the records waiting at each level's progress offset; None when nothing waits."""
         store = self.broker.store
         self.broker.flush()
         times = []
         with self._lock:
             for level in range(1, c.MAX_DELAY_LEVEL + 1):
-                entry = store.message_at(c.SCHEDULE_TOPIC, level - 1, self._offsets.get(level, 0), decompress=False)
-                if entry is not None:
-                    times.append(deliver_timestamp(entry))
+                record = store.message_at(c.SCHEDULE_TOPIC, level - 1, self._offsets.get(level, 0), decompress=False)
+                if record is not None:
+                    times.append(deliver_timestamp(record))
         return min(times, default=None)
 
     def _deliver_round(self, level: int, now: int, report: DeliveryReport) -> bool:
-        """Deliver up to ``batch_size`` due entries of ``level``; True when a full batch went."""
+        """Deliver up to ``batch_size`` due records of ``level``; True when a full batch went."""
         store, queue_id = self.broker.store, level - 1
         start = self._offsets.get(level, 0)
         log_offset = self.broker.next_commit_log_offset  # read BEFORE the flush: everything below it is then durable
@@ -225,16 +228,16 @@ class ScheduleMessageService(PeriodicService):
         copies: list[InnerMessage] = []
         position = start
         while position < max_offset and len(copies) < self.batch_size:
-            entry = store.message_at(c.SCHEDULE_TOPIC, queue_id, position, decompress=False)
-            if entry is None or correct_deliver_timestamp(now, deliver_timestamp(entry), level) > now:
+            record = store.message_at(c.SCHEDULE_TOPIC, queue_id, position, decompress=False)
+            if record is None or correct_deliver_timestamp(now, deliver_timestamp(record), level) > now:
                 break
-            copy = restore_message(entry)
+            copy = restore_message(record)
             if copy is None:
                 _log.warning(
-                    "dropped schedule entry %s of level %s: real topic %r",
+                    "dropped schedule record %s of level %s: real topic %r",
                     position,
                     level,
-                    entry.properties.get(c.PROPERTY_REAL_TOPIC),
+                    record.properties.get(c.PROPERTY_REAL_TOPIC),
                 )
                 report.dropped.append((level, position))
             else:

@@ -2,11 +2,11 @@
 waits in ``rmq_sys_wheel_timer`` (queue 0) with ``TIMER_OUT_MS`` (see the put path); this service
 stores a copy in its real topic and queue once that millisecond has come, in delivery-time order.
 
-The copy is ``TimerMessageStore.convertMessage``'s: the entry's body, flag, sys flag, born fields
+The copy is ``TimerMessageStore.convertMessage``'s: the record's body, flag, sys flag, born fields
 and reconsume times, every property but ``REAL_TOPIC``/``REAL_QID``, plus ``TIMER_DEQUEUE_MS``,
 ``WAIT`` false.
 
-Crash safety (no copy twice, none skipped, whatever kills the broker): the entries are delivered
+Crash safety (no copy twice, none skipped, whatever kills the broker): the records are delivered
 in rounds, each round's copies in ONE put (one atomic commit). The progress file
 (``<lake>/_config/<broker>/timerProgress.json``) holds the first timer queue offset not yet
 settled and the settled offsets above it; before a round's put it records the round as pending
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 ROUND_SIZE: Final = 32  # copies stored per put (one atomic commit)
-INTERVAL_MS: Final = 10  # how often the service looks for due entries
+INTERVAL_MS: Final = 10  # how often the service looks for due records
 
 
 def timer_progress_path(lake: str | Path, broker_name: str) -> Path:
@@ -45,15 +45,15 @@ def timer_progress_path(lake: str | Path, broker_name: str) -> Path:
     return Path(lake) / "_config" / broker_name / "timerProgress.json"
 
 
-def delivery_copy(entry: MessageExt, now: int) -> InnerMessage | None:
-    """The copy of a timer entry for its real topic and queue, None when it names none."""
-    properties = dict(entry.properties)
+def delivery_copy(record: MessageExt, now: int) -> InnerMessage | None:
+    """The copy of a timer record for its real topic and queue, None when it names none."""
+    properties = dict(record.properties)
     real_topic = properties.pop(c.PROPERTY_REAL_TOPIC, None)
     real_queue = properties.pop(c.PROPERTY_REAL_QUEUE_ID, None)
     if real_topic is None or real_queue is None or not real_queue.isdigit():
         return None
     properties[c.PROPERTY_TIMER_DEQUEUE_MS] = str(now)
-    return stored_copy(entry, real_topic, int(real_queue), properties)
+    return stored_copy(record, real_topic, int(real_queue), properties)
 
 
 class TimerMessageService(PeriodicService):
@@ -120,25 +120,25 @@ class TimerMessageService(PeriodicService):
             self._floor += 1
 
     def _round_stored(self, offsets: list[int], log_offset: int) -> bool:
-        """Whether the pending round's put landed: the copy of its first deliverable entry is in
+        """Whether the pending round's put landed: the copy of its first deliverable record is in
         its real queue at or after ``log_offset`` (a round is stored all or none)."""
         store = self.broker.store
         self.broker.flush()
         for offset in offsets:
-            entry = store.message_at(c.TIMER_TOPIC, 0, offset, decompress=False)
-            copy = None if entry is None else delivery_copy(entry, 0)
-            if entry is None or copy is None:
+            record = store.message_at(c.TIMER_TOPIC, 0, offset, decompress=False)
+            copy = None if record is None else delivery_copy(record, 0)
+            if record is None or copy is None:
                 continue
             position = store.max_offset(copy.topic, copy.queue_id) - 1
             while position >= 0:
-                record = store.message_at(copy.topic, copy.queue_id, position, decompress=False)
-                if record is None or record.commit_log_offset < log_offset:
+                landed = store.message_at(copy.topic, copy.queue_id, position, decompress=False)
+                if landed is None or landed.commit_log_offset < log_offset:
                     return False
-                if (record.uniq_key, record.born_timestamp, record.body_crc) == (
-                    entry.uniq_key,
-                    entry.born_timestamp,
-                    entry.body_crc,
-                ) and record.properties.get(c.PROPERTY_TIMER_OUT_MS) == entry.properties.get(c.PROPERTY_TIMER_OUT_MS):
+                if (landed.uniq_key, landed.born_timestamp, landed.body_crc) == (
+                    record.uniq_key,
+                    record.born_timestamp,
+                    record.body_crc,
+                ) and landed.properties.get(c.PROPERTY_TIMER_OUT_MS) == record.properties.get(c.PROPERTY_TIMER_OUT_MS):
                     return True
                 position -= 1
             return False
@@ -147,13 +147,13 @@ class TimerMessageService(PeriodicService):
     # -- delivery ---------------------------------------------------------------------------------
 
     def waiting(self) -> int:
-        """Timer entries not delivered yet (as far as the service has read the timer queue)."""
+        """Timer records not delivered yet (as far as the service has read the timer queue)."""
         with self._lock:
             self._scan()
             return len(self._heap)
 
     def deliver_due(self, now: int) -> int:
-        """Deliver every timer entry due at ``now`` (epoch ms); the copies stored.
+        """Deliver every timer record due at ``now`` (epoch ms); the copies stored.
 
         Raises:
             BrokerError, CommitFailedError: the broker could not store a round; the progress then
@@ -167,33 +167,33 @@ class TimerMessageService(PeriodicService):
         return delivered
 
     def _scan(self) -> None:
-        """Read the timer entries appended since the last scan into the heap (those still in a
+        """Read the timer records appended since the last scan into the heap (those still in a
         pending commit come with a later scan)."""
         store = self.broker.store
         end = store.max_offset(c.TIMER_TOPIC, 0)
         for offset in range(max(self._scanned, self._floor), end):
             if offset in self._settled:
                 continue
-            entry = store.message_at(c.TIMER_TOPIC, 0, offset, decompress=False)
-            text = None if entry is None else entry.properties.get(c.PROPERTY_TIMER_OUT_MS)
+            record = store.message_at(c.TIMER_TOPIC, 0, offset, decompress=False)
+            text = None if record is None else record.properties.get(c.PROPERTY_TIMER_OUT_MS)
             if text is None or not text.lstrip("-").isdigit():
-                _log.warning("timer entry %s has no delivery time: left undelivered", offset)
+                _log.warning("timer record %s has no delivery time: left undelivered", offset)
                 self._settle([offset])
                 continue
             heapq.heappush(self._heap, (int(text), offset))
         self._scanned = max(self._scanned, end)
 
     def _round(self, now: int) -> int:
-        """Deliver up to ``round_size`` due entries in one put; the copies stored."""
+        """Deliver up to ``round_size`` due records in one put; the copies stored."""
         store = self.broker.store
         taken: list[int] = []
         copies: list[InnerMessage] = []
         while self._heap and self._heap[0][0] <= now and len(taken) < self.round_size:
             _, offset = heapq.heappop(self._heap)
-            entry = store.message_at(c.TIMER_TOPIC, 0, offset, decompress=False)
-            copy = None if entry is None else delivery_copy(entry, now)
+            record = store.message_at(c.TIMER_TOPIC, 0, offset, decompress=False)
+            copy = None if record is None else delivery_copy(record, now)
             if copy is None:
-                _log.warning("timer entry %s names no real topic and queue: dropped", offset)
+                _log.warning("timer record %s names no real topic and queue: dropped", offset)
             else:
                 copies.append(copy)
             taken.append(offset)
@@ -210,9 +210,9 @@ class TimerMessageService(PeriodicService):
                     self._settle(taken)
                 else:
                     for offset in taken:  # waiting again
-                        entry = store.message_at(c.TIMER_TOPIC, 0, offset, decompress=False)
-                        if entry is not None:
-                            heapq.heappush(self._heap, (int(entry.properties[c.PROPERTY_TIMER_OUT_MS]), offset))
+                        record = store.message_at(c.TIMER_TOPIC, 0, offset, decompress=False)
+                        if record is not None:
+                            heapq.heappush(self._heap, (int(record.properties[c.PROPERTY_TIMER_OUT_MS]), offset))
                 self._save(None)
                 raise
         self._settle(taken)

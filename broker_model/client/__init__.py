@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from broker_model.client.offset_store import LocalFileOffsetStore, ReadOffsetType, RemoteBrokerOffsetStore
 from broker_model.client.orderly_config import (
-    JAVA_INT_MAX,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     OrderlyConsumerConfig,
@@ -26,7 +25,6 @@ from broker_model.client.rebalance import allocate_averagely
 from broker_model.client.transaction_producer import TransactionProducer
 
 __all__ = [
-    "JAVA_INT_MAX",
     "ConsumeConcurrentlyContext",
     "ConsumeConcurrentlyStatus",
     "ConsumeOrderlyContext",

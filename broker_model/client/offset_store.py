@@ -14,8 +14,6 @@ from broker_model.broker import ConsumerOffsetManager
 from broker_model.common import OFFSET_BAD_REQUEST, OFFSET_NOT_FOUND, OFFSET_READ_ERROR, MessageQueue
 from schemas.errors import RmqLakeError
 
-PERSIST_CONSUMER_OFFSET_INTERVAL_MS = 5000  # persistConsumerOffsetInterval
-
 
 class ReadOffsetType(Enum):
     """Where a client reads an offset from."""
@@ -117,8 +115,8 @@ class LocalFileOffsetStore(OffsetStore):
 
     def persist_all(self) -> None:
         """Write every memory offset to the file (atomic replace, previous kept as .bak)."""
-        entries = sorted(self._memory.items())
-        table = [{"brokerName": b, "topic": t, "queueId": q, "offset": o} for (b, t, q), o in entries]
+        offset_items = sorted(self._memory.items())
+        table = [{"brokerName": b, "topic": t, "queueId": q, "offset": o} for (b, t, q), o in offset_items]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temp = self.path.with_suffix(".json.tmp")
         temp.write_text(json.dumps({"offsetTable": table}, indent=1), encoding="utf-8")

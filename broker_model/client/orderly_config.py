@@ -14,16 +14,10 @@ from broker_model.client.consume_core import (
     check_consume_from_where,
     check_message_model,
 )
-from broker_model.client.offset_store import (
-    PERSIST_CONSUMER_OFFSET_INTERVAL_MS,
-)
 from broker_model.common import MessageQueue
 from broker_model.common import constants as c
 from broker_model.store import MessageExt
 from schemas.errors import ValidationError
-
-JAVA_INT_MAX = 2**31 - 1  # an orderly consumer's max_reconsume_times of -1 means Integer.MAX_VALUE
-
 
 CONSUME_TIMESTAMP_DEFAULT_AGO_MS = 30 * 60 * 1000  # consumeTimestamp defaults to half an hour ago
 
@@ -74,7 +68,7 @@ class OrderlyConsumerConfig:
     unlock_delay_ms: int = c.UNLOCK_DELAY_TIME_MS
     rebalance_interval_ms: int = c.REBALANCE_INTERVAL_MS
     heartbeat_interval_ms: int = c.HEARTBEAT_BROKER_INTERVAL_MS
-    persist_offset_interval_ms: int = PERSIST_CONSUMER_OFFSET_INTERVAL_MS
+    persist_offset_interval_ms: int = c.PERSIST_CONSUMER_OFFSET_INTERVAL_MS
     max_time_consume_continuously_ms: int = c.MAX_TIME_CONSUME_CONTINUOUSLY_MS
     pull_idle_delay_ms: int = 100
 

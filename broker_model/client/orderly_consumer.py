@@ -26,7 +26,6 @@ from broker_model.client.offset_store import (
 )
 from broker_model.client.orderly_config import (
     CONSUME_TIMESTAMP_DEFAULT_AGO_MS,
-    JAVA_INT_MAX,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     MessageListenerOrderly,
@@ -620,7 +619,7 @@ class OrderlyPushConsumer:
     def max_reconsume_times(self) -> int:
         """The effective limit: ``max_reconsume_times``, or Java's Integer.MAX_VALUE for -1."""
         configured = self.config.max_reconsume_times
-        return JAVA_INT_MAX if configured == -1 else configured
+        return c.JAVA_INT_MAX if configured == -1 else configured  # -1 means Integer.MAX_VALUE
 
     def _check_reconsume_times(self, messages: list[MessageExt]) -> bool:
         """True when the batch must be suspended: a message under the limit (its in-memory

@@ -34,7 +34,7 @@ from schemas.errors import BrokerError, RmqLakeError, ValidationError
 
 _log = logging.getLogger(__name__)
 
-ACK_INDEX_ALL = 2**31 - 1  # ConsumeConcurrentlyContext.ackIndex default: Integer.MAX_VALUE
+ACK_INDEX_ALL = c.JAVA_INT_MAX  # ConsumeConcurrentlyContext.ackIndex default: Integer.MAX_VALUE
 REBALANCE_INTERVAL_S = 1.0  # the pull thread re-reads topics and the allocation this often
 
 

@@ -39,11 +39,11 @@ from broker_model.common.message import (
     validate_topic,
 )
 from broker_model.common.rules import (
-    DISPATCHED_TRANSACTION_TYPES,
     GROUP_QUEUE_KEY,
     QUEUE_KEY,
     GroupQueueKey,
     QueueKey,
+    RecordKey,
     compute_deliver_timestamp,
     consume_queue_tags_code,
     dispatched_mask,
@@ -57,7 +57,6 @@ from broker_model.common.rules import (
 from broker_model.common.timeutil import now_ms, parse_duration, parse_instant
 
 __all__ = [
-    "DISPATCHED_TRANSACTION_TYPES",
     "GROUP_QUEUE_KEY",
     "OFFSET_BAD_REQUEST",
     "OFFSET_NOT_FOUND",
@@ -69,6 +68,7 @@ __all__ = [
     "Message",
     "MessageQueue",
     "QueueKey",
+    "RecordKey",
     "UniqKeyFactory",
     "WithProperties",
     "body_crc",

@@ -220,9 +220,17 @@ PROPERTY_CONSUME_START_TIMESTAMP: Final = "CONSUME_START_TIME"
 PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"  # 5.x timer property cleared on delivery
 PROPERTY_TIMER_DELAY_SEC: Final = "TIMER_DELAY_SEC"  # 5.x timer property cleared on delivery
 PROPERTY_TIMER_DELAY_MS: Final = "TIMER_DELAY_MS"  # 5.x: deliver this many ms after the put
-PROPERTY_TIMER_OUT_MS: Final = "TIMER_OUT_MS"  # 5.x: the delivery time a timer entry waits for
+PROPERTY_TIMER_OUT_MS: Final = "TIMER_OUT_MS"  # 5.x: the delivery time a timer record waits for
 PROPERTY_TIMER_DEQUEUE_MS: Final = "TIMER_DEQUEUE_MS"  # 5.x: when the timer delivered the copy
 TIMER_MAX_DELAY_MS: Final = 3 * 24 * 3600 * 1000  # MessageStoreConfig.timerMaxDelaySec, 3 days
+
+
+# -- Java's integer ranges: RocketMQ's ints and longs, which values parsed from text must fit -------
+JAVA_INT_MIN: Final = -(1 << 31)  # Integer.MIN_VALUE
+JAVA_INT_MAX: Final = (1 << 31) - 1  # Integer.MAX_VALUE
+JAVA_LONG_MIN: Final = -(1 << 63)  # Long.MIN_VALUE
+JAVA_LONG_MAX: Final = (1 << 63) - 1  # Long.MAX_VALUE
+JAVA_LONG_RANGE: Final = (JAVA_LONG_MIN, JAVA_LONG_MAX)
 
 
 # -- readOffset answers besides offsets >= 0 (RemoteBrokerOffsetStore, ConsumerOffsetManager) -------

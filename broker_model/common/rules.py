@@ -25,10 +25,11 @@ QUEUE_KEY = ("broker_name", "topic", "queue_id")
 """The columns of a :data:`QueueKey`, in its order."""
 GROUP_QUEUE_KEY = ("group", *QUEUE_KEY)
 """The columns of a :data:`GroupQueueKey`, in its order."""
+RecordKey = tuple[str, int]
+"""A record of the lake: (broker_name, commit_log_offset)."""
 
 DISPATCHED_TRANSACTION_TYPES = (c.TRANSACTION_NOT_TYPE, c.TRANSACTION_COMMIT_TYPE)
 """Transaction types (``sys_flag & 12``) whose records get a consume-queue row."""
-JAVA_INT_MIN, JAVA_INT_MAX = -(1 << 31), (1 << 31) - 1
 _JAVA_INT_TEXT = re.compile(r"[+-]?[0-9]+")  # Integer.parseInt: an optional sign, ASCII digits
 
 
@@ -49,7 +50,7 @@ def parse_delay_level(text: str | None) -> int | None:
     if text is None or not _JAVA_INT_TEXT.fullmatch(text):
         return None
     level = int(text)
-    return level if JAVA_INT_MIN <= level <= JAVA_INT_MAX else None
+    return level if c.JAVA_INT_MIN <= level <= c.JAVA_INT_MAX else None
 
 
 def level_delay_ms(level: int) -> int | None:
@@ -87,7 +88,7 @@ def select_queue_by_hash(arg: str, queue_count: int) -> int:
 def uninterpreted_topic(topic: str) -> str | None:
     """What a RocketMQ 5 system topic whose records this product stores but does not interpret
     yet holds (POP's revive log, POP checkpoints); None for any other topic (the timer wheel
-    ``rmq_sys_wheel_timer`` is interpreted: its entries are delivered by the broker's timer)."""
+    ``rmq_sys_wheel_timer`` is interpreted: its records are delivered by the broker's timer)."""
     if topic.startswith(c.REVIVE_TOPIC_PREFIX):
         return "POP checkpoints and acks of a cluster (RocketMQ 5 revive log)"
     if topic == c.POP_CHECKPOINT_TOPIC:

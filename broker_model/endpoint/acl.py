@@ -75,9 +75,9 @@ class Acl:
         if not isinstance(accounts, list) or not accounts:
             raise ValidationError("--acl", str(path), "has no accounts list", 'write {"accounts": [...]}')
         parsed: dict[str, Account] = {}
-        for index, entry in enumerate(accounts):
-            parsed_entry = _account(entry, f"{path}: accounts[{index}]")
-            parsed[parsed_entry.access_key] = parsed_entry
+        for index, item in enumerate(accounts):
+            account = _account(item, f"{path}: accounts[{index}]")
+            parsed[account.access_key] = account
         return cls(parsed)
 
     def authenticate(self, metadata: Mapping[str, str]) -> Account:
@@ -109,18 +109,18 @@ class Acl:
             raise RequestError(pb.FORBIDDEN, f"topic: access key {account.access_key!r} may not use topic {topic!r}")
 
 
-def _account(entry: Any, where: str) -> Account:
-    if not isinstance(entry, dict):
+def _account(item: Any, where: str) -> Account:
+    if not isinstance(item, dict):
         raise ValidationError("--acl", where, "is not an object", "see docs/endpoint.md")
     values = {}
     for name in ("accessKey", "secretKey"):
-        value = entry.get(name)
+        value = item.get(name)
         if not isinstance(value, str) or not value:
             raise ValidationError("--acl", f"{where}.{name}", "is missing or not a string", "see docs/endpoint.md")
         values[name] = value
     lists = {}
     for name in ("topics", "groups"):
-        value = entry.get(name, [])
+        value = item.get(name, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValidationError("--acl", f"{where}.{name}", "is not a list of names", 'e.g. ["Orders"] or ["*"]')
         lists[name] = frozenset(value)

@@ -15,7 +15,6 @@ PROPERTY_SHARDING_KEY: Final = "__SHARDINGKEY"
 PROPERTY_TRACE_CONTEXT: Final = "TRACE_CONTEXT"
 PROPERTY_BORN_HOST: Final = "__BORNHOST"
 PROPERTY_BORN_TIMESTAMP: Final = "BORN_TIMESTAMP"
-KEY_SEPARATOR: Final = " "
 # properties of the system (MessageConst.STRING_HASH_SET and the proxy's own), never user properties
 SYSTEM_PROPERTIES: Final = c.RESERVED_PROPERTY_NAMES | {
     c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
@@ -51,7 +50,7 @@ def protocol_message(message: MessageExt, topic: str | None = None, queue_id: in
     if c.PROPERTY_TAGS in properties:
         system.tag = properties[c.PROPERTY_TAGS]
     if properties.get(c.PROPERTY_KEYS):
-        system.keys.extend(properties[c.PROPERTY_KEYS].split(KEY_SEPARATOR))
+        system.keys.extend(properties[c.PROPERTY_KEYS].split(c.KEY_SEPARATOR))
     if c.PROPERTY_TIMER_DELIVER_MS in properties:
         system.delivery_timestamp.FromMilliseconds(int(properties[c.PROPERTY_TIMER_DELIVER_MS]))
     if PROPERTY_SHARDING_KEY in properties:

@@ -36,7 +36,6 @@ from broker_model.common import constants as c
 from broker_model.common import decode_msg_id, parse_host
 from broker_model.endpoint.acl import Acl
 from broker_model.endpoint.convert import (
-    KEY_SEPARATOR,
     PROPERTY_BORN_HOST,
     PROPERTY_BORN_TIMESTAMP,
     PROPERTY_SHARDING_KEY,
@@ -427,7 +426,7 @@ def build_message(message: pb.Message, peer: str) -> InnerMessage:
         if not key.strip() or _has_control(key):
             raise RequestError(pb.ILLEGAL_MESSAGE_KEY, f"system_properties.keys: {key!r} is not a valid key")
     if system.keys:
-        properties[c.PROPERTY_KEYS] = KEY_SEPARATOR.join(system.keys)
+        properties[c.PROPERTY_KEYS] = c.KEY_SEPARATOR.join(system.keys)
     properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = system.message_id
     properties[c.PROPERTY_RECONSUME_TIME] = str(system.delivery_attempt)
     properties[c.PROPERTY_PRODUCER_GROUP] = message.topic.name  # the proxy names the topic as the group

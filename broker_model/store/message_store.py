@@ -39,7 +39,7 @@ from schemas.errors import ValidationError
 
 MAX_TRANSFER_COUNT = 32  # maxTransferCountOnMessageInMemory
 MAX_TRANSFER_BYTES = 256 * 1024  # maxTransferBytesOnMessageInMemory: the first message always goes
-MAX_FILTER_SCAN = 16000 // 20  # maxFilterMessageSize / CQ unit size: units scanned per pull at least
+MAX_FILTER_SCAN = 16000 // 20  # maxFilterMessageSize / CQ_STORE_UNIT_SIZE: consume-queue rows scanned per pull at least
 BROKER_SUSPEND_MAX_TIME_MS = 15000  # the client's suspend timeout
 SHORT_POLLING_TIME_MS = 1000  # shortPollingTimeMills: the hold when long polling is off
 LONG_POLLING_CHECK_MS = 5000  # the hold service re-checks held pulls this often
@@ -163,11 +163,14 @@ class PullResult:
 
 
 class _Queue:
-    """One consume queue: parallel arrays indexed by queue offset."""
+    """One consume queue: parallel arrays of its rows from queue offset :attr:`min_offset` on, the
+    first one still stored (0 unless a store's oldest segments were deleted before the lake took it
+    in); the row of queue offset ``q`` is at index ``q - min_offset``."""
 
-    __slots__ = ("files", "offsets", "rows", "sizes", "tags_codes", "timestamps")
+    __slots__ = ("files", "min_offset", "offsets", "rows", "sizes", "tags_codes", "timestamps")
 
-    def __init__(self) -> None:
+    def __init__(self, min_offset: int) -> None:
+        self.min_offset = min_offset
         self.offsets = array("q")
         self.sizes = array("i")
         self.tags_codes = array("q")
@@ -177,6 +180,15 @@ class _Queue:
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    @property
+    def max_offset(self) -> int:
+        """The next queue offset to be written."""
+        return self.min_offset + len(self.offsets)
+
+    def holds(self, queue_offset: int) -> bool:
+        """Whether the queue has a row at ``queue_offset``."""
+        return self.min_offset <= queue_offset < self.max_offset
 
 
 class MessageStore:
@@ -199,6 +211,7 @@ class MessageStore:
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._lock = threading.RLock()
         self._arrival = threading.Condition(self._lock)
+        self._held = 0  # pulls being held now (PullRequestHoldService's suspended requests)
         self._queues: dict[tuple[str, int], _Queue] = {}
         self._files: list[str] = []  # table-relative paths; a row locator is (file id, row)
         self._file_ids: dict[str, int] = {}  # decoded path -> file id
@@ -211,7 +224,7 @@ class MessageStore:
         self.skipped: list[tuple[str, int, int]] = []  # (topic, queue id, queue offset) not contiguous
         self._half_offsets: dict[int, int] = {}  # half record commit log offset -> half queue offset
         self._finals: dict[str, list[int]] = {}  # UNIQ_KEY -> commit log offsets of its commit records
-        self._final_entries: dict[int, tuple[str, int, int]] = {}  # commit record offset -> (topic, queue, offset)
+        self._final_positions: dict[int, tuple[str, int, int]] = {}  # commit record offset -> (topic, queue, offset)
 
     # -- loading and dispatch ---------------------------------------------------------------------
 
@@ -223,7 +236,7 @@ class MessageStore:
             self._undispatched.clear()
             self._half_offsets.clear()
             self._finals.clear()
-            self._final_entries.clear()
+            self._final_positions.clear()
             self._queues.clear()
             self._files.clear()
             self._file_ids.clear()
@@ -249,7 +262,7 @@ class MessageStore:
         """Index commits made since the last look (by any process); True when anything new came.
 
         A rewrite (compaction: files removed and added with ``dataChange=false``) moves rows
-        without changing them: the entries of the removed files are pointed at the same rows,
+        without changing them: the consume-queue rows of the removed files are pointed at the same rows,
         found by commit log offset, in the added files (:meth:`_remap`). A commit that removes rows,
         a rewrite whose rows cannot all be found, or a cleaned-up log makes it reload everything.
         """
@@ -294,8 +307,8 @@ class MessageStore:
         return arrived
 
     def _remap(self, change: CommitChange) -> bool:
-        """Point the entries of the files ``change`` removed at the same rows in the files it
-        added (caller holds the lock). False when an entry's commit log offset is in none of them."""
+        """Point the consume-queue rows of the files ``change`` removed at the same rows in the files it
+        added (caller holds the lock). False when a row's commit log offset is in none of them."""
         gone = [self._file_ids[removed.path] for removed in change.removed if removed.path in self._file_ids]
         if not gone:
             return True  # another broker's files
@@ -389,8 +402,8 @@ class MessageStore:
             self._index_transaction(columns, i)
             queue = self._queues.get(key)
             if queue is None:
-                queue = self._queues[key] = _Queue()
-            if columns["queue_offset"][i] != len(queue):
+                queue = self._queues[key] = _Queue(columns["queue_offset"][i])
+            if columns["queue_offset"][i] != queue.max_offset:
                 self.skipped.append((key[0], key[1], columns["queue_offset"][i]))
                 continue
             queue.offsets.append(columns["commit_log_offset"][i])
@@ -407,8 +420,8 @@ class MessageStore:
             uniq_key = columns["uniq_key"][i]
             if uniq_key is not None:
                 self._finals.setdefault(uniq_key, []).append(columns["commit_log_offset"][i])
-            entry = (columns["topic"][i], columns["queue_id"][i], columns["queue_offset"][i])
-            self._final_entries[columns["commit_log_offset"][i]] = entry
+            position = (columns["topic"][i], columns["queue_id"][i], columns["queue_offset"][i])
+            self._final_positions[columns["commit_log_offset"][i]] = position
 
     def half_queue_offset(self, commit_log_offset: int) -> int | None:
         """Half queue offset of the half record at ``commit_log_offset``, None when there is none."""
@@ -426,8 +439,8 @@ class MessageStore:
         """A committed (final) transactional record by its commit log offset, None if unknown."""
         with self._lock:
             self._drain()
-            entry = self._final_entries.get(commit_log_offset)
-        return None if entry is None else self.message_at(*entry, decompress=False)
+            position = self._final_positions.get(commit_log_offset)
+        return None if position is None else self.message_at(*position, decompress=False)
 
     def message_at(self, topic: str, queue_id: int, queue_offset: int, decompress: bool = True) -> MessageExt | None:
         """The message at a queue offset, None when there is none; with ``decompress=False`` the
@@ -435,7 +448,7 @@ class MessageStore:
         with self._lock:
             self._drain()
             queue = self._queues.get((topic, queue_id))
-            if queue is None or not 0 <= queue_offset < len(queue):
+            if queue is None or not queue.holds(queue_offset):
                 return None
             return self._message(topic, queue_id, queue_offset, decompress)
 
@@ -458,13 +471,14 @@ class MessageStore:
             self._cached -= evicted.nbytes
 
     def _row(self, topic: str, queue_id: int, queue_offset: int) -> dict[str, Any]:
-        """The stored record of a queue entry (caller holds the lock). When its file is gone (a
+        """The stored record of a consume-queue row (caller holds the lock). When its file is gone (a
         compaction this store has not followed yet, then a VACUUM), the log is followed and the
         read tried again, then the whole log indexed again and tried a last time."""
         for recover in (self.refresh, self.load, None):
             queue = self._queues[(topic, queue_id)]
+            index = queue_offset - queue.min_offset
             try:
-                rows = self._read_file(queue.files[queue_offset]).slice(queue.rows[queue_offset], 1)
+                rows = self._read_file(queue.files[index]).slice(queue.rows[index], 1)
                 row: dict[str, Any] = rows.to_pylist()[0]
                 return row
             except FileNotFoundError:
@@ -500,40 +514,46 @@ class MessageStore:
     # -- queries ----------------------------------------------------------------------------------
 
     def queues(self) -> list[tuple[str, int]]:
-        """Every (topic, queue id) with at least one entry, sorted."""
+        """Every (topic, queue id) with at least one consume-queue row, sorted."""
         with self._lock:
             self._drain()
             return sorted(self._queues)
 
-    def units(self, topic: str, queue_id: int) -> tuple[array[int], array[int], array[int]]:
-        """Copies of a queue's units in queue order: commit log offsets, sizes and tags codes (the
-        20-byte units of RocketMQ's consume queue files); empty for an unknown queue."""
+    def cq_rows(self, topic: str, queue_id: int) -> tuple[int, array[int], array[int], array[int]]:
+        """A queue's consume-queue rows in queue order: the queue offset of the first, and copies of
+        their commit log offsets, sizes and tags codes (what the 20-byte units of RocketMQ's
+        consume queue files hold); ``(0, empty, empty, empty)`` for an unknown queue."""
         with self._lock:
             self._drain()
             queue = self._queues.get((topic, queue_id))
             if queue is None:
-                return array("q"), array("i"), array("q")
-            return array("q", queue.offsets), array("i", queue.sizes), array("q", queue.tags_codes)
+                return 0, array("q"), array("i"), array("q")
+            return queue.min_offset, array("q", queue.offsets), array("i", queue.sizes), array("q", queue.tags_codes)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
-        """The smallest queue offset still stored (always 0: segments are never deleted)."""
-        return 0
+        """The smallest queue offset still stored (``ConsumeQueue.getMinOffsetInQueue``): 0 unless
+        the store the lake took the broker from had deleted its oldest segments; 0 for an unknown
+        queue."""
+        with self._lock:
+            self._drain()
+            queue = self._queues.get((topic, queue_id))
+            return queue.min_offset if queue is not None else 0
 
     def max_offset(self, topic: str, queue_id: int) -> int:
-        """The queue's next offset to be written."""
+        """The queue's next offset to be written (``getMaxOffsetInQueue``); 0 for an unknown queue."""
         with self._lock:
             self._drain()
             queue = self._queues.get((topic, queue_id))
-            return len(queue) if queue is not None else 0
+            return queue.max_offset if queue is not None else 0
 
     def store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
-        """Store time (ms) of the entry at ``queue_offset``, None when there is none."""
+        """Store time (ms) of the consume-queue row at ``queue_offset``, None when there is none."""
         with self._lock:
             self._drain()
             queue = self._queues.get((topic, queue_id))
-            if queue is None or not 0 <= queue_offset < len(queue):
+            if queue is None or not queue.holds(queue_offset):
                 return None
-            return queue.timestamps[queue_offset]
+            return queue.timestamps[queue_offset - queue.min_offset]
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
         """RocketMQ 5.1.1+ lookup with the LOWER boundary: the first offset whose store time is at
@@ -550,7 +570,7 @@ class MessageStore:
                     low = middle + 1
                 else:
                     high = middle
-            return low
+            return queue.min_offset + low
 
     def get_message(
         self,
@@ -562,7 +582,7 @@ class MessageStore:
     ) -> GetMessageResult:
         """``DefaultMessageStore.getMessage``: read up to ``max_msgs`` matching messages.
 
-        Scans at most ``max(800, max_msgs)`` units; a batch ends at ``max_msgs`` messages or
+        Scans at most ``max(800, max_msgs)`` consume-queue rows; a batch ends at ``max_msgs`` messages or
         256 KiB (the first message always goes). ``next_begin_offset`` follows RocketMQ's
         corrections: min offset when too small, max offset when far too large.
         """
@@ -572,34 +592,35 @@ class MessageStore:
         with self._lock:
             self._drain()
             queue = self._queues.get((topic, queue_id))
-            high = len(queue) if queue is not None else 0
-            if queue is None or high == 0:
+            if queue is None or queue.max_offset == 0:
                 return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
-            if offset < 0:
-                return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, 0, 0, high)
+            low, high = queue.min_offset, queue.max_offset
+            if offset < low:
+                return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, low, low, high)
             if offset == high:
-                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, 0, high)
+                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, low, high)
             if offset > high:
-                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, high, 0, high)
+                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, high, low, high)
             return self._scan(queue, topic, queue_id, offset, max_msgs, sub)
 
     def _scan(
         self, queue: _Queue, topic: str, queue_id: int, offset: int, max_msgs: int, sub: Subscription
     ) -> GetMessageResult:
-        end = min(len(queue), offset + max(MAX_FILTER_SCAN, max_msgs))
+        end = min(queue.max_offset, offset + max(MAX_FILTER_SCAN, max_msgs))
         found: list[int] = []
         size = 0
         position = offset
         while position < end:
-            if found and (len(found) >= max_msgs or size + queue.sizes[position] > MAX_TRANSFER_BYTES):
+            index = position - queue.min_offset
+            if found and (len(found) >= max_msgs or size + queue.sizes[index] > MAX_TRANSFER_BYTES):
                 break
-            if sub.matches_code(queue.tags_codes[position]):
+            if sub.matches_code(queue.tags_codes[index]):
                 found.append(position)
-                size += queue.sizes[position]
+                size += queue.sizes[index]
             position += 1
         status = GetMessageStatus.FOUND if found else GetMessageStatus.NO_MATCHED_MESSAGE
         messages = [self._message(topic, queue_id, q) for q in found]
-        return GetMessageResult(status, position, 0, len(queue), messages)
+        return GetMessageResult(status, position, queue.min_offset, queue.max_offset, messages)
 
     # -- pulls ------------------------------------------------------------------------------------
 
@@ -630,26 +651,41 @@ class MessageStore:
             result = self.get_message(topic, queue_id, offset, max_msgs, sub)
         return _client_result(result, offset, sub)
 
+    @property
+    def held_pulls(self) -> int:
+        """The pulls being held now, waiting for a message or the end of their hold."""
+        with self._lock:
+            return self._held
+
     def _hold(self, topic: str, queue_id: int, offset: int, sub: Subscription, hold_ms: int, wake: bool) -> None:
         deadline = time.monotonic() + hold_ms / 1000
         with self._arrival:
-            while True:
-                if wake and self._arrived(topic, queue_id, offset, sub):
-                    return
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                step = LONG_POLLING_CHECK_MS if self.fed_locally else self.log_poll_ms
-                self._arrival.wait(min(remaining, step / 1000))
-                if not self.fed_locally:
-                    self.refresh()
+            self._held += 1
+            try:
+                self._wait(topic, queue_id, offset, sub, deadline, wake)
+            finally:
+                self._held -= 1
+
+    def _wait(self, topic: str, queue_id: int, offset: int, sub: Subscription, deadline: float, wake: bool) -> None:
+        """Wait (caller holds the lock) until a matching message arrived, when ``wake``, or the deadline."""
+        while True:
+            if wake and self._arrived(topic, queue_id, offset, sub):
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            step = LONG_POLLING_CHECK_MS if self.fed_locally else self.log_poll_ms
+            self._arrival.wait(min(remaining, step / 1000))
+            if not self.fed_locally:
+                self.refresh()
 
     def _arrived(self, topic: str, queue_id: int, offset: int, sub: Subscription) -> bool:
         self._drain()
         queue = self._queues.get((topic, queue_id))
-        if queue is None or len(queue) <= offset:
+        if queue is None or queue.max_offset <= offset:
             return False
-        return any(sub.matches_code(queue.tags_codes[q]) for q in range(max(offset, 0), len(queue)))
+        first = max(offset, queue.min_offset) - queue.min_offset
+        return any(sub.matches_code(queue.tags_codes[index]) for index in range(first, len(queue)))
 
 
 def _tags_code(columns: dict[str, list[Any]], i: int) -> int:

@@ -15,11 +15,11 @@ from broker_model.common import constants as c
 from schemas.errors import CorruptRecordError
 
 # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BORNTIMESTAMP
-_HEAD = struct.Struct(">iiiiiqqiq")
+RECORD_HEAD = struct.Struct(">iiiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP: 48 bytes
 _STORE_TS = struct.Struct(">q")
 _TAIL = struct.Struct(">iq")  # RECONSUMETIMES, PREPARED_TRANSACTION_OFFSET
-_INT = struct.Struct(">i")
-_SHORT = struct.Struct(">h")
+RECORD_INT = struct.Struct(">i")  # BODYLENGTH and the other int fields
+RECORD_SHORT = struct.Struct(">h")  # a v2 TOPICLENGTH and PROPERTIESLENGTH
 _BLANK = struct.Struct(">ii")
 
 
@@ -88,7 +88,7 @@ def encode_record(row: dict[str, Any]) -> bytes:
     body: bytes = row["body"]
     v2 = row["magic_code"] == c.MAGIC_CODE_V2
     parts = [
-        _HEAD.pack(
+        RECORD_HEAD.pack(
             row["store_size"],
             row["magic_code"],
             row["body_crc"],
@@ -103,11 +103,11 @@ def encode_record(row: dict[str, Any]) -> bytes:
         _STORE_TS.pack(row["store_timestamp"]),
         store.to_bytes(),
         _TAIL.pack(row["reconsume_times"], row["prepared_transaction_offset"]),
-        _INT.pack(len(body)),
+        RECORD_INT.pack(len(body)),
         body,
-        _SHORT.pack(len(topic)) if v2 else struct.pack(">B", len(topic)),  # Java writes (byte) len
+        RECORD_SHORT.pack(len(topic)) if v2 else struct.pack(">B", len(topic)),  # Java writes (byte) len
         topic,
-        _SHORT.pack(len(props)),
+        RECORD_SHORT.pack(len(props)),
         props,
     ]
     return b"".join(parts)
@@ -160,12 +160,14 @@ def decode_record(
 
 
 def _decode(data: bytes | memoryview, position: int) -> dict[str, Any]:
-    (size, magic, crc, queue_id, flag, queue_offset, offset, sys_flag, born_ts) = _HEAD.unpack_from(data, position)
+    (size, magic, crc, queue_id, flag, queue_offset, offset, sys_flag, born_ts) = RECORD_HEAD.unpack_from(
+        data, position
+    )
     if magic not in (c.MAGIC_CODE_V1, c.MAGIC_CODE_V2):
         raise ValueError(f"bad magic code {magic} (0x{magic & 0xFFFFFFFF:08X})")
     if size <= 0 or position + size > len(data):
         raise ValueError(f"TOTALSIZE {size} runs past the end of the data")
-    p = position + _HEAD.size
+    p = position + RECORD_HEAD.size
     born_len = 20 if sys_flag & c.BORNHOST_V6_FLAG else 8
     born = host_from_bytes(bytes(data[p : p + born_len]))
     p += born_len
@@ -176,18 +178,18 @@ def _decode(data: bytes | memoryview, position: int) -> dict[str, Any]:
     p += store_len
     reconsume, prepared = _TAIL.unpack_from(data, p)
     p += _TAIL.size
-    (body_len,) = _INT.unpack_from(data, p)
+    (body_len,) = RECORD_INT.unpack_from(data, p)
     body = bytes(data[p + 4 : p + 4 + body_len])
     p += 4 + body_len
     if magic == c.MAGIC_CODE_V2:
-        (topic_len,) = _SHORT.unpack_from(data, p)
+        (topic_len,) = RECORD_SHORT.unpack_from(data, p)
         p += 2
     else:
         topic_len = data[p]
         p += 1
     topic = bytes(data[p : p + topic_len]).decode("utf-8")
     p += topic_len
-    (props_len,) = _SHORT.unpack_from(data, p)
+    (props_len,) = RECORD_SHORT.unpack_from(data, p)
     raw_properties = bytes(data[p + 2 : p + 2 + props_len])
     if min(body_len, topic_len, props_len) < 0 or len(body) != body_len or len(raw_properties) != props_len:
         raise ValueError("a length field runs past the record")

@@ -24,12 +24,8 @@ import pyarrow.compute as pc
 from broker_model.common import constants as c
 from broker_model.common import host_from_bytes
 from broker_model.common.constants import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
-from broker_model.store.record import record_length
+from broker_model.store.record import RECORD_HEAD, RECORD_INT, RECORD_SHORT, record_length
 from schemas.catalog import COMMITLOG
-
-_HEAD: Final = struct.Struct(">iiiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP: 48 bytes
-_I: Final = struct.Struct(">i")
-_H: Final = struct.Struct(">h")
 
 
 class RecordColumns:
@@ -65,7 +61,7 @@ class RecordColumns:
         if self._positions and data is not self._data:
             raise ValueError("RecordColumns.add: a record of another file before table() was taken")
         try:
-            size, magic, crc, _, _, _, offset, sys_flag, _ = _HEAD.unpack_from(data, position)
+            size, magic, crc, _, _, _, offset, sys_flag, _ = RECORD_HEAD.unpack_from(data, position)
         except struct.error:
             return None
         end = position + size
@@ -74,13 +70,13 @@ class RecordColumns:
         born_len = 20 if sys_flag & c.BORNHOST_V6_FLAG else 8
         store_len = 20 if sys_flag & c.STOREHOSTADDRESS_V6_FLAG else 8
         p = position + 48 + born_len + 8 + store_len + 12
-        (body_len,) = _I.unpack_from(data, p)
+        (body_len,) = RECORD_INT.unpack_from(data, p)
         body_at = p + 4
         p = body_at + body_len
         if body_len < 0 or p + 3 > end:
             return None
         if v2 := magic == c.MAGIC_CODE_V2:
-            (topic_len,) = _H.unpack_from(data, p)
+            (topic_len,) = RECORD_SHORT.unpack_from(data, p)
             p += 2
         else:
             topic_len = data[p]
@@ -89,7 +85,7 @@ class RecordColumns:
         p += topic_len
         if topic_len < 0 or p + 2 > end:
             return None
-        (props_len,) = _H.unpack_from(data, p)
+        (props_len,) = RECORD_SHORT.unpack_from(data, p)
         expected = record_length(body_len, topic_len, props_len, born_len == 20, store_len == 20, v2)
         body = data[body_at : body_at + body_len]
         if props_len < 0 or expected != size or (zlib.crc32(body) & 0x7FFFFFFF) != crc:
@@ -226,16 +222,16 @@ def decode_property_column(raw: pa.Array) -> pa.MapArray:
     valid = pc.and_(pc.greater_equal(pc.utf8_length(flat), 3), pc.is_valid(pairs))
     valid = pc.fill_null(pc.and_(valid, pc.and_(pc.not_equal(keys, ""), pc.not_equal(values, ""))), False)
     taken = np.flatnonzero(valid.to_numpy(zero_copy_only=False))
-    entry_rows = rows.to_numpy()[taken]
-    if _has_duplicates(entry_rows, pc.dictionary_encode(keys.take(pa.array(taken)))):
-        entries = pa.table({"row": entry_rows, "key": keys.take(pa.array(taken)), "at": taken})
-        kept = entries.group_by(["row", "key"]).aggregate([("at", "min"), ("at", "max")]).sort_by("at_min")
-        entry_rows = kept["row"].to_numpy()
+    keyed_rows = rows.to_numpy()[taken]
+    if _has_duplicates(keyed_rows, pc.dictionary_encode(keys.take(pa.array(taken)))):
+        keyed = pa.table({"row": keyed_rows, "key": keys.take(pa.array(taken)), "at": taken})
+        kept = keyed.group_by(["row", "key"]).aggregate([("at", "min"), ("at", "max")]).sort_by("at_min")
+        keyed_rows = kept["row"].to_numpy()
         firsts, lasts = kept["at_min"].combine_chunks(), kept["at_max"].combine_chunks()
     else:
         firsts = lasts = pa.array(taken)
     offsets = np.zeros(len(raw) + 1, dtype=np.int32)
-    np.cumsum(np.bincount(entry_rows, minlength=len(raw)), out=offsets[1:])
+    np.cumsum(np.bincount(keyed_rows, minlength=len(raw)), out=offsets[1:])
     return pa.MapArray.from_arrays(pa.array(offsets), keys.take(firsts), values.take(lasts))
 
 

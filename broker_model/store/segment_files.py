@@ -44,8 +44,7 @@ IMPORT_CHUNK_ROWS: Final = 50_000  # rows per Parquet write: bounds the import's
 IMPORT_CHUNK_BYTES: Final = 64 * 1024 * 1024  # ... and so do the record bytes held per write
 MIN_SEGMENT_SIZE: Final = 4096  # Broker refuses smaller segments, so the import does too
 EXPORT_BATCH_ROWS: Final = 4096  # rows turned into Python objects at a time while exporting
-_FILE_NAME = re.compile(r"^[0-9]{20}$")  # UtilAll.offset2FileName: %020d of the base offset
-_MAX_OFFSET = 2**63 - 1  # offsets are Java longs
+SEGMENT_FILE_NAME = re.compile(r"^[0-9]{20}$")  # UtilAll.offset2FileName: %020d of the base offset
 
 
 @dataclass(frozen=True)
@@ -153,7 +152,7 @@ def list_commitlog_files(src_dir: Path) -> list[SegmentFile]:
         )
     files: list[SegmentFile] = []
     for path in sorted(src_dir.iterdir()):
-        if not _FILE_NAME.match(path.name) or not path.is_file():
+        if not SEGMENT_FILE_NAME.match(path.name) or not path.is_file():
             raise ValidationError(
                 "commit log file",
                 str(path),
@@ -192,7 +191,7 @@ def _check_file(current: SegmentFile, size: int, first: SegmentFile, previous: S
             f"base offset {current.base} is not a multiple of the file size {size}",
             "file names must be the offsets RocketMQ gave them",
         )
-    if current.base > _MAX_OFFSET - size:
+    if current.base > c.JAVA_LONG_MAX - size:  # offsets are Java longs
         raise ValidationError(
             "commit log file", where, f"base offset {current.base} is beyond a Java long", "rename it as RocketMQ did"
         )
@@ -576,7 +575,7 @@ def registered_segment_size(lake: Path, broker_name: str) -> int | None:
 def _check_out_dir(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise ValidationError("out_dir", str(out_dir), "is not a directory", "give a new or empty directory")
-    if out_dir.is_dir() and any(_FILE_NAME.match(p.name) for p in out_dir.iterdir()):
+    if out_dir.is_dir() and any(SEGMENT_FILE_NAME.match(p.name) for p in out_dir.iterdir()):
         raise ValidationError(
             "out_dir", str(out_dir), "already holds commit log files", "export into a new or empty directory"
         )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from broker_model.common import constants as c
 from broker_model.common import delay_progress_path, now_ms
 from broker_model.store.message_store import MessageStore
 from broker_model.store.segment_files import export_commitlog
@@ -81,8 +82,8 @@ def export_store(
     delay = delay_progress_path(lake, broker_name)
     if delay.exists():
         table = json.loads(delay.read_text(encoding="utf-8")).get("offsetTable", {})
-        entries = ",".join(f"{int(level)}:{int(offset)}" for level, offset in sorted(table.items(), key=_level))
-        (config / "delayOffset.json").write_text(f'{{"offsetTable":{{{entries}}}}}', encoding="utf-8")
+        level_offsets = ",".join(f"{int(level)}:{int(offset)}" for level, offset in sorted(table.items(), key=_level))
+        (config / "delayOffset.json").write_text(f'{{"offsetTable":{{{level_offsets}}}}}', encoding="utf-8")
     return StoreExportReport(
         broker_name, out_dir, log.files, log.records, queues, units, len(offsets), len(topics), len(groups)
     )
@@ -97,14 +98,19 @@ def _write_consume_queues(store: MessageStore, out_dir: Path, units_per_file: in
     total = 0
     queues = store.queues()
     for topic, queue_id in queues:
-        offsets, sizes, tags = store.units(topic, queue_id)
+        base, offsets, sizes, tags = store.cq_rows(topic, queue_id)
         directory = out_dir / "consumequeue" / topic / str(queue_id)
         directory.mkdir(parents=True)
-        for first in range(0, len(offsets), units_per_file):
-            count = min(units_per_file, len(offsets) - first)
+        end = base + len(offsets)
+        for first in range(base - base % units_per_file, end, units_per_file):
             data = bytearray(file_size)
-            for i in range(count):
-                _UNIT.pack_into(data, i * CQ_UNIT_SIZE, offsets[first + i], sizes[first + i], tags[first + i])
+            for queue_offset in range(first, min(first + units_per_file, end)):
+                at = (queue_offset - first) * CQ_UNIT_SIZE
+                if queue_offset < base:  # before a queue's first row, as ConsumeQueue.fillPreBlank writes
+                    _UNIT.pack_into(data, at, 0, c.JAVA_INT_MAX, 0)
+                else:
+                    i = queue_offset - base
+                    _UNIT.pack_into(data, at, offsets[i], sizes[i], tags[i])
             (directory / f"{first * CQ_UNIT_SIZE:020d}").write_bytes(bytes(data))
         total += len(offsets)
     return len(queues), total

@@ -179,8 +179,8 @@ class ResetTool:
     def _row(self, group: str, broker_name: str, topic: str, queue_id: int, strategy: Strategy) -> PlanRow:
         store = self.store(broker_name)
         low, high = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id)
-        current_entry = self.ledger.current((group, broker_name, topic, queue_id))
-        current = current_entry[0] if current_entry is not None else -1
+        latest_commit = self.ledger.current((group, broker_name, topic, queue_id))
+        current = latest_commit[0] if latest_commit is not None else -1
         wanted, note = self._wanted(store, group, broker_name, topic, queue_id, current, low, strategy)
         target = min(max(wanted, low), high)
         if target != wanted:

@@ -5,16 +5,14 @@ T (RocketMQ's ``mqadmin consumerProgress`` figures), from ``consumer_offset_comm
 
 from __future__ import annotations
 
-from jobs.consumer_offsets.fold import Previous, can_fold, fold
+from jobs.consumer_offsets.fold import Previous, check_foldable, fold
 from jobs.consumer_offsets.job import (
     ConsumerOffsetsConfig,
-    as_of_of_message,
     build_config,
     build_parser,
     format_progress,
     main,
     run,
-    through_of_message,
 )
 from jobs.consumer_offsets.transforms import (
     QUEUE_NOT_FOUND,
@@ -28,17 +26,15 @@ __all__ = [
     "QUEUE_NOT_FOUND",
     "ConsumerOffsetsConfig",
     "Previous",
-    "as_of_of_message",
     "build_config",
     "build_consumer_offsets",
     "build_listed_queues",
     "build_parser",
     "build_queue_bounds",
-    "can_fold",
+    "check_foldable",
     "filter_cq_rows_as_of",
     "fold",
     "format_progress",
     "main",
     "run",
-    "through_of_message",
 ]

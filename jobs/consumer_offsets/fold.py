@@ -1,6 +1,6 @@
 """The incremental ``consumer_offsets``: the previous table moved on to a later T by the offset commits
 and consume-queue rows appended since, on the driver (no Spark job). The caller checks when this
-gives the full run's table exactly (:func:`can_fold`); see docs/jobs.md.
+gives the full run's table exactly (:func:`check_foldable`); see docs/jobs.md.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pyarrow.compute as pc
 
 from broker_model.common import RETRY_GROUP_TOPIC_PREFIX, GroupQueueKey, QueueKey
 from jobs.consumer_offsets.transforms import QUEUE_NOT_FOUND
-from schemas.catalog import CONSUME_QUEUE
+from jobs.runs import CannotFold
+from schemas.catalog import CONSUME_QUEUE, OFFSET_COMMIT_COLUMNS
 
-COMMIT_COLUMNS = ("group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp", "source")
 CQ_ROW_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp")
 
 OffsetLookup = Callable[[Mapping[QueueKey, set[int]]], dict[tuple[QueueKey, int], int]]
@@ -34,22 +34,24 @@ class Previous:
     through: int
 
 
-def can_fold(previous: Previous, as_of: int, new_commits: pa.Table) -> str | None:
-    """Why the previous table cannot be moved on to ``as_of`` exactly, None when it can.
+def check_foldable(previous: Previous, as_of: int, new_commits: pa.Table) -> None:
+    """Refuse to move the previous table on to ``as_of`` unless that gives the full run's table.
 
     Exact when every input row the previous run read counted at its T (``through <= as_of`` of
     that run: none was waiting for a later T), the new T is not earlier, and every new commit
     comes after that T (so it is later than each commit already counted for its key).
+
+    Raises:
+        CannotFold: why it is not exact.
     """
     if as_of < previous.as_of:
-        return f"as_of {as_of} is before the previous run's {previous.as_of}"
+        raise CannotFold(f"as_of {as_of} is before the previous run's {previous.as_of}")
     if previous.through > previous.as_of:
-        return f"the previous run read rows stored after its as_of ({previous.through} > {previous.as_of})"
+        raise CannotFold(f"the previous run read rows stored after its as_of ({previous.through} > {previous.as_of})")
     if new_commits.num_rows:
         first = pc.min(new_commits["commit_timestamp"]).as_py()
         if first <= previous.as_of:
-            return f"a new offset commit is timed {first}, not after the previous as_of {previous.as_of}"
-    return None
+            raise CannotFold(f"a new offset commit is timed {first}, not after the previous as_of {previous.as_of}")
 
 
 def latest_time(*tables: tuple[pa.Table, str]) -> int | None:
@@ -67,8 +69,8 @@ def fold(
     lookup: OffsetLookup,
 ) -> list[dict[str, Any]]:
     """The ``consumer_offsets`` rows as of ``as_of``: ``previous`` moved on by ``new_commits``
-    (:data:`COMMIT_COLUMNS`) and ``new_cq_rows`` (:data:`CQ_ROW_COLUMNS`), the rows appended to the
-    inputs since. When :func:`can_fold` holds, equal to the full run's rows.
+    (:data:`OFFSET_COMMIT_COLUMNS`) and ``new_cq_rows`` (:data:`CQ_ROW_COLUMNS`), the rows appended to the
+    inputs since. When :func:`check_foldable` holds, equal to the full run's rows.
 
     Reads old consume-queue rows only where the previous table cannot tell: every row of a topic
     a group subscribes to for the first time (``read_topics``), and the store times at the offsets
@@ -131,7 +133,7 @@ def fold(
 
 
 def compute(as_of: int, commits: pa.Table, cq_rows: pa.Table | Iterable[pa.Table]) -> list[dict[str, Any]]:
-    """The ``consumer_offsets`` rows as of ``as_of`` from every offset commit (:data:`COMMIT_COLUMNS`)
+    """The ``consumer_offsets`` rows as of ``as_of`` from every offset commit (:data:`OFFSET_COMMIT_COLUMNS`)
     and every consume-queue row (:data:`CQ_ROW_COLUMNS`, one table or chunks of it) of the topics
     the groups subscribe to, with Arrow on the driver: the rows
     :func:`jobs.consumer_offsets.transforms.build_consumer_offsets` gives with Spark.
@@ -182,7 +184,7 @@ def _current_offsets(commits: pa.Table) -> dict[GroupQueueKey, int]:
     if not commits.num_rows:
         return {}
     keys = ["group", "broker_name", "topic", "queue_id"]
-    ordered = commits.select(list(COMMIT_COLUMNS)).append_column(
+    ordered = commits.select(list(OFFSET_COMMIT_COLUMNS)).append_column(
         "is_reset", pc.fill_null(pc.equal(commits["source"], "reset"), False)
     )
     ordered = ordered.sort_by(
@@ -290,7 +292,7 @@ def _listed(current: Mapping[GroupQueueKey, int], bounds: Mapping[QueueKey, tupl
 def _latest_commits(commits: pa.Table) -> dict[GroupQueueKey, int]:
     """Per key, the offset of the latest commit in :func:`jobs.rules.build_current_offsets`' order."""
     latest: dict[GroupQueueKey, tuple[int, bool, int, str]] = {}
-    for row in commits.select(list(COMMIT_COLUMNS)).to_pylist():
+    for row in commits.select(list(OFFSET_COMMIT_COLUMNS)).to_pylist():
         key = (row["group"], row["broker_name"], row["topic"], row["queue_id"])
         order = (row["commit_timestamp"], row["source"] == "reset", row["offset"], row["source"])
         if key not in latest or order > latest[key]:

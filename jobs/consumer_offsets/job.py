@@ -18,10 +18,9 @@ from pyspark.sql import SparkSession
 from broker_model.common import QueueKey
 from jobs.cli import add_as_of, as_of_of, iso_utc, job_parser, run_spark_job, text_table
 from jobs.consumer_offsets.fold import (
-    COMMIT_COLUMNS,
     CQ_ROW_COLUMNS,
     Previous,
-    can_fold,
+    check_foldable,
     compute,
     fold,
     latest_time,
@@ -31,15 +30,15 @@ from jobs.consumer_offsets.transforms import build_consumer_offsets, build_queue
 from jobs.lake import IncrementalReadError, Lake
 from jobs.rules import build_current_offsets
 from jobs.runs import (
+    CannotFold,
     JobRun,
     latest_reusable_run,
-    message_number,
     read_or_empty,
-    record_run,
+    recorded_run,
     same_inputs,
     table_versions,
 )
-from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS
+from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, OFFSET_COMMIT_COLUMNS
 from schemas.errors import LakeError, ValidationError
 
 JOB = "consumer_offsets"
@@ -90,7 +89,7 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
     Reads the current versions of ``consumer_offset_commits`` and ``consume_queue`` (a missing
     table counts as empty, giving an empty output table). A no-op when the latest run had the same
     inputs and T; else the previous table moved on by the rows appended since, when that gives the
-    full run's table exactly (:func:`can_fold`); else (or with ``config.full``) computed from the
+    full run's table exactly (:func:`check_foldable`); else (or with ``config.full``) computed from the
     whole inputs, on the driver while they hold at most ``config.driver_rows`` rows, else with
     Spark. Appends one ``job_runs`` row: SUCCEEDED or NOOP with the input versions, the output
     version and row counts, or FAILED before re-raising.
@@ -99,33 +98,30 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
         The recorded run.
     """
     lake = Lake(spark, config.lake, config.engine)
-    job_run = JobRun(JOB)
-    job_run.input_versions = table_versions(lake, [spec.name for spec in INPUTS])
-    through: int | None = None
-    try:
+    with recorded_run(lake, JOB, {"as_of": config.as_of}) as job_run:
+        job_run.input_versions = table_versions(lake, [spec.name for spec in INPUTS])
         previous = _previous_run(lake)
         version = _reusable_output_version(lake, previous, job_run.input_versions, config.as_of)
-        status, how = ("NOOP", "inputs and as_of unchanged, nothing written") if version is not None else ("", "")
+        through: int | None = None
+        if version is not None and previous is not None:
+            job_run.conclude("NOOP", "inputs and as_of unchanged, nothing written")
+            through = previous["parameters"].get("through")
         if version is None and not config.full and previous is not None:
-            folded = _fold_and_write(lake, job_run, previous, config.as_of)
-            if isinstance(folded, str):
-                print(f"{JOB}: computing from the whole inputs: {folded}")
-            else:
-                version, through = folded
-                status, how = "SUCCEEDED", "consumer_offsets moved on by the new rows"
+            try:
+                version, through = _fold_and_write(lake, job_run, previous, config.as_of)
+                job_run.conclude("SUCCEEDED", "consumer_offsets moved on by the new rows")
+            except CannotFold as why:
+                print(f"{JOB}: computing from the whole inputs: {why}")
+                job_run.message = f"computed in full: {why}"
         if version is None:
             version, through = _compute_and_write(lake, job_run, config.as_of, config.driver_rows)
-            status, how = "SUCCEEDED", "consumer_offsets overwritten"
-        elif status == "NOOP" and previous is not None:
-            through = through_of_message(previous["message"])
+            job_run.conclude("SUCCEEDED", job_run.message or "consumer_offsets overwritten")
+        if through is not None:
+            job_run.parameters["through"] = through
         offsets = lake.read_rows(CONSUMER_OFFSETS, version=version)
         job_run.output_versions[CONSUMER_OFFSETS.name] = version
         job_run.row_counts[CONSUMER_OFFSETS.name] = offsets.num_rows
         print("\n".join(format_progress(_progress_rows(offsets, config.groups), config.as_of, config.groups)))
-    except Exception as err:
-        record_run(lake, job_run.finish("FAILED", f"as_of={config.as_of}; {type(err).__name__}: {err}"))
-        raise
-    record_run(lake, job_run.finish(status, _message(config.as_of, through, how)))
     return job_run
 
 
@@ -154,9 +150,9 @@ def _compute_on_driver(lake: Lake, versions: Mapping[str, int], as_of: int) -> i
     the subscribed topics (partitions of other topics are not read), overwritten from the driver."""
     commits_version, cq_version = versions.get(CONSUMER_OFFSET_COMMITS.name), versions.get(CONSUME_QUEUE.name)
     commits = (
-        lake.read_rows(CONSUMER_OFFSET_COMMITS, COMMIT_COLUMNS, version=commits_version)
+        lake.read_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS, version=commits_version)
         if commits_version is not None
-        else CONSUMER_OFFSET_COMMITS.arrow_schema.empty_table().select(list(COMMIT_COLUMNS))
+        else CONSUMER_OFFSET_COMMITS.arrow_schema.empty_table().select(list(OFFSET_COMMIT_COLUMNS))
     )
     topics = sorted(subscribed_topics(commits, as_of))
     cq_chunks = (
@@ -182,27 +178,30 @@ def _newest_input_time(lake: Lake, versions: Mapping[str, int]) -> int | None:
     return max(times) if times else None
 
 
-def _fold_and_write(lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], as_of: int) -> tuple[int, int] | str:
-    """The previous table moved on to ``as_of`` and written (version, greatest input time), or
-    why it cannot be (then nothing is written)."""
+def _fold_and_write(lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], as_of: int) -> tuple[int, int]:
+    """The previous table moved on to ``as_of`` and written (version, greatest input time).
+
+    Raises:
+        CannotFold: why it cannot be (then nothing is written).
+    """
     before, now = previous_run["input_versions"], job_run.input_versions
     if set(before) != set(INPUT_NAMES) or set(now) != set(INPUT_NAMES):
-        return "an input table was missing"
-    previous_as_of, through = as_of_of_message(previous_run["message"]), through_of_message(previous_run["message"])
+        raise CannotFold("an input table was missing")
+    previous_as_of, through = previous_run["parameters"].get("as_of"), previous_run["parameters"].get("through")
     output_version = previous_run["output_versions"].get(CONSUMER_OFFSETS.name)
-    if previous_as_of is None or through is None or output_version != lake.version(CONSUMER_OFFSETS):
-        return "the previous run left no table to move on"
+    if previous_as_of is None or through is None:
+        raise CannotFold("the previous run recorded no as_of and through")
+    if output_version != lake.version(CONSUMER_OFFSETS):
+        raise CannotFold("the previous run left no table to move on")
     try:
         commits_range = (before[CONSUMER_OFFSET_COMMITS.name], now[CONSUMER_OFFSET_COMMITS.name])
-        commits = lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, COMMIT_COLUMNS, *commits_range)
+        commits = lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS, *commits_range)
         cq_range = (before[CONSUME_QUEUE.name], now[CONSUME_QUEUE.name])
         cq_rows = lake.read_appended_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, *cq_range)
     except (IncrementalReadError, ValidationError) as err:
-        return str(err)
+        raise CannotFold(str(err)) from err
     previous = Previous(lake.read_rows(CONSUMER_OFFSETS, version=output_version).to_pylist(), previous_as_of, through)
-    why_not = can_fold(previous, as_of, commits)
-    if why_not is not None:
-        return why_not
+    check_foldable(previous, as_of, commits)
     cq_version = now[CONSUME_QUEUE.name]
 
     def read_topics(topics: set[str]) -> pa.Table:
@@ -258,21 +257,7 @@ def _reusable_output_version(
     current = lake.version(CONSUMER_OFFSETS)
     unchanged = same_inputs(lake, previous["input_versions"], input_versions)
     same_output = previous["output_versions"].get(CONSUMER_OFFSETS.name) == current
-    return current if unchanged and same_output and as_of_of_message(previous["message"]) == as_of else None
-
-
-def as_of_of_message(message: str | None) -> int | None:
-    """The ``as_of`` a run of this job recorded in its job_runs ``message``, None when absent."""
-    return message_number(message, "as_of")
-
-
-def through_of_message(message: str | None) -> int | None:
-    """The greatest input time a run of this job recorded in its ``message``, None when absent."""
-    return message_number(message, "through")
-
-
-def _message(as_of: int, through: int | None, how: str) -> str:
-    return f"as_of={as_of}; " + (f"through={through}; " if through is not None else "") + how
+    return current if unchanged and same_output and previous["parameters"].get("as_of") == as_of else None
 
 
 def _progress_rows(offsets: pa.Table, groups: Sequence[str]) -> list[dict[str, Any]]:

@@ -17,12 +17,12 @@ def build_queue_bounds(consume_queue_df: DataFrame, as_of: int) -> DataFrame:
     Args:
         consume_queue_df: rows of ``consume_queue`` (at least the queue key, ``queue_offset`` and
             ``store_timestamp``).
-        as_of: epoch milliseconds; entries with ``store_timestamp <= as_of`` count.
+        as_of: epoch milliseconds; consume-queue rows with ``store_timestamp <= as_of`` count.
 
     Returns:
         :data:`QUEUE_BOUNDS_COLUMNS`: ``broker_min_offset`` is the smallest queue offset,
         ``broker_offset`` the largest plus one (the next offset to be written). A queue with no
-        such entry has no row.
+        such consume-queue row has no row.
     """
     return (
         filter_cq_rows_as_of(consume_queue_df, as_of)
@@ -48,19 +48,20 @@ def build_consumer_offsets(
     Args:
         current_df: :func:`build_current_offsets` at ``as_of``.
         bounds_df: :func:`build_queue_bounds` at ``as_of``.
-        consume_queue_df: rows of ``consume_queue``; entries stored after ``as_of`` are ignored.
+        consume_queue_df: rows of ``consume_queue``; rows stored after ``as_of`` are ignored.
         as_of: epoch milliseconds, written to every row.
 
     Returns:
-        Exactly the ``consumer_offsets`` catalog columns, one row per listed queue (see the module
-        docstring for which queues are listed). With ``c = coalesce(consumer_offset, 0)``:
+        Exactly the ``consumer_offsets`` catalog columns, one row per listed queue (which queues
+        are listed: docs/jobs.md, consumer_offsets, "Which queues get a row").
+        With ``c = coalesce(consumer_offset, 0)``:
         ``diff = broker_offset - c`` (negative when a commit is beyond the queue's end; null for
-        QUEUE_NOT_FOUND); ``last_timestamp`` is the store time of the entry at
+        QUEUE_NOT_FOUND); ``last_timestamp`` is the store time of the consume-queue row at
         ``consumer_offset - 1`` (null when there is none: no commit, an offset at or below the
-        first entry or beyond the last, a gap); ``oldest_unconsumed_timestamp`` is the store time
-        of the entry at ``greatest(c, broker_min_offset)`` when ``c < broker_offset`` (an offset
-        below the first entry is served from the first entry on, as RocketMQ moves it there).
-        Should the consume queue hold two entries at one queue offset, the earlier store time is
+        first row or beyond the last, a gap); ``oldest_unconsumed_timestamp`` is the store time
+        of the row at ``greatest(c, broker_min_offset)`` when ``c < broker_offset`` (an offset
+        below the first row is served from the first row on, as RocketMQ moves it there).
+        Should the consume queue hold two rows at one queue offset, the earlier store time is
         taken, so each key still has exactly one row.
     """
     rows_df = build_listed_queues(current_df, bounds_df).join(bounds_df, on=list(QUEUE_KEY), how="left")
@@ -110,10 +111,10 @@ def build_listed_queues(current_df: DataFrame, bounds_df: DataFrame) -> DataFram
 
 
 def _cq_row_times(rows_df: DataFrame, cq_rows_df: DataFrame, queue_offset: Column, name: str) -> DataFrame:
-    """``group`` + queue key + ``name``: the store time of the entry at ``queue_offset`` of each row.
+    """``group`` + queue key + ``name``: the store time of the consume-queue row at ``queue_offset`` of each row.
 
     An equi-join on (broker_name, topic, queue_id, queue_offset), not a per-row lookup; rows
-    without such an entry are absent; duplicate entries resolve to the earliest store time.
+    without such a row are absent; duplicate rows resolve to the earliest store time.
     """
     wanted_df = rows_df.select(*GROUP_QUEUE_KEY, queue_offset.alias("queue_offset"))
     found_df = wanted_df.join(

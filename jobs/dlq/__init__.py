@@ -1,11 +1,13 @@
-"""Dead letters: the ``route_dlq`` job (:mod:`jobs.dlq.route`) and the helper made for the ``pyspark``
+"""Dead letters: the ``route_dlq`` job (:mod:`jobs.dlq.job`) and the helper made for the ``pyspark``
 shell (``from jobs import dlq``): load, filter, summarize and show dead letters, and redrive them.
 See docs/jobs.md (route_dlq, the dlq helper).
+
+Besides the job package's roles (docs/jobs.md, "How a job package is laid out"), the shell helper's
+``inspect`` (load, filter, summarize, show) and ``redrive`` (send dead letters again).
 """
 
 from __future__ import annotations
 
-from jobs.dlq.chains import PENDING, SENT
 from jobs.dlq.inspect import (
     AGE_BUCKETS,
     MAX_BODY_BYTES,
@@ -34,6 +36,7 @@ from jobs.dlq.redrive import (
     format_plan,
     redrive,
 )
+from jobs.dlq.transforms import PENDING, SENT
 
 __all__ = [
     "AGE_BUCKETS",

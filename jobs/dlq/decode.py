@@ -1,6 +1,6 @@
 """The send-back records of a few commit log rows, decoded on the driver with Arrow and Python: the
 rows an incremental run appends to ``retry_records`` without a Spark job. The Spark
-:func:`jobs.dlq.chains.build_retry_records` decodes whole logs and is the reference:
+:func:`jobs.dlq.transforms.build_retry_records` decodes whole logs and is the reference:
 ``tests/test_route_dlq_incremental.py`` checks both give the same rows.
 """
 
@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker_model.common import constants as c
-from jobs.dlq.chains import DEAD_LETTER, PROPERTY_ROUTED_BY, RETRY, SCHEDULED
+from jobs.dlq.transforms import DEAD_LETTER, PROPERTY_ROUTED_BY, RETRY, SCHEDULED
 from schemas.catalog import RETRY_RECORDS
 
-RECORD_COLUMNS = (
+RETRY_SOURCE_COLUMNS = (
     "broker_name",
     "topic",
     "queue_id",
@@ -35,15 +35,15 @@ _PREFIXES = (c.RETRY_GROUP_TOPIC_PREFIX, c.DLQ_GROUP_TOPIC_PREFIX)
 
 
 def decode_retry_records(rows: pa.Table) -> pa.Table:
-    """The ``retry_records`` rows of commit log ``rows`` (at least :data:`RECORD_COLUMNS`), decoded
-    as :func:`jobs.dlq.chains.build_retry_records` does."""
+    """The ``retry_records`` rows of commit log ``rows`` (at least :data:`RETRY_SOURCE_COLUMNS`), decoded
+    as :func:`jobs.dlq.transforms.build_retry_records` does."""
     topic = rows["topic"]
     candidates = pc.or_(
         pc.equal(topic, c.SCHEDULE_TOPIC),
         pc.or_(pc.starts_with(topic, c.RETRY_GROUP_TOPIC_PREFIX), pc.starts_with(topic, c.DLQ_GROUP_TOPIC_PREFIX)),
     )
     out: list[dict[str, Any]] = []
-    for row in rows.select(list(RECORD_COLUMNS)).filter(pc.fill_null(candidates, False)).to_pylist():
+    for row in rows.select(list(RETRY_SOURCE_COLUMNS)).filter(pc.fill_null(candidates, False)).to_pylist():
         record = _record(row)
         if record is not None:
             out.append(record)

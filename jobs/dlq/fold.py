@@ -1,5 +1,5 @@
 """``route_dlq`` on the driver: the retry chains and dead letters of ``retry_records`` rows computed in
-Python row for row as the Spark transforms of :mod:`jobs.dlq.chains` compute them, and the previous
+Python row for row as the Spark transforms of :mod:`jobs.dlq.transforms` compute them, and the previous
 tables moved on to a later T by what changed since. See docs/jobs.md (route_dlq incremental).
 
 A chain's row is a function of its own records stored at or before T, of its original record in
@@ -23,32 +23,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from broker_model.common import GroupQueueKey, RecordKey
 from broker_model.common import constants as c
-from jobs.dlq.chains import (
+from jobs.dlq.transforms import (
     CONSUMED,
     CONSUMER_REQUESTED,
     DEAD,
     DEAD_LETTER,
     DELIVERED,
+    KIND_RANK,
     MAX_RECONSUME_TIMES,
     POLICY,
     POLICY_NOT_WRITTEN,
     RETRY,
     SCHEDULED,
 )
+from jobs.runs import CannotFold
 
-Key = tuple[str, str]
-"""(group, origin message id): a retry chain."""
-QueueKey = tuple[str, str, str, int]
-"""(group, broker, topic, queue id): a group's consume position in a queue."""
-Position = tuple[str, int]
-"""(broker, commit log offset) of a record."""
+ChainKey = tuple[str, str]
+"""(group, origin_msg_id): a retry chain."""
 Original = tuple[str, int]
 """(topic, store time) of a chain's original record."""
 
 OPEN_STATES = (SCHEDULED, DELIVERED)  # states a consumer offset or a later record moves on
-_KIND_RANK = {SCHEDULED: 0, RETRY: 1, DEAD_LETTER: 2}
-_LONG_MAX = (1 << 63) - 1
 _HEX_DIGITS = "0123456789abcdefABCDEF"
 _ATTEMPT_FIELDS = ("broker_name", "topic", "commit_log_offset", "reconsume_times", "store_timestamp")
 
@@ -67,14 +64,14 @@ class Context:
 
     as_of: int
     policies: Mapping[tuple[str, str], int | None]
-    offsets: Mapping[QueueKey, int]
+    offsets: Mapping[GroupQueueKey, int]
     hosts: Mapping[str, Sequence[str]]
-    originals: Mapping[Position, Sequence[Original]]
+    originals: Mapping[RecordKey, Sequence[Original]]
 
 
-def chain_key(record: Mapping[str, Any]) -> Key:
+def chain_key(record: Mapping[str, Any]) -> ChainKey:
     """The chain of a ``retry_records`` row: its group and ``ORIGIN_MESSAGE_ID``, else its uniq key,
-    else its message id (:func:`jobs.dlq.chains.with_chain_key`)."""
+    else its message id (:func:`jobs.dlq.transforms.with_chain_key`)."""
     origin = _first_set(record["origin_msg_id"], record["uniq_key"], record["msg_id"])
     return record["group"], origin
 
@@ -94,7 +91,7 @@ def host_prefixes(brokers: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     return hosts
 
 
-def origin_positions(origin_msg_id: str, hosts: Mapping[str, Sequence[str]]) -> list[Position]:
+def origin_positions(origin_msg_id: str, hosts: Mapping[str, Sequence[str]]) -> list[RecordKey]:
     """The (broker, commit log offset) pairs an origin id names: the brokers of its host prefix
     and its last 16 characters read as Spark's ``conv(.., 16, 10)`` reads them (spaces trimmed, an
     optional minus, hex digits up to the first other character, above a long: none)."""
@@ -115,12 +112,12 @@ def _spark_hex(text: str) -> int | None:
         value = value * 16 + int(char, 16)
     if negative:
         value = -value % (1 << 64)
-    return value if value <= _LONG_MAX else None
+    return value if value <= c.JAVA_LONG_MAX else None
 
 
 def policies_at(rows: Iterable[Mapping[str, Any]], as_of: int) -> dict[tuple[str, str], int | None]:
     """``retry_max_times`` of the latest ``subscription_group`` row at or before ``as_of`` per
-    (broker, group) (:func:`jobs.dlq.chains.build_policies`)."""
+    (broker, group) (:func:`jobs.dlq.transforms.build_policies`)."""
     latest: dict[tuple[str, str], tuple[int, int | None]] = {}
     for row in rows:
         if row["updated_timestamp"] > as_of:
@@ -132,10 +129,10 @@ def policies_at(rows: Iterable[Mapping[str, Any]], as_of: int) -> dict[tuple[str
     return {key: value for key, (_, value) in latest.items()}
 
 
-def offsets_at(rows: Iterable[Mapping[str, Any]], as_of: int) -> dict[QueueKey, int]:
+def offsets_at(rows: Iterable[Mapping[str, Any]], as_of: int) -> dict[GroupQueueKey, int]:
     """The committed offset per (group, broker, topic, queue) of the latest commit at or before
     ``as_of``, by the total order of :func:`jobs.rules.build_current_offsets`."""
-    latest: dict[QueueKey, tuple[int, bool, int, str]] = {}
+    latest: dict[GroupQueueKey, tuple[int, bool, int, str]] = {}
     for row in rows:
         if row["commit_timestamp"] > as_of:
             continue
@@ -165,7 +162,7 @@ def compute(
     """The ``retry_chains`` rows and the ``dlq`` rows (``redrive_state`` left unset) of the chains
     of ``records``, which must hold every record of those chains (any store time: later ones are
     left out)."""
-    by_chain: dict[Key, list[Mapping[str, Any]]] = {}
+    by_chain: dict[ChainKey, list[Mapping[str, Any]]] = {}
     for record in records:
         if record["store_timestamp"] <= context.as_of:
             by_chain.setdefault(chain_key(record), []).append(record)
@@ -181,13 +178,13 @@ def compute(
 def _latest_order(record: Mapping[str, Any]) -> tuple[int, int, int, int]:
     return (
         record["reconsume_times"],
-        _KIND_RANK[record["kind"]],
+        KIND_RANK[record["kind"]],
         record["store_timestamp"],
         record["commit_log_offset"],
     )
 
 
-def _chains(key: Key, records: Sequence[Mapping[str, Any]], context: Context) -> list[dict[str, Any]]:
+def _chains(key: ChainKey, records: Sequence[Mapping[str, Any]], context: Context) -> list[dict[str, Any]]:
     """The rows of one chain: one, or one per original record when several brokers share the
     origin id's host prefix and both hold a record at its offset (as the Spark join gives)."""
     group, origin_msg_id = key
@@ -251,7 +248,7 @@ def _dead_letters(
     """The ``dlq`` rows of a chain row: one per DLQ record, and with ``pending`` one
     ``POLICY_NOT_WRITTEN`` row for an exhausted DELIVERED chain (its latest retry record), which
     the Spark window gives once per chain however many rows it has
-    (:func:`jobs.dlq.chains.build_dlq`)."""
+    (:func:`jobs.dlq.transforms.build_dlq`)."""
     rows = []
     for record in records:
         if record["kind"] != DEAD_LETTER:
@@ -315,13 +312,18 @@ class Previous:
     policies: Mapping[tuple[str, str], int | None]
 
 
-def can_fold(previous: Previous, as_of: int) -> str | None:
-    """Why ``previous`` cannot be moved on to ``as_of``, or None when it can."""
+def check_foldable(previous: Previous, as_of: int) -> None:
+    """Refuse to move ``previous`` on to ``as_of`` unless that gives the full run's tables.
+
+    Raises:
+        CannotFold: why it is not exact.
+    """
     if as_of < previous.as_of:
-        return f"as_of {as_of} is before the previous run's ({previous.as_of})"
+        raise CannotFold(f"as_of {as_of} is before the previous run's ({previous.as_of})")
     if previous.through > previous.as_of:
-        return f"the previous run read a record stored after its as_of ({previous.through} > {previous.as_of})"
-    return None
+        raise CannotFold(
+            f"the previous run read a record stored after its as_of ({previous.through} > {previous.as_of})"
+        )
 
 
 def touched_chains(
@@ -331,7 +333,7 @@ def touched_chains(
     backlog: Iterable[Mapping[str, Any]],
     hosts: Mapping[str, Sequence[str]],
     as_of: int,
-) -> set[Key]:
+) -> set[ChainKey]:
     """The chains computed again (module docstring).
 
     Args:
@@ -369,7 +371,7 @@ def _has_original(chain: Mapping[str, Any], hosts: Mapping[str, Sequence[str]]) 
 
 def fold(
     previous: Previous,
-    touched: set[Key],
+    touched: set[ChainKey],
     records: Iterable[Mapping[str, Any]],
     context: Context,
     redrives: Mapping[tuple[str, str], str],

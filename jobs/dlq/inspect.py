@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from broker_model.common import constants as c
 from broker_model.common import decode_msg_id, decompress_body, default_lake, parse_instant
 from jobs.cli import format_age, iso_utc, text_table
-from jobs.dlq.chains import REASONS, SENT
+from jobs.dlq.transforms import REASONS, SENT
 from jobs.lake import Lake
 from schemas.catalog import BROKERS, COMMITLOG, DLQ, DLQ_REDRIVES
 from schemas.errors import LakeError, ValidationError

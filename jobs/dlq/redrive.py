@@ -23,8 +23,8 @@ from broker_model.common import Message, decode_msg_id
 from broker_model.common import constants as c
 from broker_model.store import MessageExt, MessageStore
 from jobs.cli import text_table
-from jobs.dlq.chains import PENDING, POLICY_NOT_WRITTEN, PROPERTY_ROUTED_BY, SENT
 from jobs.dlq.inspect import check_hex_id, open_lake, read_dlq
+from jobs.dlq.transforms import PENDING, POLICY_NOT_WRITTEN, PROPERTY_ROUTED_BY, SENT
 from jobs.lake import Lake
 from schemas.catalog import DLQ_REDRIVES, spark_schema
 from schemas.errors import BrokerError, LakeError, ValidationError
@@ -322,7 +322,8 @@ def _result_row(request_id: str, item: _Item, action: str) -> dict[str, Any]:
 def _execute(
     lake: Lake, request_id: str, chosen: Sequence[_Item], on_sent: Callable[[Redriven], None] | None
 ) -> list[dict[str, Any]]:
-    """Steps 1-3 of the module docstring; the result rows, in ``chosen`` order."""
+    """Send each chosen dead letter once per request (docs/jobs.md, the dlq helper, "Redrive");
+    the result rows, in ``chosen`` order."""
     brokers = _start_brokers(lake, sorted({item.broker_name for item in chosen}))
     try:
         ledger = _ledger(lake, request_id, chosen)  # read again now that no other redrive can send
@@ -442,7 +443,7 @@ def _dead_letter(store: MessageStore, topic: str, commit_log_offset: int) -> Mes
     for queue_topic, queue_id in store.queues():
         if queue_topic != topic:
             continue
-        low, high = 0, store.max_offset(topic, queue_id) - 1
+        low, high = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id) - 1
         while low <= high:
             middle = (low + high) // 2
             message = store.message_at(topic, queue_id, middle)
@@ -454,7 +455,7 @@ def _dead_letter(store: MessageStore, topic: str, commit_log_offset: int) -> Mes
     return None
 
 
-def _append_ledger(lake: Lake, request_id: str, entries: Sequence[tuple[_Item, str]]) -> None:
+def _append_ledger(lake: Lake, request_id: str, outcomes: Sequence[tuple[_Item, str]]) -> None:
     """One ``dlq_redrives`` commit: a row per (item, state), stamped now."""
     now = time.time_ns() // 1_000_000
     operator = f"{getpass.getuser()}@{socket.gethostname()}"
@@ -471,7 +472,7 @@ def _append_ledger(lake: Lake, request_id: str, entries: Sequence[tuple[_Item, s
             "updated_timestamp": now,
             "operator": operator,
         }
-        for item, state in entries
+        for item, state in outcomes
     ]
     if lake.append(DLQ_REDRIVES, lake.spark.createDataFrame(rows, spark_schema(DLQ_REDRIVES))) is None:
         raise LakeError("the dlq_redrives commit was skipped; run the redrive again")

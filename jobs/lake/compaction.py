@@ -134,7 +134,7 @@ def plan_bins(
     eligible: Collection[str] | None = None,
     sealed_only: bool = False,
 ) -> list[Bin]:
-    """The bins to rewrite: see the module docstring for the rule.
+    """The bins to rewrite (docs/jobs.md, compact_commitlog, "What is compacted").
 
     Args:
         files: every active file of the commit log.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
+from deltalake import Schema as DeltaSchema
 from deltalake.transaction import CommitProperties, Transaction
 
 from broker_model.store import pack_small_files, read_change
@@ -358,6 +359,33 @@ class Lake:
             return None
         _check_version(version)
         return pack_small_files(table_dir, files_up_to=version)
+
+    def add_missing_columns(self, name_or_spec: str | TableSpec) -> int | None:
+        """Add to an existing table the nullable catalog columns it lacks (a table an older version
+        of the product created), with delta-rs for both engines: one commit that changes no row;
+        rows written before read the new columns as null. The version committed; None when the
+        table is absent or has every column.
+
+        Raises:
+            LakeError: the table lacks a NOT NULL catalog column, or a column it has differs from
+                the catalog (see :meth:`read`): no write can make it the catalog's.
+        """
+        spec = _spec(name_or_spec)
+        path = str(self.location(spec))
+        if not DeltaTable.is_deltatable(path):
+            return None
+        present = set(log_schema(open_table(path)).fieldNames())
+        missing = [column for column in spec.columns if column.name not in present]
+        if not missing:
+            return None
+        required = [column.name for column in missing if not column.nullable]
+        if required:
+            raise LakeError(f"the Delta table at {path} lacks the NOT NULL catalog columns {required}; migrate it")
+        schema = DeltaSchema.from_arrow(pa.schema([spec.arrow_schema.field(column.name) for column in missing]))
+        DeltaTable(path).alter.add_columns(list(schema.fields))
+        version = table_version(local_directory(path))
+        check_catalog_schema(spec, log_schema(open_table(path)), path)
+        return version
 
     def version(self, name_or_spec: str | TableSpec) -> int | None:
         """The latest Delta version of a catalog table, None when the table does not exist."""

@@ -1,5 +1,9 @@
 """The ``rebuild_consume_queue`` job: consume queues rebuilt from the commit log, with their integrity
 report (see docs/jobs.md).
+
+Besides the job package's roles (docs/jobs.md, "How a job package is laid out"): ``tails`` (the
+last row of every queue and log, ``consume_queue_tails``) and ``verify`` (a broker's own consume
+queue files against the rebuilt ones, ``--verify-broker``).
 """
 
 from __future__ import annotations

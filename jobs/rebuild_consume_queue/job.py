@@ -25,7 +25,7 @@ from jobs.cli import job_parser
 from jobs.extract import DRIVER_INCREMENT_BYTES
 from jobs.lake import IncrementalReadError, Lake, build_session
 from jobs.log_chains import CHAIN_COLUMNS, Chains, segment_sizes
-from jobs.rebuild_consume_queue.driver import DRIVER_COLUMNS, Declined, consume_queue_rows, has_record_problem
+from jobs.rebuild_consume_queue.fold import DRIVER_COLUMNS, consume_queue_rows, has_record_problem
 from jobs.rebuild_consume_queue.tails import START_COLUMNS, QueueStart, Tails, queue_starts
 from jobs.rebuild_consume_queue.transforms import (
     PROBLEMS,
@@ -47,7 +47,7 @@ from jobs.rebuild_consume_queue.transforms import (
     with_tags_code,
 )
 from jobs.rebuild_consume_queue.verify import store_dir_of, verify_broker, write_findings
-from jobs.runs import JobRun, record_run, table_versions
+from jobs.runs import CannotFold, JobRun, recorded_run, table_versions
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
@@ -196,31 +196,32 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
     Raises:
         LakeError: the lake has no commit log, or the outputs are ahead of it (see :func:`plan_run`).
     """
-    job_run = JobRun(JOB)
     lake = Lake(spark, config.lake, config.engine)
     latest = lake.version(COMMITLOG)
     if latest is None:
         raise LakeError(f"no commitlog table under {config.lake}; write a workload first (python -m broker_model)")
-    cq_rows, findings, tails = (
-        lake.transaction_version(spec, APP_ID) for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS)
-    )
-    plan = plan_run(cq_rows, findings, tails, latest, config.full)
-    job_run.input_versions = {COMMITLOG.name: plan.target}
-    stores = {name: config.store_dir or store_dir_of(lake, name) for name in config.verify_brokers}
-    if plan.mode == "noop":
-        print(f"{JOB}: nothing to do, {plan.reason} (lake {config.lake})")
-        verified = _verify(lake, stores, plan.target, job_run)
-        record_run(lake, job_run.finish("SUCCEEDED" if verified else "NOOP", plan.reason))
-        return job_run
-    plan, summary = _execute(lake, plan, config.driver_bytes)
-    job_run.output_versions = table_versions(
-        lake, [s.name for s in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS)]
-    )
-    job_run.row_counts = summary.row_counts()
-    print(f"{JOB}: {plan.mode} rebuild ({plan.reason}) up to commitlog version {plan.target} (lake {config.lake})")
-    print("\n".join(summary.lines()))
-    _verify(lake, stores, plan.target, job_run)
-    record_run(lake, job_run.finish("SUCCEEDED", f"{plan.mode} up to commitlog version {plan.target}"))
+    with recorded_run(lake, JOB) as job_run:
+        cq_rows, findings, tails = (
+            lake.transaction_version(spec, APP_ID)
+            for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS)
+        )
+        plan = plan_run(cq_rows, findings, tails, latest, config.full)
+        job_run.input_versions = {COMMITLOG.name: plan.target}
+        stores = {name: config.store_dir or store_dir_of(lake, name) for name in config.verify_brokers}
+        if plan.mode == "noop":
+            print(f"{JOB}: nothing to do, {plan.reason} (lake {config.lake})")
+            verified = _verify(lake, stores, plan.target, job_run)
+            job_run.conclude("SUCCEEDED" if verified else "NOOP", plan.reason)
+            return job_run
+        plan, summary = _execute(lake, plan, config.driver_bytes)
+        job_run.output_versions = table_versions(
+            lake, [s.name for s in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS)]
+        )
+        job_run.row_counts = summary.row_counts()
+        print(f"{JOB}: {plan.mode} rebuild ({plan.reason}) up to commitlog version {plan.target} (lake {config.lake})")
+        print("\n".join(summary.lines()))
+        _verify(lake, stores, plan.target, job_run)
+        job_run.conclude("SUCCEEDED", f"{plan.mode} up to commitlog version {plan.target}: {plan.reason}")
     return job_run
 
 
@@ -306,9 +307,10 @@ def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[Rebu
         COMMITLOG, DRIVER_COLUMNS if on_driver else START_COLUMNS, processed, plan.target
     )
     if on_driver:
-        done = _driver_increment(lake, plan, new_rows, old_tails, sizes)
-        if done is not None:
-            return done
+        try:
+            return _driver_increment(lake, plan, new_rows, old_tails, sizes)
+        except CannotFold as why:
+            print(f"{JOB}: the new rows go through Spark ({why})")
     persisted: list[DataFrame] = []
 
     def kept(df: DataFrame) -> DataFrame:
@@ -346,25 +348,25 @@ def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[Rebu
 
 def _driver_increment(
     lake: Lake, plan: RebuildPlan, rows: pa.Table, old_tails: Tails, sizes: Mapping[str, int]
-) -> tuple[RebuildSummary, Tails] | None:
-    """Check and write the new ``rows`` (:data:`~jobs.rebuild_consume_queue.driver.DRIVER_COLUMNS`) on the driver,
-    without Spark: their consume-queue rows appended with delta-rs, an empty findings commit, each with the
-    application transaction. None (nothing written) when the rows do not all follow the tails,
-    or a queue or broker is suspect, or a record fails a check, or a row is one the driver
-    declines: the Spark path then finds what is wrong."""
+) -> tuple[RebuildSummary, Tails]:
+    """Check and write the new ``rows`` (:data:`~jobs.rebuild_consume_queue.fold.DRIVER_COLUMNS`) on
+    the driver, without Spark: their consume-queue rows appended with delta-rs, an empty findings
+    commit, each with the application transaction.
+
+    Raises:
+        CannotFold: nothing written: the rows do not all follow the tails, a queue or broker is
+            suspect, a record fails a check, or a row is one the driver does not decide on
+            exactly as the Spark columns do; the Spark path then finds what is wrong.
+    """
     starts = queue_starts(rows)
     if not old_tails.precede(starts):
-        return None
+        raise CannotFold("they do not all follow the tails of their queues and brokers")
     chains = Chains(sizes)
     chains.add_part(rows)
     chains.add_context(old_tails.queues, old_tails.logs)
     if chains.suspect_queues() or chains.suspect_brokers() or has_record_problem(rows, sizes):
-        return None
-    try:
-        cq_rows = consume_queue_rows(rows)
-    except Declined as err:
-        print(f"{JOB}: the new rows go through Spark ({err})")
-        return None
+        raise CannotFold("a queue, a broker's log or a record needs the checks of the Spark path")
+    cq_rows = consume_queue_rows(rows)
     lake.append_rows(CONSUME_QUEUE, cq_rows, APP_ID, plan.target)
     lake.append_rows(CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_INTEGRITY.arrow_schema.empty_table(), APP_ID, plan.target)
     context = "the tails of their queues and brokers (consume_queue_tails), on the driver"

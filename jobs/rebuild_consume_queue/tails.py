@@ -12,8 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
-from broker_model.common import QUEUE_KEY, QueueKey, dispatched_mask
-from broker_model.common import constants as c
+from broker_model.common import QUEUE_KEY, QueueKey, dispatched_mask, is_dispatched
 from jobs.log_chains import CHAIN_COLUMNS
 from schemas.catalog import (
     CONSUME_QUEUE_TAILS,
@@ -53,11 +52,7 @@ class Tails:
         for r in rows.to_pylist():
             record = (r["commit_log_offset"], r["store_size"], r["segment"])
             tails.logs[r["broker_name"]] = max(tails.logs.get(r["broker_name"], record), record)
-            dispatched = cq_rows and r["sys_flag"] & c.TRANSACTION_ROLLBACK_TYPE in (
-                c.TRANSACTION_NOT_TYPE,
-                c.TRANSACTION_COMMIT_TYPE,
-            )
-            if dispatched:
+            if cq_rows and is_dispatched(r["sys_flag"]):
                 key, cq_row = (r["broker_name"], r["topic"], r["queue_id"]), (r["queue_offset"], r["commit_log_offset"])
                 tails.queues[key] = max(tails.queues.get(key, cq_row), cq_row)
         return tails

@@ -26,7 +26,6 @@ dispatched yet or whose queue files its retention deleted.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -35,14 +34,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from broker_model.common import constants as c
 from broker_model.store import ingested_end
+from broker_model.store.segment_files import SEGMENT_FILE_NAME
 from jobs.lake import Lake
 from schemas.catalog import CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, STORE_INGESTS
 from schemas.errors import ValidationError
 
 CQ_UNIT: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
-PRE_BLANK_SIZE: Final = 2**31 - 1  # Integer.MAX_VALUE: a unit fillPreBlank wrote
-PROBLEMS: Final = (
+PRE_BLANK_SIZE: Final = c.JAVA_INT_MAX  # Integer.MAX_VALUE: the size of a row fillPreBlank wrote
+BROKER_PROBLEMS: Final = (
     "BROKER_CQ_MISSING",
     "BROKER_CQ_EXTRA",
     "BROKER_CQ_OFFSET",
@@ -50,7 +51,6 @@ PROBLEMS: Final = (
     "BROKER_CQ_TAGS",
     "BROKER_CQ_BEYOND_LOG",
 )
-_FILE_NAME: Final = re.compile(r"^[0-9]{20}$")
 _UNIT_COLUMNS: Final = ("topic", "queue_id", "queue_offset", "commit_log_offset", "store_size", "tags_code")
 
 
@@ -77,7 +77,7 @@ def read_store_queues(consumequeue_dir: Path) -> pa.Table:
 
 
 def _read_file(path: Path, topic: str, queue_id: int) -> pa.Table:
-    if not _FILE_NAME.match(path.name) or not path.is_file():
+    if not SEGMENT_FILE_NAME.match(path.name) or not path.is_file():
         raise ValidationError(
             "consume queue file", str(path), "is not a file named by its 20-digit first byte", "move it out"
         )
@@ -113,7 +113,7 @@ class Verification:
 
     def counts(self) -> dict[str, int]:
         """Findings per problem, every problem named."""
-        return {p: sum(f["problem"] == p for f in self.findings) for p in PROBLEMS}
+        return {p: sum(f["problem"] == p for f in self.findings) for p in BROKER_PROBLEMS}
 
 
 def store_dir_of(lake: Lake, broker_name: str) -> Path:
@@ -197,7 +197,7 @@ def verify_broker(lake: Lake, broker_name: str, store_dir: Path, commitlog_versi
 
 def _store_log_end(store_dir: Path) -> int:
     """The end of the store's commit log files (the last file's base + its size); 0 without files."""
-    names = [p for p in (store_dir / "commitlog").iterdir() if _FILE_NAME.match(p.name)]
+    names = [p for p in (store_dir / "commitlog").iterdir() if SEGMENT_FILE_NAME.match(p.name)]
     if not names:
         return 0
     last = max(names, key=lambda p: int(p.name))
@@ -207,6 +207,6 @@ def _store_log_end(store_dir: Path) -> int:
 def write_findings(lake: Lake, verification: Verification) -> None:
     """Replace the broker's earlier ``BROKER_CQ_*`` findings in ``consume_queue_integrity`` by these."""
     rows = pa.Table.from_pylist(verification.findings, schema=CONSUME_QUEUE_INTEGRITY.arrow_schema)
-    problems = ", ".join(f"'{p}'" for p in PROBLEMS)
+    problems = ", ".join(f"'{p}'" for p in BROKER_PROBLEMS)
     predicate = f"broker_name = '{verification.broker_name}' AND problem IN ({problems})"
     lake.replace_rows_where(CONSUME_QUEUE_INTEGRITY, rows, predicate)

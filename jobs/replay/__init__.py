@@ -1,5 +1,10 @@
 """The ``replay_ordered`` job: message queues replayed strictly in queue order, queues in parallel, into a
 Delta table, a broker topic or a handler, restartable exactly once (see docs/jobs.md).
+
+Besides the job package's roles (docs/jobs.md, "How a job package is laid out"): ``config`` (the
+options and their checks), ``source`` (the records to replay), ``plan`` (queue bounds and batches),
+``state`` and ``progress`` (where each queue stands, ``replay_progress``), the sinks
+``table_sink``, ``topic_sink`` and ``handler``, and ``report`` (the ordering report).
 """
 
 from __future__ import annotations

@@ -203,10 +203,10 @@ class ReplayConfig:
             validate_group(self.group or "")
         for group in self.dlq_groups:
             validate_group(group)
-        for entry in self.topics:
-            validate_topic(entry.topic)
-            if entry.queue_ids is not None and (not entry.queue_ids or min(entry.queue_ids) < 0):
-                raise ValidationError("--topic", f"{entry.topic}:{entry.queue_ids}", "queue ids must be >= 0")
+        for selected in self.topics:
+            validate_topic(selected.topic)
+            if selected.queue_ids is not None and (not selected.queue_ids or min(selected.queue_ids) < 0):
+                raise ValidationError("--topic", f"{selected.topic}:{selected.queue_ids}", "queue ids must be >= 0")
         for broker in self.brokers:
             validate_name(broker, "--broker", c.GROUP_MAX_LENGTH)
         self._check_ranges()
@@ -235,7 +235,7 @@ class ReplayConfig:
             raise ValidationError("--selector-property", self.selector_property, "applies to --to-topic only")
         if self.to_topic is not None:
             validate_topic(self.to_topic)
-            if self.to_topic in {entry.topic for entry in self.topics}:
+            if self.to_topic in {selected.topic for selected in self.topics}:
                 raise ValidationError("--to-topic", self.to_topic, "is a source topic", "replay into another topic")
         if self.to_broker is not None:
             validate_name(self.to_broker, "--to-broker", c.GROUP_MAX_LENGTH)

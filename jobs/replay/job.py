@@ -4,7 +4,7 @@ a handler, restartable without skipping or repeating a message, and ending with 
 
 This module runs a replay's steps: plan, write to the sink batch by batch with progress, report.
 Options are in :mod:`jobs.replay.config`, the sinks in their own modules. See docs/jobs.md
-(replay_ordered, and replay_ordered in detail) for sources, sinks, batches and exactly-once rules.
+(replay_ordered: "Sources", "Sinks", "Batches and exactly once", "The ordering report").
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from jobs.replay.source import (
 from jobs.replay.state import ReplayOutcome, ReplayRun
 from jobs.replay.table_sink import replay_to_table
 from jobs.replay.topic_sink import replay_to_topic
-from jobs.runs import JobRun, record_run
+from jobs.runs import JobRun, recorded_run
 from schemas.catalog import (
     COMMITLOG,
     CONSUMER_OFFSET_COMMITS,
@@ -54,26 +54,6 @@ from schemas.errors import LakeError, ValidationError
 
 # ---------------------------------------------------------------------------------------------
 # The Delta sink's table
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# Options
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# Queue ranges: pure Python
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# Transforms
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# The handler's side
 # ---------------------------------------------------------------------------------------------
 
 
@@ -99,21 +79,18 @@ def run(spark: SparkSession, config: ReplayConfig) -> JobRun:
     handler = load_handler(config.handler) if config.handler is not None else None
     if config.to_table is not None:
         _check_sink_table(lake, config.to_table)
-    job_run = JobRun(JOB)
-    with ReplayLock(config.lake, config.replay_id):
-        try:
-            state = _prepare(lake, config)
-            job_run.input_versions = {COMMITLOG.name: state.commitlog_version}
-            outcome = _replay(state, job_run, handler)
-            job_run.row_counts = {"replayed": outcome.rows, "batches": outcome.batches, "queues": len(outcome.report)}
-        except Exception as err:
-            record_run(lake, job_run.finish("FAILED", f"replay_id={config.replay_id}; {type(err).__name__}: {err}"))
-            raise
-    print("\n".join(format_report(outcome.report, config.replay_id, config.sink_label)))
-    failed = "; ".join(f"{SOURCE_SEPARATOR.join(map(str, key))}: {why}" for key, why in sorted(outcome.failed.items()))
-    status = "FAILED" if outcome.failed else ("SUCCEEDED" if outcome.batches else "NOOP")
-    message = f"replay_id={config.replay_id}; {outcome.rows} rows in {outcome.batches} batches"
-    record_run(lake, job_run.finish(status, message + (f"; failed queues: {failed}" if failed else "")))
+    with ReplayLock(config.lake, config.replay_id), recorded_run(lake, JOB, {"replay_id": config.replay_id}) as job_run:
+        state = _prepare(lake, config)
+        job_run.input_versions = {COMMITLOG.name: state.commitlog_version}
+        outcome = _replay(state, job_run, handler)
+        job_run.row_counts = {"replayed": outcome.rows, "batches": outcome.batches, "queues": len(outcome.report)}
+        print("\n".join(format_report(outcome.report, config.replay_id, config.sink_label)))
+        failed = "; ".join(
+            f"{SOURCE_SEPARATOR.join(map(str, key))}: {why}" for key, why in sorted(outcome.failed.items())
+        )
+        status = "FAILED" if outcome.failed else ("SUCCEEDED" if outcome.batches else "NOOP")
+        message = f"{outcome.rows} rows in {outcome.batches} batches"
+        job_run.conclude(status, message + (f"; failed queues: {failed}" if failed else ""))
     if failed:
         print(f"{JOB}: queues failed (the others completed): {failed}")
     return job_run

@@ -32,10 +32,10 @@ def filter_source_records(commitlog_df: DataFrame, topics: Sequence[TopicQueues]
     if not topics:
         return dispatched
     wanted = F.lit(False)
-    for entry in topics:
-        term = F.col("topic") == F.lit(entry.topic)
-        if entry.queue_ids is not None:
-            term = term & F.col("queue_id").isin(*entry.queue_ids)
+    for selected in topics:
+        term = F.col("topic") == F.lit(selected.topic)
+        if selected.queue_ids is not None:
+            term = term & F.col("queue_id").isin(*selected.queue_ids)
         wanted = wanted | term
     return dispatched.where(wanted)
 
@@ -190,10 +190,10 @@ def _source_mask(rows: pa.Table, topics: Sequence[TopicQueues]) -> pa.ChunkedArr
     if not topics:
         return mask
     wanted = None
-    for entry in topics:
-        term = pc.equal(rows["topic"], entry.topic)
-        if entry.queue_ids is not None:
-            term = pc.and_(term, pc.is_in(rows["queue_id"], pa.array(entry.queue_ids, pa.int32())))
+    for selected in topics:
+        term = pc.equal(rows["topic"], selected.topic)
+        if selected.queue_ids is not None:
+            term = pc.and_(term, pc.is_in(rows["queue_id"], pa.array(selected.queue_ids, pa.int32())))
         wanted = term if wanted is None else pc.or_(wanted, term)
     return pc.and_(mask, wanted)
 

@@ -1,6 +1,8 @@
 """The ``report`` job: one self-contained HTML page with PNG plots about the lake (see
-:mod:`jobs.report.job` and docs/jobs.md): its rows (:mod:`.rows`), plots (:mod:`.plots`) and page
-(:mod:`.page`).
+:mod:`jobs.report.job` and docs/jobs.md).
+
+Besides the job package's roles (docs/jobs.md, "How a job package is laid out"): ``rows`` (the
+aggregations of its sections), ``plots`` (the drawings and their cache) and ``page`` (the HTML).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from jobs.report.rows import (
     transaction_outcomes,
     utc_datetime,
 )
-from jobs.runs import JobRun, latest_reusable_run, record_run, same_inputs, table_versions
+from jobs.runs import JobRun, Parameter, latest_reusable_run, recorded_run, same_inputs, table_versions
 from schemas.catalog import (
     COMMIT_HOURS,
     COMMITLOG,
@@ -309,20 +309,19 @@ def run(spark: SparkSession, config: ReportConfig) -> JobRun:
     ``job_runs`` gained since are ones the page does not list (:data:`UNLISTED_RUNS`).
 
     Returns:
-        The recorded run (``message``: ``as_of=<ms>; samples=<n>; <page path>``, the path read by
+        The recorded run (``parameters``: ``as_of``, ``samples`` and the ``page`` path, read by
         :func:`page_of`; ``row_counts``: the plots and tables written), or FAILED re-raised.
     """
-    job_run = JobRun(JOB)
     lake = Lake(spark, config.lake, config.engine)
-    job_run.input_versions = table_versions(lake, [s.name for s in INPUTS])
     path = config.out_dir / "report.html"
-    settings = f"as_of={config.as_of}; samples={config.samples}"
-    try:
+    settings: dict[str, Parameter] = {"as_of": config.as_of, "samples": config.samples, "page": str(path)}
+    with recorded_run(lake, JOB, settings) as job_run:
+        job_run.input_versions = table_versions(lake, [s.name for s in INPUTS])
         previous = latest_reusable_run(lake, JOB)
-        if previous is not None and _drawn(lake, previous, job_run.input_versions, f"{settings}; {path}"):
+        if previous is not None and _drawn(lake, previous, job_run.input_versions, settings):
             job_run.row_counts = dict(previous["row_counts"])
             print(f"{JOB}: {path} shows these inputs already, nothing drawn")
-            record_run(lake, job_run.finish("NOOP", f"{settings}; {path}"))
+            job_run.conclude("NOOP", "the page shows these inputs already")
             return job_run
         job_run.output_versions = hours.update(lake)
         plots = PlotCache(config.out_dir)
@@ -331,28 +330,27 @@ def run(spark: SparkSession, config: ReportConfig) -> JobRun:
         subtitle = f"lake {config.lake} (engine {lake.engine}), as of {_iso(config.as_of)}"
         page = render_html("rmq-lake report", subtitle, sections)
         path = write_report(config.out_dir, page, sections, plots)
-    except Exception as err:
-        record_run(lake, job_run.finish("FAILED", f"{type(err).__name__}: {err}"))
-        raise
-    job_run.row_counts = {
-        "plots": sum(len(s.plots) for s in sections),
-        "tables": sum(len(s.tables) for s in sections),
-        "empty_sections": sum(1 for s in sections if not s.plots and not s.tables),
-    }
-    print(f"{JOB}: wrote {path} ({job_run.row_counts['plots']} plots, {len(plots.read_back)} of them unchanged)")
-    record_run(lake, job_run.finish("SUCCEEDED", f"{settings}; {path}"))
+        job_run.parameters["page"] = str(path)
+        job_run.row_counts = {
+            "plots": sum(len(s.plots) for s in sections),
+            "tables": sum(len(s.tables) for s in sections),
+            "empty_sections": sum(1 for s in sections if not s.plots and not s.tables),
+        }
+        print(f"{JOB}: wrote {path} ({job_run.row_counts['plots']} plots, {len(plots.read_back)} of them unchanged)")
+        job_run.conclude("SUCCEEDED", "report written")
     return job_run
 
 
-def page_of(message: str | None) -> str:
-    """The page path a report run recorded in its ``job_runs`` message."""
-    return (message or "").split("; ", 2)[-1]
+def page_of(job_run: JobRun) -> str:
+    """The page path a report run recorded in its parameters."""
+    return str(job_run.parameters["page"])
 
 
-def _drawn(lake: Lake, previous: Mapping[str, Any], versions: Mapping[str, int], message: str) -> bool:
-    """Whether the previous report's page (``message``) is there and shows the data of ``versions``."""
+def _drawn(lake: Lake, previous: Mapping[str, Any], versions: Mapping[str, int], settings: Mapping[str, Any]) -> bool:
+    """Whether the previous report had these ``settings`` and its page is there and shows the data
+    of ``versions``."""
     recorded: Mapping[str, int] = previous["input_versions"]
-    if previous["message"] != message or not Path(page_of(message)).is_file():
+    if previous["parameters"] != settings or not Path(str(settings["page"])).is_file():
         return False
     data = {name: version for name, version in versions.items() if name != JOB_RUNS.name}
     if not same_inputs(lake, {n: v for n, v in recorded.items() if n != JOB_RUNS.name}, data):

@@ -59,14 +59,14 @@ class PlotCache:
         drawing = [_PLOTS_FORMAT, plot.__module__, plot.__qualname__, matplotlib_version, _DPI]
         text = json.dumps([drawing, list(rows)], sort_keys=True, default=str)
         inputs = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        entry = self.known.get(name)
-        if isinstance(entry, dict) and entry.get("inputs") == inputs:
+        cached = self.known.get(name)
+        if isinstance(cached, dict) and cached.get("inputs") == inputs:
             try:
                 png = (self.out_dir / name).read_bytes()
             except OSError:
                 png = b""
-            if png and hashlib.sha256(png).hexdigest() == entry.get("png"):
-                self.drawn[name] = entry
+            if png and hashlib.sha256(png).hexdigest() == cached.get("png"):
+                self.drawn[name] = cached
                 self.read_back.add(name)
                 return name, png
         png = plot(rows)

@@ -10,11 +10,10 @@ from jobs.resolve_transactions.job import (
     build_config,
     format_summary,
     main,
-    parameters_of_message,
     run,
 )
 from jobs.resolve_transactions.transforms import (
-    RECORD_COLUMNS,
+    TRANSACTION_SOURCE_COLUMNS,
     build_discards,
     build_finals,
     build_half_records,
@@ -23,7 +22,7 @@ from jobs.resolve_transactions.transforms import (
 )
 
 __all__ = [
-    "RECORD_COLUMNS",
+    "TRANSACTION_SOURCE_COLUMNS",
     "ResolveTransactionsConfig",
     "TransactionSummary",
     "build_config",
@@ -34,6 +33,5 @@ __all__ = [
     "build_transaction_state",
     "format_summary",
     "main",
-    "parameters_of_message",
     "run",
 ]

@@ -22,7 +22,7 @@ from jobs.resolve_transactions.transforms import (
     NO_IMMUNITY,
     OFFSET_SEPARATOR,
     OP,
-    RECORD_COLUMNS,
+    TRANSACTION_SOURCE_COLUMNS,
     UNKNOWN_OFFSET,
 )
 from schemas.catalog import TRANSACTION_RECORDS
@@ -33,15 +33,14 @@ TRANSACTION_TOPICS = (c.RMQ_SYS_TRANS_HALF_TOPIC, c.RMQ_SYS_TRANS_OP_HALF_TOPIC,
 CANDIDATE_FILTERS = [[("topic", "in", list(TRANSACTION_TOPICS))], [("sys_flag", ">=", c.TRANSACTION_COMMIT_TYPE)]]
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
-_INT64 = (-(1 << 63), (1 << 63) - 1)
 _INTEGER = re.compile(rb"[+-]?[0-9]+")
-_BLANK = bytes(range(0x21)) + b"\x7f"  # what a cast of a string to a number trims at both ends
+_TRIMMED = bytes(range(0x21)) + b"\x7f"  # what a cast of a string to a number trims at both ends
 
 
 def decode_transaction_records(rows: pa.Table) -> pa.Table:
-    """The ``transaction_records`` rows of commit log ``rows`` (at least :data:`RECORD_COLUMNS`),
+    """The ``transaction_records`` rows of commit log ``rows`` (at least :data:`TRANSACTION_SOURCE_COLUMNS`),
     decoded as :func:`~jobs.resolve_transactions.transforms.build_transaction_records` does."""
-    candidates = rows.select(list(RECORD_COLUMNS)).filter(_may_be_transaction_record(rows))
+    candidates = rows.select(list(TRANSACTION_SOURCE_COLUMNS)).filter(_may_be_transaction_record(rows))
     out: list[dict[str, Any]] = []
     for row in candidates.to_pylist():
         kind = _kind(row)
@@ -77,10 +76,10 @@ def _records(row: Mapping[str, Any], kind: str) -> Iterable[dict[str, Any]]:
     properties = _properties(row["properties"])
     is_half = kind == HALF
     immunity = properties.get(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
-    immunity_seconds = _number(immunity, _INT64)
+    immunity_seconds = _number(immunity, c.JAVA_LONG_RANGE)
     immunity_ms = None
     if immunity_seconds is not None and immunity_seconds != NO_IMMUNITY:
-        immunity_ms = _within(immunity_seconds * 1000, _INT64)
+        immunity_ms = _within(immunity_seconds * 1000, c.JAVA_LONG_RANGE)
     record = {
         "kind": kind,
         "broker_name": row["broker_name"],
@@ -98,7 +97,9 @@ def _records(row: Mapping[str, Any], kind: str) -> Iterable[dict[str, Any]]:
             _number(properties.get(c.PROPERTY_TRANSACTION_CHECK_TIMES), _INT32) if kind in (HALF, DISCARD) else None
         ),
         "prepared_queue_offset": (
-            _number(properties.get(c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET), _INT64) if is_half else None
+            _number(properties.get(c.PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET), c.JAVA_LONG_RANGE)
+            if is_half
+            else None
         ),
         "has_check_immunity": immunity is not None if is_half else None,
         "check_immunity_ms": immunity_ms if is_half else None,
@@ -108,8 +109,8 @@ def _records(row: Mapping[str, Any], kind: str) -> Iterable[dict[str, Any]]:
     }
     if kind != OP:
         return [record]
-    entries = _op_entries(row["body"])
-    return [{**record, "half_queue_offset": _op_offset(entry)} for entry in entries]
+    listed = _listed_offsets(row["body"])
+    return [{**record, "half_queue_offset": _op_offset(listed_offset)} for listed_offset in listed]
 
 
 def _properties(pairs: Iterable[tuple[str, str]] | None) -> dict[str, str]:
@@ -120,18 +121,18 @@ def _properties(pairs: Iterable[tuple[str, str]] | None) -> dict[str, str]:
     return found
 
 
-def _op_entries(body: bytes | None) -> list[bytes | None]:
+def _listed_offsets(body: bytes | None) -> list[bytes | None]:
     """The non-empty ``,``-separated entries of an op body; ``[None]`` when there are none."""
     if body is None:
         return [None]
-    entries: list[bytes | None] = [entry for entry in body.split(OFFSET_SEPARATOR.encode()) if entry]
-    return entries or [None]
+    listed: list[bytes | None] = [part for part in body.split(OFFSET_SEPARATOR.encode()) if part]
+    return listed or [None]
 
 
-def _op_offset(entry: bytes | None) -> int | None:
-    if entry is None:
+def _op_offset(listed_offset: bytes | None) -> int | None:
+    if listed_offset is None:
         return None
-    number = _number(entry, _INT64)
+    number = _number(listed_offset, c.JAVA_LONG_RANGE)
     return UNKNOWN_OFFSET if number is None else number
 
 
@@ -141,7 +142,7 @@ def _number(text: str | bytes | None, bounds: tuple[int, int]) -> int | None:
     within ``bounds``."""
     if text is None:
         return None
-    raw = (text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text).strip(_BLANK)
+    raw = (text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text).strip(_TRIMMED)
     if not _INTEGER.fullmatch(raw):
         return None
     return _within(int(raw), bounds)

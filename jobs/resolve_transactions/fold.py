@@ -22,6 +22,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from broker_model.common import RecordKey
+from broker_model.common import constants as c
 from jobs.resolve_transactions.transforms import (
     CHECK_DUE,
     COMMITTED,
@@ -40,28 +42,22 @@ from jobs.resolve_transactions.transforms import (
     ROLLED_BACK,
     UNKNOWN_OFFSET,
 )
+from jobs.runs import CannotFold
 from schemas.errors import LakeError
 
 OPEN_STATES = (PENDING, CHECK_DUE)  # the states that move with T
-_LONG = (-(1 << 63), (1 << 63) - 1)  # the age is a long in the Spark decision, which fails beyond
 COUNTED = ("half_records", "op_records", "ignored_op_records", "final_records", "discard_records")
 
-Position = tuple[str, int, int]
-"""(broker, queue id, queue offset) of a half record."""
-Offset = tuple[str, int]
-"""(broker, commit log offset) of a record."""
-Key = tuple[str, str | None, str]
-"""(broker, producer group, uniq key): a transaction of half records that carry a uniq key."""
+HalfPosition = tuple[str, int, int]
+"""(broker_name, queue_id, queue_offset) of a half record in the half topic."""
+TransactionKey = tuple[str, str | None, str]
+"""(broker_name, producer group, uniq_key): a transaction of half records that carry a uniq key."""
 
-HalfLookup = Callable[[set[Position], set[Offset]], pa.Table]
+HalfLookup = Callable[[set[HalfPosition], set[RecordKey]], pa.Table]
 """The HALF rows of ``transaction_records`` at the positions or at the commit log offsets."""
-LinkLookup = Callable[[set[Offset], set[Key]], pa.Table]
+LinkLookup = Callable[[set[RecordKey], set[TransactionKey]], pa.Table]
 """The FINAL rows naming the commit log offsets and the DISCARD rows of the keys, among
 ``transaction_records``."""
-
-
-class CannotFold(Exception):
-    """The previous table cannot be moved on exactly; the reason is the message."""
 
 
 @dataclass(frozen=True)
@@ -84,17 +80,22 @@ class Previous:
     counts: Mapping[str, int]
 
 
-def can_fold(previous: Previous, as_of: int) -> str | None:
-    """Why the previous table cannot be moved on to ``as_of`` exactly, None when it can: every
-    record it read counted at its T (none waits for a later one) and the new T is not earlier."""
+def check_foldable(previous: Previous, as_of: int) -> None:
+    """Refuse to move the previous table on to ``as_of`` unless that gives the full run's table:
+    every record it read counted at its T (none waits for a later one) and the new T is not earlier.
+
+    Raises:
+        CannotFold: why it is not exact.
+    """
     if as_of < previous.as_of:
-        return f"as_of {as_of} is before the previous run's {previous.as_of}"
+        raise CannotFold(f"as_of {as_of} is before the previous run's {previous.as_of}")
     if previous.through > previous.as_of:
-        return f"the previous run read records stored after its as_of ({previous.through} > {previous.as_of})"
+        raise CannotFold(
+            f"the previous run read records stored after its as_of ({previous.through} > {previous.as_of})"
+        )
     missing = [name for name in COUNTED if name not in previous.counts]
     if missing:
-        return f"the previous run recorded no {missing[0]}"
-    return None
+        raise CannotFold(f"the previous run recorded no {missing[0]}")
 
 
 @dataclass
@@ -128,7 +129,7 @@ def fold(
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The ``transaction_state`` rows as of ``as_of`` and the record counts: ``previous`` moved on
     by ``new_records`` (the ``transaction_records`` rows appended since). Equal to a full run's
-    rows when :func:`can_fold` holds.
+    rows when :func:`check_foldable` holds.
 
     Raises:
         CannotFold: the new records change what the previous table cannot tell (a new half record
@@ -136,8 +137,8 @@ def fold(
             of an old half, a negative check count): compute from the whole records instead.
     """
     records = [r for r in new_records.to_pylist() if r["store_timestamp"] <= as_of]
-    by_id: dict[Offset, _Transaction] = {}
-    by_key: dict[Key, _Transaction] = {}
+    by_id: dict[RecordKey, _Transaction] = {}
+    by_key: dict[TransactionKey, _Transaction] = {}
     orphans: dict[tuple[str, int], int] = {}
     for row in previous.rows:
         if row["half_commit_log_offset"] == UNKNOWN_OFFSET:
@@ -146,8 +147,8 @@ def fold(
         transaction = _from_row(row)
         _index(transaction, by_id, by_key)
 
-    members_at: dict[Position, dict[int, _Transaction]] = {}
-    members_of: dict[Offset, _Transaction] = {}
+    members_at: dict[HalfPosition, dict[int, _Transaction]] = {}
+    members_of: dict[RecordKey, _Transaction] = {}
     new_halves = sorted(
         (r for r in records if r["kind"] == HALF), key=lambda r: (r["broker_name"], r["commit_log_offset"])
     )
@@ -273,11 +274,13 @@ def _add_copy(transaction: _Transaction, half: Mapping[str, Any]) -> None:
     transaction.touched = True
 
 
-def _key(row: Mapping[str, Any]) -> Key | None:
+def _key(row: Mapping[str, Any]) -> TransactionKey | None:
     return None if row["uniq_key"] is None else (row["broker_name"], row["producer_group"], row["uniq_key"])
 
 
-def _index(transaction: _Transaction, by_id: dict[Offset, _Transaction], by_key: dict[Key, _Transaction]) -> None:
+def _index(
+    transaction: _Transaction, by_id: dict[RecordKey, _Transaction], by_key: dict[TransactionKey, _Transaction]
+) -> None:
     by_id[(transaction.row["broker_name"], transaction.offset)] = transaction
     key = _key(transaction.row)
     if key is not None:
@@ -285,7 +288,7 @@ def _index(transaction: _Transaction, by_id: dict[Offset, _Transaction], by_key:
 
 
 def _transaction_of(
-    half: Mapping[str, Any], by_id: Mapping[Offset, _Transaction], by_key: Mapping[Key, _Transaction]
+    half: Mapping[str, Any], by_id: Mapping[RecordKey, _Transaction], by_key: Mapping[TransactionKey, _Transaction]
 ) -> _Transaction | None:
     """The transaction a half record belongs to: by its key, or (no uniq key) its own."""
     key = _key(half)
@@ -297,14 +300,14 @@ def _transaction_of(
 def _member(
     half: Mapping[str, Any],
     transaction: _Transaction,
-    members_at: dict[Position, dict[int, _Transaction]],
-    members_of: dict[Offset, _Transaction],
+    members_at: dict[HalfPosition, dict[int, _Transaction]],
+    members_of: dict[RecordKey, _Transaction],
 ) -> None:
     members_at.setdefault(_position(half), {})[half["commit_log_offset"]] = transaction
     members_of[(half["broker_name"], half["commit_log_offset"])] = transaction
 
 
-def _position(half: Mapping[str, Any]) -> Position:
+def _position(half: Mapping[str, Any]) -> HalfPosition:
     return (half["broker_name"], half["queue_id"], half["queue_offset"])
 
 
@@ -329,7 +332,8 @@ def _decided(transaction: _Transaction, as_of: int, settings: Settings) -> dict[
     has_op, has_final = transaction.first_op is not None, transaction.final_count > 0
     discarded = transaction.discarded or check_times >= settings.check_max
     age = as_of - row["born_timestamp"]
-    if not has_op and not discarded and not _LONG[0] <= age <= _LONG[1]:
+    # the age is a long in the Spark decision, which fails beyond
+    if not has_op and not discarded and not c.JAVA_LONG_MIN <= age <= c.JAVA_LONG_MAX:
         raise LakeError(f"as_of {as_of} minus born_timestamp {row['born_timestamp']} overflows a long: {_where(row)}")
     if has_op:
         state = COMMITTED if has_final else ROLLED_BACK

@@ -6,7 +6,6 @@ through ``transaction_records``. See docs/jobs.md (resolve_transactions).
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,19 +18,18 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from broker_model.broker import FILE_RESERVED_MS, REMOVE_TAG, TRANSACTION_CHECK_MAX, TRANSACTION_TIMEOUT_MS
+from broker_model.common import RecordKey
 from jobs.cli import add_as_of, as_of_of, format_age, iso_utc, job_parser, run_spark_job, text_table
 from jobs.extract import DriverDecode, update_extract
 from jobs.lake import IncrementalReadError, Lake
 from jobs.resolve_transactions.decode import decode_transaction_records
 from jobs.resolve_transactions.fold import (
     COUNTED,
-    CannotFold,
-    Key,
-    Offset,
-    Position,
+    HalfPosition,
     Previous,
     Settings,
-    can_fold,
+    TransactionKey,
+    check_foldable,
     fold,
 )
 from jobs.resolve_transactions.transforms import (
@@ -41,8 +39,8 @@ from jobs.resolve_transactions.transforms import (
     FINAL,
     HALF,
     OP,
-    RECORD_COLUMNS,
     STATES,
+    TRANSACTION_SOURCE_COLUMNS,
     build_transaction_records,
     build_transaction_state,
     discards_of,
@@ -51,11 +49,11 @@ from jobs.resolve_transactions.transforms import (
     ops_of,
 )
 from jobs.runs import (
+    CannotFold,
     JobRun,
     latest_reusable_run,
-    message_number,
     read_or_empty,
-    record_run,
+    recorded_run,
     same_inputs,
     table_versions,
 )
@@ -64,8 +62,7 @@ from schemas.errors import LakeError, ValidationError
 
 JOB = "resolve_transactions"
 APP_ID = JOB  # the Delta application transaction id of transaction_records: the commit log version read
-_PARAMETERS = re.compile(r"^(as_of=-?\d+; timeout_ms=\d+; check_max=\d+; reserve_ms=\d+)(?:;|$)")
-DRIVER_DECODE = DriverDecode(RECORD_COLUMNS, decode_transaction_records)
+DRIVER_DECODE = DriverDecode(TRANSACTION_SOURCE_COLUMNS, decode_transaction_records)
 # up to this many transaction records, deciding every transaction on the driver (about 5 us a
 # record) costs less than the Spark joins' fixed cost
 DRIVER_RECORDS = 250_000
@@ -115,12 +112,14 @@ class ResolveTransactionsConfig:
                 raise ValidationError(name, value, f"is below {minimum}", f"pass a value >= {minimum}")
 
     @property
-    def parameters(self) -> str:
-        """The settings that decide the output, as recorded at the start of the job_runs message."""
-        return (
-            f"as_of={self.as_of}; timeout_ms={self.timeout_ms}; check_max={self.check_max}; "
-            f"reserve_ms={self.reserve_ms}"
-        )
+    def parameters(self) -> dict[str, int]:
+        """The settings that decide the output, as the run records them."""
+        return {"as_of": self.as_of, **self.check_settings}
+
+    @property
+    def check_settings(self) -> dict[str, int]:
+        """The check settings (the parameters besides ``as_of``)."""
+        return {"timeout_ms": self.timeout_ms, "check_max": self.check_max, "reserve_ms": self.reserve_ms}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,14 +143,15 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
     ``config.as_of``, print the summary, record the run.
 
     Reads the current version of ``commitlog`` (a missing table counts as empty) and appends the
-    transaction records of its versions not read yet (module docstring). A no-op when the latest
-    run had the same inputs and settings; else the previous table moved on by the records
-    appended since, when that gives the full run's table exactly (:mod:`.fold`); else (or with
-    ``config.full``) computed from the whole ``transaction_records`` with Spark. Appends one
-    ``job_runs`` row: SUCCEEDED or NOOP with the input versions (``commitlog``,
-    ``transaction_records``), the output version and row counts (``new_transaction_records``,
-    ``half_records``, ``op_records``, ``ignored_op_records``, ``final_records``,
-    ``discard_records`` stored at or before T, ``transaction_state``), or FAILED before re-raising.
+    transaction records of its versions not read yet (docs/jobs.md, resolve_transactions,
+    "transaction_records"). A no-op when the latest run had the same inputs and settings; else the
+    previous table moved on by the records appended since, when that gives the full run's table
+    exactly (:mod:`.fold`); else (or with ``config.full``) computed from the whole
+    ``transaction_records`` with Spark. Appends one ``job_runs`` row: SUCCEEDED or NOOP with the
+    input versions (``commitlog``, ``transaction_records``), the output version and row counts
+    (``new_transaction_records``, ``half_records``, ``op_records``, ``ignored_op_records``,
+    ``final_records``, ``discard_records`` stored at or before T, ``transaction_state``), or FAILED
+    before re-raising.
 
     Raises:
         LakeError: ``transaction_records`` was built from a later commit log version than the
@@ -161,10 +161,8 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
         The recorded run.
     """
     lake = Lake(spark, config.lake, config.engine)
-    job_run = JobRun(JOB)
-    job_run.input_versions = table_versions(lake, [COMMITLOG.name])
-    through: int | None = None
-    try:
+    with recorded_run(lake, JOB, config.parameters) as job_run:
+        job_run.input_versions = table_versions(lake, [COMMITLOG.name])
         latest = job_run.input_versions.get(COMMITLOG.name)
         new_records = update_extract(
             lake, TRANSACTION_RECORDS, APP_ID, build_transaction_records, latest, config.full, DRIVER_DECODE
@@ -172,37 +170,33 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
         job_run.input_versions.update(table_versions(lake, [TRANSACTION_RECORDS.name]))
         previous_run = latest_reusable_run(lake, JOB) if lake.version(TRANSACTION_STATE) is not None else None
         reused = _reusable_run(lake, previous_run, job_run.input_versions, config.parameters)
-        if reused is not None:
-            status, how = "NOOP", "inputs and settings unchanged, nothing written"
+        version: int | None = None
+        through: int | None = None
+        if reused is not None and previous_run is not None:
+            job_run.conclude("NOOP", "inputs and settings unchanged, nothing written")
             version, job_run.row_counts = reused
-            through = message_number(previous_run["message"] if previous_run else None, "through")
-        else:
-            status, folded = "SUCCEEDED", None
-            if not config.full and previous_run is not None:
-                moved = _fold_and_write(lake, job_run, previous_run, config)
-                if isinstance(moved, str):
-                    print(f"{JOB}: deciding every transaction again: {moved}")
-                else:
-                    folded = moved
-            if folded is not None:
-                (version, through), how = folded, "transaction_state moved on by the new records"
-            else:
-                version, through = _compute_and_write(lake, job_run, config)
-                how = "transaction_state overwritten"
+            through = previous_run["parameters"].get("through")
+        elif not config.full and previous_run is not None:
+            try:
+                version, through = _fold_and_write(lake, job_run, previous_run, config)
+                job_run.conclude("SUCCEEDED", "transaction_state moved on by the new records")
+            except CannotFold as why:
+                print(f"{JOB}: deciding every transaction again: {why}")
+                job_run.message = f"computed in full: {why}"
+        if version is None:
+            version, through = _compute_and_write(lake, job_run, config)
+            job_run.conclude("SUCCEEDED", job_run.message or "transaction_state overwritten")
+        if through is not None:
+            job_run.parameters["through"] = through
         job_run.row_counts["new_transaction_records"] = new_records
         job_run.output_versions[TRANSACTION_STATE.name] = version
         summary = summarize(lake.read_rows(TRANSACTION_STATE, version=version), config.as_of, config.show)
         summary.ignored_ops = job_run.row_counts.get("ignored_op_records")
         job_run.row_counts[TRANSACTION_STATE.name] = sum(summary.states.values())
         print("\n".join(format_summary(summary)))
-    except Exception as err:
-        record_run(lake, job_run.finish("FAILED", f"{config.parameters}; {type(err).__name__}: {err}"))
-        raise
-    recorded = f"through={through}; " if through is not None else ""
-    record_run(lake, job_run.finish(status, f"{config.parameters}; {recorded}{how}"))
-    read = job_run.input_versions.get(TRANSACTION_RECORDS.name)
-    if read is not None:  # the next run reads the records appended after this version
-        lake.pack_read_files(TRANSACTION_RECORDS, read)
+        read = job_run.input_versions.get(TRANSACTION_RECORDS.name)
+        if read is not None:  # the next run reads the records appended after this version
+            job_run.packs[TRANSACTION_RECORDS.name] = read
     return job_run
 
 
@@ -242,11 +236,11 @@ def _decide_on_driver(
 _NO_RECORDS = TRANSACTION_RECORDS.arrow_schema.empty_table()
 
 
-def _nothing_at(positions: set[Position], offsets: set[Offset]) -> pa.Table:
+def _nothing_at(positions: set[HalfPosition], offsets: set[RecordKey]) -> pa.Table:
     return _NO_RECORDS
 
 
-def _nothing_linked(offsets: set[Offset], keys: set[Key]) -> pa.Table:
+def _nothing_linked(offsets: set[RecordKey], keys: set[TransactionKey]) -> pa.Table:
     return _NO_RECORDS
 
 
@@ -273,36 +267,39 @@ def _decide_with_spark(lake: Lake, job_run: JobRun, config: ResolveTransactionsC
 
 def _fold_and_write(
     lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], config: ResolveTransactionsConfig
-) -> tuple[int, int] | str:
+) -> tuple[int, int]:
     """The previous table moved on to ``config.as_of`` and written (version, greatest record store
-    time), or why it cannot be (then nothing is written)."""
+    time).
+
+    Raises:
+        CannotFold: why it cannot be (then nothing is written).
+    """
     before = previous_run["input_versions"].get(TRANSACTION_RECORDS.name)
     now = job_run.input_versions.get(TRANSACTION_RECORDS.name)
-    message = previous_run["message"]
-    parameters = parameters_of_message(message)
-    as_of, through = message_number(message, "as_of"), message_number(message, "through")
+    recorded = previous_run["parameters"]
+    as_of, through = recorded.get("as_of"), recorded.get("through")
     output_version = previous_run["output_versions"].get(TRANSACTION_STATE.name)
     if before is None or now is None:
-        return "no transaction_records version was recorded"
-    if parameters is None or _settings(parameters) != _settings(config.parameters):
-        return "the check settings differ from the previous run's"
-    if as_of is None or through is None or output_version != lake.version(TRANSACTION_STATE):
-        return "the previous run left no table to move on"
+        raise CannotFold("no transaction_records version was recorded")
+    if {name: recorded.get(name) for name in config.check_settings} != config.check_settings:
+        raise CannotFold("the check settings differ from the previous run's")
+    if as_of is None or through is None:
+        raise CannotFold("the previous run recorded no as_of and through")
+    if output_version != lake.version(TRANSACTION_STATE):
+        raise CannotFold("the previous run left no table to move on")
     previous = Previous(
         lake.read_rows(TRANSACTION_STATE, version=output_version).to_pylist(),
         as_of,
         through,
         previous_run["row_counts"],
     )
-    why_not = can_fold(previous, config.as_of)
-    if why_not is not None:
-        return why_not
+    check_foldable(previous, config.as_of)
     try:
         new = lake.read_appended_rows(TRANSACTION_RECORDS, TRANSACTION_RECORDS.column_names, before, now)
-        settings = Settings(config.timeout_ms, config.check_max, config.reserve_ms)
-        rows, counts = fold(previous, config.as_of, settings, new, _half_lookup(lake, now), _link_lookup(lake, now))
-    except (IncrementalReadError, ValidationError, CannotFold) as err:
-        return str(err)
+    except (IncrementalReadError, ValidationError) as err:
+        raise CannotFold(str(err)) from err
+    settings = Settings(config.timeout_ms, config.check_max, config.reserve_ms)
+    rows, counts = fold(previous, config.as_of, settings, new, _half_lookup(lake, now), _link_lookup(lake, now))
     version = lake.overwrite_rows(TRANSACTION_STATE, pa.Table.from_pylist(rows, schema=TRANSACTION_STATE.arrow_schema))
     if version is None:
         raise LakeError(f"the overwrite of {lake.location(TRANSACTION_STATE)} committed no version; run the job again")
@@ -311,10 +308,10 @@ def _fold_and_write(
     return version, max(through, newest) if newest is not None else through
 
 
-def _half_lookup(lake: Lake, version: int) -> Callable[[set[Position], set[Offset]], pa.Table]:
+def _half_lookup(lake: Lake, version: int) -> Callable[[set[HalfPosition], set[RecordKey]], pa.Table]:
     """The HALF rows of ``transaction_records`` (at ``version``) at positions or commit log offsets."""
 
-    def lookup(positions: set[Position], offsets: set[Offset]) -> pa.Table:
+    def lookup(positions: set[HalfPosition], offsets: set[RecordKey]) -> pa.Table:
         filters = [[("kind", "=", HALF), *_within("queue_offset", {p[2] for p in positions})]] if positions else []
         if offsets:
             filters.append([("kind", "=", HALF), *_within("commit_log_offset", {o[1] for o in offsets})])
@@ -329,11 +326,11 @@ def _half_lookup(lake: Lake, version: int) -> Callable[[set[Position], set[Offse
     return lookup
 
 
-def _link_lookup(lake: Lake, version: int) -> Callable[[set[Offset], set[Key]], pa.Table]:
+def _link_lookup(lake: Lake, version: int) -> Callable[[set[RecordKey], set[TransactionKey]], pa.Table]:
     """The FINAL rows naming commit log offsets and the DISCARD rows of keys among
     ``transaction_records`` (at ``version``)."""
 
-    def lookup(offsets: set[Offset], keys: set[Key]) -> pa.Table:
+    def lookup(offsets: set[RecordKey], keys: set[TransactionKey]) -> pa.Table:
         filters = []
         if offsets:
             filters.append([("kind", "=", FINAL), *_within("prepared_transaction_offset", {o[1] for o in offsets})])
@@ -375,7 +372,7 @@ def _record_counts(records_df: DataFrame) -> dict[str, int]:
 
 
 def _reusable_run(
-    lake: Lake, previous: Mapping[str, Any] | None, input_versions: Mapping[str, int], parameters: str
+    lake: Lake, previous: Mapping[str, Any] | None, input_versions: Mapping[str, int], parameters: Mapping[str, int]
 ) -> tuple[int, dict[str, int]] | None:
     """The current ``transaction_state`` version and the row counts of the latest reusable run
     (``previous``), when that run had these inputs and settings and wrote (or kept) that very
@@ -385,20 +382,10 @@ def _reusable_run(
         return None
     unchanged = same_inputs(lake, previous["input_versions"], input_versions)
     same_output = previous["output_versions"].get(TRANSACTION_STATE.name) == current
-    if unchanged and same_output and parameters_of_message(previous["message"]) == parameters:
+    recorded = {name: previous["parameters"].get(name) for name in parameters}
+    if unchanged and same_output and recorded == parameters:
         return current, dict(previous["row_counts"])
     return None
-
-
-def parameters_of_message(message: str | None) -> str | None:
-    """The settings a run of this job recorded at the start of its job_runs ``message``, or None."""
-    found = _PARAMETERS.match(message or "")
-    return found.group(1) if found else None
-
-
-def _settings(parameters: str) -> str:
-    """The check settings of recorded parameters, without ``as_of``."""
-    return parameters.split("; ", 1)[1]
 
 
 def summarize(state: pa.Table, as_of: int, show: int) -> TransactionSummary:

@@ -17,7 +17,7 @@ from schemas.catalog import TRANSACTION_RECORDS, TRANSACTION_STATE
 HALF, OP, FINAL, DISCARD = "HALF", "OP", "FINAL", "DISCARD"  # transaction_records kinds
 
 OFFSET_SEPARATOR = ","  # 5.1+ op bodies list several half queue offsets
-UNKNOWN_OFFSET = -1  # an offset the log does not give (op without half, op entry not a number)
+UNKNOWN_OFFSET = -1  # an offset the log does not give (op without half, listed offset not a number)
 NO_IMMUNITY = -1  # getLong's "not a number": CHECK_IMMUNITY_TIME_IN_SECONDS then falls back to the timeout
 
 COMMITTED, ROLLED_BACK, DISCARDED, EXPIRED, PENDING, CHECK_DUE = (
@@ -95,7 +95,7 @@ ORIGINAL_COLUMNS = (
     "check_immunity_ms",
 )
 # the commit log columns build_transaction_records reads
-RECORD_COLUMNS = (
+TRANSACTION_SOURCE_COLUMNS = (
     "broker_name",
     "queue_id",
     "queue_offset",
@@ -183,7 +183,7 @@ def build_transaction_records(commitlog_df: DataFrame) -> DataFrame:
     kind are null.
 
     Args:
-        commitlog_df: commit log rows (at least :data:`RECORD_COLUMNS`).
+        commitlog_df: commit log rows (at least :data:`TRANSACTION_SOURCE_COLUMNS`).
 
     Returns:
         Exactly the catalog columns of ``transaction_records``.
@@ -196,13 +196,13 @@ def build_transaction_records(commitlog_df: DataFrame) -> DataFrame:
     )
     immunity_seconds = _property(c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS).try_cast("long")
     immunity_ms = F.when(immunity_seconds != F.lit(NO_IMMUNITY), F.try_multiply(immunity_seconds, F.lit(1000)))
-    entries = F.filter(F.split(F.col("body").cast("string"), OFFSET_SEPARATOR), lambda e: e != F.lit(""))
+    listed = F.filter(F.split(F.col("body").cast("string"), OFFSET_SEPARATOR), lambda e: e != F.lit(""))
     is_half, is_op, is_final = (F.col("kind") == F.lit(k) for k in (HALF, OP, FINAL))
     has_check_times = is_half | (F.col("kind") == F.lit(DISCARD))
-    entry = F.col("entry")
-    kinded_df = commitlog_df.select(*RECORD_COLUMNS, kind.alias("kind")).where(F.col("kind").isNotNull())
+    listed_offset = F.col("listed_offset")
+    kinded_df = commitlog_df.select(*TRANSACTION_SOURCE_COLUMNS, kind.alias("kind")).where(F.col("kind").isNotNull())
     return (
-        kinded_df.select("*", F.explode_outer(F.when(is_op, entries)).alias("entry"))
+        kinded_df.select("*", F.explode_outer(F.when(is_op, listed)).alias("listed_offset"))
         .select(
             "kind",
             "broker_name",
@@ -225,7 +225,7 @@ def build_transaction_records(commitlog_df: DataFrame) -> DataFrame:
             ),
             F.when(is_half, immunity_ms).cast("long").alias("check_immunity_ms"),
             F.when(is_op, removes()).alias("removes"),
-            F.when(entry.isNotNull(), F.coalesce(entry.try_cast("long"), F.lit(UNKNOWN_OFFSET)))
+            F.when(listed_offset.isNotNull(), F.coalesce(listed_offset.try_cast("long"), F.lit(UNKNOWN_OFFSET)))
             .cast("long")
             .alias("half_queue_offset"),
             F.when(is_final, F.col("prepared_transaction_offset")).alias("prepared_transaction_offset"),
@@ -328,7 +328,8 @@ def build_transaction_state(
     Returns:
         Exactly the catalog columns of ``transaction_state``: one row per (``broker_name``,
         original half record), plus one row per (``broker_name``, half queue offset) of ops
-        without half; states, precedence and anomalies as in the module docstring.
+        without half; states, precedence and anomalies as docs/jobs.md (resolve_transactions,
+        "States" and "Anomalies") gives them.
         ``check_times`` is the highest TRANSACTION_CHECK_TIMES of the transaction's half records
         (0 without copies); ``op_queue_offset`` the smallest op record queue offset that ends the
         transaction; ``final_commit_log_offset`` the smallest final record's commit log offset.
@@ -469,7 +470,7 @@ def _ops_without_half(halves_df: DataFrame, removing_ops_df: DataFrame, as_of: i
 
 
 def _state(as_of: int, timeout_ms: int, check_max: int, reserve_ms: int) -> Column:
-    """The state of a resolved transaction row, by the precedence of the module docstring."""
+    """The state of a resolved transaction row, by the precedence of docs/jobs.md (resolve_transactions, "States")."""
     age = F.lit(as_of) - F.col("born_timestamp")
     has_op = F.col("op_queue_offset").isNotNull()
     has_final = F.col("final_count").isNotNull()

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from broker_model.common import constants as c
 from broker_model.common import consume_queue_tags_code, dispatched_mask, tags_code
 from broker_model.store import FIXED_RECORD_LENGTH, IPV6_HOST_EXTRA
+from jobs.runs import CannotFold
 from schemas.catalog import CONSUME_QUEUE
 
 # the columns of the new rows the driver path reads
@@ -43,10 +44,6 @@ DRIVER_COLUMNS = (
 _DELAY = re.compile(
     f"(?:^|{c.PROPERTY_SEPARATOR}){c.PROPERTY_DELAY_TIME_LEVEL}{c.NAME_VALUE_SEPARATOR}([^{c.PROPERTY_SEPARATOR}]+)"
 )
-
-
-class Declined(Exception):
-    """A row the driver path does not decide on exactly as the Spark columns do."""
 
 
 def has_record_problem(rows: pa.Table, segment_sizes: Mapping[str, int]) -> bool:
@@ -84,7 +81,8 @@ def consume_queue_rows(rows: pa.Table) -> pa.Table:
     sorted by queue and queue offset as the Spark write sorts them.
 
     Raises:
-        Declined: property bytes on the schedule topic that are not UTF-8.
+        CannotFold: property bytes on the schedule topic that are not UTF-8 (the driver does not
+            decide on them exactly as the Spark columns do).
     """
     cq_rows = rows.filter(dispatched_mask(rows["sys_flag"]))
     distinct = pc.unique(cq_rows["tags"])
@@ -115,7 +113,7 @@ def _delay_property(raw_properties: bytes) -> str | None:
     try:
         text = raw_properties.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise Declined("property bytes that are not UTF-8 on the schedule topic") from err
+        raise CannotFold("property bytes that are not UTF-8 on the schedule topic") from err
     values = _DELAY.findall(text)
     return values[-1] if values else None
 

@@ -39,7 +39,7 @@ PROPERTY_ROUTED_BY = "DLQ_ROUTED_BY"  # on a %DLQ% record a tool wrote on the gr
 CHAIN_KEY = ("group", "origin_msg_id")
 
 
-_KIND_RANK = {SCHEDULED: 0, RETRY: 1, DEAD_LETTER: 2}  # order of the copies of one reconsume count
+KIND_RANK = {SCHEDULED: 0, RETRY: 1, DEAD_LETTER: 2}  # order of the copies of one reconsume count
 
 
 def _property(name: str) -> Column:
@@ -144,7 +144,7 @@ def build_retry_chains(
         then every RETRY record, ordered by reconsume times, store time and commit log offset.
     """
     chained_df = with_chain_key(records_df.where(F.col("store_timestamp") <= F.lit(as_of)))
-    rank = F.create_map(*[F.lit(x) for pair in _KIND_RANK.items() for x in pair])[F.col("kind")]
+    rank = F.create_map(*[F.lit(x) for pair in KIND_RANK.items() for x in pair])[F.col("kind")]
     latest = F.max_by(
         F.struct("kind", "broker_name", "topic", "queue_id", "queue_offset", "reconsume_times", "store_timestamp"),
         F.struct("reconsume_times", rank, "store_timestamp", "commit_log_offset"),
@@ -260,7 +260,7 @@ def decoded_origins(chain_keys_df: DataFrame, hosts_df: DataFrame) -> DataFrame:
 
 
 def build_dlq(records_df: DataFrame, chains_df: DataFrame, redrives_df: DataFrame, as_of: int) -> DataFrame:
-    """The ``dlq`` table as of ``as_of`` (module docstring).
+    """The ``dlq`` table as of ``as_of`` (docs/jobs.md, route_dlq, "The three tables").
 
     Args:
         records_df: ``retry_records`` rows.

@@ -6,7 +6,6 @@ policy as of T). Incremental and idempotent through ``job_runs``. See docs/jobs.
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -22,7 +21,9 @@ from pyspark.sql import functions as F
 
 from broker_model.common import constants as c
 from jobs.cli import add_as_of, as_of_of, iso_utc, job_parser, run_spark_job, text_table
-from jobs.dlq.chains import (
+from jobs.dlq.decode import RETRY_SOURCE_COLUMNS, decode_retry_records
+from jobs.dlq.reads import Outcome, compute_every_chain, move_on
+from jobs.dlq.transforms import (
     CHAIN_KEY,
     POLICY_NOT_WRITTEN,
     PROPERTY_ROUTED_BY,
@@ -37,17 +38,15 @@ from jobs.dlq.chains import (
     decoded_origins,
     with_chain_key,
 )
-from jobs.dlq.decode import RECORD_COLUMNS, decode_retry_records
-from jobs.dlq.driver import Outcome, compute_every_chain, move_on
 from jobs.extract import DriverDecode, update_extract
 from jobs.lake import Lake
 from jobs.rules import build_current_offsets
 from jobs.runs import (
+    CannotFold,
     JobRun,
     latest_reusable_run,
-    message_number,
     read_or_empty,
-    record_run,
+    recorded_run,
     same_inputs,
     table_versions,
 )
@@ -66,8 +65,7 @@ from schemas.errors import LakeError, ValidationError
 
 JOB = "route_dlq"
 APP_ID = JOB  # application transaction id of retry_records: the commit log version read
-_PARAMETERS = re.compile(r"^(as_of=-?\d+)(?:;|$)")
-DRIVER_DECODE = DriverDecode(RECORD_COLUMNS, decode_retry_records)  # small increments of retry_records
+DRIVER_DECODE = DriverDecode(RETRY_SOURCE_COLUMNS, decode_retry_records)  # small increments of retry_records
 
 
 @dataclass(frozen=True)
@@ -149,10 +147,8 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
         and ``dlq``.
     """
     lake = Lake(spark, config.lake, config.engine)
-    job_run = JobRun(JOB)
     as_of = config.as_of
-    through: int | None = None
-    try:
+    with recorded_run(lake, JOB, {"as_of": as_of}) as job_run:
         new = update_extract(
             lake, RETRY_RECORDS, APP_ID, build_retry_records, lake.version(COMMITLOG), config.full, DRIVER_DECODE
         )
@@ -160,25 +156,28 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
         if config.execute:
             routed = route_exhausted(lake, _candidates(lake, as_of, table_versions(lake, _INPUTS)))
             as_of = max(as_of, time.time_ns() // 1_000_000)
+            job_run.parameters["as_of"] = as_of
             new += update_extract(
                 lake, RETRY_RECORDS, APP_ID, build_retry_records, lake.version(COMMITLOG), driver=DRIVER_DECODE
             )
         job_run.input_versions = table_versions(lake, _INPUTS)
-        parameters = f"as_of={as_of}"
         outputs = table_versions(lake, [RETRY_CHAINS.name, DLQ.name])
         previous_run = latest_reusable_run(lake, JOB) if len(outputs) == 2 else None
         if previous_run is not None and previous_run["output_versions"] != outputs:
             previous_run = None  # the outputs were written since: nothing to reuse or move on
-        if _reusable(lake, previous_run, job_run.input_versions, parameters):
+        through: int | None
+        if _reusable(lake, previous_run, job_run.input_versions, as_of):
             assert previous_run is not None
-            status, how = "NOOP", "inputs unchanged, nothing written"
+            job_run.conclude("NOOP", "inputs unchanged, nothing written")
             job_run.output_versions = outputs
-            through = message_number(previous_run["message"], "through")
+            through = previous_run["parameters"].get("through")
         else:
-            status = "SUCCEEDED"
             job_run.output_versions, through, how = _compute_and_write(
                 lake, job_run.input_versions, as_of, config, previous_run
             )
+            job_run.conclude("SUCCEEDED", how)
+        if through is not None:
+            job_run.parameters["through"] = through
         job_run.row_counts.update({"new_retry_records": new, "routed": routed})
         summary = summarize(lake, job_run.output_versions, as_of, config.show)
         summary.routed = routed
@@ -186,14 +185,9 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
             {RETRY_CHAINS.name: sum(summary.chains.values()), DLQ.name: sum(summary.dead_letters.values())}
         )
         print("\n".join(format_summary(summary)))
-    except Exception as err:
-        record_run(lake, job_run.finish("FAILED", f"as_of={as_of}; {type(err).__name__}: {err}"))
-        raise
-    recorded = f"through={through}; " if through is not None else ""
-    record_run(lake, job_run.finish(status, f"{parameters}; {recorded}{how}"))
-    read = job_run.input_versions.get(RETRY_RECORDS.name)
-    if read is not None:  # the next run reads the records appended after this version
-        lake.pack_read_files(RETRY_RECORDS, read)
+        read = job_run.input_versions.get(RETRY_RECORDS.name)
+        if read is not None:  # the next run reads the records appended after this version
+            job_run.packs[RETRY_RECORDS.name] = read
     return job_run
 
 
@@ -268,18 +262,20 @@ def _compute_and_write(
     previous_run: Mapping[str, Any] | None,
 ) -> tuple[dict[str, int], int | None, str]:
     """Write ``retry_chains`` and ``dlq`` as of ``as_of``: (output versions, through, how)."""
+    how = "retry_chains and dlq overwritten"
     if previous_run is not None and not config.full:
-        moved = move_on(lake, previous_run, versions, as_of)
-        if isinstance(moved, str):
-            print(f"{JOB}: computing every chain again: {moved}")
-        else:
+        try:
+            moved = move_on(lake, previous_run, versions, as_of)
             kept = None if moved.dead_letters_changed else previous_run["output_versions"][DLQ.name]
             return _write_rows(lake, moved, kept), moved.through, "retry_chains and dlq moved on by what changed"
+        except CannotFold as why:
+            print(f"{JOB}: computing every chain again: {why}")
+            how = f"computed in full: {why}"
     counted = versions.get(RETRY_RECORDS.name)
     if (lake.row_count(RETRY_RECORDS, counted) if counted is not None else 0) <= config.driver_records:
         outcome = compute_every_chain(lake, versions, as_of)
-        return _write_rows(lake, outcome, None), outcome.through, "retry_chains and dlq overwritten"
-    return _write_with_spark(lake, versions, as_of), _newest(lake, versions), "retry_chains and dlq overwritten"
+        return _write_rows(lake, outcome, None), outcome.through, how
+    return _write_with_spark(lake, versions, as_of), _newest(lake, versions), how
 
 
 def _write_rows(lake: Lake, outcome: Outcome, dlq_version: int | None) -> dict[str, int]:
@@ -392,13 +388,12 @@ def _dead_origins(broker: Any, group: str) -> set[str]:
 
 
 def _reusable(
-    lake: Lake, previous_run: Mapping[str, Any] | None, input_versions: Mapping[str, int], parameters: str
+    lake: Lake, previous_run: Mapping[str, Any] | None, input_versions: Mapping[str, int], as_of: int
 ) -> bool:
     """Whether the previous run (its outputs still current) had these inputs and this T."""
     if previous_run is None:
         return False
-    found = _PARAMETERS.match(previous_run["message"] or "")
-    same = found is not None and found.group(1) == parameters
+    same = previous_run["parameters"].get("as_of") == as_of
     return same and same_inputs(lake, previous_run["input_versions"], input_versions)
 
 

@@ -12,17 +12,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from broker_model.common import GroupQueueKey, RecordKey
 from broker_model.common import constants as c
-from jobs.dlq.chains import RETRY
 from jobs.dlq.fold import (
+    ChainKey,
     Context,
-    Key,
     Original,
-    Position,
     Previous,
-    QueueKey,
-    can_fold,
     chain_key,
+    check_foldable,
     compute,
     fold,
     host_prefixes,
@@ -33,20 +31,21 @@ from jobs.dlq.fold import (
     touched_chains,
     with_redrive_states,
 )
+from jobs.dlq.transforms import RETRY
 from jobs.lake import IncrementalReadError, Lake
-from jobs.runs import message_number
+from jobs.runs import CannotFold
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
     CONSUMER_OFFSET_COMMITS,
     DLQ,
     DLQ_REDRIVES,
+    OFFSET_COMMIT_COLUMNS,
     RETRY_CHAINS,
     RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
 )
 
-_COMMIT_COLUMNS = ["group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp", "source"]
 # the topics of retry queues sort between these: every commit of another topic is pruned by statistics
 _RETRY_TOPICS = [("topic", ">=", c.RETRY_GROUP_TOPIC_PREFIX), ("topic", "<", c.RETRY_GROUP_TOPIC_PREFIX[:-1] + "&")]
 
@@ -83,22 +82,24 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
     return Outcome(chains, dead, max(times, default=-1))
 
 
-def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, int], as_of: int) -> Outcome | str:
-    """The previous run's tables moved on to ``as_of`` (:mod:`jobs.dlq.fold`), or why they cannot
-    be (then the caller computes every chain)."""
+def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, int], as_of: int) -> Outcome:
+    """The previous run's tables moved on to ``as_of`` (:mod:`jobs.dlq.fold`).
+
+    Raises:
+        CannotFold: why they cannot be (then the caller computes every chain).
+    """
     before: Mapping[str, int] = previous_run["input_versions"]
-    message = previous_run["message"]
-    previous_as_of, through = message_number(message, "as_of"), message_number(message, "through")
+    previous_as_of, through = previous_run["parameters"].get("as_of"), previous_run["parameters"].get("through")
     if previous_as_of is None or through is None:
-        return "the previous run recorded no as_of and through"
+        raise CannotFold("the previous run recorded no as_of and through")
     for name in (RETRY_RECORDS.name, COMMITLOG.name):
         if name not in before or name not in versions:
-            return f"no {name} version was recorded"
+            raise CannotFold(f"no {name} version was recorded")
     brokers = _brokers(lake, versions.get(BROKERS.name))
     hosts = _hosts(brokers)
     same_brokers = before.get(BROKERS.name) == versions.get(BROKERS.name)
     if not same_brokers and hosts != _hosts(_brokers(lake, before.get(BROKERS.name))):
-        return "a broker's store host changed"
+        raise CannotFold("a broker's store host changed")
     outputs = previous_run["output_versions"]
     previous = Previous(
         lake.read_rows(RETRY_CHAINS, version=outputs[RETRY_CHAINS.name]).to_pylist(),
@@ -107,15 +108,15 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
         through,
         policies_at(_rows(lake, SUBSCRIPTION_GROUP, before), previous_as_of),
     )
-    why_not = can_fold(previous, as_of)
-    if why_not is not None:
-        return why_not
+    check_foldable(previous, as_of)
     try:
         lake.appended_size(COMMITLOG, before[COMMITLOG.name], versions[COMMITLOG.name])
         new = _appended(lake, RETRY_RECORDS, RETRY_RECORDS.column_names, before, versions).to_pylist()
-        new_commits = _retry_only(_appended(lake, CONSUMER_OFFSET_COMMITS, _COMMIT_COLUMNS, before, versions))
+        new_commits = _retry_only(
+            _appended(lake, CONSUMER_OFFSET_COMMITS, list(OFFSET_COMMIT_COLUMNS), before, versions)
+        )
     except IncrementalReadError as err:
-        return str(err)
+        raise CannotFold(str(err)) from err
     commits = _retry_commits(lake, versions)
     offsets = offsets_at(commits, as_of)
     moved = {
@@ -164,7 +165,9 @@ def _retry_commits(lake: Lake, versions: Mapping[str, int]) -> list[dict[str, An
     version = versions.get(CONSUMER_OFFSET_COMMITS.name)
     if version is None:
         return []
-    return _retry_only(lake.read_rows(CONSUMER_OFFSET_COMMITS, _COMMIT_COLUMNS, _RETRY_TOPICS, version=version))
+    return _retry_only(
+        lake.read_rows(CONSUMER_OFFSET_COMMITS, list(OFFSET_COMMIT_COLUMNS), _RETRY_TOPICS, version=version)
+    )
 
 
 def _brokers(lake: Lake, version: int | None) -> dict[str, dict[str, Any]]:
@@ -185,13 +188,13 @@ def _hosts(brokers: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
     return host_prefixes((name, row["store_host"]) for name, row in brokers.items())
 
 
-def _positions(keys: Iterable[Key], hosts: Mapping[str, Sequence[str]]) -> set[Position]:
+def _positions(keys: Iterable[ChainKey], hosts: Mapping[str, Sequence[str]]) -> set[RecordKey]:
     return {position for _, origin in keys for position in origin_positions(origin, hosts)}
 
 
 def _originals(
-    lake: Lake, versions: Mapping[str, int], brokers: Mapping[str, Mapping[str, Any]], positions: set[Position]
-) -> dict[Position, list[Original]]:
+    lake: Lake, versions: Mapping[str, int], brokers: Mapping[str, Mapping[str, Any]], positions: set[RecordKey]
+) -> dict[RecordKey, list[Original]]:
     """The commit log records (topic, store time) at ``positions``, reading only the segments
     that can hold them (segment sizes from :func:`_brokers`)."""
     version = versions.get(COMMITLOG.name)
@@ -213,7 +216,7 @@ def _originals(
     if not filters:
         return {}
     columns = ["broker_name", "commit_log_offset", "topic", "store_timestamp"]
-    found: dict[Position, list[Original]] = {}
+    found: dict[RecordKey, list[Original]] = {}
     for row in lake.read_rows(COMMITLOG, columns, filters, version=version).to_pylist():
         position = (row["broker_name"], row["commit_log_offset"])
         if position in positions:
@@ -221,7 +224,7 @@ def _originals(
     return found
 
 
-def _backlog(lake: Lake, version: int, offsets: Mapping[QueueKey, int]) -> list[dict[str, Any]]:
+def _backlog(lake: Lake, version: int, offsets: Mapping[GroupQueueKey, int]) -> list[dict[str, Any]]:
     """The RETRY rows of ``retry_records`` at or after the given consumer offset of their queue (of
     any broker: a chain's offset is looked up under the broker of its first record)."""
     if not offsets:
@@ -236,7 +239,7 @@ def _backlog(lake: Lake, version: int, offsets: Mapping[QueueKey, int]) -> list[
 
 
 def _chain_records(
-    lake: Lake, version: int, touched: set[Key], previous: Previous, new: Sequence[Mapping[str, Any]]
+    lake: Lake, version: int, touched: set[ChainKey], previous: Previous, new: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """Every row of ``retry_records`` (at ``version``) of the ``touched`` chains. None is stored
     before the earliest first failure of the touched chains the previous run had, nor, for chains
