@@ -1,7 +1,9 @@
-"""Shared fixtures: the one session-scoped Spark session of the test run."""
+"""Shared fixtures: the one session-scoped Spark session of the test run; the order of the modules;
+and, in CI, a run that fails when a test was skipped."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -46,3 +48,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         heavy = any(item.get_closest_marker(mark) is not None for mark in _HEAVY_MARKS)
         weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0) + heavy
     items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])
+
+
+# CI sets this: a test skipped there is a check that did not run, so the run fails
+FAIL_ON_SKIP_ENV = "RMQ_FAIL_ON_SKIP"
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect the skipped tests (the reports of every worker reach the controlling process)."""
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With ``RMQ_FAIL_ON_SKIP=1``, a run that skipped any test fails, naming them."""
+    if os.environ.get(FAIL_ON_SKIP_ENV) == "1" and _skipped and not hasattr(session.config, "workerinput"):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"{FAIL_ON_SKIP_ENV}=1 and {len(_skipped)} test(s) skipped: {sorted(set(_skipped))}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -4,10 +4,12 @@ for the endpoint tests: ``python -m tests.grpc_client_process ENDPOINT TOPIC MOD
 MODE ``normal`` sends COUNT messages; ``fifo`` sends COUNT messages of each of three message groups
 from THREADS threads (a group's messages from one thread at a time, in order); ``transaction``
 sends COUNT transactional messages of each outcome (committed, rolled back, left open then
-committed by the checker, left open for good), then waits THREADS seconds for the check-backs;
+committed by the checker, left open for good), then waits for the check-backs: until each
+message left open for good was checked THREADS times (the broker's check max) and each one the
+checker commits once;
 ``flood`` sends from THREADS threads for COUNT seconds, a failed send (the server killed) counted
-as not told; ``timer`` sends COUNT messages due 1 s, 1.25 s, 1.5 s, ... after now (the line
-carries ``due``).
+as not told; ``timer`` sends COUNT messages due 1 s, 1.25 s, 1.5 s, ... after now (the step is
+``RMQ_TIMER_STEP_MS``, 250 by default; the line carries ``due``).
 Each send the client saw succeed is printed as one JSON line: message id, queue offset, group or
 outcome, sequence (the queue the client picked is not told: the endpoint chooses it, as RocketMQ's
 proxy does); each check-back as a line with ``checked``. The environment's ``RMQ_CLIENT_AK`` and
@@ -36,11 +38,13 @@ class Checker(TransactionChecker):  # type: ignore[misc]
 
     def __init__(self, out: threading.Lock) -> None:
         self.out = out
+        self.asked: dict[str, int] = {}
 
     def check(self, message: Message) -> int:
         outcome = message.body.decode().split()[0]
         with self.out:
             print(json.dumps({"checked": message.message_id, "outcome": outcome}), flush=True)
+            self.asked[message.message_id] = self.asked.get(message.message_id, 0) + 1
         if outcome in ("commit", "check-commit"):
             return int(TransactionResolution.COMMIT)
         if outcome == "rollback":
@@ -52,7 +56,9 @@ def main(endpoint: str, topic: str, mode: str, count: int, threads: int) -> None
     out = threading.Lock()
     credentials = Credentials(os.environ.get("RMQ_CLIENT_AK", ""), os.environ.get("RMQ_CLIENT_SK", ""))
     tls = os.environ.get("RMQ_CLIENT_TLS") == "1"
-    producer = Producer(ClientConfiguration(endpoint, credentials), (topic,), checker=Checker(out), tls_enable=tls)
+    checker = Checker(out)
+    producer = Producer(ClientConfiguration(endpoint, credentials), (topic,), checker=checker, tls_enable=tls)
+    awaited: dict[str, int] = {}  # message id -> the check-backs it must get
     producer.startup()
 
     def send(body: str, group: str | None, sequence: int, due: int | None = None) -> None:
@@ -87,6 +93,8 @@ def main(endpoint: str, topic: str, mode: str, count: int, threads: int) -> None
             transaction.commit()
         elif outcome == "rollback":
             transaction.rollback()
+        if outcome in ("open", "check-commit"):
+            awaited[receipt.message_id] = threads if outcome == "open" else 1
         line = {"message_id": receipt.message_id, "transaction_id": receipt.transaction_id}
         with out:
             print(json.dumps({**line, "offset": receipt.offset, "outcome": outcome, "sequence": sequence}), flush=True)
@@ -104,7 +112,8 @@ def main(endpoint: str, topic: str, mode: str, count: int, threads: int) -> None
         if mode == "timer":
             start = int(time.time() * 1000)
             for i in range(count):
-                send(f"timer {i}", None, i, start + 1000 + 250 * i)
+                step = int(os.environ.get("RMQ_TIMER_STEP_MS", "250"))
+                send(f"timer {i}", None, i, start + 1000 + step * i)
         elif mode == "flood":
             until = time.monotonic() + count
             workers = [threading.Thread(target=flood, args=(i, until)) for i in range(threads)]
@@ -116,7 +125,12 @@ def main(endpoint: str, topic: str, mode: str, count: int, threads: int) -> None
             for sequence in range(count):
                 for outcome in OUTCOMES:
                     send_in_transaction(outcome, sequence)
-            time.sleep(threads)  # the check-backs come over the telemetry stream meanwhile
+            deadline = time.monotonic() + 100  # the check-backs come over the telemetry stream meanwhile
+            while time.monotonic() < deadline:
+                with out:
+                    if all(checker.asked.get(message, 0) >= times for message, times in awaited.items()):
+                        break
+                time.sleep(0.05)
         elif mode == "normal":
             for i in range(count):
                 send(f"message {i}", None, i)

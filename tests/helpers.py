@@ -1,8 +1,11 @@
-"""Test helpers shared by the Spark tests: one frame equality with fixed flags, Arrow row sets."""
+"""Test helpers shared by the tests: one frame equality with fixed flags, Arrow row sets, a manual
+clock, and waiting on a condition."""
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +90,17 @@ def column_encodings(table_dir: Path) -> tuple[set[str], set[str]]:
                 encodings.setdefault(chunk.path_in_schema, set()).update(chunk.encodings)
     dictionary = {path for path, found in encodings.items() if found & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}}
     return set(encodings), dictionary
+
+
+WAIT_DEADLINE_S = 60.0  # generous: a loaded machine is slow, and the wait ends at the condition anyway
+
+
+def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = WAIT_DEADLINE_S) -> None:
+    """Return as soon as ``condition()`` holds (checked every few milliseconds); fail naming
+    ``what`` once ``deadline_s`` has passed without it. Tests wait on conditions, never on fixed
+    sleeps, and assert behaviour rather than speed."""
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {deadline_s} s for {what}")
+        time.sleep(0.005)

@@ -102,7 +102,14 @@ def encode(
 
 
 class StoreWriter:
-    """Writes a store root: ``commitlog/`` of ``file_size`` files starting at ``first_base``."""
+    """Writes a store root: ``commitlog/`` of ``file_size`` files.
+
+    With ``first_base`` above 0 the store is one whose files before ``first_base`` retention
+    deleted: records were written from offset 0 (over the queues :meth:`append_many` uses) up to
+    ``first_base``, then the files below it and the consume queue files wholly below it deleted, as
+    a broker's retention does. Its queues' offsets go on from where the deleted records left them,
+    as in a real store; :attr:`written` holds only the records kept.
+    """
 
     def __init__(
         self,
@@ -121,11 +128,46 @@ class StoreWriter:
         self.file_size = file_size
         self.store_host = store_host
         self.trailing = trailing_separator
-        self.position = first_base  # the next physical offset
+        self.position = 0  # the next physical offset
         self.queue_offsets: dict[tuple[str, int], int] = {}
         self.written: list[Written] = []
         self.clock = 1_700_000_000_000
+        self._file(0)
+        if first_base:
+            self._write_history(first_base)
+
+    def _write_history(self, first_base: int) -> None:
+        if first_base % self.file_size:
+            raise ValueError(f"first_base {first_base} is not a multiple of the file size {self.file_size}")
+        count = 0
+        while True:
+            body = bytes([count % 251]) * (100 + count % 37)
+            topic = ("Orders", "Audit")[count % 2]
+            if self._rolls_into(self._record_size(topic, body, keys=f"h{count}"), first_base):
+                break
+            self.append(topic, (count // 2) % 4, body, keys=f"h{count}")
+            count += 1
+        left = first_base - self.position
+        self._put(self.position, struct.pack(">ii", left, BLANK_MAGIC))  # the end of the last deleted file
+        self.position = first_base
         self._file(first_base)
+        while int(min(self.commitlog.iterdir()).name) < first_base:
+            self.delete_first()
+        self.written = []
+
+    def _record_size(self, topic: str, body: bytes, keys: str | None = None) -> int:
+        properties = {"TAGS": "TagA", "UNIQ_KEY": f"{self.clock + 7:032X}", "WAIT": "true"}
+        if keys is not None:
+            properties["KEYS"] = keys
+        text = "".join(f"{k}\x01{v}\x02" for k, v in properties.items())
+        return len(self._encode(topic, 0, 0, body, text if self.trailing else text[:-1], self.position))
+
+    def _rolls_into(self, size: int, base: int) -> bool:
+        """Whether a record of ``size`` bytes appended now would go into the file at ``base``."""
+        current = self.position - self.position % self.file_size
+        return current >= base or (
+            self.position + size + 8 > current + self.file_size and current + self.file_size >= base
+        )
 
     def _file(self, base: int) -> Path:
         path = self.commitlog / f"{base:020d}"
@@ -223,8 +265,16 @@ class StoreWriter:
         return self._file(base)
 
     def delete_first(self) -> None:
-        """Delete the oldest file, as the broker's retention does."""
+        """Delete the oldest file, as the broker's retention does, and the consume queue files whose
+        every unit points below the oldest file left (``CleanConsumeQueueService``)."""
         min(self.commitlog.iterdir()).unlink()
+        kept_from = int(min(self.commitlog.iterdir()).name) if any(self.commitlog.iterdir()) else self.position
+        for path in sorted((self.root / "consumequeue").glob("*/*/*")):
+            data = path.read_bytes()
+            units = [struct.unpack_from(">qiq", data, i) for i in range(0, len(data), CQ_UNIT)]
+            written = [offset for offset, size, _ in units if size > 0]
+            if written and max(written) < kept_from:
+                path.unlink()
 
     def config(self, name: str, text: str, mtime_ms: int | None = None) -> Path:
         """Write ``config/<name>`` as ``MixAll.string2File`` does: the text to ``<name>.tmp``, the
@@ -242,3 +292,65 @@ class StoreWriter:
     def files(self) -> list[Path]:
         """The commit log files, oldest first."""
         return sorted(self.commitlog.iterdir())
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """A record as a store's commit log file holds it, read by :func:`read_store`."""
+
+    offset: int
+    size: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    sys_flag: int
+    body: bytes
+
+
+def read_store(root: Path) -> list[StoredRecord]:
+    """Every record of a store's ``commitlog/`` files, oldest first, parsed here field by field
+    from RocketMQ's layout (not by the product's decoder): a file ends at its blank marker or at
+    its first all-zero bytes (a pre-allocated tail)."""
+    records = []
+    for path in sorted((Path(root) / "commitlog").iterdir()):
+        data, base, position = path.read_bytes(), int(path.name), 0
+        while position + 8 <= len(data):
+            size, magic = struct.unpack_from(">ii", data, position)
+            if size == 0 or magic == BLANK_MAGIC:
+                break
+            records.append(_stored_record(data, position, base))
+            position += size
+    return records
+
+
+def _stored_record(data: bytes, position: int, base: int) -> StoredRecord:
+    size, magic, _, queue_id, _, queue_offset, offset, sys_flag, _ = struct.unpack_from(">iiiiiqqiq", data, position)
+    assert offset == base + position, f"the record at {base + position} says it is at {offset}"
+    at = position + 48 + (20 if sys_flag & BORN_V6 else 8) + 8 + (20 if sys_flag & STORE_V6 else 8) + 12
+    (body_len,) = struct.unpack_from(">i", data, at)
+    body = data[at + 4 : at + 4 + body_len]
+    at += 4 + body_len
+    if magic == MAGIC_V2:
+        (topic_len,) = struct.unpack_from(">h", data, at)
+        at += 2
+    else:
+        topic_len = data[at]
+        at += 1
+    topic = data[at : at + topic_len].decode()
+    return StoredRecord(offset, size, topic, queue_id, queue_offset, sys_flag, body)
+
+
+def read_consume_queues(root: Path) -> dict[tuple[str, int], dict[int, tuple[int, int, int]]]:
+    """Every unit of a store's ``consumequeue/<topic>/<queue id>/`` files, by queue and queue
+    offset: (commit log offset, size, tags code); the zero tail of a file and the blanks written
+    before a queue's first unit (size ``Integer.MAX_VALUE``) left out."""
+    queues: dict[tuple[str, int], dict[int, tuple[int, int, int]]] = {}
+    for directory in sorted((Path(root) / "consumequeue").glob("*/*")):
+        units = queues.setdefault((directory.parent.name, int(directory.name)), {})
+        for path in sorted(directory.iterdir()):
+            data, first = path.read_bytes(), int(path.name) // CQ_UNIT
+            for index in range(len(data) // CQ_UNIT):
+                offset, size, tags_code = struct.unpack_from(">qiq", data, index * CQ_UNIT)
+                if 0 < size < (1 << 31) - 1:
+                    units[first + index] = (offset, size, tags_code)
+    return queues

@@ -19,6 +19,13 @@ fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet -e ".[test]"
+# the Node.js test runs the official client from npm (rocketmq-client-nodejs), installed once here
+node_client="$here/build/node-client"
+if command -v npm >/dev/null 2>&1 && [ ! -d "$node_client/node_modules/rocketmq-client-nodejs" ]; then
+  echo "installing the official RocketMQ 5 Node.js client from npm (the Node.js test runs it)"
+  mkdir -p "$node_client"
+  (cd "$node_client" && npm install --silent --no-audit --no-fund --ignore-scripts rocketmq-client-nodejs@1.0.8 >/dev/null)
+fi
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 "$venv/bin/mypy" --strict broker_model schemas jobs

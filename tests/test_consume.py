@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,9 @@ from broker_model.broker import Broker, BrokerConfig, InnerMessage
 from broker_model.client import LocalFileOffsetStore, PullConsumer, ReadOffsetType, RemoteBrokerOffsetStore
 from broker_model.common import OFFSET_BAD_REQUEST, OFFSET_NOT_FOUND, OFFSET_READ_ERROR, MessageQueue
 from broker_model.common import constants as c
-from broker_model.store import MessageStore, OffsetCommit, OffsetLedger, PullStatus, Subscription
+from broker_model.store import MessageStore, OffsetCommit, OffsetLedger, PullResult, PullStatus, Subscription
 from schemas.errors import ValidationError
+from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 Q0 = MessageQueue("broker-a", "T", 0)
@@ -135,56 +137,81 @@ def test_committed_body_is_handed_back_decompressed(tmp_path: Path) -> None:
 # -- long polling ---------------------------------------------------------------------------------
 
 
-def _send_later(broker: Broker, delay: float, tags: str = "A") -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(delay), _put(broker, tags=tags)))
-    thread.start()
-    return thread
+class _HeldPull:
+    """A pull run in a thread of its own, for tests that watch it being held."""
+
+    def __init__(self, pull: Callable[[], PullResult]) -> None:
+        self.result: PullResult | None = None
+        self.started = time.monotonic()
+        self.returned: float | None = None
+        self._thread = threading.Thread(target=self._run, args=(pull,))
+        self._thread.start()
+
+    def _run(self, pull: Callable[[], PullResult]) -> None:
+        self.result = pull()
+        self.returned = time.monotonic()
+
+    def join(self, timeout_s: float) -> PullResult:
+        """The pull's result; fails when it is still held after ``timeout_s``."""
+        self._thread.join(timeout_s)
+        assert self.result is not None, f"the pull was still held after {timeout_s} s"
+        return self.result
+
+    @property
+    def held_s(self) -> float:
+        assert self.returned is not None
+        return self.returned - self.started
 
 
-def test_held_pull_returns_soon_after_a_send_from_another_thread(broker: Broker) -> None:
-    sender = _send_later(broker, 0.3)
-    started = time.monotonic()
-    result = broker.pull("T", 0, 0, suspend_timeout_ms=10_000)
-    waited = time.monotonic() - started
-    sender.join()
-    assert result.status is PullStatus.FOUND
-    assert 0.25 < waited < 1.0
+def _held(store: MessageStore, pull: _HeldPull) -> None:
+    """Wait until the store holds the pull, then check it has not answered."""
+    wait_until(lambda: store.held_pulls == 1, "the pull to be held")
+    assert pull.result is None
+
+
+def test_held_pull_returns_on_a_send_from_another_thread(broker: Broker) -> None:
+    pull = _HeldPull(lambda: broker.pull("T", 0, 0, suspend_timeout_ms=60_000))
+    _held(broker.store, pull)
+    _put(broker, tags="A", body=b"wakes")
+    result = pull.join(30)  # long before its hold of 60 s ends: the send woke it
+    assert result.status is PullStatus.FOUND and [m.body for m in result.messages] == [b"wakes"]
+    assert broker.store.held_pulls == 0
 
 
 def test_held_pull_without_a_send_returns_no_new_message_at_its_timeout(broker: Broker) -> None:
-    started = time.monotonic()
-    result = broker.pull("T", 0, 0, suspend_timeout_ms=600)
+    pull = _HeldPull(lambda: broker.pull("T", 0, 0, suspend_timeout_ms=600))
+    _held(broker.store, pull)
+    result = pull.join(30)
     assert result.status is PullStatus.NO_NEW_MSG
-    assert 0.55 < time.monotonic() - started < 1.5
+    assert pull.held_s >= 0.6  # held its whole timeout
+    assert broker.store.held_pulls == 0
 
 
 def test_a_message_that_does_not_match_the_tags_does_not_wake_a_held_pull(broker: Broker) -> None:
-    sender = _send_later(broker, 0.1, tags="Other")
-    started = time.monotonic()
-    result = broker.pull("T", 0, 0, tag_expression="A", suspend_timeout_ms=800)
-    sender.join()
-    assert time.monotonic() - started > 0.75
+    pull = _HeldPull(lambda: broker.pull("T", 0, 0, tag_expression="A", suspend_timeout_ms=800))
+    _held(broker.store, pull)
+    _put(broker, tags="Other")
+    result = pull.join(30)
+    assert pull.held_s >= 0.8  # held to its timeout: the other tag did not wake it
     assert result.status is PullStatus.NO_MATCHED_MSG  # re-read after the hold: scanned, none matched
 
 
 def test_with_long_polling_off_a_pull_is_held_for_the_short_polling_time_only(broker: Broker) -> None:
-    sender = _send_later(broker, 0.1)
-    started = time.monotonic()
-    result = broker.pull("T", 0, 0, suspend_timeout_ms=10_000, long_polling=False)
-    sender.join()
-    waited = time.monotonic() - started
-    assert 0.95 < waited < 1.6  # not woken by the arrival, not held the full 10 s
+    pull = _HeldPull(lambda: broker.pull("T", 0, 0, suspend_timeout_ms=60_000, long_polling=False))
+    _held(broker.store, pull)
+    _put(broker, tags="A")
+    result = pull.join(30)  # not held its 60 s
+    assert pull.held_s >= 1.0  # not woken by the arrival: held the short-polling second
     assert result.status is PullStatus.FOUND
 
 
 def test_a_store_of_another_process_notices_new_commits_by_polling_the_log(broker: Broker, tmp_path: Path) -> None:
     reader = MessageStore(tmp_path, "broker-a", log_poll_ms=50).load()  # not fed by the broker
-    sender = _send_later(broker, 0.3)
-    started = time.monotonic()
-    result = reader.pull("T", 0, 0, suspend_timeout_ms=10_000)
-    sender.join()
-    assert result.status is PullStatus.FOUND
-    assert time.monotonic() - started < 1.0
+    pull = _HeldPull(lambda: reader.pull("T", 0, 0, suspend_timeout_ms=60_000))
+    _held(reader, pull)
+    _put(broker, tags="A", body=b"from the log")
+    result = pull.join(30)  # woken by polling the commit log, long before the hold ends
+    assert result.status is PullStatus.FOUND and [m.body for m in result.messages] == [b"from the log"]
 
 
 @pytest.mark.subprocess
@@ -192,23 +219,24 @@ def test_held_pull_sees_commits_of_a_broker_process(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen(
         [sys.executable, str(REPO / "tests" / "broker_process.py"), str(tmp_path), "broker-a", "1", "65536"],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=env,
     )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        threading.Thread(target=child.stdout.read, daemon=True).start()  # its acks never fill the pipe
+        wait_until(lambda: any(MessageStore(tmp_path, "broker-a").load().queues()), "the first commits")
+        child.send_signal(signal.SIGSTOP)  # no send while the reader settles at the queue's end
         reader = MessageStore(tmp_path, "broker-a").load()
-        queue_id = int(child.stdout.readline().split()[4])
+        queue_id = next(q for q in range(4) if reader.max_offset("Crash", q) > 0)
         end = reader.max_offset("Crash", queue_id)
-        started = time.monotonic()
-        result = reader.pull("Crash", queue_id, end + 1 if end else 0, suspend_timeout_ms=10_000)
-        assert time.monotonic() - started < 5
-        assert result.status in (PullStatus.FOUND, PullStatus.OFFSET_ILLEGAL)
-        deadline = time.monotonic() + 10
-        while reader.max_offset("Crash", queue_id) <= end and time.monotonic() < deadline:
-            reader.pull("Crash", queue_id, reader.max_offset("Crash", queue_id), suspend_timeout_ms=500)
-        assert reader.max_offset("Crash", queue_id) > end
+        pull = _HeldPull(lambda: reader.pull("Crash", queue_id, end, suspend_timeout_ms=60_000))
+        _held(reader, pull)
+        child.send_signal(signal.SIGCONT)  # the broker process sends again
+        result = pull.join(30)
+        assert result.status is PullStatus.FOUND and result.messages[0].queue_offset == end
     finally:
         child.kill()
         child.wait()

@@ -23,10 +23,10 @@ from broker_model.store.store_export import export_store
 from jobs.nightly import NightlyConfig, run
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
-from jobs.rebuild_consume_queue.verify import PROBLEMS as VERIFY_PROBLEMS
+from jobs.rebuild_consume_queue.verify import BROKER_PROBLEMS as VERIFY_PROBLEMS
 from schemas.catalog import BROKERS
 from tests.helpers import canonical_rows
-from tests.rocketmq_store import StoreWriter
+from tests.rocketmq_store import StoreWriter, read_consume_queues, read_store
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -81,6 +81,8 @@ def test_every_job_gives_the_same_tables_on_the_stores_of_a_lake_ingested_into_a
 
     for name in COMPARED:
         assert _rows(second, name) == _rows(first, name), name
+    for name in brokers:  # and against a reading of the stores that is not the product's
+        _check_against_the_store(second, name, tmp_path / f"store-{name}")
     assert len(_rows(first, "dlq")) >= 5 and len(_rows(first, "transaction_state")) >= 30
 
     # the brokers' own consume queues (exported from their index) agree with the rebuilt ones
@@ -88,6 +90,41 @@ def test_every_job_gives_the_same_tables_on_the_stores_of_a_lake_ingested_into_a
     for name in brokers:
         assert verified.row_counts[f"verified {name}"] == units[name]
         assert sum(verified.row_counts[f"{name} {p}"] for p in VERIFY_PROBLEMS) == 0
+
+
+def _check_against_the_store(lake: Path, broker: str, store: Path) -> None:
+    """The ingested broker's records and consume queue are the ones its store's files hold, read
+    by the tests' own parser (:func:`tests.rocketmq_store.read_store`)."""
+    log = DeltaTable(str(lake / "commitlog")).to_pyarrow_table(
+        columns=["commit_log_offset", "store_size", "topic", "queue_id", "queue_offset", "sys_flag", "body"],
+        filters=[("broker_name", "=", broker)],
+    )
+    ingested = sorted(
+        (
+            r["commit_log_offset"],
+            r["store_size"],
+            r["topic"],
+            r["queue_id"],
+            r["queue_offset"],
+            r["sys_flag"],
+            r["body"],
+        )
+        for r in log.to_pylist()
+    )
+    stored = [(r.offset, r.size, r.topic, r.queue_id, r.queue_offset, r.sys_flag, r.body) for r in read_store(store)]
+    assert ingested == stored
+    queue = DeltaTable(str(lake / "consume_queue")).to_pyarrow_table(
+        columns=["topic", "queue_id", "queue_offset", "commit_log_offset", "store_size", "tags_code"],
+        filters=[("broker_name", "=", broker)],
+    )
+    rebuilt: dict[tuple[str, int], dict[int, tuple[int, int, int]]] = {}
+    for r in queue.to_pylist():
+        rebuilt.setdefault((r["topic"], r["queue_id"]), {})[r["queue_offset"]] = (
+            r["commit_log_offset"],
+            r["store_size"],
+            r["tags_code"],
+        )
+    assert rebuilt == read_consume_queues(store)
 
 
 def test_an_ingested_broker_and_brokers_of_ours_side_by_side_in_one_lake(spark: SparkSession, tmp_path: Path) -> None:

@@ -7,12 +7,12 @@ a rewound store, and a run killed at random points then run again.
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +26,19 @@ from broker_model.broker import Broker, BrokerConfig
 from broker_model.cli_exit import run_command
 from broker_model.client import Producer
 from broker_model.common import Message
-from broker_model.store import ingest_store
+from broker_model.store import MessageStore, commit_path, ensure_table, ingest_store, latest_version
 from broker_model.store.store_configs import ConfigCounts, parse_fastjson
+from broker_model.store.store_export import export_store
 from broker_model.store.store_ingest import app_id, ingested_end
+from broker_model.tools.reset import Strategy, TopicSelection
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
-from jobs.rebuild_consume_queue.verify import PROBLEMS as VERIFY_PROBLEMS
+from jobs.rebuild_consume_queue.verify import BROKER_PROBLEMS as VERIFY_PROBLEMS
 from jobs.report import ReportConfig
 from jobs.report import run as report
+from jobs.reset_offsets import ResetConfig
 from jobs.reset_offsets import main as reset_main
+from jobs.reset_offsets import run as reset_run
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
@@ -45,7 +49,8 @@ from schemas.catalog import (
     TOPIC_CONFIG,
 )
 from schemas.errors import CorruptRecordError, ValidationError
-from tests.rocketmq_store import StoreWriter, Written, java_hash
+from tests.helpers import wait_until
+from tests.rocketmq_store import StoreWriter, Written, java_hash, read_consume_queues
 
 ROOT = Path(__file__).resolve().parent.parent
 FILE = 8192
@@ -244,19 +249,56 @@ def test_the_command_line_exit_statuses(tmp_path: Path, capsys: pytest.CaptureFi
     assert "--interval" in capsys.readouterr().err
 
 
+def _data_files(lake: Path) -> set[Path]:
+    return set((COMMITLOG.location(lake) / "broker_name=broker-x").rglob("*.parquet"))
+
+
+def _kill_when(process: subprocess.Popen[bytes], reached: Callable[[], bool], deadline_s: float = 120) -> int:
+    """SIGKILL ``process`` as soon as ``reached()`` holds (checked in a tight loop, so the kill
+    lands within a moment of the progress it waits for); the process's return code. Fails when the
+    process ended first or the deadline passed: a kill that did not land proves nothing."""
+    deadline = time.monotonic() + deadline_s
+    while not reached():
+        assert process.poll() is None, (
+            f"the run ended (exit {process.returncode}) before the point it was to be killed at"
+        )
+        assert time.monotonic() < deadline, "the run never reached the point it was to be killed at"
+    process.send_signal(signal.SIGKILL)
+    return process.wait(timeout=30)
+
+
 @pytest.mark.subprocess
-def test_runs_killed_at_random_points_neither_skip_nor_repeat_a_record(tmp_path: Path) -> None:
+def test_runs_killed_mid_write_and_between_their_two_commits_neither_skip_nor_repeat_a_record(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Each run is killed at a point its own progress shows: once the first data file of its
+    chunks is written (nothing committed yet), or once its commit log commit exists (its
+    ``store_ingests`` row not yet, or just, written). Every kill must land; the next run goes on."""
     store, lake = StoreWriter(tmp_path / "store", 1 << 20), tmp_path / "lake"
-    store.append_many(30_000, size=60)
-    command = [sys.executable, "-m", "broker_model", "ingest-store", "--lake", str(lake)]
-    command += ["--broker-name", "broker-x", str(store.root)]
-    chance = random.Random(21)
-    for _ in range(4):
-        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(chance.uniform(0.5, 4.0))
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
+    store.append_many(20_000, size=60)
+    code = (
+        "import sys; from pathlib import Path; from broker_model.store import ingest_store; "
+        "ingest_store(Path(sys.argv[1]), 'broker-x', Path(sys.argv[2]), chunk_rows=2_000)"
+    )
+    command = [sys.executable, "-c", code, str(lake), str(store.root)]
+    landed = {"mid_write": 0, "between_commits": 0, "after_both_commits": 0}
+    ensure_table(lake, COMMITLOG)  # as the first run does before anything else
+    for point in ("mid_write", "between_commits", "mid_write", "between_commits"):
+        before_files, before_version = _data_files(lake), _version(lake)
+        next_commit = commit_path(COMMITLOG.location(lake), before_version + 1)
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if point == "mid_write":
+            returncode = _kill_when(process, lambda known=before_files: bool(_data_files(lake) - known))
+        else:
+            returncode = _kill_when(process, next_commit.exists)
+        assert returncode == -signal.SIGKILL  # the kill landed: the run had not ended
+        assert next_commit.exists() == (point == "between_commits")  # a mid-write kill lands before the commit
+        rows = _ingests(lake) if STORE_INGESTS.location(lake).exists() else []
+        recorded = any(r["commitlog_version"] == before_version + 1 for r in rows)
+        landed["after_both_commits" if recorded else point] += 1
         store.append_many(500, size=60)
+    request.config.pluginmanager.get_plugin("terminalreporter").write_line(f"ingest-store kills landed: {landed}")
+    assert landed["mid_write"] == 2 and landed["between_commits"] + landed["after_both_commits"] == 2
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
 
@@ -388,7 +430,7 @@ def test_follow_tails_a_store_being_written_and_stops_cleanly_on_sigterm(tmp_pat
     follower = subprocess.Popen(
         [*command, "--follow", "--interval", "0.2", str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
-    time.sleep(4)
+    wait_until(lambda: latest_version(STORE_INGESTS.location(lake)) >= 2, "three cycles of the follower with records")
     writer.send_signal(signal.SIGTERM)
     assert writer.wait(timeout=30) == 0
     follower.send_signal(signal.SIGTERM)
@@ -576,3 +618,46 @@ def test_a_run_killed_between_its_commit_and_its_ingest_row_gets_the_row_from_th
     assert rows[0]["lost_to"] == 2 * FILE and rows[0]["end_offset"] == first.end
     assert [(r["from_offset"], r["records"]) for r in rows] == [(2 * FILE, 30), (first.end, 5)]
     assert second.records == 5
+
+
+def test_a_store_after_retention_keeps_its_queue_offsets_for_every_reader_of_the_lake(tmp_path: Path) -> None:
+    """A store whose oldest files retention deleted: its queues start far above 0. The lake's
+    message store serves them from their first stored offset (``getMinOffsetInQueue``) to their
+    end, a reset to the latest moves a group to that end, and ``export-store`` writes the queues
+    back at their offsets."""
+    store, lake = StoreWriter(tmp_path / "store", FILE, first_base=3 * FILE), tmp_path / "lake"
+    store.append_many(40)
+    ends = {queue: end for queue, end in store.queue_offsets.items() if queue[0] == "Orders"}
+    firsts = {(w.topic, w.queue_id): w.queue_offset for w in reversed(store.written)}
+    assert min(firsts.values()) >= 10  # the queues of a real store after retention do not restart at 0
+    committed = {queue_id: firsts[("Orders", queue_id)] + 1 for queue_id in range(4)}
+    table = ",".join(f"{q}:{o}" for q, o in committed.items())
+    store.config("consumerOffset.json", f'{{"offsetTable":{{"Orders@cg-bar":{{{table}}}}}}}')
+    assert ingest_store(lake, "broker-x", store.root).lost == (0, 3 * FILE)
+
+    messages = MessageStore(lake, "broker-x").load()
+    for (topic, queue_id), end in ends.items():
+        first = firsts[(topic, queue_id)]
+        assert (messages.min_offset(topic, queue_id), messages.max_offset(topic, queue_id)) == (first, end)
+        stored = [w for w in store.written if (w.topic, w.queue_id) == (topic, queue_id)]
+        got = [messages.message_at(topic, queue_id, offset) for offset in range(first, end)]
+        assert [m.body if m is not None else None for m in got] == [w.body for w in stored]
+        assert messages.message_at(topic, queue_id, first - 1) is None
+    assert not messages.skipped
+
+    to_latest = ResetConfig(
+        lake, ("cg-bar",), (TopicSelection("Orders"),), False, Strategy("to_latest"), None, False, None, None
+    )
+    plan = reset_run(to_latest)
+    assert {r.queue_id: (r.min_offset, r.max_offset, r.current, r.target) for r in plan} == {
+        q: (firsts[("Orders", q)], ends[("Orders", q)], committed[q], ends[("Orders", q)]) for q in range(4)
+    }
+    assert all(r.redelivered == 0 for r in plan)  # to the latest never moves a group back
+
+    out = tmp_path / "exported"
+    export_store(lake, "broker-x", out, cq_units_per_file=16)
+    for (topic, queue_id), end in ends.items():
+        units = read_consume_queues(out)[(topic, queue_id)]
+        assert min(units) == firsts[(topic, queue_id)] and max(units) == end - 1
+        kept = {w.queue_offset: w.offset for w in store.written if (w.topic, w.queue_id) == (topic, queue_id)}
+        assert {offset: units[offset][0] for offset in kept} == kept

@@ -18,7 +18,6 @@ import pytest
 
 from broker_model.broker import Broker, BrokerConfig, InnerMessage
 from broker_model.client import (
-    JAVA_INT_MAX,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     OrderlyConsumerConfig,
@@ -29,6 +28,7 @@ from broker_model.common import MessageQueue
 from broker_model.common import constants as c
 from broker_model.store import MessageExt
 from schemas.errors import BrokerError, ValidationError
+from tests.helpers import wait_until
 
 T0 = 1_800_000_000_000
 SUCCESS = ConsumeOrderlyStatus.SUCCESS
@@ -223,7 +223,7 @@ def test_orderly_reconsume_limit_defaults_to_unlimited(broker: Broker) -> None:
     _fill(broker, "T", 1, 1)
     recorder = Recorder(lambda *_: SUSPEND)
     consumer = _consumer(broker, recorder, group="orders")
-    assert consumer.max_reconsume_times() == JAVA_INT_MAX
+    assert consumer.max_reconsume_times() == c.JAVA_INT_MAX
     for step in range(20):
         consumer.poll_once(T0 + step * 1000)
     assert recorder.offsets(0) == [0] * 20
@@ -426,15 +426,13 @@ def test_two_clients_in_threads_never_consume_a_queue_at_once(broker: Broker) ->
     try:
         for round_ in range(4):
             b = _consumer(broker, listener_of(f"B{round_}"), client_id=f"B{round_}", topic="R", **fast).start()
-            time.sleep(0.8)
+            wait_until(lambda name=f"B{round_}": _has_consumed(holders, name, guard), f"B{round_} consuming")
             b.shutdown()
-            time.sleep(0.2)
+            wait_until(lambda: _holds_all(broker, "A", 4), "A holding every queue again")
     finally:
         stop.set()
         producer.join()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not _all_delivered(deliveries, produced, guard):
-        time.sleep(0.05)
+    wait_until(lambda: _all_delivered(deliveries, produced, guard), "every produced message delivered")
     a.shutdown()
     assert overlaps == []
     assert [h for h in holders if h[1] != h[2]] == []
@@ -446,6 +444,15 @@ def test_two_clients_in_threads_never_consume_a_queue_at_once(broker: Broker) ->
     consumers_per_queue = {q: {client for client, _ in deliveries[q]} for q in range(4)}
     assert any(len(clients) > 1 for clients in consumers_per_queue.values())  # queues changed hands
     assert a.last_listener_error is None
+
+
+def _has_consumed(holders: list[tuple[int, str, str | None]], client: str, guard: threading.Lock) -> bool:
+    with guard:
+        return any(consumer == client for _, consumer, _ in holders)
+
+
+def _holds_all(broker: Broker, client: str, queues: int) -> bool:
+    return all(broker.rebalance_locks.holder("g", MessageQueue("broker-a", "R", q)) == client for q in range(queues))
 
 
 def _all_delivered(deliveries: dict[int, list[tuple[str, int]]], produced: list[int], guard: threading.Lock) -> bool:

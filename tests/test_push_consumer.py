@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from broker_model.common import constants as c
 from broker_model.store import MessageExt
 from broker_model.tools import RETRY_GROUPS, run_workload
 from schemas.errors import ValidationError
-from tests.helpers import ManualClock
+from tests.helpers import ManualClock, wait_until
 from tests.log_invariants import check_log, read_log
 
 T0 = 1_800_000_000_000
@@ -208,17 +207,13 @@ def test_the_committed_offset_never_passes_a_message_still_in_flight(broker: Bro
     )
     consumer.start()
     try:
-        deadline = time.monotonic() + 10
-        while len(done) < 9 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(done) >= 9, "the nine messages after offset 0 consumed")
         assert done == set(range(1, 10))
-        time.sleep(0.2)  # several persist rounds while offset 0 is still in flight
+        # a persist round while offset 0 is still in flight commits 0, not the offsets done after it
+        wait_until(lambda: broker.query_offset(GROUP, "T", 0) == 0, "a persist of the offset in flight")
         assert consumer.offset_store.read_offset(Q0, ReadOffsetType.READ_FROM_MEMORY) == 0
-        assert broker.query_offset(GROUP, "T", 0) == 0
         release.set()
-        while consumer.offset_store.read_offset(Q0, ReadOffsetType.READ_FROM_MEMORY) != 10:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: consumer.offset_store.read_offset(Q0, ReadOffsetType.READ_FROM_MEMORY) == 10, "offset 10")
     finally:
         release.set()
         consumer.shutdown()

@@ -77,6 +77,7 @@ class Broker(SendBack):
         self.max_offsets: dict[tuple[str, int], int] = {}
         self.topics: dict[str, int] = {}
         self.commits = 0
+        self.lingered_steps = 0  # group commit steps that passed with no put arriving to end them
         self.store = MessageStore(
             config.lake, config.broker_name, cache_bytes=config.store_cache_bytes, clock=config.clock
         )

@@ -269,6 +269,7 @@ class PutPath:
     max_offsets: dict[tuple[str, int], int]
     topics: dict[str, int]
     commits: int
+    lingered_steps: int
 
     # -- the append path --------------------------------------------------------------------------
 
@@ -463,7 +464,7 @@ class PutPath:
         after now) still in the future is stored in the timer topic, queue 0, waiting for
         ``TIMER_OUT_MS``, its real topic and queue in its properties; one already due is stored
         as it is. Not rounded to a precision: it is delivered at its millisecond, never before
-        (RocketMQ rounds down to ``timerPrecisionMs``, 1 s by default). A timer entry or a copy
+        (RocketMQ rounds down to ``timerPrecisionMs``, 1 s by default). A timer record or a copy
         it delivered (``TIMER_OUT_MS`` set) is never transformed again.
 
         Raises:
@@ -576,7 +577,8 @@ class PutPath:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            self._wake.wait(min(step, remaining))
+            if not self._wake.wait(min(step, remaining)):
+                self.lingered_steps += 1
 
     def _commit_group(self, group: PutGroup) -> None:
         error: BaseException | None = None

@@ -219,7 +219,7 @@ class SendBack(PutPath):
         self.flush()  # an ASYNC_FLUSH put becomes readable once committed
         store = self.store
         for topic, queue_id in store.queues():
-            low, high = 0, store.max_offset(topic, queue_id) - 1
+            low, high = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id) - 1
             while low <= high:
                 middle = (low + high) // 2
                 message = store.message_at(topic, queue_id, middle, decompress=False)

@@ -281,7 +281,8 @@ class TransactionCheckService(PeriodicService):
 
     def _queue(self, topic: str, as_of: int) -> list[MessageExt]:
         store = self.broker.store
-        messages = (store.message_at(topic, 0, q, decompress=False) for q in range(store.max_offset(topic, 0)))
+        stored = range(store.min_offset(topic, 0), store.max_offset(topic, 0))
+        messages = (store.message_at(topic, 0, q, decompress=False) for q in stored)
         return [m for m in messages if m is not None and m.store_timestamp <= as_of]
 
     def _final_before(self, final_offset: int, half_offsets: set[int], as_of: int) -> bool:
