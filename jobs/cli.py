@@ -55,6 +55,18 @@ def add_as_of(parser: argparse.ArgumentParser, help_text: str | None = None) -> 
     )
 
 
+def add_driver_limit(parser: argparse.ArgumentParser, option: str, default: int, what: str) -> None:
+    """Add ``option``: up to how many ``what`` a job computes from the whole inputs on the driver
+    (one process, no Spark job), above with Spark; 0 always with Spark."""
+    parser.add_argument(
+        option,
+        type=int,
+        default=default,
+        help=f"compute from the whole inputs on the driver up to this many {what}, above with Spark; "
+        f"0: always with Spark (default {default})",
+    )
+
+
 def as_of_of(text: str | None) -> int:
     """The epoch ms of an ``--as-of`` value, the current time when it is None.
 

@@ -21,7 +21,7 @@ from jobs.lake import (
     compact,
     plan_compaction,
 )
-from jobs.runs import JobRun, latest_reusable_run, recorded_run
+from jobs.runs import JobRun, last_reusable, recorded_run
 from schemas.catalog import (
     COMMIT_HOURS,
     COMMITLOG,
@@ -115,7 +115,7 @@ def commits_read_up_to(lake: Lake) -> int | None:
     none has read it)."""
     versions = [lake.transaction_version(COMMIT_HOURS, hours.APP_ID) if lake.exists(COMMIT_HOURS) else None]
     for job in COMMIT_READERS:
-        previous = latest_reusable_run(lake, job)
+        previous = last_reusable(lake, job)
         versions.append(previous["input_versions"].get(CONSUMER_OFFSET_COMMITS.name) if previous else None)
     return min((v for v in versions if v is not None), default=None)
 

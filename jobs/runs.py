@@ -2,7 +2,7 @@
 
 A run's settings and the bounds it computed up to (``as_of``, ``through``, ...) are data: the
 ``parameters`` map of its row, each value JSON-encoded, read back decoded by
-:func:`latest_reusable_run`. Lakes written before that column existed gain it on first use; their
+:func:`last_reusable`. Lakes written before that column existed gain it on first use; their
 runs read back with no parameters, which every job treats as "no run to reuse or move on": the
 full-run case.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -123,7 +123,7 @@ def upgrade_job_runs(lake: Lake) -> None:
     lake.add_missing_columns(JOB_RUNS)
 
 
-def latest_reusable_run(lake: Lake, job: str) -> dict[str, Any] | None:
+def last_reusable(lake: Lake, job: str) -> dict[str, Any] | None:
     """The latest SUCCEEDED or NOOP ``job_runs`` row of ``job`` (by start time, then run id) as a
     dict, its maps as dicts and its ``parameters`` decoded (empty for a run recorded before the
     column existed); None when there is none. A job whose inputs and settings equal that run's,
@@ -139,6 +139,27 @@ def latest_reusable_run(lake: Lake, job: str) -> dict[str, Any] | None:
         row[name] = dict(row[name] or ())
     row["parameters"] = {name: json.loads(value) for name, value in row["parameters"] or ()}
     return row
+
+
+def can_reuse(
+    lake: Lake,
+    previous: Mapping[str, Any] | None,
+    input_versions: Mapping[str, int],
+    outputs: Sequence[str],
+    parameters: Mapping[str, Parameter],
+) -> bool:
+    """Whether a rerun has nothing to compute: ``previous`` (:func:`last_reusable`) left every
+    table of ``outputs`` at its current version, recorded these ``parameters`` (each of them; it
+    may have recorded more), and read the data ``input_versions`` holds (:func:`same_inputs`)."""
+    if previous is None:
+        return False
+    for name in outputs:
+        current = lake.version(name)
+        if current is None or previous["output_versions"].get(name) != current:
+            return False
+    if any(previous["parameters"].get(name) != value for name, value in parameters.items()):
+        return False
+    return same_inputs(lake, previous["input_versions"], input_versions)
 
 
 def same_inputs(lake: Lake, recorded: Mapping[str, int], current: Mapping[str, int]) -> bool:

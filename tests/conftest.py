@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
+from broker_model.broker import Broker, BrokerConfig
 from jobs.lake import build_session
 from tests.helpers import ManualClock
 
@@ -34,6 +36,16 @@ def spark() -> Iterator[SparkSession]:
 def clock() -> ManualClock:
     """A clock at :data:`tests.helpers.CLOCK_START` that the test moves."""
     return ManualClock()
+
+
+@pytest.fixture
+def broker(tmp_path: Path, clock: ManualClock) -> Iterator[Broker]:
+    """A SYNC_FLUSH broker of a lake under ``tmp_path`` on the test's :func:`clock`, with topic
+    ``T`` of two queues (a module may define its own ``broker``)."""
+    started = Broker(BrokerConfig(tmp_path, flush_mode="SYNC_FLUSH", clock=clock)).start()
+    started.ensure_topic("T", 2)
+    yield started
+    started.shutdown()
 
 
 _HEAVY_MARKS = ("spark", "slow", "subprocess")

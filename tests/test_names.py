@@ -46,7 +46,7 @@ DISPATCH_NAMES = ("DISPATCHED_TRANSACTION_TYPES",)
 DISPATCH_HOMES = ("broker_model/common/rules.py", "jobs/rules.py")
 
 # constants every job package defines for itself (docs/jobs.md, "How a job package is laid out")
-JOB_ROLE_CONSTANTS = frozenset({"JOB", "APP_ID", "INPUTS", "STATES", "OPEN_STATES", "DRIVER_DECODE"})
+JOB_ROLE_CONSTANTS = frozenset({"JOB", "APP_ID", "INPUTS", "STATES", "OPEN_STATES", "DRIVER_DECODE", "DRIVER_RECORDS"})
 
 # the modules of a job package and what each holds (docs/jobs.md, "How a job package is laid out")
 JOB_PACKAGE_ROLES = {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,14 +29,6 @@ T0 = 1_800_000_000_000
 GROUP = "cg-push"
 SUCCESS, LATER = ConsumeConcurrentlyStatus.CONSUME_SUCCESS, ConsumeConcurrentlyStatus.RECONSUME_LATER
 Q0 = MessageQueue("broker-a", "T", 0)
-
-
-@pytest.fixture
-def broker(tmp_path: Path, clock: ManualClock) -> Iterator[Broker]:
-    started = Broker(BrokerConfig(tmp_path, flush_mode="SYNC_FLUSH", clock=clock)).start()
-    started.ensure_topic("T", 2)
-    yield started
-    started.shutdown()
 
 
 def _send(broker: Broker, count: int = 1, queue_id: int = 0) -> list[str]:

@@ -1,5 +1,5 @@
 """``job_runs`` keeps a run's parameters as data: recorded by :func:`recorded_run`, read back typed
-by :func:`latest_reusable_run`; a lake from before the ``parameters`` column gains it, and its old
+by :func:`previous_run`; a lake from before the ``parameters`` column gains it, and its old
 runs count as runs with no parameters (the full-run case)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as consumer_offsets
 from jobs.lake import Lake
-from jobs.runs import CannotFold, latest_reusable_run, recorded_run
+from jobs.runs import CannotFold, last_reusable, recorded_run
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS, spark_schema
 
 pytestmark = pytest.mark.spark
@@ -32,7 +32,7 @@ def test_a_run_records_its_parameters_and_they_read_back_typed(lake: Lake) -> No
         job_run.parameters["through"] = -1
         job_run.conclude("NOOP", "nothing to do")
 
-    previous = latest_reusable_run(lake, "probe")
+    previous = last_reusable(lake, "probe")
     assert previous is not None
     assert previous["parameters"] == {"as_of": 7, "page": "/tmp/r.html", "full": False, "through": -1}
     assert (previous["status"], previous["message"]) == ("NOOP", "nothing to do")
@@ -49,7 +49,7 @@ def test_a_failed_run_is_recorded_with_what_it_was_doing_and_the_error(lake: Lak
         "step fold: CannotFold: no way",
         {"as_of": "1"},
     )
-    assert latest_reusable_run(lake, "probe") is None  # a FAILED run is never reused
+    assert last_reusable(lake, "probe") is None  # a FAILED run is never reused
 
 
 def _old_job_runs(lake: Lake, message: str, output_version: int, input_versions: dict[str, int]) -> None:

@@ -5,26 +5,17 @@ order, and a round a crash left pending is settled from the log, neither twice n
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from broker_model.broker import Broker, BrokerConfig, InnerMessage, TimerMessageService, timer_progress_path
+from broker_model.broker import Broker, InnerMessage, TimerMessageService, timer_progress_path
 from broker_model.common import constants as c
 from broker_model.store import MessageExt
 from schemas.errors import ValidationError
 from tests.helpers import ManualClock
 
 T0 = 1_800_000_000_000
-
-
-@pytest.fixture
-def broker(tmp_path: Path, clock: ManualClock) -> Iterator[Broker]:
-    started = Broker(BrokerConfig(tmp_path, flush_mode="SYNC_FLUSH", clock=clock)).start()
-    started.ensure_topic("T", 2)
-    yield started
-    started.shutdown()
 
 
 def _put(broker: Broker, body: bytes, **properties: str) -> None:

@@ -16,7 +16,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from broker_model.common import QueueKey
-from jobs.cli import add_as_of, as_of_of, iso_utc, job_parser, run_spark_job, text_table
+from jobs.cli import add_as_of, add_driver_limit, as_of_of, iso_utc, job_parser, run_spark_job, text_table
 from jobs.consumer_offsets.fold import (
     CQ_ROW_COLUMNS,
     Previous,
@@ -29,15 +29,7 @@ from jobs.consumer_offsets.fold import (
 from jobs.consumer_offsets.transforms import build_consumer_offsets, build_queue_bounds
 from jobs.lake import IncrementalReadError, Lake
 from jobs.rules import build_current_offsets
-from jobs.runs import (
-    CannotFold,
-    JobRun,
-    latest_reusable_run,
-    read_or_empty,
-    recorded_run,
-    same_inputs,
-    table_versions,
-)
+from jobs.runs import CannotFold, JobRun, can_reuse, last_reusable, read_or_empty, recorded_run, table_versions
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, OFFSET_COMMIT_COLUMNS
 from schemas.errors import LakeError, ValidationError
 
@@ -101,7 +93,9 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
     with recorded_run(lake, JOB, {"as_of": config.as_of}) as job_run:
         job_run.input_versions = table_versions(lake, [spec.name for spec in INPUTS])
         previous = _previous_run(lake)
-        version = _reusable_output_version(lake, previous, job_run.input_versions, config.as_of)
+        parameters = {"as_of": config.as_of}
+        reusable = can_reuse(lake, previous, job_run.input_versions, [CONSUMER_OFFSETS.name], parameters)
+        version = lake.version(CONSUMER_OFFSETS) if reusable else None
         through: int | None = None
         if version is not None and previous is not None:
             job_run.conclude("NOOP", "inputs and as_of unchanged, nothing written")
@@ -244,20 +238,7 @@ def cq_row_times(
 
 
 def _previous_run(lake: Lake) -> dict[str, Any] | None:
-    return latest_reusable_run(lake, JOB) if lake.version(CONSUMER_OFFSETS) is not None else None
-
-
-def _reusable_output_version(
-    lake: Lake, previous: Mapping[str, Any] | None, input_versions: Mapping[str, int], as_of: int
-) -> int | None:
-    """The current ``consumer_offsets`` version when the latest reusable run had these inputs and
-    this ``as_of`` and wrote (or kept) that very version; else None (compute again)."""
-    if previous is None:
-        return None
-    current = lake.version(CONSUMER_OFFSETS)
-    unchanged = same_inputs(lake, previous["input_versions"], input_versions)
-    same_output = previous["output_versions"].get(CONSUMER_OFFSETS.name) == current
-    return current if unchanged and same_output and previous["parameters"].get("as_of") == as_of else None
+    return last_reusable(lake, JOB) if lake.version(CONSUMER_OFFSETS) is not None else None
 
 
 def _progress_rows(offsets: pa.Table, groups: Sequence[str]) -> list[dict[str, Any]]:
@@ -331,13 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compute from the whole inputs instead of moving the previous table on by the new rows",
     )
-    parser.add_argument(
-        "--driver-rows",
-        type=int,
-        default=DRIVER_ROWS,
-        help=f"compute from the whole inputs on the driver up to this many input rows; 0: with Spark "
-        f"(default {DRIVER_ROWS})",
-    )
+    add_driver_limit(parser, "--driver-rows", DRIVER_ROWS, "input rows")
     return parser
 
 

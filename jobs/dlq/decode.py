@@ -13,18 +13,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker_model.common import constants as c
-from jobs.dlq.transforms import DEAD_LETTER, PROPERTY_ROUTED_BY, RETRY, SCHEDULED
+from jobs.dlq.transforms import DEAD_LETTER, PROPERTY_ROUTED_BY, RETRY, RETRY_COPIED_COLUMNS, SCHEDULED
 from schemas.catalog import RETRY_RECORDS
 
 RETRY_SOURCE_COLUMNS = (
-    "broker_name",
-    "topic",
-    "queue_id",
-    "queue_offset",
-    "commit_log_offset",
-    "msg_id",
-    "uniq_key",
-    "keys",
+    *RETRY_COPIED_COLUMNS,
     "reconsume_times",
     "born_timestamp",
     "store_timestamp",

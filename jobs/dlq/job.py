@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from broker_model.common import constants as c
-from jobs.cli import add_as_of, as_of_of, iso_utc, job_parser, run_spark_job, text_table
+from jobs.cli import add_as_of, add_driver_limit, as_of_of, iso_utc, job_parser, run_spark_job, text_table
 from jobs.dlq.decode import RETRY_SOURCE_COLUMNS, decode_retry_records
 from jobs.dlq.reads import Outcome, compute_every_chain, move_on
 from jobs.dlq.transforms import (
@@ -41,15 +41,7 @@ from jobs.dlq.transforms import (
 from jobs.extract import DriverDecode, update_extract
 from jobs.lake import Lake
 from jobs.rules import build_current_offsets
-from jobs.runs import (
-    CannotFold,
-    JobRun,
-    latest_reusable_run,
-    read_or_empty,
-    recorded_run,
-    same_inputs,
-    table_versions,
-)
+from jobs.runs import CannotFold, JobRun, can_reuse, last_reusable, read_or_empty, recorded_run, table_versions
 from schemas.catalog import (
     BROKERS,
     COMMITLOG,
@@ -65,6 +57,8 @@ from schemas.errors import LakeError, ValidationError
 
 JOB = "route_dlq"
 APP_ID = JOB  # application transaction id of retry_records: the commit log version read
+# up to this many retry records, computing every chain on the driver costs less than the Spark joins
+DRIVER_RECORDS = 250_000
 DRIVER_DECODE = DriverDecode(RETRY_SOURCE_COLUMNS, decode_retry_records)  # small increments of retry_records
 
 
@@ -94,7 +88,7 @@ class RouteDlqConfig:
     full: bool = False
     engine: str = "auto"
     show: int = 20
-    driver_records: int = 250_000
+    driver_records: int = DRIVER_RECORDS
 
     def __post_init__(self) -> None:
         if self.show < 0:
@@ -162,11 +156,11 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
             )
         job_run.input_versions = table_versions(lake, _INPUTS)
         outputs = table_versions(lake, [RETRY_CHAINS.name, DLQ.name])
-        previous_run = latest_reusable_run(lake, JOB) if len(outputs) == 2 else None
+        previous_run = last_reusable(lake, JOB) if len(outputs) == 2 else None
         if previous_run is not None and previous_run["output_versions"] != outputs:
             previous_run = None  # the outputs were written since: nothing to reuse or move on
         through: int | None
-        if _reusable(lake, previous_run, job_run.input_versions, as_of):
+        if can_reuse(lake, previous_run, job_run.input_versions, [RETRY_CHAINS.name, DLQ.name], {"as_of": as_of}):
             assert previous_run is not None
             job_run.conclude("NOOP", "inputs unchanged, nothing written")
             job_run.output_versions = outputs
@@ -387,16 +381,6 @@ def _dead_origins(broker: Any, group: str) -> set[str]:
     return found
 
 
-def _reusable(
-    lake: Lake, previous_run: Mapping[str, Any] | None, input_versions: Mapping[str, int], as_of: int
-) -> bool:
-    """Whether the previous run (its outputs still current) had these inputs and this T."""
-    if previous_run is None:
-        return False
-    same = previous_run["parameters"].get("as_of") == as_of
-    return same and same_inputs(lake, previous_run["input_versions"], input_versions)
-
-
 def summarize(lake: Lake, versions: Mapping[str, int], as_of: int, show: int) -> RouteSummary:
     """Chains per state, dead letters per (group, reason), the ``show`` oldest exhausted chains."""
     columns = [*CHAIN_KEY, "origin_topic", "last_reconsume_times", "max_reconsume_times", "state", "exhausted"]
@@ -469,12 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="rebuild retry_records from the whole commit log and compute every chain",
     )
     parser.add_argument("--show", type=int, default=20, help="exhausted chains to list (default 20)")
-    parser.add_argument(
-        "--driver-records",
-        type=int,
-        default=250_000,
-        help="compute every chain on the driver up to this many retry records; 0: with Spark (default 250000)",
-    )
+    add_driver_limit(parser, "--driver-records", DRIVER_RECORDS, "retry records")
     return parser
 
 

@@ -33,6 +33,19 @@ STATES = (SCHEDULED, DELIVERED, CONSUMED, DEAD)
 REASONS = (MAX_RECONSUME_TIMES, CONSUMER_REQUESTED, POLICY, POLICY_NOT_WRITTEN)
 
 
+RETRY_COPIED_COLUMNS = (
+    "broker_name",
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "commit_log_offset",
+    "msg_id",
+    "uniq_key",
+    "keys",
+)
+"""The commit log columns a retry record copies as they are."""
+
+
 PROPERTY_ROUTED_BY = "DLQ_ROUTED_BY"  # on a %DLQ% record a tool wrote on the group's behalf
 
 
@@ -75,14 +88,7 @@ def build_retry_records(commitlog_df: DataFrame) -> DataFrame:
         .select(
             "kind",
             group.alias("group"),
-            "broker_name",
-            "topic",
-            "queue_id",
-            "queue_offset",
-            "commit_log_offset",
-            "msg_id",
-            "uniq_key",
-            "keys",
+            *RETRY_COPIED_COLUMNS,
             F.nullif(F.trim(_property(c.PROPERTY_ORIGIN_MESSAGE_ID)), F.lit("")).alias("origin_msg_id"),
             F.nullif(F.trim(_property(c.PROPERTY_RETRY_TOPIC)), F.lit("")).alias("origin_topic"),
             "reconsume_times",

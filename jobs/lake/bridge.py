@@ -22,7 +22,7 @@ from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from jobs.lake.conform import check_partition_filter, create_table
-from jobs.lake.engine import PartitionFilter, PartitionTargets, WriteMode
+from jobs.lake.engine import PartitionFilter, PartitionTargets, TableWrite, WriteMode
 from jobs.lake.snapshots import (
     HIVE_NULL,
     active_files,
@@ -119,16 +119,9 @@ class BridgeEngine:
     def create(self, path: str, spec: TableSpec) -> None:
         create_table(local_directory(path), spec)
 
-    def write(
-        self,
-        path: str,
-        spec: TableSpec,
-        df: DataFrame,
-        mode: WriteMode,
-        targets: PartitionTargets | None,
-        txn: Transaction | None,
-    ) -> int | None:
-        """Write and commit ``df``; None when ``txn`` is already committed (nothing written)."""
+    def write(self, path: str, write: TableWrite) -> int | None:
+        """Write and commit the rows; None when the transaction is already committed (nothing written)."""
+        spec, df, mode, targets, txn = write.spec, write.df, write.mode, write.targets, write.txn
         table_dir = local_directory(path)
         dt = open_table(table_dir)
         check_bridge_can_read(dt, path)

@@ -6,9 +6,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from deltalake.transaction import Transaction
 
-from jobs.lake.engine import PartitionFilter, PartitionTargets, WriteMode
+from jobs.lake.engine import PartitionFilter, PartitionTargets, TableWrite
 from schemas.catalog import TableSpec, spark_schema
 from schemas.errors import LakeError
 
@@ -56,21 +55,14 @@ class DeltaSparkEngine:
             raise LakeError(f"the Delta table at {path} has no history")
         return int(latest[0])
 
-    def write(
-        self,
-        path: str,
-        spec: TableSpec,
-        df: DataFrame,
-        mode: WriteMode,
-        targets: PartitionTargets | None,
-        txn: Transaction | None,
-    ) -> int | None:
+    def write(self, path: str, write: TableWrite) -> int | None:
         """Write ``df``; None when Delta skipped it as an already committed ``txn``.
 
         Delta itself skips a write whose ``txnVersion`` is not above the table's version for
         ``txnAppId``; the skip is seen as an unchanged table version (a concurrent writer's commit
         in between would hide it).
         """
+        spec, df, mode, targets, txn = write.spec, write.df, write.mode, write.targets, write.txn
         before = self.version(path)
         writer = df.write.format("delta").mode("append" if mode == "append" else "overwrite")
         if mode == "partitions":

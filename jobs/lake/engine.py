@@ -6,6 +6,7 @@ delta-spark (:mod:`jobs.lake.delta_spark`); see docs/lake.md.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -31,6 +32,18 @@ PartitionTargets = list[dict[str, str | None]]
 """Partitions to replace, as Delta partition value strings (None for null)."""
 
 
+@dataclass(frozen=True)
+class TableWrite:
+    """One write of a catalog table: its rows conformed to ``spec``, how they replace what is there
+    (``mode``, and ``targets`` for ``partitions``), and the application transaction it records."""
+
+    spec: TableSpec
+    df: DataFrame
+    mode: WriteMode
+    targets: PartitionTargets | None = None
+    txn: Transaction | None = None
+
+
 class LakeEngine(Protocol):
     """What :class:`~jobs.lake.facade.Lake` asks of an engine, for a table at a path."""
 
@@ -54,15 +67,7 @@ class LakeEngine(Protocol):
         """Create ``spec``'s empty table at ``path`` (nothing when another creator won)."""
         ...
 
-    def write(
-        self,
-        path: str,
-        spec: TableSpec,
-        df: DataFrame,
-        mode: WriteMode,
-        targets: PartitionTargets | None,
-        txn: Transaction | None,
-    ) -> int | None:
-        """Write ``df`` (conformed to ``spec``) in one commit; the version committed, None when
-        ``txn`` was already committed and nothing was written."""
+    def write(self, path: str, write: TableWrite) -> int | None:
+        """Commit ``write`` to the table at ``path`` in one commit; the version committed, None when
+        its application transaction was already committed and nothing was written."""
         ...

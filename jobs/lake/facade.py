@@ -29,7 +29,7 @@ from jobs.lake.conform import (
 )
 from jobs.lake.delta_spark import DeltaSparkEngine
 from jobs.lake.driver_reads import FileReader, read_files, scan_chunks
-from jobs.lake.engine import LakeEngine, PartitionFilter, PartitionValues, WriteMode
+from jobs.lake.engine import LakeEngine, PartitionFilter, PartitionValues, TableWrite, WriteMode
 from jobs.lake.session import resolve_engine
 from jobs.lake.snapshots import (
     IncrementalReadError,
@@ -671,7 +671,7 @@ class Lake:
             self._io.create(path, spec)
         check_catalog_schema(spec, self._io.schema(path), path)
         try:
-            return self._io.write(path, spec, conformed_df, mode, targets, txn)
+            return self._io.write(path, TableWrite(spec, conformed_df, mode, targets, txn))
         except Exception as err:
             violation = not_null_violation(err)
             if violation is None:

@@ -21,18 +21,13 @@ import pyarrow.compute as pc
 from broker_model.common import constants as c
 from broker_model.common import consume_queue_tags_code, dispatched_mask, tags_code
 from broker_model.store import FIXED_RECORD_LENGTH, IPV6_HOST_EXTRA
+from jobs.rebuild_consume_queue.transforms import RECORD_PLACE_COLUMNS
 from jobs.runs import CannotFold
 from schemas.catalog import CONSUME_QUEUE
 
 # the columns of the new rows the driver path reads
 DRIVER_COLUMNS = (
-    "broker_name",
-    "segment",
-    "topic",
-    "queue_id",
-    "queue_offset",
-    "commit_log_offset",
-    "store_size",
+    *RECORD_PLACE_COLUMNS,
     "sys_flag",
     "tags",
     "magic_code",

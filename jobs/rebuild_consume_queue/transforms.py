@@ -35,7 +35,7 @@ PROBLEMS = (
 QUEUE_PARTITION = ("topic", "broker_name", "queue_id")
 
 
-CHECKED_COLUMNS = (
+RECORD_PLACE_COLUMNS = (
     "broker_name",
     "segment",
     "topic",
@@ -43,6 +43,11 @@ CHECKED_COLUMNS = (
     "queue_offset",
     "commit_log_offset",
     "store_size",
+)
+"""Where a record is: its broker and segment, its queue position and its byte range."""
+
+CHECKED_COLUMNS = (
+    *RECORD_PLACE_COLUMNS,
     "magic_code",
     "body_crc",
     "sys_flag",

@@ -40,7 +40,7 @@ from jobs.report.rows import (
     transaction_outcomes,
     utc_datetime,
 )
-from jobs.runs import JobRun, Parameter, latest_reusable_run, recorded_run, same_inputs, table_versions
+from jobs.runs import JobRun, Parameter, last_reusable, recorded_run, same_inputs, table_versions
 from schemas.catalog import (
     COMMIT_HOURS,
     COMMITLOG,
@@ -317,7 +317,7 @@ def run(spark: SparkSession, config: ReportConfig) -> JobRun:
     settings: dict[str, Parameter] = {"as_of": config.as_of, "samples": config.samples, "page": str(path)}
     with recorded_run(lake, JOB, settings) as job_run:
         job_run.input_versions = table_versions(lake, [s.name for s in INPUTS])
-        previous = latest_reusable_run(lake, JOB)
+        previous = last_reusable(lake, JOB)
         if previous is not None and _drawn(lake, previous, job_run.input_versions, settings):
             job_run.row_counts = dict(previous["row_counts"])
             print(f"{JOB}: {path} shows these inputs already, nothing drawn")

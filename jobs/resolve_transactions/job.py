@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from broker_model.broker import FILE_RESERVED_MS, REMOVE_TAG, TRANSACTION_CHECK_MAX, TRANSACTION_TIMEOUT_MS
 from broker_model.common import RecordKey
-from jobs.cli import add_as_of, as_of_of, format_age, iso_utc, job_parser, run_spark_job, text_table
+from jobs.cli import add_as_of, add_driver_limit, as_of_of, format_age, iso_utc, job_parser, run_spark_job, text_table
 from jobs.extract import DriverDecode, update_extract
 from jobs.lake import IncrementalReadError, Lake
 from jobs.resolve_transactions.decode import decode_transaction_records
@@ -48,15 +48,7 @@ from jobs.resolve_transactions.transforms import (
     halves_of,
     ops_of,
 )
-from jobs.runs import (
-    CannotFold,
-    JobRun,
-    latest_reusable_run,
-    read_or_empty,
-    recorded_run,
-    same_inputs,
-    table_versions,
-)
+from jobs.runs import CannotFold, JobRun, can_reuse, last_reusable, read_or_empty, recorded_run, table_versions
 from schemas.catalog import COMMITLOG, TRANSACTION_RECORDS, TRANSACTION_STATE
 from schemas.errors import LakeError, ValidationError
 
@@ -168,13 +160,13 @@ def run(spark: SparkSession, config: ResolveTransactionsConfig) -> JobRun:
             lake, TRANSACTION_RECORDS, APP_ID, build_transaction_records, latest, config.full, DRIVER_DECODE
         )
         job_run.input_versions.update(table_versions(lake, [TRANSACTION_RECORDS.name]))
-        previous_run = latest_reusable_run(lake, JOB) if lake.version(TRANSACTION_STATE) is not None else None
-        reused = _reusable_run(lake, previous_run, job_run.input_versions, config.parameters)
+        previous_run = last_reusable(lake, JOB) if lake.version(TRANSACTION_STATE) is not None else None
+        reusable = can_reuse(lake, previous_run, job_run.input_versions, [TRANSACTION_STATE.name], config.parameters)
         version: int | None = None
         through: int | None = None
-        if reused is not None and previous_run is not None:
+        if reusable and previous_run is not None:
             job_run.conclude("NOOP", "inputs and settings unchanged, nothing written")
-            version, job_run.row_counts = reused
+            version, job_run.row_counts = lake.version(TRANSACTION_STATE), dict(previous_run["row_counts"])
             through = previous_run["parameters"].get("through")
         elif not config.full and previous_run is not None:
             try:
@@ -371,23 +363,6 @@ def _record_counts(records_df: DataFrame) -> dict[str, int]:
     return {name: int(row[name]) if row is not None else 0 for name in counts}
 
 
-def _reusable_run(
-    lake: Lake, previous: Mapping[str, Any] | None, input_versions: Mapping[str, int], parameters: Mapping[str, int]
-) -> tuple[int, dict[str, int]] | None:
-    """The current ``transaction_state`` version and the row counts of the latest reusable run
-    (``previous``), when that run had these inputs and settings and wrote (or kept) that very
-    version; else None."""
-    current = lake.version(TRANSACTION_STATE)
-    if current is None or previous is None:
-        return None
-    unchanged = same_inputs(lake, previous["input_versions"], input_versions)
-    same_output = previous["output_versions"].get(TRANSACTION_STATE.name) == current
-    recorded = {name: previous["parameters"].get(name) for name in parameters}
-    if unchanged and same_output and recorded == parameters:
-        return current, dict(previous["row_counts"])
-    return None
-
-
 def summarize(state: pa.Table, as_of: int, show: int) -> TransactionSummary:
     """Count ``transaction_state`` rows per state and per anomaly; list the ``show`` oldest CHECK_DUE
     rows (by born time, broker, half commit log offset). On the driver: the table holds one row per
@@ -480,13 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="rebuild transaction_records from the whole commit log when it is behind and decide every "
         "transaction (default: read only the new versions, decide only the transactions they touch)",
     )
-    parser.add_argument(
-        "--driver-records",
-        type=int,
-        default=DRIVER_RECORDS,
-        help=f"decide every transaction on the driver up to this many transaction records, with Spark "
-        f"above (default {DRIVER_RECORDS}; 0: always Spark)",
-    )
+    add_driver_limit(parser, "--driver-records", DRIVER_RECORDS, "transaction records")
     return parser
 
 

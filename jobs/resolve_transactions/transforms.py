@@ -39,13 +39,10 @@ OP_WITHOUT_HALF, FINAL_WITHOUT_OP, DOUBLE_COMMIT, OP_ON_REPUT_COPY, DUPLICATE_HA
 ANOMALIES = (OP_WITHOUT_HALF, FINAL_WITHOUT_OP, DOUBLE_COMMIT, OP_ON_REPUT_COPY, DUPLICATE_HALF)  # fixed order
 
 TRANSACTION_KEY = ("broker_name", "half_commit_log_offset")
+RECORD_FACTS = ("broker_name", "queue_id", "queue_offset", "commit_log_offset", "born_timestamp", "store_timestamp")
+"""The columns a transaction record copies from its commit log record as they are."""
 HALF_COLUMNS = (
-    "broker_name",
-    "queue_id",
-    "queue_offset",
-    "commit_log_offset",
-    "born_timestamp",
-    "store_timestamp",
+    *RECORD_FACTS,
     "producer_group",
     "uniq_key",
     "real_topic",
@@ -205,12 +202,7 @@ def build_transaction_records(commitlog_df: DataFrame) -> DataFrame:
         kinded_df.select("*", F.explode_outer(F.when(is_op, listed)).alias("listed_offset"))
         .select(
             "kind",
-            "broker_name",
-            "queue_id",
-            "queue_offset",
-            "commit_log_offset",
-            "born_timestamp",
-            "store_timestamp",
+            *RECORD_FACTS,
             "topic",
             _property(c.PROPERTY_PRODUCER_GROUP).alias("producer_group"),
             "uniq_key",
