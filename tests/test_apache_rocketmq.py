@@ -28,7 +28,7 @@ import pytest
 
 from broker_model.store.store_configs import parse_fastjson
 from tests.apache_fixture import apache_rocketmq, running
-from tests.apache_rocketmq import ApacheRocketMQ, GroupSpec, TopicSpec, parse_topic_status
+from tests.apache_rocketmq import ApacheRocketMQ, GroupSpec, TopicSpec
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.apache]
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,11 +39,6 @@ Events = list[dict[str, Any]]
 
 def _by(events: Events, event: str, **match: Any) -> Events:
     return [e for e in events if e["event"] == event and all(e.get(k) == v for k, v in match.items())]
-
-
-def test_the_admin_table_parser_reads_a_topic_that_has_no_update_time() -> None:
-    text = "#Broker Name  #QID  #Min Offset  #Max Offset  #Last Updated\nbroker-a  0  0  0  \n\nTopic Put TPS: 0.0\n"
-    assert parse_topic_status(text)[0].last_updated == ""
 
 
 # ---------------------------------------------------------------------------------------------
