@@ -1,0 +1,44 @@
+"""The pytest fixture of a real Apache RocketMQ 5 (tests/apache_rocketmq.py), one per test module:
+``from tests.apache_fixture import apache_rocketmq`` in the module that uses it.
+
+It is skipped, naming what is missing, where Java or Maven is not installed (and the jars were
+never copied); a CI run with ``RMQ_FAIL_ON_SKIP=1`` then fails. The instance is always stopped at
+the module's end, and killed if a clean stop fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.apache_rocketmq import ApacheRocketMQ, HarnessError, ensure_driver
+
+
+@pytest.fixture(scope="module")
+def apache_rocketmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApacheRocketMQ]:
+    """A name server and a broker with its proxy, started for the module in a fresh run directory
+    (its store under ``store_dir``). A test may stop or kill it; the next test that asks for it
+    through :func:`running` gets it started again on the same store."""
+    try:
+        ensure_driver()  # the jars, then the driver compiled against them
+    except HarnessError as err:
+        if "is not on PATH" in str(err):
+            pytest.skip(str(err))
+        raise
+    rocketmq = ApacheRocketMQ(tmp_path_factory.mktemp("apache-rocketmq"))
+    try:
+        rocketmq.start()
+        yield rocketmq
+    finally:
+        try:
+            rocketmq.stop()
+        finally:
+            rocketmq.kill()
+
+
+def running(rocketmq: ApacheRocketMQ) -> ApacheRocketMQ:
+    """``rocketmq``, started again on its store if a test left it stopped or killed."""
+    if not rocketmq.running():
+        rocketmq.start()
+    return rocketmq
