@@ -13,8 +13,9 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from broker_model.store.delta_commits import log_dir
+from broker_model.store.delta_files import scan_files, snapshot_files
 from schemas.catalog import TableSpec
-from schemas.errors import LakeError
+from schemas.errors import LakeError, ValidationError
 
 
 def ensure_table(lake_root: str | Path, spec: TableSpec) -> Path:
@@ -46,14 +47,27 @@ def read_table(
     columns: list[str] | None = None,
     partitions: list[tuple[str, str, Any]] | None = None,
 ) -> pa.Table:
-    """Read ``spec``'s table (latest version) with delta-rs; an absent table reads as empty."""
+    """Read ``columns`` (default: all) of ``spec``'s table at its latest version, only the files
+    whose partition values pass ``partitions`` (``(partition column, "=", value)`` terms), in
+    one pyarrow scan of the active files (:mod:`broker_model.store.delta_files`); an absent table
+    reads as empty.
+
+    Raises:
+        ValidationError: a term of ``partitions`` on another column or with another operator.
+    """
     path = spec.location(lake_root)
     try:
         table = DeltaTable(str(path))
     except TableNotFoundError:
         schema = spec.arrow_schema
         return schema.empty_table().select(columns) if columns else schema.empty_table()
-    return table.to_pyarrow_table(filters=partitions, columns=columns)
+    wanted: dict[str, list[Any]] = {}
+    for column, op, value in partitions or ():
+        if column not in spec.partition_by or op != "=":
+            raise ValidationError("partitions", (column, op, value), f"is not a partition filter of {spec.name!r}")
+        wanted.setdefault(column, []).append(value)
+    files = snapshot_files(table, spec, wanted)
+    return scan_files(path, files, spec, columns or spec.column_names)
 
 
 def append_rows(lake_root: str | Path, spec: TableSpec, rows: pa.Table) -> None:

@@ -34,6 +34,7 @@ from deltalake.exceptions import TableNotFoundError
 from broker_model.common import WithProperties, consume_queue_tags_code, decompress_body, dispatched_mask, tags_code
 from broker_model.common import constants as c
 from broker_model.store.delta_commits import CommitChange, CommitTail
+from broker_model.store.delta_files import FILE_COLUMN, rows_within_files, scan_files, snapshot_files
 from schemas.catalog import COMMITLOG
 from schemas.errors import ValidationError
 
@@ -248,15 +249,21 @@ class MessageStore:
                 self._tail = CommitTail(path, -1)
                 return self
             version = table.version()
-            actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
-            paths = [
-                p
-                for p, b in zip(actions["path"], actions["partition.broker_name"], strict=True)
-                if b == self.broker_name
-            ]
-            self._dispatch_files([(p, None) for p in paths])
+            self._index_files(snapshot_files(table, COMMITLOG, {"broker_name": [self.broker_name]}))
             self._tail = CommitTail(path, version)
         return self
+
+    def _index_files(self, files: pa.Table) -> None:
+        """Index the rows of ``files`` (:func:`snapshot_files` of the broker's partition), read in
+        one scan of their index columns (caller holds the lock)."""
+        rows = scan_files(COMMITLOG.location(self.lake), files, COMMITLOG, [*_INDEX_COLUMNS, FILE_COLUMN])
+        for path in files.column("path").to_pylist():
+            self._file_ids[path] = len(self._files)
+            self._files.append(path)
+        file_ids = pa.array([self._file_ids[p] for p in rows.column(FILE_COLUMN).to_pylist()], pa.int32())
+        index = rows.select(_INDEX_COLUMNS).append_column("file_id", file_ids)
+        index = index.append_column("row", pa.array(rows_within_files(rows.column(FILE_COLUMN)), pa.int32()))
+        self._index(index.sort_by("commit_log_offset"))
 
     def refresh(self) -> bool:
         """Index commits made since the last look (by any process); True when anything new came.

@@ -5,8 +5,6 @@ every column typed as the catalog says.
 
 from __future__ import annotations
 
-import functools
-import operator
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +15,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyarrow.fs import LocalFileSystem
 
+from broker_model.store.delta_files import partition_expression
 from jobs.lake.snapshots import file_location
 from schemas.catalog import TableSpec
 
@@ -105,7 +104,7 @@ def scan_chunks(
         while end < len(paths) and end - start < _CHUNK_FILES and held + counts[end] <= chunk_rows:
             held += counts[end]
             end += 1
-        partitions = [_partition_expression(values, i) for i in range(start, end)]
+        partitions = [partition_expression(values, i) for i in range(start, end)]
         dataset = ds.FileSystemDataset.from_paths(
             [file_location(table_dir, p) for p in paths[start:end]],
             schema=scanned,
@@ -118,12 +117,6 @@ def scan_chunks(
 
 
 _CHUNK_FILES = 4096  # files of one chunk at most (a log without row counts still reads in chunks)
-
-
-def _partition_expression(values: Mapping[str, pa.ChunkedArray], i: int) -> ds.Expression:
-    """What the ``i``-th file's partition values say of its rows, for the dataset scanner."""
-    terms = [ds.field(c).is_null() if v[i].as_py() is None else ds.field(c) == v[i] for c, v in values.items()]
-    return functools.reduce(operator.and_, terms) if terms else ds.scalar(True)
 
 
 def _typed_chunk(chunk: pa.Table, target: pa.Schema) -> pa.Table:
