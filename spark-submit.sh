@@ -2,10 +2,12 @@
 # Run a job with spark-submit:  ./spark-submit.sh [spark-submit flags] <job> [job options]
 #
 # Packages broker_model, jobs and schemas for --py-files, runs on local[*] unless --master is
-# given, and passes every spark-submit flag through (--master, --conf, --packages, ...). With
-# Delta jars on the classpath (--packages io.delta:delta-spark_2.13:...) the delta-spark engine is
-# configured; otherwise the jobs use the bridge engine. On first use it creates .venv and installs
-# the project into it.
+# given, and passes every spark-submit flag through (--master, --conf, --packages, ...). The
+# delta-spark engine is configured when the job asks for it (--engine delta-spark, or --conf
+# spark.rmq.lake.engine=delta-spark) or Delta jars are given (--packages io.delta:...): the Delta
+# jar of the installed delta-spark package is fetched from Maven Central by Ivy (cached in Ivy's
+# home after the first time), as delta's configure_spark_with_delta_pip would. On first use it
+# creates .venv and installs the project into it.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -45,6 +47,14 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
+# the job's own options may ask for the delta-spark engine
+for arg in "$@"; do
+  if [ "$delta_jars" = 0 ] && { [ "$arg" = "--engine=delta-spark" ] || { [ "$arg" = "delta-spark" ] && [ "${previous:-}" = "--engine" ]; }; }; then
+    delta_jars=2
+  fi
+  previous="$arg"
+done
+[[ " ${submit_args[*]:-} " == *"spark.rmq.lake.engine=delta-spark"* ]] && [ "$delta_jars" = 0 ] && delta_jars=2
 if [ $# -eq 0 ]; then
   echo "usage: ./spark-submit.sh [spark-submit flags] <job> [job options]" >&2
   "$venv/bin/python" -m jobs --help >&2
@@ -56,7 +66,11 @@ if [[ " ${submit_args[*]} " != *log4j2.configurationFile* ]]; then
   submit_args+=(--driver-java-options "-Dlog4j2.configurationFile=file:$here/jobs/conf/log4j2.properties"
                 --conf spark.ui.showConsoleProgress=false)
 fi
-if [ "$delta_jars" = 1 ]; then
+if [ "$delta_jars" = 2 ]; then  # asked for, no jars given: the ones of the installed delta-spark
+  package="$("$venv/bin/python" -c 'from jobs.lake import delta_package; print(delta_package())')"
+  submit_args+=(--packages "$package")
+fi
+if [ "$delta_jars" != 0 ]; then
   submit_args+=(--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
                 --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog
                 --conf spark.rmq.lake.engine=delta-spark)
@@ -77,4 +91,19 @@ PY
 export PYSPARK_PYTHON="$venv/bin/python"
 export PYSPARK_DRIVER_PYTHON="$venv/bin/python"
 cd "$here"
-exec "$venv/bin/spark-submit" "${submit_args[@]}" --py-files "$bundle" "$here/jobs/__main__.py" "$@"
+if [ "$delta_jars" != 2 ]; then
+  exec "$venv/bin/spark-submit" "${submit_args[@]}" --py-files "$bundle" "$here/jobs/__main__.py" "$@"
+fi
+# fetching the Delta jars may fail (no route to Maven Central): say so plainly after Ivy's messages
+ivy_log="$(mktemp)"
+trap 'rm -f "$ivy_log"' EXIT
+status=0
+"$venv/bin/spark-submit" "${submit_args[@]}" --py-files "$bundle" "$here/jobs/__main__.py" "$@" \
+  2> >(tee "$ivy_log" >&2) || status=$?
+wait
+if [ "$status" != 0 ] && grep -q "UNRESOLVED DEPENDENCIES\|unresolved dependency" "$ivy_log"; then
+  echo "error: the Delta jars ($package) could not be fetched from Maven Central (Ivy's messages above);" \
+       "let this machine reach it once (Ivy caches them), pass local jars with --jars, or run with --engine bridge" >&2
+  exit 1
+fi
+exit "$status"

@@ -11,8 +11,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from broker_model.broker import Broker, BrokerConfig
-from jobs.lake import build_session
-from tests.helpers import ManualClock
+from jobs.lake import build_session, delta_package
+from tests.helpers import ENGINE, ManualClock
 
 # local[2], 2 shuffle partitions, UI off; UTC and ANSI come from build_session.
 TEST_SPARK_CONF = {
@@ -23,10 +23,21 @@ TEST_SPARK_CONF = {
 }
 
 
+# delta-spark only: the Delta jars (Ivy fetches them into ~/.ivy2.5.2 on first use, then checks its
+# cache), and 2 partitions instead of 50 for Delta's snapshot state of the tests' small tables
+DELTA_TEST_CONF = {
+    "spark.databricks.delta.snapshotPartitions": "2",
+}
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """The Spark session of the whole run, on the bridge engine (this machine has no Delta jars)."""
-    session = build_session("tests", master="local[2]", engine="bridge", extra_conf=TEST_SPARK_CONF)
+    """The Spark session of the whole run, on :data:`tests.helpers.ENGINE` (bridge unless
+    ``RMQ_TEST_ENGINE=delta-spark``, which adds the Delta jars)."""
+    conf = dict(TEST_SPARK_CONF)
+    if ENGINE == "delta-spark":
+        conf |= {"spark.jars.packages": delta_package(), **DELTA_TEST_CONF}
+    session = build_session("tests", master="local[2]", engine=ENGINE, extra_conf=conf)
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -51,10 +62,24 @@ def broker(tmp_path: Path, clock: ManualClock) -> Iterator[Broker]:
 _HEAVY_MARKS = ("spark", "slow", "subprocess")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with the most Spark, slow or subprocess tests first: the two workers each take a
-    whole module at a time, in this order, so the long ones start early and the workers end
-    together instead of one finishing a long module alone."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked for the other lake engine (``@pytest.mark.engine("bridge")``) are deselected:
+    they check what only that engine does. On delta-spark, so are the tests without Spark: they do
+    not depend on the engine and the bridge run (which runs every test) has run them. Then modules
+    with the most Spark, slow or subprocess tests first: the two workers each take a whole module
+    at a time, in this order, so the long ones start early and the workers end together instead of
+    one finishing a long module alone."""
+
+    def other_engine(item: pytest.Item) -> bool:
+        mark = item.get_closest_marker("engine")
+        if mark is not None:
+            return bool(mark.args[0] != ENGINE)
+        return ENGINE != "bridge" and item.get_closest_marker("spark") is None
+
+    other = [item for item in items if other_engine(item)]
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = [item for item in items if item not in other]
     weight: dict[str, int] = {}
     for item in items:
         heavy = any(item.get_closest_marker(mark) is not None for mark in _HEAVY_MARKS)

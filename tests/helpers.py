@@ -4,6 +4,7 @@ clock, and waiting on a condition."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,12 @@ from chispa import assert_df_equality
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType
+
+ENGINE = os.environ.get("RMQ_TEST_ENGINE", "bridge")
+"""The lake engine of the test run's Spark session and of every job and ``Lake`` the tests make:
+``bridge`` (the default) or ``delta-spark`` (``RMQ_TEST_ENGINE=delta-spark``; the session then fetches
+the Delta jars with Ivy, see :func:`jobs.lake.session.delta_package`). A variable of its own, not
+``RMQ_LAKE_ENGINE``: the job and broker processes the tests start must keep choosing for themselves."""
 
 
 def assert_frames_equal(actual_df: DataFrame, expected_df: DataFrame) -> None:

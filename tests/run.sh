@@ -29,5 +29,20 @@ fi
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 "$venv/bin/mypy" --strict broker_model schemas jobs
-# two workers (RMQ_TEST_WORKERS), each with its own Spark session; a test module stays on one worker
-"$venv/bin/python" -m pytest -n "${RMQ_TEST_WORKERS:-2}" --dist loadfile "$@"
+# The suite runs once per lake engine (RMQ_TEST_ENGINES, both by default): on the bridge every test,
+# on delta-spark every test that uses Spark (the others do not depend on the engine). The Delta jars
+# are fetched from Maven Central into Ivy's cache once, before the workers' sessions start.
+engines="${RMQ_TEST_ENGINES:-bridge delta-spark}"
+if [[ " $engines " == *" delta-spark "* ]]; then
+  echo "fetching the Delta jars of the delta-spark engine (once; then from Ivy's cache)"
+  mkdir -p build
+  if ! "$venv/bin/python" -c "from jobs.lake import build_session; build_session('fetch-delta', master='local[1]', engine='delta-spark').stop()" >build/delta-jars.log 2>&1; then
+    cat build/delta-jars.log >&2
+    exit 1
+  fi
+fi
+for engine in $engines; do
+  echo "== the tests on the $engine engine"
+  # two workers (RMQ_TEST_WORKERS), each with its own Spark session; a test module stays on one worker
+  RMQ_TEST_ENGINE="$engine" "$venv/bin/python" -m pytest -n "${RMQ_TEST_WORKERS:-2}" --dist loadfile "$@"
+done

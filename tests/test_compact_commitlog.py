@@ -46,7 +46,7 @@ from jobs.rebuild_consume_queue import run as rebuild
 from jobs.replay import SUMMARY_COLUMNS, queues_out_of_log_order, summarize_source
 from schemas.catalog import COMMITLOG, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS
 from schemas.errors import LakeError, ValidationError
-from tests.helpers import canonical_rows, wait_until
+from tests.helpers import ENGINE, canonical_rows, wait_until
 
 SEGMENT_SIZE = 16384
 MIB = 1024 * 1024
@@ -200,12 +200,12 @@ def _commit_actions(root: Path, version: int) -> list[dict[str, Any]]:
 
 @pytest.mark.spark
 def test_compaction_rewrites_every_segment_and_changes_no_row(spark: SparkSession, lake_root: Path) -> None:
-    lake = Lake(spark, lake_root, "bridge")
+    lake = Lake(spark, lake_root, ENGINE)
     rows_before, files_before, version_before = _rows(lake_root), _files_by_segment(lake_root), lake.version(COMMITLOG)
     assert all(len(files_before[k]) > 1 for k in files_before)
     broker_schema = pq.read_schema(lake_root / "commitlog" / next(iter(files_before[("broker-a", 0)])))
 
-    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine=ENGINE))
 
     assert job_run.status == "SUCCEEDED" and lake.version(COMMITLOG) == version_before + 1
     assert _rows(lake_root) == rows_before  # every column, bodies included
@@ -227,7 +227,7 @@ def test_compaction_rewrites_every_segment_and_changes_no_row(spark: SparkSessio
     chunks = lake.iter_file_rows(COMMITLOG, SUMMARY_COLUMNS)
     assert queues_out_of_log_order(summarize_source(chunks, [], None, None)) == []
 
-    again = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+    again = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine=ENGINE))
     assert again.status == "NOOP" and lake.version(COMMITLOG) == version_before + 1
 
 
@@ -235,12 +235,12 @@ def test_compaction_rewrites_every_segment_and_changes_no_row(spark: SparkSessio
 def test_the_incremental_rebuild_after_compaction_and_new_messages_processes_only_the_new_ones(
     spark: SparkSession, lake_root: Path
 ) -> None:
-    lake = Lake(spark, lake_root, "bridge")
-    assert rebuild(spark, RebuildConfig(lake_root, engine="bridge")).status == "SUCCEEDED"
+    lake = Lake(spark, lake_root, ENGINE)
+    assert rebuild(spark, RebuildConfig(lake_root, engine=ENGINE)).status == "SUCCEEDED"
     processed = lake.version(COMMITLOG)
     assert processed is not None
     units_before = canonical_rows(DeltaTable(str(lake_root / "consume_queue")).to_pyarrow_table())
-    run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+    run(spark, CompactConfig(lake_root, target_file_size=MIB, engine=ENGINE))
     assert lake.read_appended(COMMITLOG, processed).count() == 0  # the compacted rows are not new
 
     brokers = _start(lake_root)  # recovery reads the compacted log
@@ -249,7 +249,7 @@ def test_the_incremental_rebuild_after_compaction_and_new_messages_processes_onl
     finally:
         for broker in brokers:
             broker.shutdown()
-    with_new = rebuild(spark, RebuildConfig(lake_root, engine="bridge"))
+    with_new = rebuild(spark, RebuildConfig(lake_root, engine=ENGINE))
     assert with_new.message is not None and with_new.message.startswith("incremental")
     assert with_new.row_counts["consume_queue"] == 12
     units = canonical_rows(DeltaTable(str(lake_root / "consume_queue")).to_pyarrow_table())
@@ -261,8 +261,8 @@ def test_the_incremental_rebuild_after_compaction_and_new_messages_processes_onl
 def test_by_default_compaction_leaves_the_files_an_incremental_job_has_not_read(
     spark: SparkSession, lake_root: Path
 ) -> None:
-    assert rebuild(spark, RebuildConfig(lake_root, engine="bridge")).status == "SUCCEEDED"
-    read = Lake(spark, lake_root, "bridge").version(COMMITLOG)
+    assert rebuild(spark, RebuildConfig(lake_root, engine=ENGINE)).status == "SUCCEEDED"
+    read = Lake(spark, lake_root, ENGINE).version(COMMITLOG)
     brokers = _start(lake_root)
     try:
         _send(brokers, 240, 12)  # twelve new files in the live segments; the other readers never ran
@@ -273,11 +273,11 @@ def test_by_default_compaction_leaves_the_files_an_incremental_job_has_not_read(
         f.path for f in list_files(open_table(str(lake_root / "commitlog"), read))
     }
 
-    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine=ENGINE))
 
     assert job_run.status == "SUCCEEDED" and len(new_files) == 12
     assert new_files <= {f.path for f in list_files(open_table(str(lake_root / "commitlog")))}
-    with_new = rebuild(spark, RebuildConfig(lake_root, engine="bridge"))
+    with_new = rebuild(spark, RebuildConfig(lake_root, engine=ENGINE))
     assert with_new.message is not None and with_new.message.startswith("incremental")
     assert with_new.row_counts["consume_queue"] == 12
 
@@ -328,7 +328,7 @@ def test_running_brokers_follow_a_compaction_of_their_live_segments_without_inde
     brokers = _start(lake_root, store_cache_bytes=1)  # about one file in memory: reads go to the files
     try:
         before, loads = _queue_bodies(brokers), [b.store.loads for b in brokers]
-        assert run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge")).status == "SUCCEEDED"
+        assert run(spark, CompactConfig(lake_root, target_file_size=MIB, engine=ENGINE)).status == "SUCCEEDED"
         # the files the compaction replaced are deleted: the stores must find the rows in the new ones
         DeltaTable(str(lake_root / "commitlog")).vacuum(
             retention_hours=0, dry_run=False, enforce_retention_duration=False
@@ -361,7 +361,7 @@ def test_the_broker_keeps_sending_while_the_job_runs(spark: SparkSession, lake_r
     sender = threading.Thread(target=send)
     try:
         sender.start()
-        job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+        job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine=ENGINE))
         sender.join()
     finally:
         sender.join()
@@ -397,7 +397,7 @@ def test_a_run_killed_before_its_commit_leaves_invisible_files_that_vacuum_delet
     orphans = write_bins(AppendLog(table_dir, COMMITLOG), table_dir, bins)  # then the process dies
     assert open_table(table_dir).version() == version_before and _rows(lake_root) == rows_before
 
-    assert run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge")).status == "SUCCEEDED"
+    assert run(spark, CompactConfig(lake_root, target_file_size=MIB, engine=ENGINE)).status == "SUCCEEDED"
     deleted = DeltaTable(table_dir).vacuum(
         retention_hours=0, dry_run=False, enforce_retention_duration=False, full=True
     )
@@ -407,12 +407,10 @@ def test_a_run_killed_before_its_commit_leaves_invisible_files_that_vacuum_delet
 
 @pytest.mark.spark
 def test_files_newer_than_the_given_version_are_left_for_a_later_run(spark: SparkSession, lake_root: Path) -> None:
-    lake = Lake(spark, lake_root, "bridge")
+    lake = Lake(spark, lake_root, ENGINE)
     old_version = 40  # about the first 40 sends: the first segments only
     active_then = {f.path for f in list_files(open_table(str(lake_root / "commitlog"), old_version))}
-    job_run = run(
-        spark, CompactConfig(lake_root, target_file_size=MIB, files_up_to_version=old_version, engine="bridge")
-    )
+    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, files_up_to_version=old_version, engine=ENGINE))
     assert job_run.status == "SUCCEEDED"
     version = lake.version(COMMITLOG)
     assert version is not None
@@ -424,7 +422,7 @@ def test_files_newer_than_the_given_version_are_left_for_a_later_run(spark: Spar
 def test_the_offset_commits_every_reader_has_read_are_packed_and_the_readers_move_on(
     spark: SparkSession, lake_root: Path, tmp_path: Path
 ) -> None:
-    assert rebuild(spark, RebuildConfig(lake_root, engine="bridge")).status == "SUCCEEDED"
+    assert rebuild(spark, RebuildConfig(lake_root, engine=ENGINE)).status == "SUCCEEDED"
     brokers = _start(lake_root)
 
     def commit(first: int, count: int) -> None:  # one persisted commit, so one file, each
@@ -434,7 +432,7 @@ def test_the_offset_commits_every_reader_has_read_are_packed_and_the_readers_mov
 
     try:
         commit(0, 20)
-        first = consumer_offsets(spark, ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine="bridge"))
+        first = consumer_offsets(spark, ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine=ENGINE))
         read = first.input_versions[CONSUMER_OFFSET_COMMITS.name]
         wait_until(lambda: _now_ms() > first.parameters["as_of"], "a clock after that run's T")  # later commits
         commit(20, 3)
@@ -446,7 +444,7 @@ def test_the_offset_commits_every_reader_has_read_are_packed_and_the_readers_mov
     appended_later = _file_names(DeltaTable(commits_dir)) - active_then
     assert len(active_then) >= 20 and len(appended_later) == 3
 
-    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge"))
+    job_run = run(spark, CompactConfig(lake_root, target_file_size=MIB, engine=ENGINE))
 
     packed = job_run.output_versions[CONSUMER_OFFSET_COMMITS.name]
     log_file = commit_path(commits_dir, packed)
@@ -457,16 +455,16 @@ def test_the_offset_commits_every_reader_has_read_are_packed_and_the_readers_mov
     files_now = _file_names(DeltaTable(commits_dir))
     assert appended_later <= files_now and len(files_now) == len(appended_later) + 1
 
-    moved_on = consumer_offsets(spark, ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine="bridge"))
+    moved_on = consumer_offsets(spark, ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine=ENGINE))
     assert moved_on.row_counts.get(f"new {CONSUMER_OFFSET_COMMITS.name}") == 3, moved_on.message  # only what came after
     table = canonical_rows(DeltaTable(str(lake_root / CONSUMER_OFFSETS.name)).to_pyarrow_table())
     as_of = moved_on.parameters["as_of"]
     assert isinstance(as_of, int)
     fresh = tmp_path / "fresh"  # the same inputs, no earlier run: one full run
     shutil.copytree(lake_root, fresh, ignore=shutil.ignore_patterns(CONSUMER_OFFSETS.name, "job_runs"))
-    assert consumer_offsets(spark, ConsumerOffsetsConfig(fresh, as_of, engine="bridge")).status == "SUCCEEDED"
+    assert consumer_offsets(spark, ConsumerOffsetsConfig(fresh, as_of, engine=ENGINE)).status == "SUCCEEDED"
     assert canonical_rows(DeltaTable(str(fresh / CONSUMER_OFFSETS.name)).to_pyarrow_table()) == table
-    assert run(spark, CompactConfig(lake_root, target_file_size=MIB, engine="bridge")).status == "NOOP"
+    assert run(spark, CompactConfig(lake_root, target_file_size=MIB, engine=ENGINE)).status == "NOOP"
 
 
 def _file_names(table: DeltaTable) -> set[str]:  # of an unpartitioned table

@@ -25,6 +25,7 @@ from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as run_offsets
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as run_rebuild
+from tests.helpers import ENGINE
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 BROKERS = ("broker-a", "broker-b")
@@ -63,8 +64,8 @@ def test_jobs_agree_with_the_broker_and_an_independent_recomputation(spark: Spar
     report = run_workload(tmp_path, 10_000, seed=33, brokers=2, threads=4, segment_size=256 * 1024)
     assert report.messages == 10_000 and sum(report.consumed.values()) > 0
     as_of = time.time_ns() // 1_000_000
-    run_rebuild(spark, RebuildConfig(tmp_path, engine="bridge"))
-    run_offsets(spark, ConsumerOffsetsConfig(tmp_path, as_of, engine="bridge"))
+    run_rebuild(spark, RebuildConfig(tmp_path, engine=ENGINE))
+    run_offsets(spark, ConsumerOffsetsConfig(tmp_path, as_of, engine=ENGINE))
 
     # 1. consume queue = the recomputation, and its bounds = the broker's pull bounds
     expected = _expected_queue(tmp_path)
@@ -112,8 +113,8 @@ def test_jobs_agree_with_the_broker_and_an_independent_recomputation(spark: Spar
 
     # 3. rerunning both jobs on the same input commits nothing
     versions = {t: DeltaTable(str(tmp_path / t)).version() for t in ("consume_queue", "consumer_offsets")}
-    run_rebuild(spark, RebuildConfig(tmp_path, engine="bridge"))
-    run_offsets(spark, ConsumerOffsetsConfig(tmp_path, as_of, engine="bridge"))
+    run_rebuild(spark, RebuildConfig(tmp_path, engine=ENGINE))
+    run_offsets(spark, ConsumerOffsetsConfig(tmp_path, as_of, engine=ENGINE))
     assert {t: DeltaTable(str(tmp_path / t)).version() for t in versions} == versions
 
 
@@ -122,8 +123,8 @@ def test_lag_as_of_a_past_time_is_what_the_commit_history_said_then(spark: Spark
     times = sorted({r["commit_timestamp"] for r in _rows(tmp_path, "consumer_offset_commits")})
     assert len(times) > 3
     past = times[len(times) // 2]
-    run_rebuild(spark, RebuildConfig(tmp_path, engine="bridge"))
-    run_offsets(spark, ConsumerOffsetsConfig(tmp_path, past, engine="bridge"))
+    run_rebuild(spark, RebuildConfig(tmp_path, engine=ENGINE))
+    run_offsets(spark, ConsumerOffsetsConfig(tmp_path, past, engine=ENGINE))
     committed = _offsets_as_of(tmp_path, past)
     lag = {(r["group"], r["broker_name"], r["topic"], r["queue_id"]): r for r in _rows(tmp_path, "consumer_offsets")}
     assert {k: r["consumer_offset"] for k, r in lag.items() if r["consumer_offset"] is not None} == committed

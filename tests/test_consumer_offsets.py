@@ -26,7 +26,7 @@ from jobs.lake import Lake
 from jobs.rules import build_current_offsets
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, spark_schema
 from schemas.errors import ValidationError
-from tests.helpers import assert_frames_equal
+from tests.helpers import ENGINE, assert_frames_equal
 
 E = tuple[str, str, int, int, int]
 C = tuple[str, str, str, int, int, int, str]
@@ -370,9 +370,9 @@ def _runs(lake: Lake) -> list[tuple[str, str | None, dict[str, str] | None]]:
 
 @pytest.mark.spark
 def test_run_on_a_lake_without_inputs_writes_an_empty_table(spark: SparkSession, tmp_path: Path) -> None:
-    job_run = run(spark, ConsumerOffsetsConfig(tmp_path, as_of=_AS_OF, engine="bridge"))
+    job_run = run(spark, ConsumerOffsetsConfig(tmp_path, as_of=_AS_OF, engine=ENGINE))
 
-    lake = Lake(spark, tmp_path, "bridge")
+    lake = Lake(spark, tmp_path, ENGINE)
     assert lake.read(CONSUMER_OFFSETS).count() == 0
     assert (job_run.status, job_run.input_versions) == ("SUCCEEDED", {})
     assert job_run.row_counts == {"consumer_offset_commits": 0, "consume_queue": 0, "consumer_offsets": 0}
@@ -382,7 +382,7 @@ def test_run_on_a_lake_without_inputs_writes_an_empty_table(spark: SparkSession,
 @pytest.fixture
 def lake(spark: SparkSession, tmp_path: Path) -> Lake:
     """A lake with two commits of group g and four entries of (broker-a, Orders, 0)."""
-    lake = Lake(spark, tmp_path, "bridge")
+    lake = Lake(spark, tmp_path, ENGINE)
     lake.append(CONSUMER_OFFSET_COMMITS, _commits(spark, _TIMELINE_COMMITS))
     lake.append(CONSUME_QUEUE, _entries(spark, _orders_q0(100, 200, 300, 400)))
     return lake
@@ -390,7 +390,7 @@ def lake(spark: SparkSession, tmp_path: Path) -> Lake:
 
 @pytest.mark.spark
 def test_rerun_with_the_same_inputs_and_as_of_commits_nothing(spark: SparkSession, lake: Lake) -> None:
-    config = ConsumerOffsetsConfig(lake.root, as_of=_AS_OF, engine="bridge")
+    config = ConsumerOffsetsConfig(lake.root, as_of=_AS_OF, engine=ENGINE)
     first = run(spark, config)
     version = lake.version(CONSUMER_OFFSETS)
     assert first.status == "SUCCEEDED"
@@ -410,7 +410,7 @@ def test_rerun_with_the_same_inputs_and_as_of_commits_nothing(spark: SparkSessio
 
 @pytest.mark.spark
 def test_rerun_after_a_new_commit_writes_a_new_version(spark: SparkSession, lake: Lake) -> None:
-    config = ConsumerOffsetsConfig(lake.root, as_of=_AS_OF, engine="bridge")
+    config = ConsumerOffsetsConfig(lake.root, as_of=_AS_OF, engine=ENGINE)
     run(spark, config)
     version = lake.version(CONSUMER_OFFSETS)
     assert version is not None
@@ -430,12 +430,12 @@ def test_rerun_after_a_new_commit_writes_a_new_version(spark: SparkSession, lake
 def test_run_as_of_a_past_time_writes_and_prints_the_lag_seen_then(
     spark: SparkSession, lake: Lake, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run(spark, ConsumerOffsetsConfig(lake.root, as_of=_AS_OF, engine="bridge"))
+    run(spark, ConsumerOffsetsConfig(lake.root, as_of=_AS_OF, engine=ENGINE))
     version = lake.version(CONSUMER_OFFSETS)
     assert version is not None
     capsys.readouterr()
 
-    job_run = run(spark, ConsumerOffsetsConfig(lake.root, as_of=250, groups=("g", "other"), engine="bridge"))
+    job_run = run(spark, ConsumerOffsetsConfig(lake.root, as_of=250, groups=("g", "other"), engine=ENGINE))
     out = capsys.readouterr().out
 
     assert job_run.status == "SUCCEEDED"  # same inputs, another as_of: computed again

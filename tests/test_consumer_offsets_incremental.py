@@ -24,7 +24,7 @@ from jobs.consumer_offsets import ConsumerOffsetsConfig, Previous, check_foldabl
 from jobs.lake import Lake
 from jobs.runs import CannotFold
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS
-from tests.helpers import canonical_rows
+from tests.helpers import ENGINE, canonical_rows
 
 pytestmark = pytest.mark.spark
 
@@ -130,17 +130,17 @@ def _messages(lake: Lake) -> list[str]:
 @pytest.mark.parametrize("seed", [3, 8])
 def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSession, tmp_path: Path, seed: int) -> None:
     story = _Story(seed)
-    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
-    driver = Lake(spark, tmp_path / "driver", "bridge")
+    chained, whole = Lake(spark, tmp_path / "chained", ENGINE), Lake(spark, tmp_path / "whole", ENGINE)
+    driver = Lake(spark, tmp_path / "driver", ENGINE)
     late_steps = {3, 6}
     for step in range(8):
         cq_rows, commits, as_of = story.step(late=step in late_steps)
         for lake in (chained, whole, driver):
             _append(lake, cq_rows, commits)
 
-        run(spark, ConsumerOffsetsConfig(chained.root, as_of, engine="bridge"))
-        run(spark, ConsumerOffsetsConfig(whole.root, as_of, engine="bridge", full=True, driver_rows=0))  # Spark
-        run(spark, ConsumerOffsetsConfig(driver.root, as_of, engine="bridge", full=True))
+        run(spark, ConsumerOffsetsConfig(chained.root, as_of, engine=ENGINE))
+        run(spark, ConsumerOffsetsConfig(whole.root, as_of, engine=ENGINE, full=True, driver_rows=0))  # Spark
+        run(spark, ConsumerOffsetsConfig(driver.root, as_of, engine=ENGINE, full=True))
 
         expected = canonical_rows(whole.read_rows(CONSUMER_OFFSETS))
         assert canonical_rows(chained.read_rows(CONSUMER_OFFSETS)) == expected, f"step {step}"

@@ -40,6 +40,7 @@ from jobs.dlq.transforms import CONSUMER_REQUESTED, MAX_RECONSUME_TIMES, build_d
 from jobs.lake import Lake
 from schemas.catalog import COMMITLOG, DLQ, DLQ_REDRIVES, RETRY_CHAINS, RETRY_RECORDS
 from schemas.errors import LakeError, ValidationError
+from tests.helpers import ENGINE
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -71,7 +72,7 @@ def base_lake(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> 
             extras[name] = broker.consumer_send_back(GROUP, sent.commit_log_offset, delay_level=-1).msg_ids[0]
     finally:
         broker.shutdown()
-    route_dlq(spark, RouteDlqConfig(lake, as_of=time.time_ns() // 1_000_000 + 1000, engine="bridge"))
+    route_dlq(spark, RouteDlqConfig(lake, as_of=time.time_ns() // 1_000_000 + 1000, engine=ENGINE))
     return BaseLake(lake, extras)
 
 

@@ -38,7 +38,7 @@ from jobs.rebuild_consume_queue import run as rebuild
 from jobs.resolve_transactions import ResolveTransactionsConfig
 from jobs.resolve_transactions import run as resolve
 from schemas.catalog import COMMITLOG
-from tests.helpers import wait_until
+from tests.helpers import ENGINE, wait_until
 
 pytestmark = pytest.mark.subprocess
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +123,7 @@ def test_a_server_whose_output_reader_is_gone_still_stops_cleanly(tmp_path: Path
 def test_the_rebuilt_consume_queues_hold_what_the_clients_were_told(spark: SparkSession, server: Server) -> None:
     told = _client(server, "Orders", "normal", 6) + _client(server, "Ledger", "fifo", 3, threads=2)
     assert server.stop() == 0
-    assert rebuild(spark, RebuildConfig(server.lake, engine="bridge")).status == "SUCCEEDED"
+    assert rebuild(spark, RebuildConfig(server.lake, engine=ENGINE)).status == "SUCCEEDED"
     units = DeltaTable(str(server.lake / "consume_queue")).to_pyarrow_table().to_pylist()
     records = {**_records(server.lake, "Orders"), **_records(server.lake, "Ledger")}
     for line in told:
@@ -155,9 +155,9 @@ def test_consumer_offsets_measure_lag_from_the_offsets_the_client_was_told(spark
     finally:
         for broker in brokers:
             broker.shutdown()
-    assert rebuild(spark, RebuildConfig(server.lake, engine="bridge")).status == "SUCCEEDED"
+    assert rebuild(spark, RebuildConfig(server.lake, engine=ENGINE)).status == "SUCCEEDED"
     as_of = int(time.time() * 1000)
-    assert offsets(spark, ConsumerOffsetsConfig(server.lake, as_of, engine="bridge")).status == "SUCCEEDED"
+    assert offsets(spark, ConsumerOffsetsConfig(server.lake, as_of, engine=ENGINE)).status == "SUCCEEDED"
     rows = DeltaTable(str(server.lake / "consumer_offsets")).to_pyarrow_table().to_pylist()
     lag = {(r["broker_name"], r["queue_id"]): r for r in rows if (r["group"], r["topic"]) == ("cg-orders", "Orders")}
     assert set(lag) == set(ends)
@@ -307,7 +307,7 @@ def test_transactions_commit_roll_back_and_are_checked_back_through_the_clients_
             assert asked <= 1, line
 
     as_of = time.time_ns() // 1_000_000
-    resolve(spark, ResolveTransactionsConfig(lake, as_of, timeout_ms=1000, check_max=3, engine="bridge"))
+    resolve(spark, ResolveTransactionsConfig(lake, as_of, timeout_ms=1000, check_max=3, engine=ENGINE))
     table = DeltaTable(str(lake / "transaction_state")).to_pyarrow_table(columns=["uniq_key", "state"])
     states = {row["uniq_key"]: row["state"] for row in table.to_pylist()}
     wanted = {"commit": "COMMITTED", "rollback": "ROLLED_BACK", "check-commit": "COMMITTED", "open": "DISCARDED"}

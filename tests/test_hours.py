@@ -25,7 +25,7 @@ from jobs.lake import Lake
 from jobs.nightly import broker_summary, segments_per_broker
 from schemas.catalog import COMMIT_HOURS, COMMITLOG, CONSUMER_OFFSET_COMMITS, QUEUE_HOURS
 from tests.builders import commitlog_record, commitlog_table
-from tests.helpers import canonical_rows
+from tests.helpers import ENGINE, canonical_rows
 
 pytestmark = pytest.mark.spark
 
@@ -99,12 +99,12 @@ def test_summaries_folded_step_by_step_equal_the_ones_built_from_the_whole_table
     spark: SparkSession, tmp_path: Path, seed: int
 ) -> None:
     story = _Story(seed)
-    folded = Lake(spark, tmp_path / "folded", "bridge")
+    folded = Lake(spark, tmp_path / "folded", ENGINE)
     for hour in range(5):
         records, commits = story.records(hour, 40), story.commits(hour, 12)
         _append(folded, records, commits)
         versions = hours.update(folded)
-        whole = Lake(spark, tmp_path / f"whole-{hour}", "bridge")
+        whole = Lake(spark, tmp_path / f"whole-{hour}", ENGINE)
         whole.append_rows(COMMITLOG, folded.read_rows(COMMITLOG))
         whole.append_rows(CONSUMER_OFFSET_COMMITS, folded.read_rows(CONSUMER_OFFSET_COMMITS))
         hours.update(whole)  # no summary yet: built from the whole tables with Spark
@@ -118,7 +118,7 @@ def test_summaries_folded_step_by_step_equal_the_ones_built_from_the_whole_table
 
 def test_a_summary_is_built_again_when_its_source_lost_rows(spark: SparkSession, tmp_path: Path) -> None:
     story = _Story(1)
-    lake, fresh = Lake(spark, tmp_path / "lake", "bridge"), Lake(spark, tmp_path / "fresh", "bridge")
+    lake, fresh = Lake(spark, tmp_path / "lake", ENGINE), Lake(spark, tmp_path / "fresh", ENGINE)
     _append(lake, story.records(0, 30), story.commits(0, 8))
     hours.update(lake)
     kept = lake.read_rows(CONSUMER_OFFSET_COMMITS).slice(0, 3)
@@ -155,7 +155,7 @@ def test_lag_is_taken_at_the_end_of_each_hour_from_the_latest_offsets_known_then
 
 
 def test_traffic_and_the_broker_summary_add_up_the_hours(spark: SparkSession, tmp_path: Path) -> None:
-    lake = Lake(spark, tmp_path / "lake", "bridge")
+    lake = Lake(spark, tmp_path / "lake", ENGINE)
     records = [
         commitlog_record(broker_name="broker-a", topic="Orders", store_timestamp=START + 10, commit_log_offset=0),
         commitlog_record(broker_name="broker-a", topic="Audit", store_timestamp=START + HOUR_MS, commit_log_offset=300),

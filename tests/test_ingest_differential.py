@@ -25,7 +25,7 @@ from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
 from jobs.rebuild_consume_queue.verify import BROKER_PROBLEMS as VERIFY_PROBLEMS
 from schemas.catalog import BROKERS
-from tests.helpers import canonical_rows
+from tests.helpers import ENGINE, canonical_rows
 from tests.rocketmq_store import StoreWriter, read_consume_queues, read_store
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -60,7 +60,7 @@ def test_every_job_gives_the_same_tables_on_the_stores_of_a_lake_ingested_into_a
     spark: SparkSession, tmp_path: Path
 ) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
-    demo = NightlyConfig(first, demo_messages=1500, demo_transactions=30, seed=8, out=tmp_path / "r1", engine="bridge")
+    demo = NightlyConfig(first, demo_messages=1500, demo_transactions=30, seed=8, out=tmp_path / "r1", engine=ENGINE)
     assert run(spark, demo).status == "SUCCEEDED"
 
     brokers = _brokers(first)
@@ -76,7 +76,7 @@ def test_every_job_gives_the_same_tables_on_the_stores_of_a_lake_ingested_into_a
 
     as_of = time.time_ns() // 1_000_000 + 1
     for lake, out in ((first, "r1"), (second, "r2")):
-        config = NightlyConfig(lake, as_of=as_of, out=tmp_path / out, engine="bridge")
+        config = NightlyConfig(lake, as_of=as_of, out=tmp_path / out, engine=ENGINE)
         assert run(spark, config).status == "SUCCEEDED"
 
     for name in COMPARED:
@@ -86,7 +86,7 @@ def test_every_job_gives_the_same_tables_on_the_stores_of_a_lake_ingested_into_a
     assert len(_rows(first, "dlq")) >= 5 and len(_rows(first, "transaction_state")) >= 30
 
     # the brokers' own consume queues (exported from their index) agree with the rebuilt ones
-    verified = rebuild(spark, RebuildConfig(second, engine="bridge", verify_brokers=tuple(brokers)))
+    verified = rebuild(spark, RebuildConfig(second, engine=ENGINE, verify_brokers=tuple(brokers)))
     for name in brokers:
         assert verified.row_counts[f"verified {name}"] == units[name]
         assert sum(verified.row_counts[f"{name} {p}"] for p in VERIFY_PROBLEMS) == 0
@@ -129,7 +129,7 @@ def _check_against_the_store(lake: Path, broker: str, store: Path) -> None:
 
 def test_an_ingested_broker_and_brokers_of_ours_side_by_side_in_one_lake(spark: SparkSession, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
-    demo = NightlyConfig(lake, demo_messages=800, demo_transactions=10, seed=4, out=tmp_path / "r", engine="bridge")
+    demo = NightlyConfig(lake, demo_messages=800, demo_transactions=10, seed=4, out=tmp_path / "r", engine=ENGINE)
     assert run(spark, demo).status == "SUCCEEDED"
     ours = _brokers(lake)
     store = StoreWriter(tmp_path / "store", 64 * 1024, store_host="10.9.9.9:10911")
@@ -140,8 +140,8 @@ def test_an_ingested_broker_and_brokers_of_ours_side_by_side_in_one_lake(spark: 
     assert ingest_store(lake, "broker-r", store.root).records == 300
 
     as_of = time.time_ns() // 1_000_000 + 1
-    assert run(spark, NightlyConfig(lake, as_of=as_of, out=tmp_path / "r", engine="bridge")).status == "SUCCEEDED"
-    verified = rebuild(spark, RebuildConfig(lake, engine="bridge", verify_brokers=("broker-r",)))
+    assert run(spark, NightlyConfig(lake, as_of=as_of, out=tmp_path / "r", engine=ENGINE)).status == "SUCCEEDED"
+    verified = rebuild(spark, RebuildConfig(lake, engine=ENGINE, verify_brokers=("broker-r",)))
     assert verified.row_counts["verified broker-r"] == 300
     assert sum(verified.row_counts[f"broker-r {p}"] for p in VERIFY_PROBLEMS) == 0
 

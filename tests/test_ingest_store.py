@@ -49,7 +49,7 @@ from schemas.catalog import (
     TOPIC_CONFIG,
 )
 from schemas.errors import CorruptRecordError, ValidationError
-from tests.helpers import wait_until
+from tests.helpers import ENGINE, wait_until
 from tests.rocketmq_store import StoreWriter, Written, java_hash, read_consume_queues
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -458,7 +458,7 @@ def test_verify_broker_reports_every_difference_of_the_brokers_own_consume_queue
     store, lake = StoreWriter(tmp_path / "store", FILE, cq_units_per_file=8), tmp_path / "lake"
     store.append_many(120)
     ingest_store(lake, "broker-x", store.root)
-    config = RebuildConfig(lake, engine="bridge", verify_brokers=("broker-x",))
+    config = RebuildConfig(lake, engine=ENGINE, verify_brokers=("broker-x",))
 
     clean = rebuild(spark, config)
     assert clean.row_counts["verified broker-x"] == 120
@@ -587,13 +587,13 @@ def test_records_of_rocketmq_5_system_topics_are_kept_and_pop_ones_flagged_as_no
         store.append("rmq_sys_REVIVE_LOG_DefaultCluster", i % 2, b'{"ck": %d}' % i)
     ingest_store(lake, "broker-x", store.root)
 
-    rebuild(spark, RebuildConfig(lake, engine="bridge"))
+    rebuild(spark, RebuildConfig(lake, engine=ENGINE))
     units = DeltaTable(str(lake / "consume_queue")).to_pyarrow_table(columns=["topic"])["topic"].to_pylist()
     assert (units.count("rmq_sys_wheel_timer"), units.count("rmq_sys_REVIVE_LOG_DefaultCluster")) == (5, 3)
     assert units.count("Orders") == 6  # the business topics count as before
 
     out = tmp_path / "report"
-    assert report(spark, ReportConfig(lake, time.time_ns() // 1_000_000, out, engine="bridge")).status == "SUCCEEDED"
+    assert report(spark, ReportConfig(lake, time.time_ns() // 1_000_000, out, engine=ENGINE)).status == "SUCCEEDED"
     page = (out / "report.html").read_text()
     section = page[page.index("RocketMQ 5 system topics: stored, not interpreted yet") :]
     assert "rmq_sys_REVIVE_LOG_DefaultCluster" in section and "POP checkpoints and acks" in section

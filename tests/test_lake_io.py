@@ -1,4 +1,4 @@
-"""The lake I/O through the bridge engine, on real Delta tables under tmp_path.
+"""The lake I/O on the run's engine (the bridge or delta-spark: RMQ_TEST_ENGINE), on real Delta tables under tmp_path.
 
 The bridge is the engine of this machine (no Delta jars); delta-rs is the independent reader and
 writer the bridge is checked against.
@@ -30,7 +30,7 @@ from schemas.catalog import (
 )
 from schemas.errors import LakeError, ValidationError
 from tests.builders import commitlog_frame, commitlog_record
-from tests.helpers import assert_frames_equal, canonical_rows, column_encodings
+from tests.helpers import ENGINE, assert_frames_equal, canonical_rows, column_encodings
 
 pytestmark = pytest.mark.spark
 
@@ -41,7 +41,7 @@ TOPICS = ("TopicA", "%RETRY%group-a", "odd topic+=#é")
 
 @pytest.fixture
 def lake(spark: SparkSession, tmp_path: Path) -> Lake:
-    return Lake(spark, tmp_path / "lake", engine="bridge")
+    return Lake(spark, tmp_path / "lake", engine=ENGINE)
 
 
 def _frame(spark: SparkSession, spec: TableSpec, rows: list[tuple[object, ...]]) -> DataFrame:
@@ -354,6 +354,7 @@ def test_committing_the_written_files_is_what_makes_them_visible(lake: Lake, spa
     assert lake.read("consume_queue").count() == 24
 
 
+@pytest.mark.engine("bridge")
 def test_a_failed_commit_removes_its_files_and_leaves_the_table_unchanged(lake: Lake, spark: SparkSession) -> None:
     path = lake.location("consume_queue")
     DeltaTable.create(
@@ -543,6 +544,7 @@ def test_a_table_that_differs_from_the_catalog_is_refused(lake: Lake, spark: Spa
 # engine selection ------------------------------------------------------------------------------
 
 
+@pytest.mark.engine("bridge")
 def test_without_delta_jars_the_engine_is_the_bridge(spark: SparkSession) -> None:
     assert detect_engine(spark) == "bridge"
     assert resolve_engine(spark, "auto") == "bridge"
@@ -551,6 +553,16 @@ def test_without_delta_jars_the_engine_is_the_bridge(spark: SparkSession) -> Non
     assert spark.conf.get(ENGINE_CONF) == "bridge"
 
 
+@pytest.mark.engine("delta-spark")
+def test_with_delta_jars_auto_is_delta_spark(spark: SparkSession) -> None:
+    assert detect_engine(spark) == "delta-spark"
+    assert resolve_engine(spark, "auto") == "delta-spark"
+    assert resolve_engine(spark, "bridge") == "bridge"
+    assert spark.conf.get(ENGINE_CONF) == "delta-spark"
+    assert spark.conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
+
+
+@pytest.mark.engine("bridge")
 def test_asking_for_delta_spark_without_the_jars_is_a_lake_error(spark: SparkSession, tmp_path: Path) -> None:
     with pytest.raises(LakeError, match=r"io\.delta\.tables\.DeltaTable"):
         Lake(spark, tmp_path, engine="delta-spark")
@@ -574,9 +586,9 @@ def test_appended_rows_are_shared_between_lakes_and_never_taken_from_a_replaced_
         )
 
     root = tmp_path / "lake"
-    Lake(spark, root, "bridge").append_rows(COMMITLOG, records(0, "Orders"))
-    Lake(spark, root, "bridge").append_rows(COMMITLOG, records(3, "Orders"))
-    one, other = Lake(spark, root, "bridge"), Lake(spark, root, "bridge")
+    Lake(spark, root, ENGINE).append_rows(COMMITLOG, records(0, "Orders"))
+    Lake(spark, root, ENGINE).append_rows(COMMITLOG, records(3, "Orders"))
+    one, other = Lake(spark, root, ENGINE), Lake(spark, root, ENGINE)
     first = one.version(COMMITLOG)
     assert first is not None
     narrow = one.read_appended_rows(COMMITLOG, ["queue_offset", "topic"], first - 1, first)
@@ -585,9 +597,9 @@ def test_appended_rows_are_shared_between_lakes_and_never_taken_from_a_replaced_
     assert narrow.column_names == ["queue_offset", "topic"] and wide.column_names == ["body", "queue_offset"]
 
     shutil.rmtree(root)  # the same path and versions, other rows
-    Lake(spark, root, "bridge").append_rows(COMMITLOG, records(0, "Audit"))
-    Lake(spark, root, "bridge").append_rows(COMMITLOG, records(7, "Audit"))
-    again = Lake(spark, root, "bridge").read_appended_rows(COMMITLOG, ["queue_offset", "topic"], first - 1, first)
+    Lake(spark, root, ENGINE).append_rows(COMMITLOG, records(0, "Audit"))
+    Lake(spark, root, ENGINE).append_rows(COMMITLOG, records(7, "Audit"))
+    again = Lake(spark, root, ENGINE).read_appended_rows(COMMITLOG, ["queue_offset", "topic"], first - 1, first)
     assert again.to_pylist() == [{"queue_offset": i, "topic": "Audit"} for i in (7, 8, 9)]
 
 
@@ -614,7 +626,7 @@ def test_a_kept_snapshot_is_served_until_a_commit_follows_it_and_never_for_a_tab
     from schemas.catalog import JOB_RUNS
 
     root = tmp_path / "lake"
-    lake = Lake(spark, root, "bridge")
+    lake = Lake(spark, root, ENGINE)
     table_dir = str(lake.location(JOB_RUNS))
     lake.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(0)], schema=JOB_RUNS.arrow_schema))
     first = open_table(table_dir)
@@ -630,7 +642,7 @@ def test_a_kept_snapshot_is_served_until_a_commit_follows_it_and_never_for_a_tab
     assert open_table(table_dir).version() == 2 and open_table(table_dir) is not second
 
     shutil.rmtree(root)  # the same path and versions, other rows
-    again = Lake(spark, root, "bridge")
+    again = Lake(spark, root, ENGINE)
     again.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(5)], schema=JOB_RUNS.arrow_schema))
     again.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(6)], schema=JOB_RUNS.arrow_schema))
     assert table_version(table_dir) == 2
@@ -648,7 +660,7 @@ def test_small_files_piling_up_in_a_table_appended_row_by_row_are_packed_with_ev
     from broker_model.store.delta_tables import SMALL_TABLE_FILES
     from schemas.catalog import JOB_RUNS, TOPIC_CONFIG
 
-    lake = Lake(spark, tmp_path / "lake", "bridge")
+    lake = Lake(spark, tmp_path / "lake", ENGINE)
     versions = []
     for i in range(SMALL_TABLE_FILES + 4):
         versions.append(lake.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(i)], schema=JOB_RUNS.arrow_schema)))

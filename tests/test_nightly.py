@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from jobs.lake import Lake
 from jobs.nightly import STEPS, NightlyConfig, data_time, run
 from schemas.catalog import CONSUMER_OFFSET_COMMITS, TABLES, spark_schema
+from tests.helpers import ENGINE
 
 pytestmark = pytest.mark.spark
 
@@ -24,11 +25,11 @@ def test_nightly_writes_a_demo_workload_runs_every_step_and_a_rerun_changes_no_t
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = NightlyConfig(
-        tmp_path / "lake", demo_messages=1500, demo_transactions=20, seed=3, out=tmp_path / "report", engine="bridge"
+        tmp_path / "lake", demo_messages=1500, demo_transactions=20, seed=3, out=tmp_path / "report", engine=ENGINE
     )
     job_run = run(spark, config)
     out = capsys.readouterr().out
-    lake = Lake(spark, tmp_path / "lake", "bridge")
+    lake = Lake(spark, tmp_path / "lake", ENGINE)
 
     assert job_run.status == "SUCCEEDED"
     assert "empty lake: wrote a demo workload" in out and "commit log per broker" in out
@@ -42,7 +43,7 @@ def test_nightly_writes_a_demo_workload_runs_every_step_and_a_rerun_changes_no_t
     assert lake.read("dlq").count() >= 5  # the demo's always-failing messages
     before = _data_versions(lake)
 
-    second = run(spark, NightlyConfig(tmp_path / "lake", out=tmp_path / "report", engine="bridge"))
+    second = run(spark, NightlyConfig(tmp_path / "lake", out=tmp_path / "report", engine=ENGINE))
 
     assert second.status == "SUCCEEDED"
     assert _data_versions(lake) == before  # no new data: every step is a no-op
@@ -51,7 +52,7 @@ def test_nightly_writes_a_demo_workload_runs_every_step_and_a_rerun_changes_no_t
 
     (tmp_path / "blocked").write_text("a file where the report directory should be")
     with pytest.raises(Exception, match="blocked"):
-        run(spark, NightlyConfig(tmp_path / "lake", out=tmp_path / "blocked", engine="bridge"))
+        run(spark, NightlyConfig(tmp_path / "lake", out=tmp_path / "blocked", engine=ENGINE))
     assert "step report failed" in capsys.readouterr().out
     last = lake.read("job_runs").orderBy("started_timestamp", "run_id").collect()[-len(STEPS) - 1 :]
     assert [(r["job"], r["status"]) for r in last][:: len(STEPS)] == [("nightly", "FAILED"), ("report", "FAILED")]
@@ -60,11 +61,11 @@ def test_nightly_writes_a_demo_workload_runs_every_step_and_a_rerun_changes_no_t
 
     # new messages, read by one run; the next run compacts their files, and the steps see the same rows
     _send_orders(tmp_path / "lake", 40)
-    assert run(spark, NightlyConfig(tmp_path / "lake", out=tmp_path / "report", engine="bridge")).status == "SUCCEEDED"
+    assert run(spark, NightlyConfig(tmp_path / "lake", out=tmp_path / "report", engine=ENGINE)).status == "SUCCEEDED"
     files_before = len(DeltaTable(str(tmp_path / "lake" / "commitlog")).file_uris())
     units_before = lake.read("consume_queue").count()
 
-    fourth = run(spark, NightlyConfig(tmp_path / "lake", out=tmp_path / "report", engine="bridge"))
+    fourth = run(spark, NightlyConfig(tmp_path / "lake", out=tmp_path / "report", engine=ENGINE))
 
     assert fourth.status == "SUCCEEDED"
     last = lake.read("job_runs").orderBy("started_timestamp", "run_id").collect()[-len(STEPS) - 1 :]
@@ -98,7 +99,7 @@ def _send_orders(lake: Path, messages: int) -> None:
 
 
 def test_data_time_is_the_newest_row_time_from_the_log_statistics(spark: SparkSession, tmp_path: Path) -> None:
-    lake = Lake(spark, tmp_path, "bridge")
+    lake = Lake(spark, tmp_path, ENGINE)
     assert data_time(lake) is None
     commits = spark.createDataFrame(
         [

@@ -63,7 +63,7 @@ from schemas.catalog import (
 )
 from schemas.errors import LakeError
 from tests.builders import SEGMENT_SIZE, commitlog_frame, commitlog_record, laid_out
-from tests.helpers import assert_frames_equal
+from tests.helpers import ENGINE, assert_frames_equal
 
 SEGMENT = SEGMENT_SIZE  # segment size of the hand-built logs (laid_out's default)
 T0 = 1_700_000_000_000
@@ -701,7 +701,7 @@ def _append_log(lake: Lake, spark: SparkSession, records: list[dict[str, Any]]) 
 
 @pytest.mark.spark
 def test_read_appended_reads_the_rows_of_later_commits_only(spark: SparkSession, tmp_path: Path) -> None:
-    lake = Lake(spark, tmp_path, "bridge")
+    lake = Lake(spark, tmp_path, ENGINE)
     first = laid_out(_record(i) for i in range(3))
     second = laid_out([_record(3), _record(4)], start=5000)
     third = laid_out([_record(0, broker_name="broker-b")])
@@ -715,7 +715,7 @@ def test_read_appended_reads_the_rows_of_later_commits_only(spark: SparkSession,
 
 @pytest.mark.spark
 def test_read_appended_refuses_a_range_it_cannot_read_as_appends(spark: SparkSession, tmp_path: Path) -> None:
-    lake = Lake(spark, tmp_path, "bridge")
+    lake = Lake(spark, tmp_path, ENGINE)
     v1 = _append_log(lake, spark, laid_out([_record(0)]))
     v2 = _append_log(lake, spark, laid_out([_record(1)], start=100))
     lake.overwrite(COMMITLOG, commitlog_frame(spark, laid_out([_record(0)])))
@@ -729,7 +729,7 @@ def test_read_appended_refuses_a_range_it_cannot_read_as_appends(spark: SparkSes
 
 @pytest.mark.spark
 def test_read_around_reads_the_files_next_to_the_bounds_only(spark: SparkSession, tmp_path: Path) -> None:
-    lake = Lake(spark, tmp_path, "bridge")
+    lake = Lake(spark, tmp_path, ENGINE)
     for start in (0, 1000, 2000, 3000):  # one file per commit, offsets start..start+2*size
         _append_log(lake, spark, laid_out([_record(0), _record(1)], start=start))
     _append_log(lake, spark, laid_out([_record(0, broker_name="broker-b")]))
@@ -743,7 +743,7 @@ def test_read_around_reads_the_files_next_to_the_bounds_only(spark: SparkSession
 def test_read_max_rows_reads_the_greatest_rows_of_each_broker_from_their_files(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    lake = Lake(spark, tmp_path, "bridge")
+    lake = Lake(spark, tmp_path, ENGINE)
     first = laid_out([_record(0), _record(1)])
     _append_log(lake, spark, first)
     second = laid_out([_record(2)], start=first[-1]["commit_log_offset"] + first[-1]["store_size"])
@@ -793,7 +793,7 @@ def _clean_and_corrupt_appends() -> list[list[dict[str, Any]]]:
 
 def _twin_lakes(spark: SparkSession, tmp_path: Path) -> tuple[Lake, Lake]:
     """Two lakes with broker-a's 4 KiB segments: one rebuilt incrementally, one in full."""
-    lakes = Lake(spark, tmp_path / "inc", "bridge"), Lake(spark, tmp_path / "full", "bridge")
+    lakes = Lake(spark, tmp_path / "inc", ENGINE), Lake(spark, tmp_path / "full", ENGINE)
     for lake in lakes:
         lake.append(BROKERS, _brokers(spark, ("broker-a", SEGMENT, T0)))
     return lakes
@@ -808,13 +808,13 @@ def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_not
     for records in _clean_and_corrupt_appends():
         _append_log(incremental, spark, records)
         _append_log(full, spark, records)
-        config = RebuildConfig(incremental.root, engine="bridge", driver_bytes=driver_bytes)
+        config = RebuildConfig(incremental.root, engine=ENGINE, driver_bytes=driver_bytes)
         assert run(spark, config).status == "SUCCEEDED"
     out = capsys.readouterr().out
     # the second append follows the tails; the third goes back into queue 0 (a duplicate offset)
     assert "incremental rebuild" in out and "checked against the tails" in out and "checked against the old" in out
     assert ("on the driver" in out) == bool(driver_bytes)  # the clean second append, without Spark
-    run(spark, RebuildConfig(full.root, full=True, engine="bridge"))
+    run(spark, RebuildConfig(full.root, full=True, engine=ENGINE))
     for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
         assert_frames_equal(incremental.read(spec), full.read(spec))
     problems = sorted(r["problem"] for r in full.read(CONSUME_QUEUE_INTEGRITY).collect())
@@ -822,12 +822,13 @@ def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_not
     assert incremental.transaction_version(CONSUME_QUEUE, APP_ID) == incremental.version(COMMITLOG)
 
     before = _versions(incremental)
-    again = run(spark, RebuildConfig(incremental.root, engine="bridge", driver_bytes=driver_bytes))
+    again = run(spark, RebuildConfig(incremental.root, engine=ENGINE, driver_bytes=driver_bytes))
     assert (again.status, _versions(incremental)) == ("NOOP", before)
     assert "nothing to do" in capsys.readouterr().out
 
-    empty = _append_log(incremental, spark, [])  # a commit that adds no rows (as a compaction's)
-    quiet = run(spark, RebuildConfig(incremental.root, engine="bridge", driver_bytes=driver_bytes))
+    # a commit that adds no rows (as a compaction's), from delta-rs: delta-spark commits nothing for an empty frame
+    empty = incremental.append_rows(COMMITLOG, COMMITLOG.arrow_schema.empty_table())
+    quiet = run(spark, RebuildConfig(incremental.root, engine=ENGINE, driver_bytes=driver_bytes))
     assert (quiet.status, quiet.row_counts["consume_queue"], quiet.row_counts["consume_queue_integrity"]) == (
         "SUCCEEDED",
         0,
@@ -889,17 +890,17 @@ def test_an_increment_on_the_driver_gives_what_a_full_rebuild_gives(
     incremental, full = _twin_lakes(spark, tmp_path)
     for lake in (incremental, full):
         _append_log(lake, spark, _base_log())
-    run(spark, RebuildConfig(incremental.root, engine="bridge"))
+    run(spark, RebuildConfig(incremental.root, engine=ENGINE))
     for lake in (incremental, full):
         _append_log(lake, spark, _increments()[increment])
     capsys.readouterr()
     jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
-    assert run(spark, RebuildConfig(incremental.root, engine="bridge")).status == "SUCCEEDED"
+    assert run(spark, RebuildConfig(incremental.root, engine=ENGINE)).status == "SUCCEEDED"
     spark_jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup()) - jobs_before
     on_driver = "on the driver" in capsys.readouterr().out
     assert on_driver == increment.startswith("clean")
     assert (spark_jobs == 0) == on_driver
-    run(spark, RebuildConfig(full.root, full=True, engine="bridge"))
+    run(spark, RebuildConfig(full.root, full=True, engine=ENGINE))
     for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
         assert_frames_equal(incremental.read(spec), full.read(spec))
     assert bool(incremental.read(CONSUME_QUEUE_INTEGRITY).count()) == increment.startswith(("a ", "an "))
@@ -909,13 +910,13 @@ def test_an_increment_on_the_driver_gives_what_a_full_rebuild_gives(
 def test_a_run_that_stopped_before_its_tails_is_completed_in_full_and_rewrites_them(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lake = Lake(spark, tmp_path, "bridge")
+    lake = Lake(spark, tmp_path, ENGINE)
     lake.append(BROKERS, _brokers(spark, ("broker-a", SEGMENT, T0)))
     first, second, _ = _clean_and_corrupt_appends()
     _append_log(lake, spark, first)
-    run(spark, RebuildConfig(tmp_path, engine="bridge"))
+    run(spark, RebuildConfig(tmp_path, engine=ENGINE))
     _append_log(lake, spark, second)
-    run(spark, RebuildConfig(tmp_path, engine="bridge"))
+    run(spark, RebuildConfig(tmp_path, engine=ENGINE))
     tails = _sorted_rows(lake.read(CONSUME_QUEUE_TAILS))
     # the last consume-queue row of queues 0 and 1 (offsets 0..5 each), the last record of broker-a
     last = second[-1]
@@ -924,7 +925,7 @@ def test_a_run_that_stopped_before_its_tails_is_completed_in_full_and_rewrites_t
     shutil.rmtree(tmp_path / "consume_queue_tails")  # what a run that stopped before its tails commit leaves
     units_version = lake.version(CONSUME_QUEUE)
     capsys.readouterr()
-    assert run(spark, RebuildConfig(tmp_path, engine="bridge")).status == "SUCCEEDED"
+    assert run(spark, RebuildConfig(tmp_path, engine=ENGINE)).status == "SUCCEEDED"
     assert "full rebuild (the tails are behind the consume-queue rows" in capsys.readouterr().out
     assert lake.version(CONSUME_QUEUE) == units_version  # the consume-queue rows were complete: not written again
     assert _sorted_rows(lake.read(CONSUME_QUEUE_TAILS)) == tails
@@ -934,14 +935,14 @@ def test_a_run_that_stopped_before_its_tails_is_completed_in_full_and_rewrites_t
 def test_an_incremental_run_without_the_commit_files_rebuilds_in_full(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lake = Lake(spark, tmp_path, "bridge")
+    lake = Lake(spark, tmp_path, ENGINE)
     first, second, _ = _clean_and_corrupt_appends()
     _append_log(lake, spark, first)
-    run(spark, RebuildConfig(tmp_path, engine="bridge"))
+    run(spark, RebuildConfig(tmp_path, engine=ENGINE))
     version = _append_log(lake, spark, second)
     DeltaTable(str(tmp_path / "commitlog")).create_checkpoint()
     commit_path(tmp_path / "commitlog", version).unlink()  # log cleanup
-    assert run(spark, RebuildConfig(tmp_path, engine="bridge")).status == "SUCCEEDED"
+    assert run(spark, RebuildConfig(tmp_path, engine=ENGINE)).status == "SUCCEEDED"
     assert "rebuilding in full" in capsys.readouterr().out
     assert lake.read(CONSUME_QUEUE).count() == len(first) + len(second)
     assert lake.transaction_version(CONSUME_QUEUE, APP_ID) == version
@@ -951,16 +952,16 @@ def test_an_incremental_run_without_the_commit_files_rebuilds_in_full(
 def test_a_run_that_stopped_between_its_units_and_its_findings_is_completed_in_full(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    lake = Lake(spark, tmp_path, "bridge")
+    lake = Lake(spark, tmp_path, ENGINE)
     lake.append(BROKERS, _brokers(spark, ("broker-a", SEGMENT, T0)))
     first, second, third = _clean_and_corrupt_appends()
     _append_log(lake, spark, first + second)
-    run(spark, RebuildConfig(tmp_path, engine="bridge"))
+    run(spark, RebuildConfig(tmp_path, engine=ENGINE))
     version = _append_log(lake, spark, third)
     # what a run that stopped after its first commit leaves: the consume-queue rows of `third`, no findings
     lake.append(CONSUME_QUEUE, build_consume_queue(commitlog_frame(spark, third)), APP_ID, version)
     units_version = lake.version(CONSUME_QUEUE)
-    run(spark, RebuildConfig(tmp_path, engine="bridge"))
+    run(spark, RebuildConfig(tmp_path, engine=ENGINE))
     assert lake.version(CONSUME_QUEUE) == units_version  # the consume-queue rows were complete: not written again
     problems = sorted(r["problem"] for r in lake.read(CONSUME_QUEUE_INTEGRITY).collect())
     assert problems == ["BEYOND_SEGMENT", "CRC_MISMATCH", "DUPLICATE_QUEUE_OFFSET", "GAP"]
@@ -1036,7 +1037,7 @@ def _corrupt_copy(source: Path, target: Path, spark: SparkSession) -> int:
     segment_size = 16384
     record = {**last, "properties": dict(last["properties"]), "body_crc": last["body_crc"] ^ 1}
     placed = laid_out([record], segment_size, start=last["commit_log_offset"] + last["store_size"])
-    return _append_log(Lake(spark, target, "bridge"), spark, placed)
+    return _append_log(Lake(spark, target, ENGINE), spark, placed)
 
 
 @pytest.mark.slow
@@ -1049,7 +1050,7 @@ def test_the_job_on_a_broker_workload_and_on_a_corrupted_copy(
     lake_root = tmp_path / "lake"
     run_workload(lake_root, 3000, seed=11, segment_size=16384)
     try:
-        assert main(["--lake", str(lake_root), "--engine", "bridge"]) == 0
+        assert main(["--lake", str(lake_root), "--engine", ENGINE]) == 0
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", "2")  # main's session builder set the job default
     out = capsys.readouterr().out
@@ -1061,7 +1062,7 @@ def test_the_job_on_a_broker_workload_and_on_a_corrupted_copy(
 
     corrupt = tmp_path / "corrupt"
     version = _corrupt_copy(lake_root, corrupt, spark)
-    assert run(spark, RebuildConfig(corrupt, engine="bridge")).status == "SUCCEEDED"
+    assert run(spark, RebuildConfig(corrupt, engine=ENGINE)).status == "SUCCEEDED"
     findings = DeltaTable(str(corrupt / "consume_queue_integrity")).to_pyarrow_table().to_pylist()
     assert sorted((f["problem"], f["commitlog_version"]) for f in findings) == [
         ("CRC_MISMATCH", version),
@@ -1072,7 +1073,7 @@ def test_the_job_on_a_broker_workload_and_on_a_corrupted_copy(
     rebuilt = tmp_path / "rebuilt"
     shutil.copytree(corrupt / "commitlog", rebuilt / "commitlog")
     shutil.copytree(corrupt / "brokers", rebuilt / "brokers")
-    run(spark, RebuildConfig(rebuilt, full=True, engine="bridge"))
+    run(spark, RebuildConfig(rebuilt, full=True, engine=ENGINE))
     for name in ("consume_queue", "consume_queue_integrity", "consume_queue_tails"):
         incremental_rows = DeltaTable(str(corrupt / name)).to_pyarrow_table().to_pylist()
         full_rows = DeltaTable(str(rebuilt / name)).to_pyarrow_table().to_pylist()

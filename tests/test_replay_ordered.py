@@ -29,7 +29,7 @@ from broker_model.common import Message, MessageQueue
 from broker_model.common import constants as c
 from broker_model.store import MessageExt, read_table
 from broker_model.store.delta_commits import log_dir as delta_log_dir
-from jobs.lake import Lake
+from jobs.lake import Lake, delta_package
 from jobs.replay import (
     REPLAYED_COLUMNS,
     SUMMARY_COLUMNS,
@@ -63,7 +63,7 @@ from schemas.catalog import COMMITLOG, CONSUMER_OFFSET_COMMITS, REPLAY_PROGRESS,
 from schemas.errors import ValidationError
 from tests import replay_handlers
 from tests.builders import commitlog_frame, commitlog_record, commitlog_table
-from tests.helpers import assert_frames_equal
+from tests.helpers import ENGINE, assert_frames_equal
 
 LAKE = Path("/lake")
 REPO = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ def test_batches_cover_every_queue_by_whole_batches_and_progress_stops_at_the_en
 def test_progress_rows_give_the_pinned_first_offset_and_the_last_offset_per_queue(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    lake = Lake(spark, tmp_path, "bridge")
+    lake = Lake(spark, tmp_path, ENGINE)
     assert read_progress(lake, "r1") == {}
     write_progress(lake, "r1", {KEY: 9, ("broker-b", "Orders", 0): -1})
     write_progress(lake, "r1", {KEY: 12})
@@ -425,17 +425,21 @@ def source_offsets(
     return {key: sorted(offsets) for key, offsets in queues.items()}
 
 
+# a job process started by a test runs on the tests' engine: with delta-spark it needs the jars too
+CHILD_ENV = {"PYSPARK_SUBMIT_ARGS": f"--packages {delta_package()} pyspark-shell"} if ENGINE == "delta-spark" else {}
+
+
 def kill_when(args: list[str], ready: Callable[[], bool], env: dict[str, str] | None = None) -> None:
     """Run the job in a child process, SIGKILL it once ``ready()`` holds; fail if it ends first."""
     child = subprocess.Popen(
         [sys.executable, "-m", "jobs", "replay_ordered", *args],
         cwd=REPO,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **CHILD_ENV, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + (600 if ENGINE == "delta-spark" else 240)  # delta-spark: Ivy and a bigger JVM first
     try:
         while not ready():
             if child.poll() is not None:
@@ -498,7 +502,7 @@ def test_a_table_replay_killed_after_its_first_batch_ends_with_every_message_onc
         "--batch-rows",
         "2",
         "--engine",
-        "bridge",
+        ENGINE,
     ]
     kill_when(args, lambda: _sink_version(sink, "t1") is not None)
     committed = _sink_version(sink, "t1")
@@ -530,7 +534,7 @@ def test_a_log_out_of_queue_order_is_replayed_in_queue_order_through_the_shuffle
             "--batch-rows",
             "4",
             "--engine",
-            "bridge",
+            ENGINE,
         ]
         assert run(spark, build_config(args)).status == "SUCCEEDED"
 
@@ -647,7 +651,7 @@ def test_a_topic_replay_of_a_backlog_killed_mid_way_sends_every_message_once_in_
         "--batch-rows",
         "3",
         "--engine",
-        "bridge",
+        ENGINE,
     ]
     commits = sorted(
         (r for r in read_table(lake, CONSUMER_OFFSET_COMMITS).to_pylist() if r["group"] == "cg-orders"),
@@ -714,7 +718,7 @@ def test_a_handler_replay_killed_mid_way_is_resumed_and_an_idempotent_handler_se
         "--batch-rows",
         "4",
         "--engine",
-        "bridge",
+        ENGINE,
     ]
     kill_when(
         args,

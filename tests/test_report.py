@@ -30,6 +30,7 @@ from jobs.report import (
     transaction_outcomes,
     write_report,
 )
+from tests.helpers import ENGINE
 
 pytestmark = pytest.mark.spark
 
@@ -76,7 +77,7 @@ def test_lag_is_listed_per_queue_and_summed_per_group_the_largest_first() -> Non
 
 def test_a_lake_without_tables_gives_a_report_of_empty_sections(spark: SparkSession, tmp_path: Path) -> None:
     lake_root = tmp_path / "lake"
-    job_run = run(spark, ReportConfig(lake_root, 1_795_000_000_000, engine="bridge"))
+    job_run = run(spark, ReportConfig(lake_root, 1_795_000_000_000, engine=ENGINE))
     day = datetime.fromtimestamp(1_795_000_000, UTC).date().isoformat()
     page = (tmp_path / "reports" / day / "report.html").read_text(encoding="utf-8")
     assert job_run.status == "SUCCEEDED" and job_run.row_counts["plots"] == 0
@@ -90,13 +91,13 @@ def test_a_report_whose_inputs_did_not_change_is_not_drawn_again(spark: SparkSes
 
     lake_root, out, as_of = tmp_path / "lake", tmp_path / "report", 1_795_000_000_000
     run_workload(lake_root, 300, seed=2, consumers=True)
-    route_dlq(spark, RouteDlqConfig(lake_root, as_of, engine="bridge"))
-    config = ReportConfig(lake_root, as_of, out, engine="bridge")
+    route_dlq(spark, RouteDlqConfig(lake_root, as_of, engine=ENGINE))
+    config = ReportConfig(lake_root, as_of, out, engine=ENGINE)
     assert run(spark, config).status == "SUCCEEDED"
     page = out / "report.html"
     drawn = page.stat().st_mtime_ns
 
-    route_dlq(spark, RouteDlqConfig(lake_root, as_of, engine="bridge"))  # a no-op run: not listed
+    route_dlq(spark, RouteDlqConfig(lake_root, as_of, engine=ENGINE))  # a no-op run: not listed
     again = run(spark, config)
     assert again.status == "NOOP" and again.row_counts["tables"] > 0 and page.stat().st_mtime_ns == drawn
     assert again.parameters == {"as_of": as_of, "samples": 24, "page": str(page)}
@@ -108,17 +109,17 @@ def test_a_report_whose_inputs_did_not_change_is_not_drawn_again(spark: SparkSes
     from jobs.runs import JobRun, record_run
     from schemas.catalog import JOB_RUNS
 
-    lake = Lake(spark, lake_root, "bridge")
+    lake = Lake(spark, lake_root, ENGINE)
     for _ in range(SMALL_TABLE_FILES + 1):  # enough no-op runs for their records to be packed
         record_run(lake, JobRun("route_dlq").finish("NOOP", "nothing new"))
     assert any(h["operation"] == "OPTIMIZE" for h in DeltaTable(str(lake.location(JOB_RUNS))).history())
     assert run(spark, config).status == "NOOP" and page.stat().st_mtime_ns == drawn
 
-    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine="bridge")).status == "SUCCEEDED"  # a new time
-    route_dlq(spark, RouteDlqConfig(lake_root, as_of + 2, engine="bridge"))  # a run that writes: listed
-    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine="bridge")).status == "SUCCEEDED"
+    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine=ENGINE)).status == "SUCCEEDED"  # a new time
+    route_dlq(spark, RouteDlqConfig(lake_root, as_of + 2, engine=ENGINE))  # a run that writes: listed
+    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine=ENGINE)).status == "SUCCEEDED"
     page.unlink()
-    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine="bridge")).status == "SUCCEEDED"
+    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine=ENGINE)).status == "SUCCEEDED"
     assert page.is_file()
 
 
@@ -157,11 +158,11 @@ def test_a_report_at_a_new_time_reuses_the_plots_of_unchanged_rows(spark: SparkS
 
     lake_root, out, as_of = tmp_path / "lake", tmp_path / "report", 1_795_000_000_000
     run_workload(lake_root, 300, seed=3, consumers=True)
-    assert run(spark, ReportConfig(lake_root, as_of, out, engine="bridge")).status == "SUCCEEDED"
+    assert run(spark, ReportConfig(lake_root, as_of, out, engine=ENGINE)).status == "SUCCEEDED"
     drawn = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*.png")}
     assert drawn
 
-    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine="bridge")).status == "SUCCEEDED"
+    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine=ENGINE)).status == "SUCCEEDED"
     assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*.png")} == drawn
     page = (out / "report.html").read_text(encoding="utf-8")
     assert page.count('src="data:image/png;base64,') == len(drawn)
@@ -215,11 +216,11 @@ def test_the_report_of_a_broker_workload_renders_with_its_plots_in_chromium(
     lake_root = tmp_path / "lake"
     run_workload(lake_root, 2000, seed=5, consumers=True, transactions=12)
     now = time.time_ns() // 1_000_000
-    rebuild(spark, RebuildConfig(lake_root, engine="bridge"))
-    consumer_offsets(spark, ConsumerOffsetsConfig(lake_root, now, engine="bridge"))
-    resolve_transactions(spark, ResolveTransactionsConfig(lake_root, now, engine="bridge"))
+    rebuild(spark, RebuildConfig(lake_root, engine=ENGINE))
+    consumer_offsets(spark, ConsumerOffsetsConfig(lake_root, now, engine=ENGINE))
+    resolve_transactions(spark, ResolveTransactionsConfig(lake_root, now, engine=ENGINE))
     out = tmp_path / "report"
-    job_run = run(spark, ReportConfig(lake_root, now, out, engine="bridge"))
+    job_run = run(spark, ReportConfig(lake_root, now, out, engine=ENGINE))
 
     plots = sorted(p.name for p in out.glob("*.png"))
     assert plots == ["lag_over_time.png", "lag_per_queue.png", "topic_traffic.png", "transaction_outcomes.png"]

@@ -38,7 +38,7 @@ from jobs.resolve_transactions import (
 from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE, spark_schema
 from schemas.errors import LakeError, ValidationError
 from tests.builders import commitlog_frame, commitlog_record
-from tests.helpers import assert_frames_equal
+from tests.helpers import ENGINE, assert_frames_equal
 
 T0 = 1_700_000_000_000
 TIMEOUT = 6000
@@ -708,7 +708,7 @@ def template_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory)
     """A lake whose commit log holds the scenario, written once; tests work on copies."""
     root = tmp_path_factory.mktemp("template-lake")
     scenario = _scenario()
-    Lake(spark, root, "bridge").append(COMMITLOG, scenario.log.frame(spark))
+    Lake(spark, root, ENGINE).append(COMMITLOG, scenario.log.frame(spark))
     yield root, scenario
     shutil.rmtree(root, ignore_errors=True)
 
@@ -716,7 +716,7 @@ def template_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory)
 @pytest.fixture
 def lake(spark: SparkSession, tmp_path: Path, template_lake: tuple[Path, _Scenario]) -> Lake:
     shutil.copytree(template_lake[0], tmp_path / "lake")
-    return Lake(spark, tmp_path / "lake", "bridge")
+    return Lake(spark, tmp_path / "lake", ENGINE)
 
 
 def _runs(lake: Lake) -> list[str]:
@@ -727,7 +727,7 @@ def _runs(lake: Lake) -> list[str]:
 def test_run_resolves_every_path_of_a_broker_log(
     spark: SparkSession, lake: Lake, template_lake: tuple[Path, _Scenario], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    job_run = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge"))
+    job_run = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine=ENGINE))
     out = capsys.readouterr().out
 
     assert_frames_equal(lake.read(TRANSACTION_STATE), _table(spark, template_lake[1].expected))
@@ -754,7 +754,7 @@ def test_run_resolves_every_path_of_a_broker_log(
 
 @pytest.mark.spark
 def test_rerun_with_the_same_inputs_and_settings_commits_nothing(spark: SparkSession, lake: Lake) -> None:
-    config = ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge")
+    config = ResolveTransactionsConfig(lake.root, AS_OF, engine=ENGINE)
     first = run(spark, config)
     version = lake.version(TRANSACTION_STATE)
 
@@ -767,7 +767,7 @@ def test_rerun_with_the_same_inputs_and_settings_commits_nothing(spark: SparkSes
     assert second.input_versions == first.input_versions
     assert _runs(lake) == ["SUCCEEDED", "NOOP"]
 
-    third = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, check_max=1, engine="bridge"))
+    third = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, check_max=1, engine=ENGINE))
 
     assert third.status == "SUCCEEDED"  # another setting: computed again
     assert lake.version(TRANSACTION_STATE) == (version or 0) + 1
@@ -782,12 +782,12 @@ def test_a_run_reads_only_the_new_commit_log_versions_and_resolves_as_a_full_one
     scenario = template_lake[1]
     log_df = scenario.log.frame(spark)
     split = log_df.orderBy("commit_log_offset").collect()[30]["commit_log_offset"]
-    lake = Lake(spark, tmp_path / "lake", "bridge")
+    lake = Lake(spark, tmp_path / "lake", ENGINE)
     lake.append(COMMITLOG, log_df.where(f"commit_log_offset < {split}"))
-    first = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge"))
+    first = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine=ENGINE))
     lake.append(COMMITLOG, log_df.where(f"commit_log_offset >= {split}"))
 
-    second = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge"))
+    second = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine=ENGINE))
 
     assert first.row_counts["new_transaction_records"] + second.row_counts["new_transaction_records"] == 42
     assert 0 < second.row_counts["new_transaction_records"] < 42
@@ -797,15 +797,16 @@ def test_a_run_reads_only_the_new_commit_log_versions_and_resolves_as_a_full_one
     assert lake.read(TRANSACTION_RECORDS).count() == 42
 
     records_version = lake.version(TRANSACTION_RECORDS)
-    lake.append(COMMITLOG, log_df.where("commit_log_offset < 0"))  # a commit that adds nothing
+    # a commit that adds nothing, from delta-rs (delta-spark commits no version for an empty frame)
+    lake.append_rows(COMMITLOG, COMMITLOG.arrow_schema.empty_table())
 
-    full = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge", full=True))
+    full = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine=ENGINE, full=True))
 
     assert full.row_counts["new_transaction_records"] == 42
     assert lake.version(TRANSACTION_RECORDS) == (records_version or 0) + 1
     assert lake.read(TRANSACTION_RECORDS).count() == 42
     assert_frames_equal(lake.read(TRANSACTION_STATE), _table(spark, scenario.expected))
-    again = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge", full=True))
+    again = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine=ENGINE, full=True))
     assert (again.status, again.row_counts["new_transaction_records"]) == ("NOOP", 0)
 
 
@@ -813,7 +814,7 @@ def test_a_run_reads_only_the_new_commit_log_versions_and_resolves_as_a_full_one
 def test_a_commit_log_that_lost_rows_is_read_whole_and_a_replaced_one_is_refused(
     spark: SparkSession, lake: Lake, template_lake: tuple[Path, _Scenario]
 ) -> None:
-    run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge"))
+    run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine=ENGINE))
     rollback = lake.read(TRANSACTION_STATE).where("uniq_key = 'rollback'").first()
     assert rollback is not None
     lost = (rollback["half_commit_log_offset"], rollback["op_queue_offset"])
@@ -825,14 +826,14 @@ def test_a_commit_log_that_lost_rows_is_read_whole_and_a_replaced_one_is_refused
     )
     lake.overwrite(COMMITLOG, kept_df)  # removes files: not an append
 
-    after = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge"))
+    after = run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine=ENGINE))
 
     assert after.row_counts["new_transaction_records"] == 40  # rebuilt from the whole log: 42 less a half and an op
     assert lake.read(TRANSACTION_STATE).where("uniq_key = 'rollback'").count() == 0
     shutil.rmtree(lake.location(COMMITLOG))
     lake.append(COMMITLOG, kept_df)  # a new table: version 0, behind what was read
     with pytest.raises(LakeError, match="was replaced; delete the transaction_records table"):
-        run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge", full=True))
+        run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine=ENGINE, full=True))
     shutil.rmtree(lake.location(TRANSACTION_RECORDS))
-    assert run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine="bridge")).status == "SUCCEEDED"
+    assert run(spark, ResolveTransactionsConfig(lake.root, AS_OF, engine=ENGINE)).status == "SUCCEEDED"
     assert lake.read(TRANSACTION_RECORDS).count() == 40

@@ -29,14 +29,14 @@ from jobs.resolve_transactions.fold import COUNTED, Previous, check_foldable
 from jobs.runs import CannotFold
 from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE
 from tests.builders import commitlog_record, commitlog_table
-from tests.helpers import canonical_rows
+from tests.helpers import ENGINE, canonical_rows
 
 pytestmark = pytest.mark.spark
 
 STEP_MS = 1_000
 SETTINGS = {"timeout_ms": 1_500, "check_max": 3, "reserve_ms": 5_000}
-WITH_SPARK = {"engine": "bridge", "full": True, "driver_records": 0, **SETTINGS}  # the reference
-ON_THE_DRIVER = {"engine": "bridge", "full": True, **SETTINGS}
+WITH_SPARK = {"engine": ENGINE, "full": True, "driver_records": 0, **SETTINGS}  # the reference
+ON_THE_DRIVER = {"engine": ENGINE, "full": True, **SETTINGS}
 SEGMENT = 1 << 20
 
 
@@ -183,8 +183,8 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
     # the records' files are packed after almost every run: a run still moves on from the last one
     monkeypatch.setattr("broker_model.store.delta_tables.SMALL_TABLE_FILES", 2)
     story = _Story(seed)
-    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
-    driver = Lake(spark, tmp_path / "driver", "bridge")
+    chained, whole = Lake(spark, tmp_path / "chained", ENGINE), Lake(spark, tmp_path / "whole", ENGINE)
+    driver = Lake(spark, tmp_path / "driver", ENGINE)
     late_steps = {4}
     steps = 9
     seen_states: set[str] = set()
@@ -192,7 +192,7 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
         rows, as_of = story.step(late=step in late_steps)
         for lake in (chained, whole, driver):
             lake.append_rows(COMMITLOG, commitlog_table(rows))
-        run(spark, ResolveTransactionsConfig(chained.root, as_of, engine="bridge", **SETTINGS))
+        run(spark, ResolveTransactionsConfig(chained.root, as_of, engine=ENGINE, **SETTINGS))
         run(spark, ResolveTransactionsConfig(whole.root, as_of, **WITH_SPARK))
         run(spark, ResolveTransactionsConfig(driver.root, as_of, **ON_THE_DRIVER))
 
@@ -234,11 +234,11 @@ def _incremental_against_spark(
     spark: SparkSession, tmp_path: Path, steps: list[tuple[list[dict[str, Any]], int]]
 ) -> Lake:
     """The lake of incremental runs after each step's rows, checked equal to full Spark runs."""
-    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
+    chained, whole = Lake(spark, tmp_path / "chained", ENGINE), Lake(spark, tmp_path / "whole", ENGINE)
     for rows, as_of in steps:
         for lake in (chained, whole):
             lake.append_rows(COMMITLOG, commitlog_table(rows))
-        run(spark, ResolveTransactionsConfig(chained.root, as_of, engine="bridge", **SETTINGS))
+        run(spark, ResolveTransactionsConfig(chained.root, as_of, engine=ENGINE, **SETTINGS))
         run(spark, ResolveTransactionsConfig(whole.root, as_of, **WITH_SPARK))
         expected = canonical_rows(whole.read_rows(TRANSACTION_STATE))
         assert canonical_rows(chained.read_rows(TRANSACTION_STATE)) == expected, f"as of {as_of}"

@@ -25,7 +25,7 @@ from jobs.dlq.transforms import build_retry_records
 from jobs.lake import Lake
 from schemas.catalog import COMMITLOG, DLQ, JOB_RUNS, RETRY_CHAINS, RETRY_RECORDS
 from schemas.errors import LakeError, ValidationError
-from tests.helpers import CLOCK_START, ManualClock
+from tests.helpers import CLOCK_START, ENGINE, ManualClock
 
 AS_OF = CLOCK_START + 3_600_000
 LEVEL_3_MS = 10_000  # the first retry waits delay level 3
@@ -104,7 +104,7 @@ def _by_key(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:
 
 @pytest.mark.spark
 def test_send_back_records_are_decoded_by_kind(spark: SparkSession, template: tuple[Path, _Story]) -> None:
-    lake, story = Lake(spark, template[0], "bridge"), template[1]
+    lake, story = Lake(spark, template[0], ENGINE), template[1]
     records = [r.asDict() for r in build_retry_records(lake.read(COMMITLOG)).collect()]
 
     kinds = sorted((r["uniq_key"] == story.scheduled, r["kind"], r["group"], r["reconsume_times"]) for r in records)
@@ -120,8 +120,8 @@ def test_send_back_records_are_decoded_by_kind(spark: SparkSession, template: tu
 @pytest.mark.spark
 def test_chains_states_reasons_and_the_policy_as_of_t(spark: SparkSession, story_lake: tuple[Path, _Story]) -> None:
     root, story = story_lake
-    job_run = run(spark, RouteDlqConfig(root, AS_OF, engine="bridge"))
-    lake = Lake(spark, root, "bridge")
+    job_run = run(spark, RouteDlqConfig(root, AS_OF, engine=ENGINE))
+    lake = Lake(spark, root, ENGINE)
 
     chains = _by_key([r.asDict() for r in lake.read(RETRY_CHAINS).collect()])
     assert {k: (v["group"], v["state"], v["exhausted"]) for k, v in chains.items()} == {
@@ -155,8 +155,8 @@ def test_chains_states_reasons_and_the_policy_as_of_t(spark: SparkSession, story
 @pytest.mark.spark
 def test_records_after_t_do_not_count(spark: SparkSession, story_lake: tuple[Path, _Story]) -> None:
     root, story = story_lake
-    run(spark, RouteDlqConfig(root, CLOCK_START + LEVEL_3_MS - 1, engine="bridge"))  # before the deliveries
-    chains = _by_key([r.asDict() for r in Lake(spark, root, "bridge").read(RETRY_CHAINS).collect()])
+    run(spark, RouteDlqConfig(root, CLOCK_START + LEVEL_3_MS - 1, engine=ENGINE))  # before the deliveries
+    chains = _by_key([r.asDict() for r in Lake(spark, root, ENGINE).read(RETRY_CHAINS).collect()])
     assert story.scheduled not in chains
     assert {v["state"] for k, v in chains.items() if k != story.requested} == {"SCHEDULED"}
     assert chains[story.requested]["state"] == "DEAD"
@@ -167,8 +167,8 @@ def test_execute_routes_an_exhausted_chain_once_and_reruns_change_nothing(
     spark: SparkSession, story_lake: tuple[Path, _Story], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root, story = story_lake
-    lake = Lake(spark, root, "bridge")
-    first = run(spark, RouteDlqConfig(root, AS_OF, execute=True, engine="bridge"))
+    lake = Lake(spark, root, ENGINE)
+    first = run(spark, RouteDlqConfig(root, AS_OF, execute=True, engine=ENGINE))
     out = capsys.readouterr().out
 
     assert first.row_counts["routed"] == 1
@@ -183,8 +183,8 @@ def test_execute_routes_an_exhausted_chain_once_and_reruns_change_nothing(
         False,
     )
 
-    second = run(spark, RouteDlqConfig(root, AS_OF, execute=True, engine="bridge"))
-    third = run(spark, RouteDlqConfig(root, AS_OF, engine="bridge"))
+    second = run(spark, RouteDlqConfig(root, AS_OF, execute=True, engine=ENGINE))
+    third = run(spark, RouteDlqConfig(root, AS_OF, engine=ENGINE))
 
     assert second.row_counts["routed"] == 0
     dead_letters = lake.read(COMMITLOG).where(F.col("topic") == "%DLQ%h").count()
@@ -202,10 +202,10 @@ def test_a_routing_broker_held_elsewhere_fails_clearly_and_writes_no_dead_letter
     running = Broker(BrokerConfig(root, flush_mode="SYNC_FLUSH")).start()
     try:
         with pytest.raises(LakeError, match=r"cannot route through broker 'broker-a'.*stop it"):
-            run(spark, RouteDlqConfig(root, AS_OF, execute=True, engine="bridge"))
+            run(spark, RouteDlqConfig(root, AS_OF, execute=True, engine=ENGINE))
     finally:
         running.shutdown()
-    lake = Lake(spark, root, "bridge")
+    lake = Lake(spark, root, ENGINE)
     assert lake.read(COMMITLOG).where(F.col("topic") == "%DLQ%h").count() == 1
     assert [r["status"] for r in lake.read(JOB_RUNS).collect()] == ["FAILED"]
 
@@ -228,8 +228,8 @@ def test_dlq_equals_the_brokers_dead_letter_queues_on_a_seeded_failure_workload(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     report = run_workload(tmp_path, 5000, seed=11, retries=True)
-    job_run = run(spark, RouteDlqConfig(tmp_path, time.time_ns() // 1_000_000, engine="bridge"))  # all stored by now
-    lake = Lake(spark, tmp_path, "bridge")
+    job_run = run(spark, RouteDlqConfig(tmp_path, time.time_ns() // 1_000_000, engine=ENGINE))  # all stored by now
+    lake = Lake(spark, tmp_path, ENGINE)
 
     # online: the dead letter queues as the brokers hold them
     online: set[tuple[str, str, str]] = set()

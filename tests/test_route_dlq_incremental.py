@@ -41,7 +41,7 @@ from schemas.catalog import (
     SUBSCRIPTION_GROUP,
 )
 from tests.builders import commitlog_frame, commitlog_record, commitlog_table
-from tests.helpers import canonical_rows
+from tests.helpers import ENGINE, canonical_rows
 
 pytestmark = pytest.mark.spark
 
@@ -49,8 +49,8 @@ STEP_MS = 1_000
 SEGMENT = 1 << 20
 GROUPS = ("g-audit", "g-stock")
 HOSTS = {"broker-a": "10.0.0.1:10911", "broker-b": "10.0.0.2:10911"}
-WITH_SPARK = {"engine": "bridge", "full": True, "driver_records": 0}  # the reference
-ON_THE_DRIVER = {"engine": "bridge", "full": True}
+WITH_SPARK = {"engine": ENGINE, "full": True, "driver_records": 0}  # the reference
+ON_THE_DRIVER = {"engine": ENGINE, "full": True}
 
 
 class _Story:
@@ -281,7 +281,7 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
     # the records' files are packed after almost every run: a run still moves on from the last one
     monkeypatch.setattr("broker_model.store.delta_tables.SMALL_TABLE_FILES", 2)
     story = _Story(seed)
-    lakes = {name: Lake(spark, tmp_path / name, "bridge") for name in ("chained", "whole", "driver")}
+    lakes = {name: Lake(spark, tmp_path / name, ENGINE) for name in ("chained", "whole", "driver")}
     limits = [
         {**story._limit(1_000), "broker_name": b, "group": g, "retry_max_times": 2} for b in HOSTS for g in GROUPS
     ]
@@ -295,7 +295,7 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
         rows, as_of = story.step(late=step in late_steps)
         for lake in lakes.values():
             _append(lake, rows)
-        run(spark, RouteDlqConfig(lakes["chained"].root, as_of, engine="bridge"))
+        run(spark, RouteDlqConfig(lakes["chained"].root, as_of, engine=ENGINE))
         run(spark, RouteDlqConfig(lakes["whole"].root, as_of, **WITH_SPARK))
         run(spark, RouteDlqConfig(lakes["driver"].root, as_of, **ON_THE_DRIVER))
         for spec in (RETRY_CHAINS, DLQ):
@@ -352,13 +352,13 @@ def _chained_against_spark(
     """The lake of incremental runs after each step's rows, checked equal to full Spark runs, and
     the chains' states after each step."""
     states = []
-    chained, whole = Lake(spark, tmp_path / "chained", "bridge"), Lake(spark, tmp_path / "whole", "bridge")
+    chained, whole = Lake(spark, tmp_path / "chained", ENGINE), Lake(spark, tmp_path / "whole", ENGINE)
     for lake in (chained, whole):
         lake.append_rows(BROKERS, _brokers())
     for rows, as_of in steps:
         for lake in (chained, whole):
             _append(lake, rows)
-        run(spark, RouteDlqConfig(chained.root, as_of, engine="bridge"))
+        run(spark, RouteDlqConfig(chained.root, as_of, engine=ENGINE))
         run(spark, RouteDlqConfig(whole.root, as_of, **WITH_SPARK))
         for spec in (RETRY_CHAINS, DLQ):
             expected = canonical_rows(whole.read_rows(spec))

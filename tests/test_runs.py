@@ -16,6 +16,7 @@ from jobs.consumer_offsets import run as consumer_offsets
 from jobs.lake import Lake
 from jobs.runs import CannotFold, last_reusable, recorded_run
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS, spark_schema
+from tests.helpers import ENGINE
 
 pytestmark = pytest.mark.spark
 
@@ -24,7 +25,7 @@ _AS_OF = 5_000
 
 @pytest.fixture
 def lake(spark: SparkSession, tmp_path: Path) -> Lake:
-    return Lake(spark, tmp_path, "bridge")
+    return Lake(spark, tmp_path, ENGINE)
 
 
 def test_a_run_records_its_parameters_and_they_read_back_typed(lake: Lake) -> None:
@@ -76,7 +77,7 @@ def test_a_lake_from_before_the_parameters_column_computes_in_full_then_reuses(s
     lake.append(CONSUMER_OFFSET_COMMITS, spark.createDataFrame([commit], spark_schema(CONSUMER_OFFSET_COMMITS)))
     cq_rows = [("broker-a", "Orders", 0, offset, 100 * offset, 10, 0, 500 + offset) for offset in range(4)]
     lake.append(CONSUME_QUEUE, spark.createDataFrame(cq_rows, spark_schema(CONSUME_QUEUE)))
-    first = consumer_offsets(spark, ConsumerOffsetsConfig(lake.root, _AS_OF, engine="bridge"))
+    first = consumer_offsets(spark, ConsumerOffsetsConfig(lake.root, _AS_OF, engine=ENGINE))
     assert first.status == "SUCCEEDED"
     output_version = lake.version(CONSUMER_OFFSETS)
     assert output_version is not None
@@ -85,7 +86,7 @@ def test_a_lake_from_before_the_parameters_column_computes_in_full_then_reuses(s
     _old_job_runs(lake, old_message, output_version, first.input_versions)
     assert "parameters" not in DeltaTable(str(lake.location(JOB_RUNS))).schema().to_arrow().names
 
-    again = consumer_offsets(spark, ConsumerOffsetsConfig(lake.root, _AS_OF, engine="bridge"))
+    again = consumer_offsets(spark, ConsumerOffsetsConfig(lake.root, _AS_OF, engine=ENGINE))
 
     # the old run has no parameters, so nothing is reused or moved on: a full computation
     assert (again.status, again.message) == (
@@ -97,5 +98,5 @@ def test_a_lake_from_before_the_parameters_column_computes_in_full_then_reuses(s
     assert runs["old"]["parameters"] is None and runs["old"]["message"].startswith(f"as_of={_AS_OF}")
     assert dict(runs[again.run_id]["parameters"]) == {"as_of": str(_AS_OF), "through": "1000"}
 
-    third = consumer_offsets(spark, ConsumerOffsetsConfig(lake.root, _AS_OF, engine="bridge"))
+    third = consumer_offsets(spark, ConsumerOffsetsConfig(lake.root, _AS_OF, engine=ENGINE))
     assert third.status == "NOOP"  # a run recorded with its parameters is reused

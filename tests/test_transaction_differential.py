@@ -15,13 +15,14 @@ from broker_model.broker import Broker, BrokerConfig, TransactionCheckService
 from broker_model.common import constants as c
 from broker_model.tools import run_workload
 from jobs.resolve_transactions import ResolveTransactionsConfig, run
+from tests.helpers import ENGINE
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 BROKERS = ("broker-a", "broker-b")
 
 
 def _job_states(spark: SparkSession, lake: Path, as_of: int) -> dict[tuple[str, str], dict[str, Any]]:
-    run(spark, ResolveTransactionsConfig(lake, as_of, engine="bridge"))
+    run(spark, ResolveTransactionsConfig(lake, as_of, engine=ENGINE))
     rows = DeltaTable(str(lake / "transaction_state")).to_pyarrow_table().to_pylist()
     return {(r["broker_name"], r["uniq_key"]): r for r in rows if r["uniq_key"] is not None}
 

@@ -14,10 +14,20 @@ from jobs.lake.bridge import WrittenFile, WrittenFiles
 from jobs.lake.compaction import CompactSummary, commitlog_files, compact, plan_compaction
 from jobs.lake.conform import conform_to_catalog
 from jobs.lake.facade import Lake
-from jobs.lake.session import ENGINE_CONF, ENGINES, build_session, detect_engine, resolve_engine, stop_spark
+from jobs.lake.session import (
+    DELTA_CONF,
+    ENGINE_CONF,
+    ENGINES,
+    build_session,
+    delta_package,
+    detect_engine,
+    resolve_engine,
+    stop_spark,
+)
 from jobs.lake.snapshots import IncrementalReadError, open_table
 
 __all__ = [
+    "DELTA_CONF",
     "ENGINES",
     "ENGINE_CONF",
     "CompactSummary",
@@ -29,6 +39,7 @@ __all__ = [
     "commitlog_files",
     "compact",
     "conform_to_catalog",
+    "delta_package",
     "detect_engine",
     "open_table",
     "plan_compaction",

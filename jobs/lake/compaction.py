@@ -1,8 +1,8 @@
 """Compaction of the commit log's small files, for both engines: the active files and their
 statistics, the plan (runs of adjacent small files of a segment packed into bins), and the rewrite:
-the bridge writes each bin as one file with Arrow and commits it in place of its files with delta-rs
-(every action dataChange=false), delta-spark runs Delta's OPTIMIZE on the planned segments. See
-docs/jobs.md (compact_commitlog)."""
+each bin is written as one file with Arrow and committed in place of its files with a put-if-absent
+commit (every action dataChange=false), whatever the engine (:func:`compact` says why not Delta's
+OPTIMIZE, which :func:`compact_delta_spark` still runs). See docs/jobs.md (compact_commitlog)."""
 
 from __future__ import annotations
 
@@ -318,8 +318,10 @@ def commit_bins(table_dir: str, bins: Sequence[Bin], written: Sequence[AddFile],
         AddAction(unquote(a.path), a.size, a.partition_values, now, False, json.dumps(a.stats, separators=(",", ":")))
         for a in written
     ]
+    # not "job": delta-spark reads commitInfo.job as its JobInfo struct, and a string there fails its
+    # time travel, history and conflict checks over this commit (MALFORMED_RECORD_IN_PARSING)
     properties = CommitProperties(
-        custom_metadata={"job": "compact_commitlog", "run_id": run_id}, max_commit_retries=COMMIT_RETRIES
+        custom_metadata={"rmqJob": "compact_commitlog", "rmqRunId": run_id}, max_commit_retries=COMMIT_RETRIES
     )
     try:
         dt.create_write_transaction(
@@ -427,7 +429,7 @@ def plan_compaction(
     lake: Lake, target_file_size: int, min_file_fraction: float, files_up_to_version: int | None
 ) -> tuple[int, list[DataFile], list[Bin]]:
     """The commit log's version, its active files, and the bins to compact among the files active
-    at ``files_up_to_version`` (all when None); delta-spark's OPTIMIZE keeps to sealed segments.
+    at ``files_up_to_version`` (all when None), for :func:`compact` (either engine).
 
     Raises:
         UnsupportedTableError: the bridge cannot read the table.
@@ -435,11 +437,10 @@ def plan_compaction(
     """
     table_dir = local_directory(lake.location(COMMITLOG))
     dt = open_table(table_dir)
-    if lake.engine == "bridge":
-        check_bridge_can_read(dt, table_dir)
+    check_bridge_can_read(dt, table_dir)
     eligible = eligible_paths(table_dir, dt, files_up_to_version)
     files = list_files(dt)
-    bins = plan_bins(files, target_file_size, min_file_fraction, eligible, sealed_only=lake.engine != "bridge")
+    bins = plan_bins(files, target_file_size, min_file_fraction, eligible, sealed_only=False)
     return dt.version(), files, bins
 
 
@@ -452,14 +453,17 @@ def compact(
     run_id: str,
     summary: CompactSummary,
 ) -> None:
-    """Rewrite ``bins`` with the lake's engine, ``segments_per_commit`` segments per commit; fills ``summary``."""
+    """Rewrite ``bins``, ``segments_per_commit`` segments per commit, with put-if-absent commits
+    whatever the lake's engine; fills ``summary``.
+
+    Not delta-spark's OPTIMIZE: the brokers append to the commit log while it is compacted, with
+    exclusive commits (``link(2)``), but delta-spark's LogStore for local files (``HDFSLogStore``)
+    checks that a commit file is absent and then renames over it, so a broker commit landing
+    between the two is silently replaced; and OPTIMIZE cannot keep to the files active at
+    ``files_up_to_version``. :func:`compact_delta_spark` stays for a caller that can rule both out.
+    """
     table_dir = local_directory(lake.location(COMMITLOG))
-    if lake.engine == "bridge":
-        compact_bridge(table_dir, bins, segments_per_commit, run_id, summary)
-    else:
-        compact_delta_spark(
-            lake.spark, table_dir, bins, target_file_size, min_file_fraction, segments_per_commit, summary
-        )
+    compact_bridge(table_dir, bins, segments_per_commit, run_id, summary)
 
 
 def commitlog_files(lake: Lake) -> list[DataFile]:

@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from broker_model.store import latest_version
 from jobs.lake.engine import PartitionFilter, PartitionTargets, TableWrite
+from jobs.lake.snapshots import local_directory
 from schemas.catalog import TableSpec, spark_schema
-from schemas.errors import LakeError
+from schemas.errors import LakeError, ValidationError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -17,21 +19,31 @@ if TYPE_CHECKING:
 
 
 class DeltaSparkEngine:
-    """Spark's own Delta data source; needs the Delta jars (not available on this machine)."""
+    """Spark's own Delta data source; needs the Delta jars (:func:`jobs.lake.session.delta_package`)."""
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
 
     def read(self, path: str, version: int | None, partition_filter: PartitionFilter | None) -> DataFrame:
-        reader = self.spark.read.format("delta")
-        if version is not None:
-            reader = reader.option("versionAsOf", version)
-        df = reader.load(path)
+        # the facade's errors, as the bridge raises them (Delta's would be AnalysisExceptions)
+        if not self.exists(path):
+            raise LakeError(f"no Delta table at {path}; check the lake root or write the table first")
+        latest = self.version(path)
+        if version is not None and version > latest:
+            raise LakeError(f"cannot load version {version} of the Delta table at {path}: no such version")
+        # pinned, as the bridge's reads are to the files the log lists now: a frame loaded without
+        # versionAsOf is resolved to the newest snapshot again at every action, so a job that reads a
+        # table, writes it, then acts on the frame again would see its own new rows
+        pinned = latest if version is None else version
+        df = self.spark.read.format("delta").option("versionAsOf", pinned).load(path)
         for column, values in (partition_filter or {}).items():
             df = df.where(_is_in(column, values))
         return df
 
     def exists(self, path: str) -> bool:
+        table_dir = _local_or_none(path)
+        if table_dir is not None:  # one listing of its Delta log, no Spark job (as :meth:`version`)
+            return latest_version(table_dir) >= 0
         from delta.tables import DeltaTable as SparkDeltaTable
 
         return bool(SparkDeltaTable.isDeltaTable(self.spark, path))
@@ -48,12 +60,21 @@ class DeltaSparkEngine:
         builder.partitionedBy(*spec.partition_by).execute()
 
     def version(self, path: str) -> int:
+        """The latest version: of a local table from one listing of its Delta log, as the bridge and
+        the driver reads take it (``history`` runs Spark jobs, and fails once log cleanup removed the
+        commits before a checkpoint); elsewhere from ``history``."""
+        table_dir = _local_or_none(path)
+        if table_dir is not None:
+            latest = latest_version(table_dir)
+            if latest < 0:
+                raise LakeError(f"the Delta table at {path} has no history")
+            return latest
         from delta.tables import DeltaTable as SparkDeltaTable
 
-        latest = SparkDeltaTable.forPath(self.spark, path).history(1).select("version").first()
-        if latest is None:
+        newest = SparkDeltaTable.forPath(self.spark, path).history(1).select("version").first()
+        if newest is None:
             raise LakeError(f"the Delta table at {path} has no history")
-        return int(latest[0])
+        return int(newest[0])
 
     def write(self, path: str, write: TableWrite) -> int | None:
         """Write ``df``; None when Delta skipped it as an already committed ``txn``.
@@ -69,9 +90,38 @@ class DeltaSparkEngine:
             writer = writer.option("replaceWhere", replace_where(spec, targets or []))
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
-        writer.save(path)
+        try:
+            writer.save(path)
+        except Exception as err:
+            raise _lake_error(err, path, targets) from err
         after = self.version(path)
         return None if txn is not None and after == before else after
+
+
+def _lake_error(err: Exception, path: str, targets: PartitionTargets | None) -> Exception:
+    """The facade's error for a failed delta-spark write, as the bridge raises them: rows outside
+    the partitions replaced are a ValidationError (Delta checked them and committed nothing), a
+    Delta error of the commit (a conflict, a protocol or table property refusing it) a LakeError;
+    anything else as it came."""
+    text = str(err)
+    if "DELTA_REPLACE_WHERE_MISMATCH" in text:
+        return ValidationError(
+            "partition_values",
+            targets,
+            "the frame has rows outside the partitions being replaced",
+            "filter the frame to those partitions or list them in partition_values",
+        )
+    if "DELTA_" in text or "io.delta" in text:
+        first_line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+        return LakeError(f"delta-spark refused the commit to {path}: {first_line}")
+    return err
+
+
+def _local_or_none(path: str) -> str | None:
+    try:
+        return local_directory(path)
+    except LakeError:
+        return None
 
 
 def _is_in(column: str, values: Sequence[Any]) -> Column:

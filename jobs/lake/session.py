@@ -65,6 +65,40 @@ DELTA_CONF: dict[str, str] = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 
+DELTA_SCALA_VERSION = "2.13"  # the Scala of pyspark 4's jars
+
+
+def delta_package() -> str:
+    """The Maven coordinate of the Delta jar that goes with the installed ``delta-spark`` package
+    and pyspark, as ``delta.pip_utils.configure_spark_with_delta_pip`` names it: from Delta 4 the
+    artifact carries Spark's major.minor, e.g. ``io.delta:delta-spark_4.2_2.13:4.4.0``.
+
+    Raises:
+        LakeError: the ``delta-spark`` Python package is not installed.
+    """
+    from importlib import metadata
+
+    import pyspark
+
+    try:
+        delta_version = metadata.version("delta-spark")
+    except metadata.PackageNotFoundError:
+        raise LakeError(
+            "the delta-spark engine needs the Python package delta-spark: pip install delta-spark"
+        ) from None
+    spark_major_minor = ".".join(pyspark.__version__.split(".")[:2])
+    return f"io.delta:delta-spark_{spark_major_minor}_{DELTA_SCALA_VERSION}:{delta_version}"
+
+
+def _with_delta_jars(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with :func:`delta_package` among ``spark.jars.packages``, unless it already names a
+    Delta jar there or in ``spark.jars``: Spark fetches it (and what it needs) from Maven Central
+    with Ivy when the JVM starts, and keeps it in Ivy's cache for the next start."""
+    if any("delta-spark" in conf.get(key, "") for key in ("spark.jars.packages", "spark.jars")):
+        return conf
+    packages = [p for p in conf.get("spark.jars.packages", "").split(",") if p]
+    return {**conf, "spark.jars.packages": ",".join([*packages, delta_package()])}
+
 
 def build_session(
     app_name: str,
@@ -83,20 +117,25 @@ def build_session(
             ``spark.ui.enabled=false``).
 
     Returns:
-        The session, with :data:`BASE_CONF`, the Delta extension and catalog confs only when the
-        engine is ``"delta-spark"``, and ``spark.rmq.lake.engine`` set when the engine is explicit.
-        ``"auto"`` adds no Delta confs: it cannot know before the JVM starts whether the jars are
-        there, so clusters with Delta pass ``engine="delta-spark"``.
+        The session, with :data:`BASE_CONF`, and ``spark.rmq.lake.engine`` set when the engine is
+        explicit. For ``"delta-spark"`` also the Delta extension and catalog and, unless the confs
+        already name Delta jars, the Delta jar of :func:`delta_package` in ``spark.jars.packages``
+        (fetched by Ivy when this call starts the JVM; under ``spark-submit`` the JVM is already up
+        and ``spark-submit.sh`` passes ``--packages`` itself). ``"auto"`` adds no Delta confs: it
+        cannot know before the JVM starts whether the jars are there.
 
     Raises:
         ValidationError: ``engine`` is not one of :data:`ENGINES`.
-        LakeError: ``"delta-spark"`` was asked for but the Delta classes are not on the classpath.
+        LakeError: ``"delta-spark"`` was asked for and the Delta jars could not be fetched, or
+            the session was already running without them.
     """
     from pyspark.sql import SparkSession
 
     extra = dict(extra_conf or {})
     chosen = _explicit_engine(engine, extra.get(ENGINE_CONF))
     conf = {**BASE_CONF, **(DELTA_CONF if chosen == "delta-spark" else {}), **extra}
+    if chosen == "delta-spark":
+        conf = _with_delta_jars(conf)
     if chosen != "auto":
         conf[ENGINE_CONF] = chosen
     builder = SparkSession.builder.appName(app_name)
@@ -104,7 +143,16 @@ def build_session(
         builder = builder.master(master)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as err:
+        if chosen != "delta-spark" or "JAVA_GATEWAY_EXITED" not in str(err):
+            raise
+        raise LakeError(
+            f"Spark did not start with the Delta jars ({conf['spark.jars.packages']}): Ivy could not fetch "
+            "them (its messages are above); let the machine reach Maven Central once, or name local jars "
+            "in spark.jars, or use the bridge engine (--engine bridge)"
+        ) from err
     if chosen == "delta-spark":
         _require_delta_classes(spark)
     return spark
@@ -202,6 +250,6 @@ def _require_delta_classes(spark: SparkSession) -> None:
     if detect_engine(spark) != "delta-spark":
         raise LakeError(
             f"the delta-spark engine was asked for but {DELTA_CLASS} is not on the Spark classpath; "
-            "start Spark with the Delta jars (spark-submit --packages io.delta:delta-spark_2.13:<version>) "
+            f"start Spark with the Delta jars (spark-submit --packages {delta_package()}) "
             f"or use the bridge engine ({ENGINE_CONF}=bridge)"
         )
