@@ -1,7 +1,6 @@
-"""The lake I/O on the run's engine (the bridge or delta-spark: RMQ_TEST_ENGINE), on real Delta tables under tmp_path.
-
-The bridge is the engine of this machine (no Delta jars); delta-rs is the independent reader and
-writer the bridge is checked against.
+"""The lake I/O on real Delta tables under tmp_path, on the run's engine (the bridge or
+delta-spark: RMQ_TEST_ENGINE). delta-rs is the independent reader and writer the engines are
+checked against.
 """
 
 from __future__ import annotations
