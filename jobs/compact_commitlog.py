@@ -160,15 +160,7 @@ def run(spark: SparkSession, config: CompactConfig) -> JobRun:
             version, before, bins = plan_compaction(lake, config.target_file_size, config.min_file_fraction, up_to)
             job_run.input_versions = {COMMITLOG.name: version}
             if bins:
-                compact(
-                    lake,
-                    bins,
-                    config.target_file_size,
-                    config.min_file_fraction,
-                    config.segments_per_commit,
-                    job_run.run_id,
-                    summary,
-                )
+                compact(lake, bins, config.segments_per_commit, job_run.run_id, summary)
             summary.count_files(before, commitlog_files(lake))
             packed = pack_offset_commits(lake)
         finally:

@@ -60,3 +60,7 @@ class LakeError(RmqLakeError):
 
 class UnsupportedTableError(LakeError):
     """A Delta table uses a feature this engine cannot honour; reading it would return wrong rows."""
+
+
+class CommitConflictError(LakeError):
+    """A commit made since the version a write read conflicts with the write; nothing was committed."""

@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 from broker_model.broker import Broker, BrokerConfig
 from broker_model.client import Producer, PullConsumer
 from broker_model.common import Message, MessageQueue
-from broker_model.store import AppendLog
+from broker_model.store import AppendLog, FileAction, latest_version
 from broker_model.store.delta_commits import commit_path
 from jobs.compact_commitlog import CompactConfig, build_config, run
 from jobs.consumer_offsets import ConsumerOffsetsConfig
@@ -38,14 +38,14 @@ from jobs.lake.compaction import (
     commit_bins,
     list_files,
     plan_bins,
-    sealed_segments,
     write_bins,
 )
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
 from jobs.replay import SUMMARY_COLUMNS, queues_out_of_log_order, summarize_source
 from schemas.catalog import COMMITLOG, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS
-from schemas.errors import LakeError, ValidationError
+from schemas.errors import CommitConflictError, LakeError, ValidationError
+from tests.builders import commitlog_record, commitlog_table
 from tests.helpers import ENGINE, canonical_rows, wait_until
 
 SEGMENT_SIZE = 16384
@@ -59,17 +59,6 @@ MIB = 1024 * 1024
 
 def _file(name: str, size: int, broker: str = "broker-a", segment: int = 0, first: int | None = 0) -> DataFile:
     return DataFile(name, size, broker, segment, first, 1)
-
-
-def test_sealed_segments_are_all_but_the_last_segment_of_each_broker() -> None:
-    files = [
-        _file("a0", 1),
-        _file("a1", 1, segment=100),
-        _file("a2", 1, segment=200),
-        _file("b0", 1, "broker-b", 100),
-        _file("b1", 1, "broker-b", 100),
-    ]
-    assert sealed_segments(files) == {("broker-a", 0), ("broker-a", 100)}
 
 
 def test_the_plan_packs_runs_of_adjacent_small_files_in_offset_order_in_every_segment() -> None:
@@ -90,8 +79,6 @@ def test_the_plan_packs_runs_of_adjacent_small_files_in_offset_order_in_every_se
     bins = plan_bins(files, target_file_size=100, min_file_fraction=0.75)
     # s0: a+b fill 80 of 100, c does not fit; the bin of c alone is dropped; s2: 60+60 > 100
     assert [[f.path for f in b.files] for b in bins] == [["s0-a", "s0-b"], ["open-a", "open-b"]]
-    sealed_only = plan_bins(files, target_file_size=100, min_file_fraction=0.75, sealed_only=True)
-    assert [[f.path for f in b.files] for b in sealed_only] == [["s0-a", "s0-b"]]
     # files kept out by their version end a run as large files do
     eligible = {"s0-a", "s0-c", "open-a", "open-b"}
     assert [[f.path for f in b.files] for b in plan_bins(files, 100, 0.75, eligible)] == [["open-a", "open-b"]]
@@ -293,7 +280,7 @@ def test_a_broker_commit_between_the_writes_and_the_commit_does_not_conflict(
         bins = plan_bins(list_files(open_table(table_dir)), MIB, 0.75)
         written = write_bins(AppendLog(table_dir, COMMITLOG), table_dir, bins)
         _send(brokers, 240, 3)  # three broker commits land before the compaction commits
-        version = commit_bins(table_dir, bins, written, "test-run")
+        version = commit_bins(AppendLog(table_dir, COMMITLOG), table_dir, bins, written, "test-run")
         assert version == version_before + 4
         _send(brokers, 243, 3)
         # the broker's store reloads the rewritten files and serves a message of a compacted segment
@@ -381,10 +368,33 @@ def test_a_second_compaction_of_the_same_files_fails_and_commits_nothing(spark: 
     bins = plan_bins(list_files(open_table(table_dir)), MIB, 0.75)
     writer = AppendLog(table_dir, COMMITLOG)
     first, second = write_bins(writer, table_dir, bins), write_bins(writer, table_dir, bins)
-    version = commit_bins(table_dir, bins, first, "first")
+    version = commit_bins(writer, table_dir, bins, first, "first")
     with pytest.raises(LakeError, match="removed by another writer"):
-        commit_bins(table_dir, bins, second, "second")
+        commit_bins(writer, table_dir, bins, second, "second")
     assert open_table(table_dir).version() == version and _rows(lake_root) == rows_before
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("late", [False, True], ids=["read-after-the-other", "put-while-the-other-landed"])
+def test_a_rewrite_of_files_another_rewrite_removed_after_its_read_commits_nothing(
+    spark: SparkSession, lake_root: Path, late: bool
+) -> None:
+    """The conflict is found by reading the commits after the rewrite's read version: before the
+    put (the other rewrite landed first), or in the catch-up of a put that lost its version."""
+    table_dir = str(lake_root / "commitlog")
+    rows_before, read_version = _rows(lake_root), open_table(table_dir).version()
+    bins = plan_bins(list_files(open_table(table_dir)), MIB, 0.75)
+    removes = [FileAction(f.path, b.partition_values, f.size, False) for b in bins for f in b.files]
+    first_writer, second_writer = AppendLog(table_dir, COMMITLOG), AppendLog(table_dir, COMMITLOG)
+    first, second = write_bins(first_writer, table_dir, bins), write_bins(second_writer, table_dir, bins)
+    appended = commitlog_table([commitlog_record(broker_name="broker-z", segment=0, commit_log_offset=0)])
+    AppendLog(table_dir, COMMITLOG).append(appended)  # a broker's append in between: no conflict
+    version = first_writer.rewrite(first, removes, read_version)
+    if not late:
+        second_writer = AppendLog(table_dir, COMMITLOG)  # starts at the newest version: reads back to read_version
+    with pytest.raises(CommitConflictError, match=rf"version {version} of .* removed .* after version {read_version}"):
+        second_writer.rewrite(second, removes, read_version)
+    assert latest_version(table_dir) == version and len(_rows(lake_root)) == len(rows_before) + 1
 
 
 @pytest.mark.spark

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from broker_model.store.append_log import AddFile, AppendLog
 from broker_model.store.commitlog import rows_to_table
-from broker_model.store.delta_commits import CommitChange, FileAction, commit_path, latest_version, read_change
+from broker_model.store.delta_commits import (
+    CommitChange,
+    FileAction,
+    commit_path,
+    latest_version,
+    load_table,
+    read_change,
+    retry_listing_gap,
+)
 from broker_model.store.delta_tables import append_rows, ensure_table, pack_small_files, read_table
 from broker_model.store.message_store import MessageExt, MessageStore, PullResult, PullStatus, Subscription
 from broker_model.store.name_lock import BrokerNameLock, LakeLock
@@ -55,11 +63,13 @@ __all__ = [
     "ingest_store",
     "ingested_end",
     "latest_version",
+    "load_table",
     "magic_for_topic",
     "pack_small_files",
     "peek_header",
     "read_change",
     "read_table",
     "record_length",
+    "retry_listing_gap",
     "rows_to_table",
 ]

@@ -7,9 +7,10 @@ Parquet files itself and commits them with one commit file, created atomically w
 (``os.link``), exactly as the Delta protocol requires of a writer. Reading, checkpoints, overwrites
 and idempotent job commits stay with delta-rs and Spark.
 
-Only blind appends are committed here: they never conflict with other writers, so a lost race for a
+Blind appends are committed here: they never conflict with other writers, so a lost race for a
 version number is retried at the next version after checking the winner changed no schema or
-protocol.
+protocol. So are rewrites of files that hold the same rows (the commit log's compaction), checked
+against every commit after the version they read (:meth:`AppendLog.rewrite`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +29,18 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
-from broker_model.store.delta_commits import commit_path, latest_version, log_dir, read_change
+from broker_model.store.delta_commits import (
+    CommitChange,
+    FileAction,
+    commit_path,
+    latest_version,
+    load_table,
+    log_dir,
+    read_change,
+)
 from schemas.catalog import PLAIN_ENCODED_COLUMNS, TableSpec
-from schemas.errors import LakeError, UnsupportedTableError
+from schemas.errors import CommitConflictError, LakeError, UnsupportedTableError
 
 # Writer features an append honours trivially (no invariants or constraints are ever declared).
 _SUPPORTED_WRITER_FEATURES = frozenset({"appendOnly", "invariants"})
@@ -152,11 +161,79 @@ class AppendLog:
             self._checkpoint_async()
         return version
 
+    def rewrite(
+        self, adds: list[AddFile], removes: list[FileAction], read_version: int, info: dict[str, Any] | None = None
+    ) -> int:
+        """Commit ``adds`` in place of ``removes``, files active at ``read_version`` holding the same
+        rows (a compaction): every action ``dataChange`` false, one put-if-absent commit. Return
+        the new table version.
+
+        The commits made after ``read_version`` are read first, by version, and so are those taken
+        while this one is put: appends do not conflict with a rewrite, but a commit that removed one
+        of ``removes`` (another rewrite of the same files) or changed the table's metadata or
+        protocol does, and then nothing is committed. No listing of the log is involved (delta-rs's
+        own conflict check lists it, and a listing taken while a broker commits can miss a commit:
+        docs/lake.md#readers-beside-a-writer).
+
+        Raises:
+            CommitConflictError: a conflicting commit came after ``read_version``; nothing was committed.
+        """
+        removing = {f.path for f in removes}
+
+        def check(change: CommitChange) -> None:
+            if change.metadata_changed or change.protocol_changed:
+                raise CommitConflictError(
+                    f"version {change.version} of {self.path} changed the table's metadata or protocol after "
+                    f"version {read_version}, which the rewrite read; nothing was committed, run again"
+                )
+            taken = sorted(removing & {f.path for f in change.removed})
+            if taken:
+                raise CommitConflictError(
+                    f"version {change.version} of {self.path} removed {taken[:3]} after version {read_version}, "
+                    "which the rewrite read (another rewrite of the same files); nothing was committed, run again"
+                )
+
+        self._next_version = max(self._next_version, read_version + 1)
+        for version in range(read_version + 1, self._next_version):
+            change = read_change(self.path, version)
+            if change is not None:  # None: cleaned up since, older than what the rewrite read
+                check(change)
+        now = int(time.time() * 1000)
+        commit_info = {
+            "commitInfo": {
+                "timestamp": now,
+                "operation": "OPTIMIZE",
+                "operationParameters": {},
+                "readVersion": read_version,
+                "isBlindAppend": False,
+                **(info or {}),
+            }
+        }
+        actions = [commit_info, *({"add": {**a.action(now)["add"], "dataChange": False}} for a in adds)]
+        actions += [
+            {
+                "remove": {
+                    "path": f.log_path,
+                    "deletionTimestamp": now,
+                    "dataChange": False,
+                    "extendedFileMetadata": True,
+                    "partitionValues": f.partition_values,
+                    "size": f.size,
+                }
+            }
+            for f in removes
+        ]
+        payload = "".join(json.dumps(action) + "\n" for action in actions).encode("utf-8")
+        version = self._put_if_absent(payload, check)
+        if self.checkpoint_interval and version % self.checkpoint_interval == 0:
+            self._checkpoint_async()
+        return version
+
     def append(self, rows: pa.Table, operation: str = "WRITE") -> int:
         """Write ``rows`` and commit them; return the new version."""
         return self.commit(self.write_files(rows), operation)
 
-    def _put_if_absent(self, payload: bytes) -> int:
+    def _put_if_absent(self, payload: bytes, check: Callable[[CommitChange], None] | None = None) -> int:
         self._resync_if_cleaned_up()
         temp = self._log / f"_commit_{uuid.uuid4()}.json.tmp"
         with open(temp, "wb") as handle:
@@ -170,7 +247,7 @@ class AppendLog:
                 try:
                     os.link(temp, target)
                 except FileExistsError:
-                    self._catch_up()
+                    self._catch_up(check)
                     continue
                 version = self._next_version
                 self._next_version += 1
@@ -180,8 +257,9 @@ class AppendLog:
         finally:
             temp.unlink(missing_ok=True)
 
-    def _catch_up(self) -> None:
-        """Skip versions other writers took, refusing any that changed protocol or schema.
+    def _catch_up(self, check: Callable[[CommitChange], None] | None = None) -> None:
+        """Skip versions other writers took, refusing any that changed protocol or schema, and any
+        that ``check`` raises on.
 
         Versions are contiguous, so it reads forward from the next version until one is missing:
         the cost follows the commits taken meanwhile, not the length of the log.
@@ -190,6 +268,8 @@ class AppendLog:
             change = read_change(self.path, self._next_version)
             if change is None:
                 return
+            if check is not None:
+                check(change)
             if change.protocol_changed or change.metadata_changed:
                 self._check_protocol()
             self._next_version += 1
@@ -214,7 +294,7 @@ class AppendLog:
         return version
 
     def _check_protocol(self) -> None:
-        protocol = DeltaTable(str(self.path)).protocol()
+        protocol = load_table(self.path).protocol()
         features = set(protocol.writer_features or [])
         if protocol.min_writer_version > 2 and not (
             protocol.min_writer_version == 7 and features <= _SUPPORTED_WRITER_FEATURES
@@ -234,7 +314,7 @@ class AppendLog:
     def _checkpoint(self) -> None:
         # a checkpoint only speeds up readers; a failure leaves the log as valid as before
         try:
-            DeltaTable(str(self.path)).create_checkpoint()
+            load_table(self.path).create_checkpoint()
         except Exception:
             pass
 

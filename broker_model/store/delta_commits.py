@@ -12,12 +12,21 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
 LOG_DIR = "_delta_log"  # the Delta protocol's name for a table's log directory
+# what delta-rs says of a listing of the log that holds a commit but not the one before it
+LISTING_GAP = "Expected contiguous commit files"
+LISTING_ATTEMPTS = 5
+_T = TypeVar("_T")
 
 
 def log_dir(table_dir: str | Path) -> Path:
@@ -51,6 +60,43 @@ def latest_version(table_dir: str | Path) -> int:
     commits = [n[:20] for n in names if n.endswith(".json") and n[:20].isdigit()]
     checkpoints = [n[:20] for n in names if ".checkpoint" in n and n.endswith(".parquet") and n[:20].isdigit()]
     return int(max(commits + checkpoints, default="-1"))
+
+
+def load_table(table_dir: str | Path, version: int | None = None) -> DeltaTable:
+    """delta-rs's snapshot of the table in the local directory ``table_dir`` at ``version`` (None:
+    the newest version one listing of its log shows).
+
+    The newest version is pinned before delta-rs lists the log itself: a listing taken while another
+    process commits can miss a commit file and hold the next one (a directory listing is no
+    snapshot of the directory), and delta-rs refuses a log with a gap. Every commit up to the newest
+    one a listing shows was written before delta-rs lists again, so the pinned load sees them all.
+
+    Raises:
+        deltalake.exceptions.TableNotFoundError: no Delta table in ``table_dir``.
+    """
+    if version is None:
+        newest = latest_version(table_dir)
+        version = newest if newest >= 0 else None
+    return DeltaTable(str(table_dir), version=version)
+
+
+def retry_listing_gap(action: Callable[[], _T], attempts: int = LISTING_ATTEMPTS) -> _T:
+    """``action()``, a delta-rs load or commit, run again when delta-rs refused a listing of the log
+    with a gap (:func:`load_table` says why a listing can show one while another process commits).
+
+    delta-rs lists the log unpinned where a caller cannot pin it: loading a table by path, and
+    finding the newest version after another writer took the one a commit wanted. Both come
+    before the commit file is written, so a refused ``action`` committed nothing and may run again.
+    """
+    attempt = 1
+    while True:
+        try:
+            return action()
+        except DeltaError as error:
+            if LISTING_GAP not in str(error) or attempt >= attempts:
+                raise
+        time.sleep(0.01 * attempt)
+        attempt += 1
 
 
 def has_later_commit(table_dir: str | Path, version: int) -> bool:
@@ -189,6 +235,9 @@ class CommitTail:
             if change is None:
                 if changes or not has_later_commit(self.table_dir, self.version + 1):
                     return changes
-                return None
+                # a later commit is there: this one was written since the open above, or is gone
+                change = read_change(self.table_dir, self.version + 1)
+                if change is None:
+                    return None
             self.version += 1
             changes.append(change)

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from broker_model.store.delta_commits import log_dir
+from broker_model.store.delta_commits import load_table, log_dir, retry_listing_gap
 from broker_model.store.delta_files import scan_files, snapshot_files
 from schemas.catalog import TableSpec
 from schemas.errors import LakeError, ValidationError
@@ -57,7 +57,7 @@ def read_table(
     """
     path = spec.location(lake_root)
     try:
-        table = DeltaTable(str(path))
+        table = load_table(path)
     except TableNotFoundError:
         schema = spec.arrow_schema
         return schema.empty_table().select(columns) if columns else schema.empty_table()
@@ -74,11 +74,13 @@ def append_rows(lake_root: str | Path, spec: TableSpec, rows: pa.Table) -> None:
     """Append a small table of rows with delta-rs (for rare writes such as configuration), then
     pack the table's small files when they have piled up (:func:`pack_small_files`)."""
     path = ensure_table(lake_root, spec)
-    write_deltalake(
-        str(path),
-        rows.select(spec.column_names).cast(spec.arrow_schema),
-        mode="append",
-        partition_by=list(spec.partition_by) or None,
+    retry_listing_gap(
+        lambda: write_deltalake(
+            str(path),
+            rows.select(spec.column_names).cast(spec.arrow_schema),
+            mode="append",
+            partition_by=list(spec.partition_by) or None,
+        )
     )
     pack_small_files(path)
 
@@ -102,7 +104,7 @@ def pack_small_files(
     reads the table's appends from that version on. The version committed; None when no partition
     has that many files, or when a concurrent writer's commit conflicts (the next append tries
     again). ``snapshot`` is only read."""
-    counted = snapshot if snapshot is not None else DeltaTable(str(path), version=files_up_to)
+    counted = snapshot if snapshot is not None else load_table(path, files_up_to)
     actions = pa.table(counted.get_add_actions(flatten=True))
     if actions.num_rows + appended > SMALL_TABLE_FILES:
         actions = actions.filter(pc.less(actions.column("size_bytes"), SMALL_FILE_BYTES))
@@ -114,7 +116,7 @@ def pack_small_files(
     if most + appended <= SMALL_TABLE_FILES:
         return None
     # compaction moves the table it runs on to its new version: never a snapshot shared by readers
-    table = counted if snapshot is None else DeltaTable(str(path), version=files_up_to)
+    table = counted if snapshot is None else load_table(path, files_up_to)
     try:
         table.optimize.compact(target_size=SMALL_FILE_BYTES)
         # a checkpoint of the packed version: loading the table then replays at most the commits

@@ -28,12 +28,11 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from broker_model.common import WithProperties, consume_queue_tags_code, decompress_body, dispatched_mask, tags_code
 from broker_model.common import constants as c
-from broker_model.store.delta_commits import CommitChange, CommitTail
+from broker_model.store.delta_commits import CommitChange, CommitTail, load_table
 from broker_model.store.delta_files import FILE_COLUMN, rows_within_files, scan_files, snapshot_files
 from schemas.catalog import COMMITLOG
 from schemas.errors import ValidationError
@@ -244,7 +243,7 @@ class MessageStore:
             self._cache.clear()
             self._cached = 0
             try:
-                table = DeltaTable(str(path))
+                table = load_table(path)
             except TableNotFoundError:
                 self._tail = CommitTail(path, -1)
                 return self

@@ -22,12 +22,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from broker_model.common import GroupQueueKey
 from broker_model.store.append_log import AppendLog
-from broker_model.store.delta_commits import CommitTail
+from broker_model.store.delta_commits import CommitTail, load_table
 from broker_model.store.delta_tables import ensure_table
 from schemas.catalog import CONSUMER_OFFSET_COMMITS
 
@@ -94,7 +93,7 @@ class OffsetLedger:
         """Read the whole table as of now and follow its log from there."""
         with self._lock:
             try:
-                table = DeltaTable(str(self.path))
+                table = load_table(self.path)
             except TableNotFoundError:
                 self._latest, self._tail = {}, CommitTail(self.path, -1)
                 return self

@@ -34,6 +34,7 @@ from broker_model.common import constants as c
 from broker_model.common import now_ms, parse_host, validate_name
 from broker_model.store.append_log import AddFile, AppendLog, escape_partition_value
 from broker_model.store.commitlog import rows_to_table
+from broker_model.store.delta_commits import load_table
 from broker_model.store.delta_tables import append_rows, ensure_table, read_table
 from broker_model.store.name_lock import BrokerNameLock
 from broker_model.store.record import RECORD_COLUMNS, decode_record, encode_blank, encode_record, peek_header
@@ -300,7 +301,7 @@ def _refuse_existing_records(lake: Path, broker_name: str) -> None:
 
 def segment_count(lake: Path, broker_name: str) -> int:
     """How many segments of ``broker_name`` hold records in the lake's ``commitlog`` (which exists)."""
-    table = DeltaTable(str(COMMITLOG.location(lake)))
+    table = load_table(COMMITLOG.location(lake))
     segments = table.partitions(file_pruning_predicate=[("broker_name", "=", broker_name)])
     return sum(p["broker_name"] == broker_name for p in segments)
 
@@ -519,7 +520,7 @@ def export_commitlog(lake: Path, broker_name: str, out_dir: Path) -> ExportRepor
     _check_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        table = DeltaTable(str(COMMITLOG.location(lake)))
+        table = load_table(COMMITLOG.location(lake))
     except TableNotFoundError:
         return ExportReport(broker_name, out_dir, 0, 0, 0, segment_size, None, None, None)
     segments = sorted(

@@ -42,7 +42,7 @@ from deltalake import DeltaTable
 from broker_model.common import constants as c
 from broker_model.common import delay_progress_path, now_ms, validate_name
 from broker_model.store.append_log import AppendLog
-from broker_model.store.delta_commits import latest_version, read_change
+from broker_model.store.delta_commits import latest_version, load_table, read_change, retry_listing_gap
 from broker_model.store.delta_tables import ensure_table, read_table
 from broker_model.store.name_lock import BrokerNameLock
 from broker_model.store.record import peek_header
@@ -83,7 +83,7 @@ def ingested_end(lake: Path, broker_name: str) -> int | None:
     location = COMMITLOG.location(lake)
     if not DeltaTable.is_deltatable(str(location)):
         return None
-    return DeltaTable(str(location)).transaction_version(app_id(broker_name))
+    return load_table(location).transaction_version(app_id(broker_name))
 
 
 # -- the walk ------------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ def ingest_store(
     commitlog_dir = _check_store_dir(store_dir)
     snapshot = read_snapshot(store_dir)  # a malformed config file stops the run before any write
     with BrokerNameLock(lake, broker_name):
-        log = DeltaTable(str(ensure_table(lake, COMMITLOG)))  # one snapshot for every check of the run
+        log = load_table(ensure_table(lake, COMMITLOG))  # one snapshot for every check of the run
         done = log.transaction_version(app_id(broker_name))
         if done is None:
             _refuse_other_writers(lake, broker_name)
@@ -547,11 +547,13 @@ def _record_ingest(lake: Path, broker_name: str, parameters: dict[str, str], ver
         "commitlog_version": version,
     }
     path = ensure_table(lake, STORE_INGESTS)
-    write_deltalake(
-        str(path),
-        pa.Table.from_pylist([row], schema=STORE_INGESTS.arrow_schema),
-        mode="append",
-        commit_properties=CommitProperties(app_transactions=[Transaction(app_id(broker_name), end)]),
+    retry_listing_gap(
+        lambda: write_deltalake(
+            str(path),
+            pa.Table.from_pylist([row], schema=STORE_INGESTS.arrow_schema),
+            mode="append",
+            commit_properties=CommitProperties(app_transactions=[Transaction(app_id(broker_name), end)]),
+        )
     )
 
 
@@ -561,7 +563,7 @@ def _record_missing_ingest(lake: Path, broker_name: str, done: int | None) -> No
     broker's ingested end (:func:`ingested_end`)."""
     path = STORE_INGESTS.location(lake)
     recorded = (
-        DeltaTable(str(path)).transaction_version(app_id(broker_name)) if DeltaTable.is_deltatable(str(path)) else None
+        load_table(path).transaction_version(app_id(broker_name)) if DeltaTable.is_deltatable(str(path)) else None
     )
     if done is None or recorded == done:
         return

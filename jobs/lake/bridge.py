@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
+from broker_model.store import retry_listing_gap
 from jobs.lake.conform import check_partition_filter, create_table
 from jobs.lake.engine import PartitionFilter, PartitionTargets, TableWrite, WriteMode
 from jobs.lake.snapshots import (
@@ -362,12 +363,14 @@ def commit_data_files(
     removes = _removes_in(dt, partition_by, targets or []) if mode == "partitions" else []
     actions: list[AddAction | RemoveAction] = [*[f.add_action() for f in written.files], *removes]
     try:
-        dt.create_write_transaction(
-            actions,
-            mode="overwrite" if mode == "overwrite" else "append",
-            schema=dt.schema(),
-            partition_by=partition_by,
-            commit_properties=properties,
+        retry_listing_gap(
+            lambda: dt.create_write_transaction(
+                actions,
+                mode="overwrite" if mode == "overwrite" else "append",
+                schema=dt.schema(),
+                partition_by=partition_by,
+                commit_properties=properties,
+            )
         )
     except DeltaError as err:
         raise LakeError(f"delta-rs refused the commit to {table_dir}: {err}") from err

@@ -2,13 +2,10 @@
 statistics, the plan (runs of adjacent small files of a segment packed into bins), and the rewrite:
 each bin is written as one file with Arrow and committed in place of its files with a put-if-absent
 commit (every action dataChange=false), whatever the engine (:func:`compact` says why not Delta's
-OPTIMIZE, which :func:`compact_delta_spark` still runs). See docs/jobs.md (compact_commitlog)."""
+OPTIMIZE). See docs/jobs.md (compact_commitlog)."""
 
 from __future__ import annotations
 
-import json
-import math
-import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,31 +14,17 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
-from deltalake.transaction import AddAction, CommitProperties, RemoveAction
-from pyspark.sql import SparkSession
 
-from broker_model.store import AddFile, AppendLog
-from jobs.lake.delta_spark import replace_where
+from broker_model.store import AddFile, AppendLog, FileAction
 from jobs.lake.facade import Lake
 from jobs.lake.snapshots import add_actions, check_bridge_can_read, file_location, local_directory, open_table
 from schemas.catalog import COMMITLOG
 from schemas.errors import LakeError, ValidationError
 
-# every retry re-checks only the commits made since the previous attempt; the broker commits often
-COMMIT_RETRIES = 100
-
-
 SegmentKey = tuple[str, int]
 
 
 _DATA_SCHEMA = pa.schema([f for f in COMMITLOG.arrow_schema if f.name in COMMITLOG.data_columns])
-
-
-_DELTA_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
-
-
-_DELTA_MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"
 
 
 @dataclass(frozen=True)
@@ -118,21 +101,11 @@ class CompactSummary:
         return [f"  {name:<22}{value:>14}" for name, value in self.row_counts().items()]
 
 
-def sealed_segments(files: Iterable[DataFile]) -> frozenset[SegmentKey]:
-    """The segments that have a later segment of the same broker among ``files``."""
-    keys = {f.segment_key for f in files}
-    last: dict[str, int] = {}
-    for broker_name, segment in keys:
-        last[broker_name] = max(last.get(broker_name, segment), segment)
-    return frozenset(k for k in keys if k[1] < last[k[0]])
-
-
 def plan_bins(
     files: Sequence[DataFile],
     target_file_size: int,
     min_file_fraction: float,
     eligible: Collection[str] | None = None,
-    sealed_only: bool = False,
 ) -> list[Bin]:
     """The bins to rewrite (docs/jobs.md, compact_commitlog, "What is compacted").
 
@@ -140,18 +113,14 @@ def plan_bins(
         files: every active file of the commit log.
         target_file_size, min_file_fraction: see :class:`CompactConfig`.
         eligible: the paths that may be compacted (see :func:`eligible_paths`); None for all.
-        sealed_only: plan only the segments that have a later segment of the same broker (the
-            delta-spark engine's rule), not the one each broker is writing.
 
     Deterministic: segments in (broker_name, segment) order, files in (first_offset, path) order
     (files without statistics last), bins in packing order.
     """
-    sealed = sealed_segments(files)
     threshold = min_file_fraction * target_file_size
     by_segment: dict[SegmentKey, list[DataFile]] = {}
     for data_file in files:
-        if not sealed_only or data_file.segment_key in sealed:
-            by_segment.setdefault(data_file.segment_key, []).append(data_file)
+        by_segment.setdefault(data_file.segment_key, []).append(data_file)
 
     def candidate(data_file: DataFile) -> bool:
         return (eligible is None or data_file.path in eligible) and data_file.size < threshold
@@ -295,52 +264,36 @@ def _check_row_count(one: Bin, rows: int) -> None:
         )
 
 
-def commit_bins(table_dir: str, bins: Sequence[Bin], written: Sequence[AddFile], run_id: str) -> int:
-    """Commit ``written`` in place of the bins' files, one Delta commit, every action ``dataChange=false``.
+def commit_bins(writer: AppendLog, table_dir: str, bins: Sequence[Bin], written: Sequence[AddFile], run_id: str) -> int:
+    """Commit ``written`` in place of the bins' files, one put-if-absent Delta commit, every action
+    ``dataChange=false`` (:meth:`AppendLog.rewrite`).
 
-    The commit is made against the latest snapshot once every file to remove is checked active in
-    it; delta-rs checks the commits made after that snapshot and retries over the ones that do not
-    conflict (appends). Returns the table version after the commit.
+    The files to remove are checked active in the latest snapshot, and every commit after it is
+    checked before the commit lands: appends (the brokers') do not conflict, a commit that removed
+    one of the files or changed the table's metadata does. Returns the table version after the
+    commit.
 
     Raises:
-        LakeError: a file to remove is no longer active (another compaction), delta-rs refused the
-            commit (a conflicting commit), or the commit left a removed file active. Nothing of
-            this batch is then committed, except in the last case (the error says so).
+        LakeError: a file to remove is no longer active, or a conflicting commit came (another
+            compaction): nothing of this batch is committed. Or the commit left a removed file
+            active (the error says so).
     """
     dt = open_table(table_dir)
     active = {f.path for f in list_files(dt)}
     gone = [f.path for b in bins for f in b.files if f.path not in active]
     if gone:
         raise LakeError(f"files to compact in {table_dir} were removed by another writer: {gone[:3]}; run again")
-    now = int(time.time() * 1000)
-    removes = [RemoveAction(unquote(f.path), False, now, f.size, b.partition_values) for b in bins for f in b.files]
-    adds = [
-        AddAction(unquote(a.path), a.size, a.partition_values, now, False, json.dumps(a.stats, separators=(",", ":")))
-        for a in written
-    ]
+    removes = [FileAction(f.path, b.partition_values, f.size, False) for b in bins for f in b.files]
     # not "job": delta-spark reads commitInfo.job as its JobInfo struct, and a string there fails its
     # time travel, history and conflict checks over this commit (MALFORMED_RECORD_IN_PARSING)
-    properties = CommitProperties(
-        custom_metadata={"rmqJob": "compact_commitlog", "rmqRunId": run_id}, max_commit_retries=COMMIT_RETRIES
-    )
-    try:
-        dt.create_write_transaction(
-            [*adds, *removes],
-            mode="append",
-            schema=dt.schema(),
-            partition_by=list(COMMITLOG.partition_by),
-            commit_properties=properties,
-        )
-    except DeltaError as err:
-        raise LakeError(f"delta-rs refused the compaction commit to {table_dir}: {err}; nothing was committed") from err
-    after = open_table(table_dir)
-    still = {f.path for f in list_files(after)} & {f.path for b in bins for f in b.files}
+    version = writer.rewrite(list(written), removes, dt.version(), {"rmqJob": "compact_commitlog", "rmqRunId": run_id})
+    still = {f.path for f in list_files(open_table(table_dir, version))} & {f.path for b in bins for f in b.files}
     if still:
         raise LakeError(
             f"the compaction of {table_dir} committed but left {sorted(still)[:3]} active; "
             "the table holds their rows twice, remove the compacted files of those segments"
         )
-    return after.version()
+    return version
 
 
 def delete_files(table_dir: str, written: Iterable[AddFile]) -> None:
@@ -371,7 +324,7 @@ def compact_bridge(
     for batch in batches(bins, segments_per_commit):
         written = write_bins(writer, table_dir, batch)
         try:
-            commit_bins(table_dir, batch, written, run_id)
+            commit_bins(writer, table_dir, batch, written, run_id)
         except BaseException:
             if not _is_committed(table_dir, written):
                 delete_files(table_dir, written)
@@ -383,46 +336,6 @@ def compact_bridge(
         summary.files_added += len(written)
         summary.bytes_added += sum(a.size for a in written)
         summary.rows_rewritten += sum(a.num_records for a in written)
-
-
-def optimize_statement(path: str, bins: Sequence[Bin]) -> str:
-    """The ``OPTIMIZE`` statement restricted to the segments of ``bins``."""
-    targets = sorted({(b.broker_name, b.segment) for b in bins})
-    predicate = replace_where(COMMITLOG, [{"broker_name": name, "segment": str(segment)} for name, segment in targets])
-    return f"OPTIMIZE delta.`{path.replace('`', '``')}` WHERE {predicate}"
-
-
-def compact_delta_spark(
-    spark: SparkSession,
-    path: str,
-    bins: Sequence[Bin],
-    target_file_size: int,
-    min_file_fraction: float,
-    segments_per_commit: int,
-    summary: CompactSummary,
-) -> None:
-    """Run Delta's ``OPTIMIZE`` on the segments of ``bins``, one statement per batch of segments."""
-    sizes = {
-        _DELTA_MAX_FILE_SIZE: str(target_file_size),
-        _DELTA_MIN_FILE_SIZE: str(math.ceil(min_file_fraction * target_file_size)),
-    }
-    previous = {key: spark.conf.get(key, None) for key in sizes}
-    try:
-        for key, value in sizes.items():
-            spark.conf.set(key, value)
-        for batch in batches(bins, segments_per_commit):
-            metrics = spark.sql(optimize_statement(path, batch)).select("metrics.*").first()
-            summary.commits += 1
-            summary.segments_compacted += len({(b.broker_name, b.segment) for b in batch})
-            if metrics is not None:
-                summary.files_removed += int(metrics["numFilesRemoved"])
-                summary.files_added += int(metrics["numFilesAdded"])
-    finally:
-        for key, old in previous.items():
-            if old is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, old)
 
 
 def plan_compaction(
@@ -440,19 +353,11 @@ def plan_compaction(
     check_bridge_can_read(dt, table_dir)
     eligible = eligible_paths(table_dir, dt, files_up_to_version)
     files = list_files(dt)
-    bins = plan_bins(files, target_file_size, min_file_fraction, eligible, sealed_only=False)
+    bins = plan_bins(files, target_file_size, min_file_fraction, eligible)
     return dt.version(), files, bins
 
 
-def compact(
-    lake: Lake,
-    bins: Sequence[Bin],
-    target_file_size: int,
-    min_file_fraction: float,
-    segments_per_commit: int,
-    run_id: str,
-    summary: CompactSummary,
-) -> None:
+def compact(lake: Lake, bins: Sequence[Bin], segments_per_commit: int, run_id: str, summary: CompactSummary) -> None:
     """Rewrite ``bins``, ``segments_per_commit`` segments per commit, with put-if-absent commits
     whatever the lake's engine; fills ``summary``.
 
@@ -460,7 +365,7 @@ def compact(
     exclusive commits (``link(2)``), but delta-spark's LogStore for local files (``HDFSLogStore``)
     checks that a commit file is absent and then renames over it, so a broker commit landing
     between the two is silently replaced; and OPTIMIZE cannot keep to the files active at
-    ``files_up_to_version``. :func:`compact_delta_spark` stays for a caller that can rule both out.
+    ``files_up_to_version``. See docs/lake.md (mixed writers).
     """
     table_dir = local_directory(lake.location(COMMITLOG))
     compact_bridge(table_dir, bins, segments_per_commit, run_id, summary)

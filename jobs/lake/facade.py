@@ -17,7 +17,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake import Schema as DeltaSchema
 from deltalake.transaction import CommitProperties, Transaction
 
-from broker_model.store import pack_small_files, read_change
+from broker_model.store import load_table, pack_small_files, read_change, retry_listing_gap
 from jobs.lake.bridge import BridgeEngine, WrittenFiles, commit_data_files, scan_files, write_data_files
 from jobs.lake.conform import (
     check_catalog_schema,
@@ -334,10 +334,18 @@ class Lake:
             return None
         properties = CommitProperties(app_transactions=[txn]) if txn is not None else None
         if mode == "overwrite":
-            write_deltalake(path, conformed, mode="overwrite", predicate=predicate, commit_properties=properties)
+            retry_listing_gap(
+                lambda: write_deltalake(
+                    path, conformed, mode="overwrite", predicate=predicate, commit_properties=properties
+                )
+            )
         else:
             partition_by = list(spec.partition_by) or None
-            write_deltalake(path, conformed, mode="append", partition_by=partition_by, commit_properties=properties)
+            retry_listing_gap(
+                lambda: write_deltalake(
+                    path, conformed, mode="append", partition_by=partition_by, commit_properties=properties
+                )
+            )
         # the new version from a probe or a listing of the log: loading it would replay the log
         version = table_version(local_directory(path))
         if mode == "append" and spec.name in PACKED_ON_APPEND:
@@ -382,7 +390,7 @@ class Lake:
         if required:
             raise LakeError(f"the Delta table at {path} lacks the NOT NULL catalog columns {required}; migrate it")
         schema = DeltaSchema.from_arrow(pa.schema([spec.arrow_schema.field(column.name) for column in missing]))
-        DeltaTable(path).alter.add_columns(list(schema.fields))
+        load_table(path).alter.add_columns(list(schema.fields))
         version = table_version(local_directory(path))
         check_catalog_schema(spec, log_schema(open_table(path)), path)
         return version

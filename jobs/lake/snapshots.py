@@ -57,8 +57,12 @@ def open_table(path: str, version: int | None = None) -> DeltaTable:
         kept = _SNAPSHOTS.get(table_dir, version)
         if kept is not None:
             return kept
+    pinned = version
+    if pinned is None and table_dir is not None:  # pinned before delta-rs lists: see load_table
+        newest = latest_version(table_dir)
+        pinned = newest if newest >= 0 else None
     try:
-        dt = DeltaTable(path, version=version)
+        dt = DeltaTable(path, version=pinned)
     except TableNotFoundError:
         raise LakeError(f"no Delta table at {path}; check the lake root or write the table first") from None
     except DeltaError as err:
