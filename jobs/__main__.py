@@ -24,6 +24,7 @@ JOBS = {
     "route_dlq": "jobs.dlq.job",
     "compact_commitlog": "jobs.compact_commitlog",
     "report": "jobs.report",
+    "shell": "jobs.shell",
 }
 
 

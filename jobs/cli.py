@@ -10,14 +10,16 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Protocol, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pyspark.sql import SparkSession
 
 from broker_model.common import default_lake, parse_instant
 from jobs.lake import ENGINES, build_session
 from jobs.runs import JobRun
+from schemas.errors import ValidationError
 
 
 class SparkJobConfig(Protocol):
@@ -92,8 +94,34 @@ def text_table(lines: Sequence[Sequence[str]]) -> list[str]:
 
 def iso_utc(epoch_ms: int) -> str:
     """``epoch_ms`` as UTC ISO-8601 with milliseconds, e.g. ``2023-11-14T22:13:20.000Z``."""
-    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    return iso_in_zone(epoch_ms, "UTC")
+
+
+def iso_in_zone(epoch_ms: int, zone: str) -> str:
+    """``epoch_ms`` as ISO-8601 with milliseconds in the time zone ``zone`` (an IANA name, as
+    Spark's ``spark.sql.session.timeZone`` takes, or a fixed offset such as ``+08:00``): with its
+    offset, ``Z`` for UTC, e.g. ``2023-11-15T06:13:20.000+08:00``.
+
+    Raises:
+        ValidationError: ``zone`` is neither a time zone name nor an offset.
+    """
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=_zone(zone))
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _zone(zone: str) -> tzinfo:
+    if zone.upper() in ("UTC", "Z", "GMT", "ETC/UTC"):
+        return UTC
+    try:
+        return ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        pass
+    try:
+        return datetime.strptime(zone, "%z").tzinfo or UTC
+    except ValueError:
+        raise ValidationError(
+            "time zone", zone, "is neither a time zone name nor an offset", "use e.g. Europe/Berlin or +08:00"
+        ) from None
 
 
 def format_age(millis: int) -> str:

@@ -158,7 +158,7 @@ def test_summary_counts_by_group_topic_reason_and_age(spark: SparkSession, base_
         counts = expected[(r["group"], r["origin_topic"], r["reason"])]
         assert r["dead_letters"] == counts["dead_letters"] > 0
         assert [r[name] for name, _, _ in dlq.AGE_BUCKETS] == [counts[name] for name, _, _ in dlq.AGE_BUCKETS]
-        assert r["redriven"] == 0 and r["as_of"] == as_of
+        assert r["redriven"] == 0 and round(r["as_of"].timestamp() * 1000) == as_of
     assert sum(r["dead_letters"] for r in result) == len(alive) > 0
     everything = dlq.summary(dlq.load(spark, base_lake.path)).collect()
     assert sum(r["dead_letters"] for r in everything) == len(rows)
@@ -358,3 +358,59 @@ def test_redrive_refuses_while_the_broker_runs(spark: SparkSession, lake: Path) 
         with pytest.raises(LakeError, match="stop that broker"):
             dlq.redrive(spark, [dead], "r-2", lake, execute=True)
     assert _version(lake, DLQ_REDRIVES) is None and _version(lake, COMMITLOG) == commitlog_version
+
+
+# ---------------------------------------------------------------------------------------------
+# The shell: python -m jobs shell
+# ---------------------------------------------------------------------------------------------
+
+SHELL_SCRIPT = """
+import json
+rows = spark.sql("SELECT msg_id, `group` FROM rmq.dlq").collect()
+by_path = spark.read.format("delta").load(str(lake_root / "dlq")).count()
+summary = dlq.summary(dlq.load(spark, lake_root)).collect()
+print("RESULT " + json.dumps({
+    "sql": sorted(r["msg_id"] for r in rows),
+    "by_path": by_path,
+    "tables": sorted(t.name for t in spark.catalog.listTables("rmq")),
+    "summarised": sum(r["dead_letters"] for r in summary),
+}))
+dlq.show(spark, sorted(r["msg_id"] for r in rows)[0], lake_root)
+"""
+
+
+@pytest.mark.engine("delta-spark")  # the shell always configures Delta: its run needs the Delta jars
+@pytest.mark.subprocess
+@pytest.mark.parametrize("shell_engine", ["bridge", "delta-spark"])
+def test_the_shell_opens_on_the_lake_with_delta_sql_by_name_and_times_in_its_zone(
+    lake: Path, tmp_path: Path, shell_engine: str
+) -> None:
+    script = tmp_path / "session.py"
+    script.write_text(SHELL_SCRIPT, encoding="utf-8")
+    command = [sys.executable, "-m", "jobs", "shell", "--lake", str(lake), "--master", "local[1]"]
+    command += ["--engine", shell_engine, "--time-zone", "Asia/Shanghai", "--execute", str(script)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    rows = _dlq_rows(lake)
+    assert result["sql"] == sorted(r["msg_id"] for r in rows) and result["by_path"] == len(rows)
+    assert result["summarised"] == len(rows)
+    assert {"commitlog", "dlq", "retry_chains"} <= set(result["tables"])
+    assert f"engine {shell_engine}, time zone Asia/Shanghai" in done.stdout
+    # the dead letter shown prints its times as ISO timestamps at +08:00, never epoch ms
+    shown = done.stdout.split("RESULT ", 1)[1]
+    assert "+08:00" in shown and "Z\n" not in shown
+    first = min(r["dlq_timestamp"] for r in rows if r["dlq_timestamp"] is not None)
+    assert str(first) not in shown
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(
+    ("option", "value", "field"),
+    [("--time-zone", "Mars/Olympus", "time zone"), ("--lake", "no-such-lake", "lake")],
+)
+def test_the_shell_refuses_bad_input_before_spark_starts(lake: Path, option: str, value: str, field: str) -> None:
+    command = [sys.executable, "-m", "jobs", "shell", "--lake", str(lake), option, value]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert field in done.stderr and value in done.stderr and "SparkContext" not in done.stderr

@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "jobs.report",
         "jobs.reset_offsets",
     ),
-    ("jobs.nightly",),
+    ("jobs.nightly", "jobs.shell"),
     ("jobs",),
 )
 JOBS = LAYERS[-3]

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from broker_model.common import constants as c
 from broker_model.common import decode_msg_id, decompress_body, default_lake, parse_instant
-from jobs.cli import format_age, iso_utc, text_table
+from jobs.cli import format_age, iso_in_zone, text_table
 from jobs.dlq.transforms import REASONS, SENT
 from jobs.lake import Lake
 from schemas.catalog import BROKERS, COMMITLOG, DLQ, DLQ_REDRIVES
@@ -145,11 +145,12 @@ def summary(df: DataFrame, as_of: Instant | None = None) -> DataFrame:
 
 
 def build_summary(dlq_df: DataFrame, as_of: int) -> DataFrame:
-    """Per (``group``, ``origin_topic``, ``reason``), ordered by them: ``dead_letters``,
-    ``redriven`` (``redrive_state`` SENT), ``oldest_timestamp`` and ``newest_timestamp`` (epoch
-    ms), one count per :data:`AGE_BUCKETS` bucket of ``as_of`` minus the time the message died,
-    and ``as_of``. The time it died is ``dlq_timestamp``, or for a ``POLICY_NOT_WRITTEN`` row the
-    store time of its latest attempt. Rows that died after ``as_of`` are left out."""
+    """Per (``group``, ``origin_topic``, ``reason``), ordered by them: ``dead_letters``, ``redriven``
+    (``redrive_state`` SENT), ``oldest_timestamp`` and ``newest_timestamp``, one count per
+    :data:`AGE_BUCKETS` bucket of ``as_of`` minus the time the message died, and ``as_of``; the
+    three times are Spark timestamps (shown in the session's time zone). The time it died is
+    ``dlq_timestamp``, or for a ``POLICY_NOT_WRITTEN`` row the store time of its latest attempt.
+    Rows that died after ``as_of`` are left out."""
     died = F.coalesce("dlq_timestamp", F.element_at("attempts", -1)["store_timestamp"], "first_failure_timestamp")
     age = F.lit(as_of) - F.col("_died")
     buckets = [
@@ -163,8 +164,8 @@ def build_summary(dlq_df: DataFrame, as_of: int) -> DataFrame:
         .agg(
             F.count(F.lit(1)).alias("dead_letters"),
             F.count_if(F.coalesce(F.col("redrive_state").startswith(SENT + " "), F.lit(False))).alias("redriven"),
-            F.min("_died").alias("oldest_timestamp"),
-            F.max("_died").alias("newest_timestamp"),
+            F.timestamp_millis(F.min("_died")).alias("oldest_timestamp"),
+            F.timestamp_millis(F.max("_died")).alias("newest_timestamp"),
             *buckets,
         )
         .select(
@@ -176,7 +177,7 @@ def build_summary(dlq_df: DataFrame, as_of: int) -> DataFrame:
             "oldest_timestamp",
             "newest_timestamp",
             *[name for name, _, _ in AGE_BUCKETS],
-            F.lit(as_of).cast("long").alias("as_of"),
+            F.timestamp_millis(F.lit(as_of).cast("long")).alias("as_of"),
         )
         .orderBy("group", "origin_topic", "reason")
     )
@@ -219,12 +220,13 @@ def show(
             "list them with dlq.load(spark)",
         )
     redrives = _redrive_rows(lake_, [(r["broker_name"], r["msg_id"]) for r in rows])
+    zone = session_zone(spark)
     for index, row in enumerate(rows):
         stored = _stored_flags(lake_, row["broker_name"], row["msg_id"])
         mine = [r for r in redrives if (r["broker_name"], r["msg_id"]) == (row["broker_name"], row["msg_id"])]
         if index:
             print()
-        print("\n".join(format_dead_letter(row, stored, mine, max_body_bytes)))
+        print("\n".join(format_dead_letter(row, stored, mine, max_body_bytes, zone)))
 
 
 def format_dead_letter(
@@ -232,9 +234,10 @@ def format_dead_letter(
     stored: tuple[int, int] | None,
     redrives: Sequence[Mapping[str, Any]],
     max_body_bytes: int = MAX_BODY_BYTES,
+    zone: str = "UTC",
 ) -> list[str]:
     """The lines :func:`show` prints for one ``dlq`` row (a dict), its commit log record's
-    (flag, sys_flag) when known, and its ``dlq_redrives`` rows."""
+    (flag, sys_flag) when known, and its ``dlq_redrives`` rows; times in the time zone ``zone``."""
     properties = dict(row["properties"] or {})
     flag, sys_flag = stored if stored is not None else (None, 0)
     fields = [
@@ -248,8 +251,8 @@ def format_dead_letter(
         ("tags", properties.get(c.PROPERTY_TAGS)),
         ("reason", row["reason"]),
         ("reconsume_times", row["reconsume_times"]),
-        ("first_failure", _time(row["first_failure_timestamp"])),
-        ("dlq_time", _time(row["dlq_timestamp"])),
+        ("first_failure", _time(row["first_failure_timestamp"], zone)),
+        ("dlq_time", _time(row["dlq_timestamp"], zone)),
         ("flag", flag),
         ("sys_flag", sys_flag if stored is not None else None),
         ("redrive_state", row["redrive_state"]),
@@ -259,13 +262,13 @@ def format_dead_letter(
     lines.append(f"properties ({len(properties)})")
     lines += [f"  {name}={value}" for name, value in sorted(properties.items())]
     lines += format_body(row["body"] or b"", sys_flag, max_body_bytes)
-    lines += format_history(row)
+    lines += format_history(row, zone)
     if redrives:
         lines.append(f"redrives ({len(redrives)})")
         lines += text_table(
             [("  #Time", "#Request", "#State", "#New Msg Id")]
             + [
-                (f"  {_time(r['updated_timestamp'])}", r["request_id"], r["state"], r["new_msg_id"] or "-")
+                (f"  {_time(r['updated_timestamp'], zone)}", r["request_id"], r["state"], r["new_msg_id"] or "-")
                 for r in sorted(redrives, key=lambda r: (r["updated_timestamp"], r["state"], r["request_id"]))
             ]
         )
@@ -314,10 +317,10 @@ def hex_dump(data: bytes) -> list[str]:
     return lines
 
 
-def format_history(row: Mapping[str, Any]) -> list[str]:
+def format_history(row: Mapping[str, Any], zone: str = "UTC") -> list[str]:
     """The retry history of a ``dlq`` row: its ``attempts`` (the original and every delivered
-    retry) then the dead letter record itself, with ISO UTC store times and the delay since the
-    previous line."""
+    retry) then the dead letter record itself, with ISO store times in the time zone ``zone`` and
+    the delay since the previous line."""
     steps = [
         (a["store_timestamp"], a["broker_name"], a["topic"], a["commit_log_offset"], a["reconsume_times"])
         for a in row["attempts"] or []
@@ -333,7 +336,7 @@ def format_history(row: Mapping[str, Any]) -> list[str]:
     previous: int | None = None
     for number, (stored, broker, topic, offset, times) in enumerate(steps):
         delay = "-" if previous is None or stored is None else "+" + format_age(stored - previous)
-        table.append((f"  {number}", _time(stored), delay, broker, topic, str(offset), str(times)))
+        table.append((f"  {number}", _time(stored, zone), delay, broker, topic, str(offset), str(times)))
         previous = stored
     return lines + text_table(table)
 
@@ -400,8 +403,13 @@ def _utf8_text(data: bytes) -> str | None:
     return text
 
 
-def _time(epoch_ms: int | None) -> str:
-    return "-" if epoch_ms is None else iso_utc(epoch_ms)
+def _time(epoch_ms: int | None, zone: str) -> str:
+    return "-" if epoch_ms is None else iso_in_zone(epoch_ms, zone)
+
+
+def session_zone(spark: SparkSession) -> str:
+    """The session's time zone (``spark.sql.session.timeZone``), the one the helpers print in."""
+    return str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
 
 
 def _redrive_rows(lake: Lake, keys: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
