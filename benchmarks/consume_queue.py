@@ -22,7 +22,6 @@ Targets: full <= 1.5 x floor; incremental <= 10 % of full.
 from __future__ import annotations
 
 import argparse
-import random
 import shutil
 import tempfile
 import time
@@ -32,20 +31,17 @@ from urllib.parse import unquote
 
 import duckdb
 import pyarrow as pa
+from batches import send_batches
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker_model.client import Producer
-from broker_model.common import Message
 from broker_model.common import constants as c
-from broker_model.tools import TOPICS, start_brokers
+from broker_model.tools import TOPICS
 from jobs.lake import Lake, build_session
 from jobs.rebuild_consume_queue import RebuildConfig, run
 from schemas.catalog import COMMITLOG, CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, spark_schema
 
-BATCH = 1000
-BODY_BYTES = 200
 # the commit log columns rebuild_consume_queue reads (with_tags_code, with_record_checks, CHECKED_COLUMNS)
 JOB_INPUTS = (
     "broker_name",
@@ -76,27 +72,14 @@ SPARK_CONF = {
 
 
 def write_messages(lake: Path, messages: int, seed: int, first_key: int = 0) -> float:
-    """Send ``messages`` messages through two ASYNC_FLUSH brokers in batches of 1,000, building
-    each batch just before it is sent; returns the seconds until the last commit."""
-    brokers = start_brokers(lake, 2, flush_mode="ASYNC_FLUSH")
-    producer = Producer(brokers, "bench", seed=seed)
-    rng = random.Random(seed)
-    started = time.perf_counter()
-    try:
-        for index, start in enumerate(range(0, messages, BATCH)):
-            topic, _, tags, _ = TOPICS[index % len(TOPICS)]
-            keys = range(first_key + start, first_key + min(start + BATCH, messages))
-            batch = [
-                Message.create(topic, rng.randbytes(BODY_BYTES), tags=rng.choice(tags) or None, keys=f"k{k}")
-                for k in keys
-            ]
-            producer.send_batch(batch)
-        for broker in brokers:
-            broker.flush()
-        return time.perf_counter() - started
-    finally:
-        for broker in brokers:
-            broker.shutdown()
+    """Send ``messages`` messages over the demo topics (a topic per batch, in turn) through two
+    ASYNC_FLUSH brokers (:func:`batches.send_batches`); the seconds until the last commit."""
+
+    def topic_of(index: int) -> tuple[str, Sequence[str | None]]:
+        topic, _, tags, _ = TOPICS[index % len(TOPICS)]
+        return topic, tags
+
+    return send_batches(lake, messages, seed, topic_of, first_key)
 
 
 # ---------------------------------------------------------------------------------------------
