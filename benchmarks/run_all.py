@@ -1,7 +1,7 @@
 """Every job of the nightly pipeline, full and incremental, against its floor and a DuckDB peer.
 
     python benchmarks/run_all.py [--messages 2000000 | --large | --sizes N,N,...] [--seed 1] [--keep DIR]
-                                 [--json PATH]
+                                 [--json PATH] [--perturb-peer JOB]
 
 All figures come from one run, on one lake, in one Spark session (``local[*]``, engine ``bridge``).
 
@@ -27,17 +27,23 @@ warm runs). The compaction and the report cannot: their second run would have no
   writing the job's output columns through the same :class:`jobs.lake.Lake`, with no logic
   (:func:`time_floor`); the consume queue reuses the floor of ``benchmarks/consume_queue.py``;
 - **peer**: the same computation as DuckDB SQL over the Parquet files of the inputs' active Delta
-  versions (file lists and partition values from the Delta log), checked equal to the job's table
-  by a digest of every row (``benchmarks/peers.py``): the consume queue, the consumer offsets, the
-  transaction states, the retry chains and dead letters, and the report's hourly summaries. The
-  compaction has none (a Delta commit of remove/add actions is no query).
+  versions (file lists and partition values from the Delta log), then every column of every table
+  it computes compared with the job's (``benchmarks/peers.py``, ``benchmarks/compare.py``): the
+  consume queue with its integrity findings and tails, the consumer offsets, the transaction
+  states, the retry chains and dead letters, and the report's hour tables. What a peer cannot
+  compute faithfully is printed with the outcome (the CRC check of the findings; the extracts
+  ``transaction_records`` and ``retry_records``; the report's page). The compaction has none (a
+  Delta commit of remove/add actions is no query). A peer that differs gets no ratio: its note
+  says which columns differ, examples of differing rows follow the table, and the run ends with
+  exit status 1. ``--perturb-peer JOB`` changes one value of JOB's peer result before the
+  comparison (:data:`peers.PERTURBED`), only to show that this gate works.
 
 **Incremental runs**: 1 % more bulk messages, :data:`NEW_TRANSACTIONS` more transactions and one
 offset commit per queue of ``cg-orders``; then every job again at one T, in the nightly's order (the
 compaction only on files the other jobs had read, as the nightly does). No new retries: the retry
 groups would consume the whole bulk (see above). Then **reruns**: every job once more with no new
 data and the same T, as a second nightly would. The table ends with the nightly's incremental total
-against the DuckDB peers' total from scratch, and the rerun's total.
+against the total from scratch of the DuckDB peers that agree with their jobs, and the rerun's total.
 
 **Growth** (``--sizes 500000,1000000,2000000,5000000``): the whole run once per size, each on a lake
 of its own, then per job and mode the seconds at every size and the exponent ``k`` of the
@@ -45,6 +51,9 @@ least-squares fit ``seconds ~ messages^k`` (1 is linear; above 1.1 is flagged).
 
 Every job's stdout goes to ``<root>/logs``; the Spark UI's REST API gives each job's stages, so
 the table's last lines say which stages dominate the slowest job.
+
+**Exit status**: 1 when a peer differs from its job (after the table, the comparisons and the
+JSON), else 0.
 """
 
 from __future__ import annotations
@@ -60,18 +69,25 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-from consume_queue import SPARK_CONF, job_digest, time_floor, time_peer, units_digest, write_messages
+from compare import PeerOutcome
+from consume_queue import SPARK_CONF, time_floor, write_messages
 from deltalake import DeltaTable
-from peers import time_offsets_peer, time_report_peer, time_resolve_peer, time_route_peer
+from peers import (
+    PERTURBED,
+    time_consume_queue_peer,
+    time_offsets_peer,
+    time_report_peer,
+    time_resolve_peer,
+    time_route_peer,
+)
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -97,6 +113,7 @@ from jobs.resolve_transactions import run as run_resolve
 from jobs.runs import JobRun
 from schemas.catalog import (
     BROKERS,
+    COMMIT_HOURS,
     COMMITLOG,
     CONSUME_QUEUE,
     CONSUME_QUEUE_INTEGRITY,
@@ -106,6 +123,7 @@ from schemas.catalog import (
     DLQ,
     DLQ_REDRIVES,
     JOB_RUNS,
+    QUEUE_HOURS,
     RETRY_CHAINS,
     RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
@@ -128,6 +146,26 @@ JOBS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resol
 WARMED = ("rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq")
 NO_PEER = {
     "compact_commitlog": "n/a: a Delta commit of remove/add actions (dataChange=false) is no SQL query",
+}
+JOB_OUTPUTS = {
+    "rebuild_consume_queue": (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS),
+    "consumer_offsets": (CONSUMER_OFFSETS,),
+    "resolve_transactions": (TRANSACTION_RECORDS, TRANSACTION_STATE),
+    "route_dlq": (RETRY_RECORDS, RETRY_CHAINS, DLQ),
+    "report": (QUEUE_HOURS, COMMIT_HOURS),
+}
+"""The tables each job writes besides ``job_runs`` (the warm-up's are deleted before the timed run)."""
+PeerCall = Callable[[Path, Path, int, bool], PeerOutcome]
+PEERS: dict[str, PeerCall] = {
+    "rebuild_consume_queue": lambda lake, out, as_of, perturb: time_consume_queue_peer(lake, out, perturb).outcome,
+    "consumer_offsets": lambda lake, out, as_of, perturb: time_offsets_peer(
+        lake, out / "offsets.parquet", as_of, perturb
+    ),
+    "resolve_transactions": lambda lake, out, as_of, perturb: time_resolve_peer(
+        lake, out / "state.parquet", as_of, perturb
+    ),
+    "route_dlq": time_route_peer,
+    "report": lambda lake, out, as_of, perturb: time_report_peer(lake, out, perturb),
 }
 REPORT_LOG_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "sys_flag", "store_timestamp", "store_size")
 
@@ -230,6 +268,13 @@ class Measured:
     row_counts: dict[str, int] | None = None
     stages: list[dict[str, Any]] | None = None
     spark_seconds: float | None = None
+    peer_same: bool | None = None  # None: no peer
+    peer_report: list[str] = field(default_factory=list)  # every table compared, examples of differences
+
+    @property
+    def failed(self) -> bool:
+        """Whether the row's peer ratio cannot be trusted: its peer computed something else."""
+        return self.peer_same is False
 
 
 JobCall = Callable[[SparkSession], JobRun]
@@ -442,15 +487,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="figures as JSON (default: <work dir>/run_all.json)")
+    parser.add_argument(
+        "--perturb-peer",
+        choices=sorted(PERTURBED),
+        default=None,
+        metavar="JOB",
+        help="change one value of JOB's peer result before it is compared (only to show that a peer that "
+        "differs is caught: the run then ends with exit status 1); one of %(choices)s",
+    )
     args = parser.parse_args(argv)
     messages = LARGE_MESSAGES if args.large else args.messages
     root = (args.keep or Path(tempfile.mkdtemp(prefix="run-all-bench-"))).resolve()
     json_path = args.json or root / "run_all.json"
     try:
         if args.sizes:
-            return _growth(root, args.sizes, args.seed, json_path)
-        _bench(root, messages, args.seed, json_path)
-        return 0
+            return _growth(root, args.sizes, args.seed, json_path, args.perturb_peer)
+        return exit_status(_bench(root, messages, args.seed, json_path, args.perturb_peer))
     finally:
         if args.keep is None:  # the figures and the jobs' stdout stay, next to where the lake was
             for child in root.iterdir():
@@ -469,19 +521,29 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _growth(root: Path, sizes: Sequence[int], seed: int, json_path: Path) -> int:
+def exit_status(rows: Sequence[Measured]) -> int:
+    """0 when every peer computed what its job wrote, else 1 (after the table, which says what
+    differs)."""
+    failed = [f"{r.job} ({r.mode})" for r in rows if r.failed]
+    if failed:
+        print(f"\nexit status 1: the ratios of {', '.join(failed)} are not measured against an equal computation")
+        return 1
+    return 0
+
+
+def _growth(root: Path, sizes: Sequence[int], seed: int, json_path: Path, perturb: str | None = None) -> int:
     """One run per size, then the growth table; the figures of every size go to ``json_path``."""
     measured: dict[int, list[Measured]] = {}
     for messages in sizes:
         print(f"\n=== {messages:,} bulk messages ===", flush=True)
         figures = json_path.with_suffix(f".{messages}.json")
-        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures)
+        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures, perturb)
     growth = growth_rows(measured)
     print_growth(growth, sizes)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps({"sizes": list(sizes), "growth": growth, "machine": machine()}, indent=2))
     print(f"\nfigures: {json_path}")
-    return 0
+    return exit_status([row for rows in measured.values() for row in rows])
 
 
 def growth_rows(measured: dict[int, list[Measured]]) -> list[dict[str, Any]]:
@@ -515,7 +577,7 @@ def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int]) -> None
         print(f"{row['job']:<22}{row['mode']:<12}{cells}{row['exponent']:>10.2f}{flag}")
 
 
-def _bench(root: Path, messages: int, seed: int, json_path: Path) -> list[Measured]:
+def _bench(root: Path, messages: int, seed: int, json_path: Path, perturb: str | None = None) -> list[Measured]:
     lake, logs = root / "lake", root / "logs"
     print(f"writing the lake: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
     written = write_lake(lake, messages, seed)
@@ -523,7 +585,7 @@ def _bench(root: Path, messages: int, seed: int, json_path: Path) -> list[Measur
     spark = build_session("bench-run-all", master="local[*]", engine=ENGINE, extra_conf=CONF)
     spark.sparkContext.setLogLevel("ERROR")
     Lake(spark, lake, ENGINE).read(COMMITLOG).select("store_size").agg(F.sum("store_size")).collect()  # warm-up
-    rows = _full_runs(spark, lake, root, logs, written["segment_size"])
+    rows = _full_runs(spark, lake, root, logs, perturb)
     processed = DeltaTable(str(lake / COMMITLOG.path)).version()
     increment = append_increment(lake, messages, seed)
     print(f"increment written: {json.dumps(increment)}", flush=True)
@@ -548,21 +610,20 @@ def _bench(root: Path, messages: int, seed: int, json_path: Path) -> list[Measur
     return rows
 
 
-def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, segment: int) -> list[Measured]:
+def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb: str | None = None) -> list[Measured]:
     as_of = now_ms()
     rows: list[Measured] = []
     for name in JOBS:
         bins = compaction_bins(lake, None) if name == "compact_commitlog" else []
+        floor_root = root / "floor" / name
         print(f"full: {name}", flush=True)
         if name in WARMED:  # untimed: the job and its floor once, so that both are timed warm
             time_job(spark, name, "warm-up", job_call(name, lake, True, as_of, root, None), logs)
             if name == "rebuild_consume_queue":
-                time_floor(spark, lake, root / "floor" / name)
-                outputs: tuple[TableSpec, ...] = (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS)
+                time_floor(spark, lake, floor_root)
             else:
-                time_scan_floor(spark, name, lake, root / "floor" / name)
-                outputs = FLOORS[name][1]
-            for spec in outputs:  # a run on unchanged inputs writes nothing: the timed run is a first run again
+                time_scan_floor(spark, name, lake, floor_root)
+            for spec in JOB_OUTPUTS[name]:  # a run on unchanged inputs writes nothing: the timed run is a first one
                 shutil.rmtree(lake / spec.path)
         row = time_job(spark, name, "full", job_call(name, lake, True, as_of, root, None), logs)
         notes = [row.status]
@@ -571,30 +632,14 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, segment:
             notes.append(f"{len(bins)} bins, {sum(len(b.files) for b in bins)} files")
         elif name == "rebuild_consume_queue":
             spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
-            row.floor = time_floor(spark, lake, root / "floor" / name)
-            units_s, checks_s, cq_rows, _ = time_peer(lake, root / "peer" / name, segment)
-            row.peer = units_s + checks_s
-            same = units_digest(duckdb.connect(), f"{root}/peer/{name}/units/**/*.parquet") == job_digest(lake)
-            notes.append(f"{cq_rows:,} consume-queue rows, peer same: {same}; peer has no CRC")
+            row.floor = time_floor(spark, lake, floor_root)
         else:
-            row.floor = time_scan_floor(spark, name, lake, root / "floor" / name)
-        if name == "consumer_offsets":
-            row.peer, same = time_offsets_peer(lake, root / "peer" / name / "offsets.parquet", as_of)
-            notes.append(
-                f"{row.row_counts.get(CONSUMER_OFFSETS.name, 0) if row.row_counts else 0} rows, peer same: {same}"
-            )
-        if name == "resolve_transactions":
-            row.peer, same = time_resolve_peer(lake, root / "peer" / name / "state.parquet", as_of)
-            notes.append(f"{(row.row_counts or {}).get(TRANSACTION_STATE.name, 0)} transactions, peer same: {same}")
-        if name == "report":
-            row.peer, same = time_report_peer(lake, root / "peer" / name)
-            notes.append(f"peer: the hourly summaries the page is drawn from, same: {same}")
-        if name == "route_dlq":
-            row.peer, same = time_route_peer(lake, root / "peer" / name, as_of)
-            counts = row.row_counts or {}
-            chains, dead = counts.get(RETRY_CHAINS.name, 0), counts.get(DLQ.name, 0)
-            notes.append(f"{chains} chains, {dead} dead letters, peer same: {same}")
-        if name in NO_PEER:
+            row.floor = time_scan_floor(spark, name, lake, floor_root)
+        if name in PEERS:
+            outcome = PEERS[name](lake, root / "peer" / name, as_of, perturb == name)
+            row.peer, row.peer_same, row.peer_report = outcome.seconds, outcome.same, outcome.lines()
+            notes.append(outcome.note())
+        else:
             notes.append(f"peer {NO_PEER[name]}")
         row.notes = "; ".join(notes)
         rows.append(row)
@@ -653,17 +698,21 @@ def print_table(rows: Sequence[Measured], messages: int, written: dict[str, Any]
     print(header)
     print("-" * len(header))
     for r in rows:
+        # no ratio against a peer that computed something else
         ratio_floor = r.seconds / r.floor if r.floor else None
-        ratio_peer = r.seconds / r.peer if r.peer else None
+        ratio_peer = r.seconds / r.peer if r.peer and r.peer_same else None
         print(
             f"{r.job:<22}{r.mode:<12}{r.seconds:>9.1f}{_fmt(r.floor):>9}{_fmt(r.peer):>9}"
             f"{_fmt(ratio_floor, '.2f'):>10}{_fmt(ratio_peer, '.2f'):>10}  {r.notes}"
         )
     incremental = sum(r.seconds for r in rows if r.mode == "incremental")
-    peers = [r for r in rows if r.mode == "full" and r.peer]
+    peers = [r for r in rows if r.mode == "full" and r.peer_same]
+    differing = [r.job for r in rows if r.mode == "full" and r.peer_same is False]
     print(
         f"\nnightly after the increment, every job: {incremental:.1f} s; DuckDB from scratch, the "
-        f"{len(peers)} jobs with a peer ({', '.join(r.job for r in peers)}): {sum(r.peer or 0 for r in peers):.1f} s"
+        f"{len(peers)} jobs with a peer that agrees ({', '.join(r.job for r in peers)}): "
+        f"{sum(r.peer or 0 for r in peers):.1f} s"
+        + (f"; left out, their peer differs: {', '.join(differing)}" if differing else "")
     )
     print(f"nightly rerun without new data, every job: {sum(r.seconds for r in rows if r.mode == 'rerun'):.1f} s")
     slowest = max(rows, key=lambda r: r.seconds)
@@ -676,6 +725,11 @@ def print_table(rows: Sequence[Measured], messages: int, written: dict[str, Any]
             f"  {stage['seconds']:>7.1f} s  {stage['tasks']:>4} tasks  in {stage['input_bytes'] / 2**20:>8.1f} MiB  "
             f"shuffle {stage['shuffle_write_bytes'] / 2**20:>8.1f} MiB  {stage['name']}"
         )
+    print("\npeers against the jobs' tables, every column (full runs):")
+    for r in rows:
+        if r.peer_report:
+            print(f"  {r.job}:")
+            print("\n".join(f"    {line}" for line in r.peer_report))
 
 
 if __name__ == "__main__":
