@@ -23,9 +23,17 @@ and so does their floor, untimed: the JVM compiles a new query's code on its fir
 nightly pays once in its session, not per job (as ``benchmarks/consume_queue.py`` takes the best of
 warm runs). The compaction and the report cannot: their second run would have nothing to do.
 
-- **floor**: Spark (or Arrow, for the Arrow-only compaction) reading the job's input columns and
-  writing the job's output columns through the same :class:`jobs.lake.Lake`, with no logic
-  (:func:`time_floor`); the consume queue reuses the floor of ``benchmarks/consume_queue.py``;
+- **floor**: the job's I/O with no logic between (:func:`plan_floor`): the job's inputs read the
+  way the job reads them at this size (Spark scans that need every value of the columns the job
+  scans, delta-rs reads on the driver of what it reads there; the job's own limits decide which)
+  and every table the job writes, written into a fresh lake root through the same
+  :class:`jobs.lake.Lake` call the job uses (Spark's ``overwrite`` or ``overwrite_rows`` from the
+  driver, with the same application transaction), plus a ``job_runs`` row and, for the report,
+  its page's files. The rows written are the job's own, read before the floor's clock starts.
+  After each timed run, the tables whose Delta version the job moved are checked against those
+  its floor wrote: a floor that leaves one out gets no ratio and fails the run. The consume queue
+  reuses the floor of ``benchmarks/consume_queue.py``; the compaction's is Arrow reading and
+  writing the bins' files, with no Delta commit (:func:`time_compaction_floor`);
 - **peer**: the same computation as DuckDB SQL over the Parquet files of the inputs' active Delta
   versions (file lists and partition values from the Delta log), then every column of every table
   it computes compared with the job's (``benchmarks/peers.py``, ``benchmarks/compare.py``): the
@@ -52,8 +60,8 @@ least-squares fit ``seconds ~ messages^k`` (1 is linear; above 1.1 is flagged).
 Every job's stdout goes to ``<root>/logs``; the Spark UI's REST API gives each job's stages, so
 the table's last lines say which stages dominate the slowest job.
 
-**Exit status**: 1 when a peer differs from its job (after the table, the comparisons and the
-JSON), else 0.
+**Exit status**: 1 when a peer differs from its job or a floor leaves out a table its job writes
+(after the table, the comparisons and the JSON), else 0.
 """
 
 from __future__ import annotations
@@ -98,11 +106,17 @@ from jobs.compact_commitlog import CompactConfig
 from jobs.compact_commitlog import run as run_compact
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as run_offsets
+from jobs.consumer_offsets.fold import CQ_ROW_COLUMNS, subscribed_topics
+from jobs.consumer_offsets.job import DRIVER_ROWS as OFFSETS_DRIVER_ROWS
 from jobs.dlq.decode import RETRY_SOURCE_COLUMNS as ROUTE_DLQ_INPUTS
+from jobs.dlq.job import APP_ID as ROUTE_APP_ID
+from jobs.dlq.job import DRIVER_RECORDS as ROUTE_DRIVER_RECORDS
 from jobs.dlq.job import RouteDlqConfig
 from jobs.dlq.job import run as run_route
+from jobs.hours import APP_ID as HOURS_APP_ID
 from jobs.lake import Lake, build_session
 from jobs.lake.compaction import Bin, eligible_paths, list_files, plan_bins
+from jobs.lake.snapshots import table_version
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as run_rebuild
 from jobs.report import ReportConfig
@@ -110,7 +124,9 @@ from jobs.report import run as run_report
 from jobs.resolve_transactions import TRANSACTION_SOURCE_COLUMNS as TRANSACTION_INPUTS
 from jobs.resolve_transactions import ResolveTransactionsConfig
 from jobs.resolve_transactions import run as run_resolve
-from jobs.runs import JobRun
+from jobs.resolve_transactions.job import APP_ID as RESOLVE_APP_ID
+from jobs.resolve_transactions.job import DRIVER_RECORDS as RESOLVE_DRIVER_RECORDS
+from jobs.runs import JobRun, record_run
 from schemas.catalog import (
     BROKERS,
     COMMIT_HOURS,
@@ -123,10 +139,12 @@ from schemas.catalog import (
     DLQ,
     DLQ_REDRIVES,
     JOB_RUNS,
+    OFFSET_COMMIT_COLUMNS,
     QUEUE_HOURS,
     RETRY_CHAINS,
     RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
+    TABLES,
     TRANSACTION_RECORDS,
     TRANSACTION_STATE,
     TableSpec,
@@ -154,7 +172,9 @@ JOB_OUTPUTS = {
     "route_dlq": (RETRY_RECORDS, RETRY_CHAINS, DLQ),
     "report": (QUEUE_HOURS, COMMIT_HOURS),
 }
-"""The tables each job writes besides ``job_runs`` (the warm-up's are deleted before the timed run)."""
+"""The tables each job writes besides ``job_runs`` (the warm-up's are deleted before the timed run;
+the tables a timed run wrote are also found from the Delta versions it moved, and every floor must
+write them all)."""
 PeerCall = Callable[[Path, Path, int, bool], PeerOutcome]
 PEERS: dict[str, PeerCall] = {
     "rebuild_consume_queue": lambda lake, out, as_of, perturb: time_consume_queue_peer(lake, out, perturb).outcome,
@@ -270,11 +290,14 @@ class Measured:
     spark_seconds: float | None = None
     peer_same: bool | None = None  # None: no peer
     peer_report: list[str] = field(default_factory=list)  # every table compared, examples of differences
+    writes: list[str] = field(default_factory=list)  # tables whose Delta version the run moved (job_runs aside)
+    floor_lacks: list[str] = field(default_factory=list)  # of those, tables its floor did not write
 
     @property
     def failed(self) -> bool:
-        """Whether the row's peer ratio cannot be trusted: its peer computed something else."""
-        return self.peer_same is False
+        """Whether the row's ratios cannot be trusted: its peer computed something else, or its
+        floor left out a table the job writes."""
+        return self.peer_same is False or bool(self.floor_lacks)
 
 
 JobCall = Callable[[SparkSession], JobRun]
@@ -339,60 +362,124 @@ def touched(df: DataFrame, columns: Sequence[str]) -> Column:
 _TOUCHED_MODULUS = 1_000_003
 
 
-FLOORS: dict[str, tuple[tuple[tuple[TableSpec, tuple[str, ...]], ...], tuple[TableSpec, ...]]] = {
-    "consumer_offsets": (
-        (
-            (
-                CONSUMER_OFFSET_COMMITS,
-                ("group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp", "source"),
-            ),
-            (CONSUME_QUEUE, ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp")),
-        ),
-        (CONSUMER_OFFSETS,),
-    ),
-    "resolve_transactions": (((COMMITLOG, TRANSACTION_INPUTS),), (TRANSACTION_RECORDS, TRANSACTION_STATE)),
-    "route_dlq": (
-        (
-            (COMMITLOG, ROUTE_DLQ_INPUTS),
-            (SUBSCRIPTION_GROUP, tuple(SUBSCRIPTION_GROUP.column_names)),
-            (CONSUMER_OFFSET_COMMITS, tuple(CONSUMER_OFFSET_COMMITS.column_names)),
-            (BROKERS, tuple(BROKERS.column_names)),
-            (DLQ_REDRIVES, tuple(DLQ_REDRIVES.column_names)),
-        ),
-        (RETRY_RECORDS, RETRY_CHAINS, DLQ),
-    ),
-    "report": (
-        (
-            (CONSUMER_OFFSETS, tuple(CONSUMER_OFFSETS.column_names)),
-            (CONSUMER_OFFSET_COMMITS, tuple(CONSUMER_OFFSET_COMMITS.column_names)),
-            (COMMITLOG, REPORT_LOG_COLUMNS),
-            (TRANSACTION_STATE, tuple(TRANSACTION_STATE.column_names)),
-            (DLQ, tuple(DLQ.column_names)),
-            (CONSUME_QUEUE_INTEGRITY, tuple(CONSUME_QUEUE_INTEGRITY.column_names)),
-            (JOB_RUNS, tuple(JOB_RUNS.column_names)),
-        ),
-        (),
-    ),
-}
+@dataclass
+class FloorPlan:
+    """A job's I/O at this lake's size, the way the job does it, with no logic between: Spark scans
+    that need every value of the columns the job reads with Spark (:func:`touched`), reads on the
+    driver (delta-rs) of what the job reads there, and every table the job writes, written with the
+    API the job writes it with (Spark's ``Lake.overwrite``, or ``Lake.overwrite_rows`` from the
+    driver) and the same application transaction, plus its ``job_runs`` row and any other file."""
+
+    scans: list[tuple[TableSpec, tuple[str, ...]]] = field(default_factory=list)
+    reads: list[Callable[[], object]] = field(default_factory=list)
+    spark_writes: list[tuple[TableSpec, tuple[str, int] | None]] = field(default_factory=list)
+    row_writes: list[tuple[TableSpec, tuple[str, int] | None]] = field(default_factory=list)
+    files: Path | None = None  # a directory of files the job writes (the report's page), copied whole
 
 
-def time_scan_floor(spark: SparkSession, name: str, lake: Path, floor_root: Path) -> float:
-    """Seconds to scan the job's input columns (one aggregate per table that needs every value) and
-    to write its output tables' rows (read back from the job's output) through the Lake I/O into a
-    fresh lake root: the job's reads and writes with no logic between them."""
-    inputs, outputs = FLOORS[name]
+def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
+    """The floor of a full run of job ``name`` (not the compaction, see :func:`time_compaction_floor`;
+    nor the consume queue, see ``benchmarks/consume_queue.py``) on ``lake`` as it is now: the path
+    the job takes at this size (driver or Spark) decided by the job's own limits. What the jobs
+    read back of the extracts they wrote themselves is not read again: the floor does each input
+    and output once. ``pages``: where the report wrote its page."""
+    log_version = lake.version(COMMITLOG)
+    if name == "consumer_offsets":
+        counted = lake.row_count(CONSUMER_OFFSET_COMMITS) + lake.row_count(CONSUME_QUEUE)
+        if counted > OFFSETS_DRIVER_ROWS:
+            return FloorPlan(
+                scans=[(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS), (CONSUME_QUEUE, CQ_ROW_COLUMNS)],
+                spark_writes=[(CONSUMER_OFFSETS, None)],
+            )
+        commits = lake.read_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)
+        topics = sorted(subscribed_topics(commits, as_of))
+        version = lake.version(CONSUME_QUEUE)
+        return FloorPlan(
+            reads=[
+                lambda: lake.read_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS),
+                lambda: sum(
+                    t.num_rows
+                    for t in lake.iter_row_chunks(
+                        CONSUME_QUEUE, CQ_ROW_COLUMNS, version, partition_filter={"topic": topics}
+                    )
+                ),
+            ],
+            row_writes=[(CONSUMER_OFFSETS, None)],
+        )
+    if name == "resolve_transactions":
+        extract = (TRANSACTION_RECORDS, (RESOLVE_APP_ID, log_version) if log_version is not None else None)
+        plan = FloorPlan(scans=[(COMMITLOG, TRANSACTION_INPUTS)], spark_writes=[extract])
+        if lake.row_count(TRANSACTION_RECORDS) > RESOLVE_DRIVER_RECORDS:
+            plan.spark_writes.append((TRANSACTION_STATE, None))
+        else:
+            plan.row_writes.append((TRANSACTION_STATE, None))
+        return plan
+    if name == "route_dlq":
+        extract = (RETRY_RECORDS, (ROUTE_APP_ID, log_version) if log_version is not None else None)
+        plan = FloorPlan(scans=[(COMMITLOG, ROUTE_DLQ_INPUTS)], spark_writes=[extract])
+        small = (SUBSCRIPTION_GROUP, CONSUMER_OFFSET_COMMITS, BROKERS, DLQ_REDRIVES)
+        if lake.row_count(RETRY_RECORDS) > ROUTE_DRIVER_RECORDS:
+            plan.scans += [(spec, tuple(spec.column_names)) for spec in small if lake.exists(spec)]
+            plan.spark_writes += [(RETRY_CHAINS, None), (DLQ, None)]
+        else:
+            plan.reads += [lambda spec=spec: lake.read_rows(spec) for spec in small]
+            plan.row_writes += [(RETRY_CHAINS, None), (DLQ, None)]
+        return plan
+    if name == "report":
+        commits_version = lake.version(CONSUMER_OFFSET_COMMITS)
+        page_reads: list[tuple[TableSpec, Sequence[str] | None]] = [
+            (CONSUMER_OFFSETS, None),
+            (DLQ, ["group", "dlq_timestamp"]),
+            (TRANSACTION_STATE, ["state", "anomaly"]),
+            (CONSUME_QUEUE_INTEGRITY, None),
+            (JOB_RUNS, ["job", "status", "started_timestamp", "duration_ms", "message", "run_id"]),
+        ]
+        return FloorPlan(
+            scans=[(COMMITLOG, REPORT_LOG_COLUMNS), (CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)],
+            reads=[lambda spec=spec, columns=columns: lake.read_rows(spec, columns) for spec, columns in page_reads],
+            row_writes=[
+                (QUEUE_HOURS, (HOURS_APP_ID, log_version) if log_version is not None else None),
+                (COMMIT_HOURS, (HOURS_APP_ID, commits_version) if commits_version is not None else None),
+            ],
+            files=pages,
+        )
+    raise ValueError(f"no floor plan for {name}")
+
+
+def time_scan_floor(spark: SparkSession, name: str, lake: Path, floor_root: Path, as_of: int, pages: Path) -> float:
+    """Seconds of the job's I/O (:func:`plan_floor`) into a fresh lake root. The rows written are
+    the job's own, read from its tables before the clock starts (Spark writes from a persisted
+    frame, driver writes from Arrow)."""
     shutil.rmtree(floor_root, ignore_errors=True)
     spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
     source, target = Lake(spark, lake, ENGINE), Lake(spark, floor_root, ENGINE)
-    started = time.perf_counter()
-    for spec, columns in inputs:
-        if source.exists(spec):
-            df = source.read(spec)
-            df.select(touched(df, columns)).collect()
-    for spec in outputs:
-        if source.exists(spec):
-            target.overwrite(spec, source.read(spec))
-    return time.perf_counter() - started
+    plan = plan_floor(name, source, as_of, pages)
+    frames = {spec.name: source.read(spec).persist() for spec, _ in plan.spark_writes}
+    for frame in frames.values():
+        frame.count()
+    rows = {spec.name: source.read_rows(spec) for spec, _ in plan.row_writes}
+    page = {path.name: path.read_bytes() for path in sorted(plan.files.iterdir())} if plan.files else {}
+    try:
+        started = time.perf_counter()
+        for read in plan.reads:
+            read()
+        for spec, columns in plan.scans:
+            if source.exists(spec):
+                df = source.read(spec)
+                df.select(touched(df, columns)).collect()
+        for spec, app in plan.spark_writes:
+            target.overwrite(spec, frames[spec.name], *(app or ()))
+        for spec, app in plan.row_writes:
+            target.overwrite_rows(spec, rows[spec.name], *(app or ()))
+        if page:
+            (floor_root / "page").mkdir(parents=True)
+            for file_name, data in page.items():
+                (floor_root / "page" / file_name).write_bytes(data)
+        record_run(target, JobRun(name).finish("SUCCEEDED", "floor"))
+        return time.perf_counter() - started
+    finally:
+        for frame in frames.values():
+            frame.unpersist()
 
 
 def compaction_bins(lake: Path, up_to: int | None) -> list[Bin]:
@@ -522,8 +609,8 @@ def _sizes(text: str) -> list[int]:
 
 
 def exit_status(rows: Sequence[Measured]) -> int:
-    """0 when every peer computed what its job wrote, else 1 (after the table, which says what
-    differs)."""
+    """0 when every peer computed what its job wrote and every floor wrote what its job writes,
+    else 1 (after the table, which says what failed)."""
     failed = [f"{r.job} ({r.mode})" for r in rows if r.failed]
     if failed:
         print(f"\nexit status 1: the ratios of {', '.join(failed)} are not measured against an equal computation")
@@ -615,6 +702,7 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb:
     rows: list[Measured] = []
     for name in JOBS:
         bins = compaction_bins(lake, None) if name == "compact_commitlog" else []
+        pages = root / "reports" / "full"
         floor_root = root / "floor" / name
         print(f"full: {name}", flush=True)
         if name in WARMED:  # untimed: the job and its floor once, so that both are timed warm
@@ -622,10 +710,12 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb:
             if name == "rebuild_consume_queue":
                 time_floor(spark, lake, floor_root)
             else:
-                time_scan_floor(spark, name, lake, floor_root)
+                time_scan_floor(spark, name, lake, floor_root, as_of, pages)
             for spec in JOB_OUTPUTS[name]:  # a run on unchanged inputs writes nothing: the timed run is a first one
                 shutil.rmtree(lake / spec.path)
+        before = table_versions(lake)
         row = time_job(spark, name, "full", job_call(name, lake, True, as_of, root, None), logs)
+        row.writes = sorted(n for n, v in table_versions(lake).items() if v != before.get(n) and n != JOB_RUNS.name)
         notes = [row.status]
         if name == "compact_commitlog":
             row.floor = time_compaction_floor(lake, bins, root / "floor" / name)
@@ -634,7 +724,11 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb:
             spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
             row.floor = time_floor(spark, lake, floor_root)
         else:
-            row.floor = time_scan_floor(spark, name, lake, floor_root)
+            row.floor = time_scan_floor(spark, name, lake, floor_root, as_of, pages)
+        if name != "compact_commitlog":  # its floor writes the bins' files but commits nothing (docstring)
+            row.floor_lacks = [t for t in row.writes if t not in table_versions(floor_root)]
+            if row.floor_lacks:
+                notes.append(f"floor does not write {', '.join(row.floor_lacks)}")
         if name in PEERS:
             outcome = PEERS[name](lake, root / "peer" / name, as_of, perturb == name)
             row.peer, row.peer_same, row.peer_report = outcome.seconds, outcome.same, outcome.lines()
@@ -644,6 +738,12 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb:
         row.notes = "; ".join(notes)
         rows.append(row)
     return rows
+
+
+def table_versions(root: Path) -> dict[str, int]:
+    """The Delta version of every catalog table under ``root`` that exists."""
+    versions = {spec.name: table_version(str(root / spec.path)) for spec in TABLES.values()}
+    return {name: version for name, version in versions.items() if version >= 0}
 
 
 def _incremental_runs(
@@ -698,8 +798,8 @@ def print_table(rows: Sequence[Measured], messages: int, written: dict[str, Any]
     print(header)
     print("-" * len(header))
     for r in rows:
-        # no ratio against a peer that computed something else
-        ratio_floor = r.seconds / r.floor if r.floor else None
+        # no ratio against a floor that leaves out a table, or a peer that computed something else
+        ratio_floor = r.seconds / r.floor if r.floor and not r.floor_lacks else None
         ratio_peer = r.seconds / r.peer if r.peer and r.peer_same else None
         print(
             f"{r.job:<22}{r.mode:<12}{r.seconds:>9.1f}{_fmt(r.floor):>9}{_fmt(r.peer):>9}"
