@@ -33,7 +33,8 @@ warm runs). The compaction and the report cannot: their second run would have no
   After each timed run, the tables whose Delta version the job moved are checked against those
   its floor wrote: a floor that leaves one out gets no ratio and fails the run. The consume queue
   reuses the floor of ``benchmarks/consume_queue.py``; the compaction's is Arrow reading and
-  writing the bins' files, with no Delta commit (:func:`time_compaction_floor`);
+  writing the files it packs (the log's bins and the offset commits' small files), with no Delta
+  commit, so its tables are not checked (:func:`time_compaction_floor`);
 - **peer**: the same computation as DuckDB SQL over the Parquet files of the inputs' active Delta
   versions (file lists and partition values from the Delta log), then every column of every table
   it computes compared with the job's (``benchmarks/peers.py``, ``benchmarks/compare.py``): the
@@ -101,6 +102,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from broker_model.client import PullConsumer
+from broker_model.store.delta_tables import SMALL_FILE_BYTES, SMALL_TABLE_FILES
 from broker_model.tools import run_workload, start_brokers
 from jobs.compact_commitlog import CompactConfig
 from jobs.compact_commitlog import run as run_compact
@@ -492,9 +494,24 @@ def compaction_bins(lake: Path, up_to: int | None) -> list[Bin]:
     )
 
 
-def time_compaction_floor(lake: Path, bins: Sequence[Bin], floor_dir: Path) -> float:
+def packed_commit_files(lake: Path) -> list[Path]:
+    """The files of ``consumer_offset_commits`` that ``compact_commitlog`` packs besides the log
+    (:func:`jobs.compact_commitlog.pack_offset_commits`) on a lake none of its readers has read
+    yet, as in the full runs: every small file of the latest version when there are more than
+    ``SMALL_TABLE_FILES`` of them (:func:`broker_model.store.delta_tables.pack_small_files`), else none."""
+    table_dir = lake / CONSUMER_OFFSET_COMMITS.path
+    if not DeltaTable.is_deltatable(str(table_dir)):
+        return []
+    actions = pa.table(DeltaTable(str(table_dir)).get_add_actions(flatten=True)).to_pylist()
+    small = [table_dir / unquote(a["path"]) for a in actions if a["size_bytes"] < SMALL_FILE_BYTES]
+    return small if len(small) > SMALL_TABLE_FILES else []
+
+
+def time_compaction_floor(lake: Path, bins: Sequence[Bin], commit_files: Sequence[Path], floor_dir: Path) -> float:
     """Seconds to read each bin's files with Arrow and write them as one Parquet file (the
-    compaction's engine), without its sort, type checks, statistics or Delta commit."""
+    compaction's engine), and the same for the offset commits' small files the job packs
+    (:func:`packed_commit_files`), without the job's sort, type checks, statistics or Delta
+    commits: the floor writes the files, not the tables."""
     shutil.rmtree(floor_dir, ignore_errors=True)
     floor_dir.mkdir(parents=True)
     table_dir = lake / COMMITLOG.path
@@ -502,6 +519,10 @@ def time_compaction_floor(lake: Path, bins: Sequence[Bin], floor_dir: Path) -> f
     for index, one in enumerate(bins):
         parts = [pq.read_table(table_dir / unquote(f.path), columns=COMMITLOG.data_columns) for f in one.files]
         pq.write_table(pa.concat_tables(parts), floor_dir / f"bin-{index}.parquet", compression="snappy")
+    if commit_files:
+        parts = [pq.read_table(path) for path in commit_files]
+        commits = pa.concat_tables(parts, promote_options="default")
+        pq.write_table(commits, floor_dir / "offset-commits.parquet", compression="snappy")
     return time.perf_counter() - started
 
 
@@ -702,6 +723,7 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb:
     rows: list[Measured] = []
     for name in JOBS:
         bins = compaction_bins(lake, None) if name == "compact_commitlog" else []
+        commit_files = packed_commit_files(lake) if name == "compact_commitlog" else []
         pages = root / "reports" / "full"
         floor_root = root / "floor" / name
         print(f"full: {name}", flush=True)
@@ -718,14 +740,17 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb:
         row.writes = sorted(n for n, v in table_versions(lake).items() if v != before.get(n) and n != JOB_RUNS.name)
         notes = [row.status]
         if name == "compact_commitlog":
-            row.floor = time_compaction_floor(lake, bins, root / "floor" / name)
-            notes.append(f"{len(bins)} bins, {sum(len(b.files) for b in bins)} files")
+            row.floor = time_compaction_floor(lake, bins, commit_files, floor_root)
+            notes.append(
+                f"{len(bins)} bins, {sum(len(b.files) for b in bins)} files; floor: those files and the "
+                f"{len(commit_files)} offset-commit files the job packs, read and written with Arrow, no commit"
+            )
         elif name == "rebuild_consume_queue":
             spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
             row.floor = time_floor(spark, lake, floor_root)
         else:
             row.floor = time_scan_floor(spark, name, lake, floor_root, as_of, pages)
-        if name != "compact_commitlog":  # its floor writes the bins' files but commits nothing (docstring)
+        if name != "compact_commitlog":  # its floor writes the files, commits nothing (time_compaction_floor)
             row.floor_lacks = [t for t in row.writes if t not in table_versions(floor_root)]
             if row.floor_lacks:
                 notes.append(f"floor does not write {', '.join(row.floor_lacks)}")
