@@ -1,36 +1,86 @@
-"""The DuckDB peers of ``benchmarks/run_all.py``: each job's output computed from scratch by DuckDB
-SQL over the Parquet files of the inputs' active Delta versions (file lists and partition values
-from the Delta log), timed, and checked equal to the job's table by a digest of every row.
+"""The DuckDB peers of ``benchmarks/run_all.py`` and ``benchmarks/consume_queue.py``: each job's
+output tables computed from scratch by DuckDB SQL over the Parquet files of the inputs' active
+Delta versions (file lists and partition values from the Delta log), timed, then compared with the
+job's tables on every column (:mod:`compare`: multisets of rows, maps sorted, lists in order).
+
+What each peer computes, and what it cannot compute faithfully (left out of the comparison, and
+printed as such with every outcome):
+
+- ``rebuild_consume_queue``: ``consume_queue`` (the dispatch rule, the Java hash of the tags, the
+  delivery times of the schedule topic), ``consume_queue_integrity`` (every check and its detail
+  text, but no CRC: DuckDB has no CRC-32, so CRC_MISMATCH findings are not compared) and
+  ``consume_queue_tails``;
+- ``consumer_offsets``: ``consumer_offsets``, every column;
+- ``resolve_transactions``: ``transaction_state``, every column with the broker's default check
+  settings; not ``transaction_records``, the job's extract of the log (an intermediate the peer
+  reads the log for directly);
+- ``route_dlq``: ``retry_chains`` and ``dlq``, every column; not ``retry_records`` (the extract);
+- ``report``: ``queue_hours`` and ``commit_hours``, every column; not the HTML page and its plots.
+
+``PERTURBED`` names the one value each peer changes when asked to (``--perturb-peer``), to show
+that a peer that computed something else is caught.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
 import duckdb
 import pyarrow as pa
+from compare import PeerOutcome, TableCheck, compare, delta_relation
 from deltalake import DeltaTable
 
 from broker_model.broker import FILE_RESERVED_MS, REMOVE_TAG, TRANSACTION_CHECK_MAX, TRANSACTION_TIMEOUT_MS
 from broker_model.common import constants as c
+from broker_model.store import FIXED_RECORD_LENGTH, IPV6_HOST_EXTRA
 from jobs.dlq.fold import host_prefixes
 from jobs.hours import HOUR_MS
 from schemas.catalog import (
     BROKERS,
+    COMMIT_HOURS,
     COMMITLOG,
     CONSUME_QUEUE,
+    CONSUME_QUEUE_INTEGRITY,
+    CONSUME_QUEUE_TAILS,
     CONSUMER_OFFSET_COMMITS,
     CONSUMER_OFFSETS,
     DLQ,
     DLQ_REDRIVES,
     QUEUE_HOURS,
     RETRY_CHAINS,
+    RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
+    TRANSACTION_RECORDS,
     TRANSACTION_STATE,
+    TableSpec,
 )
+
+PERTURBED = {
+    "rebuild_consume_queue": (CONSUME_QUEUE, "store_size"),
+    "consumer_offsets": (CONSUMER_OFFSETS, "broker_offset"),
+    "resolve_transactions": (TRANSACTION_STATE, "as_of"),
+    "route_dlq": (RETRY_CHAINS, "keys"),
+    "report": (COMMIT_HOURS, "offset"),
+}
+"""Per job, the table and column of which ``--perturb-peer`` changes one value of the peer's
+result (each one the former digests did not cover)."""
+
+NO_CRC = "DuckDB has no CRC-32: the peer cannot check bodies against body_crc"
+
+
+@dataclass(frozen=True)
+class Output:
+    """One table a peer computes: the job's table, where the peer wrote its rows, the key that
+    pairs rows when they differ, and what the comparison leaves out (-> why)."""
+
+    spec: TableSpec
+    path: Path
+    key: tuple[str, ...]
+    skip_rows: Mapping[str, str] | None = None
 
 
 def active_files(table_dir: Path, partition_by: Sequence[str]) -> pa.Table:
@@ -45,6 +95,243 @@ def active_files(table_dir: Path, partition_by: Sequence[str]) -> pa.Table:
 def listing(files: pa.Table) -> str:
     """A DuckDB list literal of the files' locations."""
     return "[" + ", ".join("'" + loc.replace("'", "''") + "'" for loc in files.column("location").to_pylist()) + "]"
+
+
+def checked(
+    lake: Path, seconds: float, outputs: Sequence[Output], perturb: tuple[TableSpec, str] | None
+) -> PeerOutcome:
+    """The peer's ``outputs`` compared with the job's tables of the same names in ``lake``."""
+    con = _connect()
+    checks: list[TableCheck] = []
+    for output in outputs:
+        job = delta_relation(con, f"job_{output.spec.name}", lake / output.spec.path)
+        peer = f"read_parquet('{output.path}', hive_partitioning = false)"
+        column = perturb[1] if perturb is not None and perturb[0] is output.spec else None
+        checks.append(compare(con, output.spec, job, peer, output.key, skip_rows=output.skip_rows, perturb=column))
+    return PeerOutcome(seconds, checks)
+
+
+# ---------------------------------------------------------------------------------------------
+# rebuild_consume_queue
+# ---------------------------------------------------------------------------------------------
+
+# Java String.hashCode over UTF-16 of the tags from code points: a code point above the BMP is the
+# surrogate pair (hi, lo), i.e. two steps h*31+hi, h*31+lo, folded into h*961 + hi*31 + lo.
+_JAVA_HASH = """
+  (list_reduce(
+     list_transform(string_split(tags, ''), lambda ch: unicode(ch)::BIGINT),
+     lambda h, cp: CASE WHEN cp < 65536 THEN (h * 31 + cp) % 4294967296
+                   ELSE (h * 961 + (55296 + ((cp - 65536) >> 10)) * 31 + (56320 + ((cp - 65536) & 1023)))
+                        % 4294967296 END,
+     0::BIGINT) + 2147483648) % 4294967296 - 2147483648
+"""
+
+_LOG = """
+  SELECT f.broker_name, f.segment, p.* EXCLUDE (filename)
+  FROM read_parquet($files, filename = true) p JOIN files f ON p.filename = f.location
+"""
+
+# the consume queue: one row per dispatched record; the tags code is the delivery time on the
+# schedule topic (DELAY parsed as the broker parses a stored record), else the tags' Java hash
+UNITS_SQL = f"""
+COPY (
+  WITH log AS ({_LOG}),
+  codes AS (SELECT tags, {_JAVA_HASH} AS tags_hash FROM (SELECT DISTINCT tags FROM log WHERE length(tags) > 0)),
+  delayed AS (
+    SELECT *, CASE WHEN topic = '$schedule' THEN
+             regexp_extract_all(decode(raw_properties), '(?:^|\x02)$delay\x01([^\x02]+)', 1)[-1] END AS delay_text
+    FROM log WHERE (sys_flag & $type_mask) IN (0, $commit_type)),
+  parsed AS (
+    SELECT *, CASE WHEN regexp_full_match(delay_text, '[+-]?[0-9]+') THEN TRY_CAST(delay_text AS INTEGER) END AS delay
+    FROM delayed),
+  leveled AS (SELECT *, CASE WHEN delay > $max_level THEN $max_level ELSE delay END AS level FROM parsed)
+  SELECT l.broker_name, l.topic, l.queue_id, l.queue_offset, l.commit_log_offset, l.store_size,
+         CASE WHEN l.level > 0 THEN l.store_timestamp + $delay_millis[l.level] ELSE coalesce(k.tags_hash, 0) END
+           AS tags_code,
+         l.store_timestamp
+  FROM leveled l LEFT JOIN codes k ON l.tags = k.tags
+) TO '$out' (FORMAT parquet, PARTITION_BY (topic), WRITE_PARTITION_COLUMNS true, OVERWRITE_OR_IGNORE)
+"""
+
+# the integrity findings, each check of rebuild_consume_queue a branch with its detail text
+# (the CRC check excepted), and the tails of every queue and broker log
+CHECKS_SQL = """
+CREATE OR REPLACE TEMP TABLE sized AS
+WITH log AS (
+  SELECT f.broker_name, f.segment, p.commit_log_offset, p.store_size, p.magic_code, p.sys_flag, p.topic,
+         p.queue_id, p.queue_offset, octet_length(p.body) AS body_bytes,
+         octet_length(p.raw_properties) AS property_bytes
+  FROM read_parquet($files, filename = true) p JOIN files f ON p.filename = f.location)
+SELECT l.*, coalesce(s.segment_size, $default_segment)::BIGINT AS segment_size,
+       $fixed::BIGINT + body_bytes + strlen(topic) + property_bytes
+         + CASE WHEN sys_flag & $born_v6 <> 0 THEN $v6_extra ELSE 0 END
+         + CASE WHEN sys_flag & $store_v6 <> 0 THEN $v6_extra ELSE 0 END
+         + CASE magic_code WHEN $magic_v1 THEN 0 WHEN $magic_v2 THEN 1 END AS computed_size
+FROM log l LEFT JOIN segment_sizes s USING (broker_name);
+COPY (
+  WITH queued AS (
+    SELECT broker_name, topic, queue_id, queue_offset, commit_log_offset,
+           lag(queue_offset) OVER q AS prior_offset, lag(commit_log_offset) OVER q AS prior_log_offset
+    FROM sized WHERE (sys_flag & $type_mask) IN (0, $commit_type)
+    WINDOW q AS (PARTITION BY topic, broker_name, queue_id ORDER BY queue_offset, commit_log_offset)),
+  chained AS (
+    SELECT *, lead(commit_log_offset) OVER b AS next_offset, lead(store_size) OVER b AS next_size,
+           commit_log_offset - commit_log_offset % segment_size + segment_size AS segment_end,
+           commit_log_offset + store_size AS record_end
+    FROM sized WINDOW b AS (PARTITION BY broker_name ORDER BY commit_log_offset, store_size)),
+  record AS (SELECT *, NULL::VARCHAR AS no_topic, NULL::INTEGER AS no_queue, NULL::BIGINT AS no_offset,
+                    commit_log_offset - commit_log_offset % segment_size AS base,
+                    commit_log_offset + store_size AS record_end FROM sized),
+  findings AS (
+    SELECT broker_name, no_topic AS topic, no_queue AS queue_id, no_offset AS queue_offset, commit_log_offset,
+           'SIZE_MISMATCH' AS problem,
+           printf('magic_code %d is neither v1 ($magic_v1) nor v2 ($magic_v2): the record length cannot be checked',
+                  magic_code) AS detail
+    FROM record WHERE computed_size IS NULL
+    UNION ALL
+    SELECT broker_name, no_topic, no_queue, no_offset, commit_log_offset, 'SIZE_MISMATCH',
+           printf('store_size %d, but RocketMQ''s length of this body, topic and properties is %d',
+                  store_size, computed_size)
+    FROM record WHERE computed_size <> store_size
+    UNION ALL
+    SELECT broker_name, no_topic, no_queue, no_offset, commit_log_offset, 'BEYOND_SEGMENT',
+           printf('segment %d, but offset %d lies in the segment at %d (segments of %d bytes)',
+                  segment, commit_log_offset, base, segment_size)
+    FROM record WHERE segment <> base
+    UNION ALL
+    SELECT broker_name, no_topic, no_queue, no_offset, commit_log_offset, 'BEYOND_SEGMENT',
+           printf('the record ends at %d, leaving less than the 8-byte blank before the end of segment %d at %d',
+                  record_end, segment, segment + segment_size)
+    FROM record WHERE record_end + $blank > segment + segment_size
+    UNION ALL
+    SELECT broker_name, NULL, NULL, NULL, commit_log_offset, 'SIZE_MISMATCH',
+           CASE WHEN next_offset = segment_end THEN
+                  printf('the next record starts the next segment at %d though %d bytes fitted after the end of '
+                         || 'this one at %d', segment_end, next_size, record_end)
+                ELSE printf('the next record starts at %d, not at %d (offset %d + store_size %d)',
+                            next_offset, record_end, commit_log_offset, store_size) END
+    FROM chained
+    WHERE next_offset IS NOT NULL
+      AND NOT (next_offset = record_end
+               OR (next_offset = segment_end AND record_end + next_size + $blank > segment_end))
+    UNION ALL
+    SELECT broker_name, topic, queue_id, queue_offset, commit_log_offset, 'GAP',
+           printf('the queue starts at queue offset %d: offsets 0..%d are missing', queue_offset, queue_offset - 1)
+    FROM queued WHERE prior_offset IS NULL AND queue_offset <> 0
+    UNION ALL
+    SELECT broker_name, topic, queue_id, queue_offset, commit_log_offset, 'GAP',
+           printf('queue offsets %d..%d are missing', prior_offset + 1, queue_offset - 1)
+    FROM queued WHERE queue_offset > prior_offset + 1
+    UNION ALL
+    SELECT broker_name, topic, queue_id, queue_offset, commit_log_offset, 'DUPLICATE_QUEUE_OFFSET',
+           printf('queue offset %d is also held by commit log offset %d', queue_offset, prior_log_offset)
+    FROM queued WHERE queue_offset = prior_offset
+    UNION ALL
+    SELECT broker_name, topic, queue_id, queue_offset, commit_log_offset, 'NON_MONOTONIC_OFFSET',
+           printf('commit log offset %d is not above %d, the one of queue offset %d',
+                  commit_log_offset, prior_log_offset, prior_offset)
+    FROM queued WHERE queue_offset > prior_offset AND commit_log_offset <= prior_log_offset)
+  SELECT *, $version::BIGINT AS commitlog_version FROM findings
+) TO '$findings' (FORMAT parquet);
+COPY (
+  SELECT 'QUEUE' AS kind, broker_name, topic, queue_id, last.o AS queue_offset, NULL::BIGINT AS segment,
+         last.c AS commit_log_offset, NULL::INTEGER AS store_size, $version::BIGINT AS commitlog_version
+  FROM (SELECT broker_name, topic, queue_id, max({'o': queue_offset, 'c': commit_log_offset}) AS last
+        FROM sized WHERE (sys_flag & $type_mask) IN (0, $commit_type) GROUP BY ALL)
+  UNION ALL
+  SELECT 'LOG', broker_name, NULL, NULL, NULL, last.s, last.c, last.z, $version::BIGINT
+  FROM (SELECT broker_name, max({'c': commit_log_offset, 'z': store_size, 's': segment}) AS last
+        FROM sized GROUP BY broker_name)
+) TO '$tails' (FORMAT parquet)
+"""
+
+
+@dataclass(frozen=True)
+class ConsumeQueuePeer:
+    """The consume queue peer's outcome, and the seconds of its two parts: the consume queue, then
+    the integrity checks with the tails."""
+
+    outcome: PeerOutcome
+    units_seconds: float
+    checks_seconds: float
+
+
+def time_consume_queue_peer(lake: Path, out: Path, perturb: bool = False) -> ConsumeQueuePeer:
+    """``rebuild_consume_queue`` as two DuckDB statements (the consume queue; the findings and the
+    tails), timed apart, then compared with the job's three tables."""
+    out.mkdir(parents=True, exist_ok=True)
+    con = _connect()
+    table = DeltaTable(str(lake / COMMITLOG.path))
+    files = active_files(lake / COMMITLOG.path, COMMITLOG.partition_by)
+    con.register("files", files)
+    con.register("segment_sizes", segment_sizes(lake))
+    substitutions = {
+        "$files": listing(files),
+        "$schedule": c.SCHEDULE_TOPIC,
+        "$delay_millis": "[" + ", ".join(str(ms) for ms in c.DELAY_LEVEL_MILLIS) + "]",
+        "$delay": c.PROPERTY_DELAY_TIME_LEVEL,
+        "$max_level": str(c.MAX_DELAY_LEVEL),
+        "$type_mask": str(c.TRANSACTION_ROLLBACK_TYPE),
+        "$commit_type": str(c.TRANSACTION_COMMIT_TYPE),
+        "$default_segment": str(c.DEFAULT_SEGMENT_SIZE),
+        "$fixed": str(FIXED_RECORD_LENGTH),
+        "$born_v6": str(c.BORNHOST_V6_FLAG),
+        "$store_v6": str(c.STOREHOSTADDRESS_V6_FLAG),
+        "$v6_extra": str(IPV6_HOST_EXTRA),
+        "$magic_v1": str(c.MAGIC_CODE_V1),
+        "$magic_v2": str(c.MAGIC_CODE_V2),
+        "$blank": str(c.END_FILE_MIN_BLANK_LENGTH),
+        "$version": str(table.version()),
+        "$out": str(out / "consume_queue"),
+        "$findings": str(out / "findings.parquet"),
+        "$tails": str(out / "tails.parquet"),
+    }
+    started = time.perf_counter()
+    con.execute(_substituted(UNITS_SQL, substitutions))
+    units_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    con.execute(_substituted(CHECKS_SQL, substitutions))
+    checks_seconds = time.perf_counter() - started
+    outputs = [
+        Output(
+            CONSUME_QUEUE,
+            out / "consume_queue" / "**" / "*.parquet",
+            ("broker_name", "topic", "queue_id", "queue_offset", "commit_log_offset"),
+        ),
+        Output(
+            CONSUME_QUEUE_INTEGRITY,
+            out / "findings.parquet",
+            ("broker_name", "commit_log_offset", "problem", "detail"),
+            {"problem = 'CRC_MISMATCH'": NO_CRC},
+        ),
+        Output(CONSUME_QUEUE_TAILS, out / "tails.parquet", ("kind", "broker_name", "topic", "queue_id")),
+    ]
+    perturbed = PERTURBED["rebuild_consume_queue"] if perturb else None
+    outcome = checked(lake, units_seconds + checks_seconds, outputs, perturbed)
+    return ConsumeQueuePeer(outcome, units_seconds, checks_seconds)
+
+
+def segment_sizes(lake: Path) -> pa.Table:
+    """``(broker_name, segment_size)`` of each broker's latest ``brokers`` row (by start time, then
+    size), as the job takes them."""
+    rows = DeltaTable(str(lake / BROKERS.path)).to_pyarrow_table(
+        columns=["broker_name", "started_timestamp", "segment_size"]
+    )
+    latest: dict[str, tuple[int, int]] = {}
+    for r in rows.to_pylist():
+        row = (r["started_timestamp"], r["segment_size"])
+        latest[r["broker_name"]] = max(latest.get(r["broker_name"], row), row)
+    return pa.table(
+        {
+            "broker_name": pa.array(list(latest), pa.string()),
+            "segment_size": pa.array([size for _, size in latest.values()], pa.int64()),
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# consumer_offsets
+# ---------------------------------------------------------------------------------------------
 
 
 OFFSETS_SQL = """
@@ -91,15 +378,10 @@ COPY (
   LEFT JOIN oldest o USING ("group", broker_name, topic, queue_id)
 ) TO '$out' (FORMAT parquet)
 """
-OFFSETS_DIGEST = (
-    "SELECT count(*), sum(coalesce(diff, 0)), sum(coalesce(last_timestamp, 0)), "
-    "sum(coalesce(oldest_unconsumed_timestamp, 0)), sum(coalesce(consumer_offset, -1)) FROM read_parquet($files)"
-)
 
 
-def time_offsets_peer(lake: Path, out: Path, as_of: int) -> tuple[float, bool]:
-    """Seconds of ``consumer_offsets`` as one DuckDB query, and whether its rows' digest equals
-    the job's table."""
+def time_offsets_peer(lake: Path, out: Path, as_of: int, perturb: bool = False) -> PeerOutcome:
+    """``consumer_offsets`` as one DuckDB query, timed, then compared with the job's table."""
     out.parent.mkdir(parents=True, exist_ok=True)
     con = _connect()
     cq_files = active_files(lake / CONSUME_QUEUE.path, CONSUME_QUEUE.partition_by)
@@ -114,10 +396,8 @@ def time_offsets_peer(lake: Path, out: Path, as_of: int) -> tuple[float, bool]:
     started = time.perf_counter()
     con.execute(sql)
     seconds = time.perf_counter() - started
-    peer = con.execute(OFFSETS_DIGEST.replace("$files", f"['{out}']")).fetchone()
-    job_files = listing(active_files(lake / CONSUMER_OFFSETS.path, ()))
-    job = con.execute(OFFSETS_DIGEST.replace("$files", job_files)).fetchone()
-    return seconds, peer == job
+    outputs = [Output(CONSUMER_OFFSETS, out, ("group", "broker_name", "topic", "queue_id"))]
+    return checked(lake, seconds, outputs, PERTURBED["consumer_offsets"] if perturb else None)
 
 
 # ``route_dlq``: the send-back records of the log, one chain per (group, origin), each with its
@@ -226,20 +506,11 @@ COPY (
   LEFT JOIN redrives d ON d.broker_name = r.broker_name AND d.msg_id = r.msg_id
 ) TO '$dlq_out' (FORMAT parquet)
 """
-CHAINS_DIGEST = (
-    "SELECT count(*), sum(len(attempts)), sum(last_reconsume_times), sum(max_reconsume_times), "
-    'count(*) FILTER (WHERE exhausted), sum(hash("group" || origin_msg_id || state || broker_name)::HUGEINT), '
-    "sum(first_failure_timestamp + last_timestamp) FROM read_parquet($files)"
-)
-DLQ_DIGEST = (
-    "SELECT count(*), sum(hash(msg_id || reason || origin_msg_id)::HUGEINT), sum(len(attempts)), "
-    "sum(octet_length(body)), sum(coalesce(dlq_timestamp, 0)), count(redrive_state) FROM read_parquet($files)"
-)
 
 
-def time_route_peer(lake: Path, out: Path, as_of: int) -> tuple[float, bool]:
-    """Seconds of ``route_dlq`` (``retry_chains`` and ``dlq``) as DuckDB SQL, and whether both
-    digests equal the job's tables."""
+def time_route_peer(lake: Path, out: Path, as_of: int, perturb: bool = False) -> PeerOutcome:
+    """``route_dlq`` (``retry_chains`` and ``dlq``) as DuckDB SQL, timed, then compared with the
+    job's tables."""
     out.mkdir(parents=True, exist_ok=True)
     con = _connect()
     log_files = active_files(lake / COMMITLOG.path, COMMITLOG.partition_by)
@@ -269,12 +540,13 @@ def time_route_peer(lake: Path, out: Path, as_of: int) -> tuple[float, bool]:
     for statement in statements:
         con.execute(_substituted(statement, substitutions))
     seconds = time.perf_counter() - started
-    same = True
-    for digest, name, spec in ((CHAINS_DIGEST, "chains.parquet", RETRY_CHAINS), (DLQ_DIGEST, "dlq.parquet", DLQ)):
-        peer = con.execute(digest.replace("$files", f"['{out / name}']")).fetchone()
-        job = con.execute(digest.replace("$files", listing(active_files(lake / spec.path, ())))).fetchone()
-        same = same and peer == job
-    return seconds, same
+    outputs = [
+        Output(RETRY_CHAINS, out / "chains.parquet", ("group", "origin_msg_id")),
+        Output(DLQ, out / "dlq.parquet", ("group", "broker_name", "msg_id")),
+    ]
+    outcome = checked(lake, seconds, outputs, PERTURBED["route_dlq"] if perturb else None)
+    outcome.not_computed[RETRY_RECORDS.name] = "the job's extract of the log; the peer reads the log for it directly"
+    return outcome
 
 
 # ``resolve_transactions``: the half, op, final and discard records of the log, each original half
@@ -378,16 +650,11 @@ COPY (
   FROM orphans
 ) TO '$out' (FORMAT parquet)
 """
-STATE_DIGEST = (
-    "SELECT count(*), sum(hash(concat_ws('|', broker_name, half_commit_log_offset, half_queue_offset, state, "
-    "anomaly, check_times, op_queue_offset, final_commit_log_offset, producer_group, uniq_key, real_topic, "
-    "real_queue_id, born_timestamp))::HUGEINT) FROM read_parquet($files)"
-)
 
 
-def time_resolve_peer(lake: Path, out: Path, as_of: int) -> tuple[float, bool]:
-    """Seconds of ``resolve_transactions`` (``transaction_state``, the broker's default check
-    settings) as DuckDB SQL, and whether its digest equals the job's table."""
+def time_resolve_peer(lake: Path, out: Path, as_of: int, perturb: bool = False) -> PeerOutcome:
+    """``resolve_transactions`` (``transaction_state``, the broker's default check settings) as
+    DuckDB SQL, timed, then compared with the job's table."""
     out.parent.mkdir(parents=True, exist_ok=True)
     con = _connect()
     log_files = active_files(lake / COMMITLOG.path, COMMITLOG.partition_by)
@@ -415,11 +682,12 @@ def time_resolve_peer(lake: Path, out: Path, as_of: int) -> tuple[float, bool]:
     for statement in (RESOLVE_RECORDS_SQL, RESOLVE_STATE_SQL):
         con.execute(_substituted(statement, substitutions))
     seconds = time.perf_counter() - started
-    peer = con.execute(STATE_DIGEST.replace("$files", f"['{out}']")).fetchone()
-    job = con.execute(
-        STATE_DIGEST.replace("$files", listing(active_files(lake / TRANSACTION_STATE.path, ())))
-    ).fetchone()
-    return seconds, peer == job
+    outputs = [Output(TRANSACTION_STATE, out, ("broker_name", "half_commit_log_offset", "half_queue_offset"))]
+    outcome = checked(lake, seconds, outputs, PERTURBED["resolve_transactions"] if perturb else None)
+    outcome.not_computed[TRANSACTION_RECORDS.name] = (
+        "the job's extract of the log; the peer reads the log for it directly"
+    )
+    return outcome
 
 
 def _connect() -> duckdb.DuckDBPyConnection:
@@ -440,29 +708,27 @@ def _substituted(statement: str, substitutions: Mapping[str, str]) -> str:
 # (the plots and the HTML are drawn from those and from small tables, not part of the peer).
 REPORT_HOURS_SQL = """
 COPY (
-  SELECT f.broker_name, p.topic, p.queue_id, p.store_timestamp - p.store_timestamp % $hour AS hour,
+  SELECT f.broker_name, p.topic, p.queue_id, p.store_timestamp - ((p.store_timestamp % $hour) + $hour) % $hour AS hour,
          count(*) AS messages, sum(p.store_size)::BIGINT AS bytes,
-         max(CASE WHEN (p.sys_flag & 12) IN (0, 8) THEN p.queue_offset + 1 END) AS end_offset,
+         max(CASE WHEN (p.sys_flag & $type_mask) IN (0, $commit_type) THEN p.queue_offset + 1 END) AS end_offset,
          min(p.store_timestamp) AS first_store_timestamp, max(p.store_timestamp) AS last_store_timestamp
   FROM read_parquet($log_files, filename = true) p JOIN log_files f ON p.filename = f.location
   GROUP BY ALL
 ) TO '$queue_out' (FORMAT parquet);
 COPY (
-  SELECT "group", broker_name, topic, queue_id, commit_timestamp - commit_timestamp % $hour AS hour,
-         max({'t': commit_timestamp, 'r': source = 'reset', 'o': "offset"}) AS latest
-  FROM read_parquet($commit_files) GROUP BY ALL
+  SELECT "group", broker_name, topic, queue_id, hour, latest.t AS commit_timestamp, latest.r AS is_reset,
+         latest.o AS "offset"
+  FROM (SELECT "group", broker_name, topic, queue_id,
+               commit_timestamp - ((commit_timestamp % $hour) + $hour) % $hour AS hour,
+               max({'t': commit_timestamp, 'r': source = 'reset', 'o': "offset"}) AS latest
+        FROM read_parquet($commit_files) GROUP BY ALL)
 ) TO '$commit_out' (FORMAT parquet)
 """
-QUEUE_HOURS_DIGEST = (
-    "SELECT count(*), sum(messages), sum(bytes), sum(coalesce(end_offset, -1)), "
-    "sum(hash(concat_ws('|', broker_name, topic, queue_id, hour, first_store_timestamp, last_store_timestamp))"
-    "::HUGEINT) FROM read_parquet($files)"
-)
 
 
-def time_report_peer(lake: Path, out: Path) -> tuple[float, bool]:
-    """Seconds of the report's data (``queue_hours`` and ``commit_hours``) as DuckDB SQL, and
-    whether the log's summary equals the job's table by digest."""
+def time_report_peer(lake: Path, out: Path, perturb: bool = False) -> PeerOutcome:
+    """The report's data (``queue_hours`` and ``commit_hours``) as DuckDB SQL, timed, then compared
+    with the job's tables."""
     out.mkdir(parents=True, exist_ok=True)
     con = _connect()
     log_files = active_files(lake / COMMITLOG.path, COMMITLOG.partition_by)
@@ -471,13 +737,18 @@ def time_report_peer(lake: Path, out: Path) -> tuple[float, bool]:
         "$log_files": listing(log_files),
         "$commit_files": listing(active_files(lake / CONSUMER_OFFSET_COMMITS.path, ())),
         "$hour": str(HOUR_MS),
+        "$type_mask": str(c.TRANSACTION_ROLLBACK_TYPE),
+        "$commit_type": str(c.TRANSACTION_COMMIT_TYPE),
         "$queue_out": str(out / "queue_hours.parquet"),
         "$commit_out": str(out / "commit_hours.parquet"),
     }
     started = time.perf_counter()
     con.execute(_substituted(REPORT_HOURS_SQL, substitutions))
     seconds = time.perf_counter() - started
-    peer = con.execute(QUEUE_HOURS_DIGEST.replace("$files", f"['{out / 'queue_hours.parquet'}']")).fetchone()
-    job_files = listing(active_files(lake / QUEUE_HOURS.path, ()))
-    job = con.execute(QUEUE_HOURS_DIGEST.replace("$files", job_files)).fetchone()
-    return seconds, peer == job
+    outputs = [
+        Output(QUEUE_HOURS, out / "queue_hours.parquet", ("broker_name", "topic", "queue_id", "hour")),
+        Output(COMMIT_HOURS, out / "commit_hours.parquet", ("group", "broker_name", "topic", "queue_id", "hour")),
+    ]
+    outcome = checked(lake, seconds, outputs, PERTURBED["report"] if perturb else None)
+    outcome.not_computed["report.html"] = "the page and its plots are drawn from these tables and small ones"
+    return outcome

@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from batches import send_batches
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from broker_model.client import Producer
-from broker_model.common import Message
-from broker_model.tools import start_brokers
 from jobs.lake import Lake, build_session
 from jobs.replay import MESSAGE_COLUMNS, ReplayConfig, TopicQueues, run, sink_spec
 from jobs.rules import is_dispatched
@@ -41,8 +38,6 @@ from schemas.catalog import COMMITLOG
 
 TOPIC = "Replay"
 QUEUES_PER_BROKER = 8
-BATCH = 1000
-BODY_BYTES = 200
 TAGS = ("created", "paid", "shipped")
 SPARK_CONF = {
     "spark.driver.memory": "4g",
@@ -52,27 +47,9 @@ SPARK_CONF = {
 
 
 def write_messages(lake: Path, messages: int, seed: int) -> float:
-    """Send ``messages`` messages to ``Replay`` through two ASYNC_FLUSH brokers in batches of
-    1,000, each batch built just before it is sent; the seconds until the last commit."""
-    brokers = start_brokers(lake, 2, flush_mode="ASYNC_FLUSH")
-    for broker in brokers:
-        broker.create_topic(TOPIC, QUEUES_PER_BROKER)
-    producer = Producer(brokers, "bench", seed=seed)
-    rng = random.Random(seed)
-    started = time.perf_counter()
-    try:
-        for start in range(0, messages, BATCH):
-            keys = range(start, min(start + BATCH, messages))
-            batch = [
-                Message.create(TOPIC, rng.randbytes(BODY_BYTES), tags=rng.choice(TAGS), keys=f"k{k}") for k in keys
-            ]
-            producer.send_batch(batch)
-        for broker in brokers:
-            broker.flush()
-        return time.perf_counter() - started
-    finally:
-        for broker in brokers:
-            broker.shutdown()
+    """Send ``messages`` messages to ``Replay`` (its queues created first) through two ASYNC_FLUSH
+    brokers (:func:`batches.send_batches`); the seconds until the last commit."""
+    return send_batches(lake, messages, seed, lambda _: (TOPIC, TAGS), queues=[(TOPIC, QUEUES_PER_BROKER)])
 
 
 def time_replay(spark: SparkSession, lake: Path, sink: Path, replay_id: str, batch_rows: int) -> tuple[float, int]:

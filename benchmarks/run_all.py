@@ -1,7 +1,7 @@
 """Every job of the nightly pipeline, full and incremental, against its floor and a DuckDB peer.
 
     python benchmarks/run_all.py [--messages 2000000 | --large | --sizes N,N,...] [--seed 1] [--keep DIR]
-                                 [--json PATH]
+                                 [--json PATH] [--perturb-peer JOB]
 
 All figures come from one run, on one lake, in one Spark session (``local[*]``, engine ``bridge``).
 
@@ -23,21 +23,36 @@ and so does their floor, untimed: the JVM compiles a new query's code on its fir
 nightly pays once in its session, not per job (as ``benchmarks/consume_queue.py`` takes the best of
 warm runs). The compaction and the report cannot: their second run would have nothing to do.
 
-- **floor**: Spark (or Arrow, for the Arrow-only compaction) reading the job's input columns and
-  writing the job's output columns through the same :class:`jobs.lake.Lake`, with no logic
-  (:func:`time_floor`); the consume queue reuses the floor of ``benchmarks/consume_queue.py``;
+- **floor**: the job's I/O with no logic between (:func:`plan_floor`): the job's inputs read the
+  way the job reads them at this size (Spark scans that need every value of the columns the job
+  scans, delta-rs reads on the driver of what it reads there; the job's own limits decide which)
+  and every table the job writes, written into a fresh lake root through the same
+  :class:`jobs.lake.Lake` call the job uses (Spark's ``overwrite`` or ``overwrite_rows`` from the
+  driver, with the same application transaction), plus a ``job_runs`` row and, for the report,
+  its page's files. The rows written are the job's own, read before the floor's clock starts.
+  After each timed run, the tables whose Delta version the job moved are checked against those
+  its floor wrote: a floor that leaves one out gets no ratio and fails the run. The consume queue
+  reuses the floor of ``benchmarks/consume_queue.py``; the compaction's is Arrow reading and
+  writing the files it packs (the log's bins and the offset commits' small files), with no Delta
+  commit, so its tables are not checked (:func:`time_compaction_floor`);
 - **peer**: the same computation as DuckDB SQL over the Parquet files of the inputs' active Delta
-  versions (file lists and partition values from the Delta log), checked equal to the job's table
-  by a digest of every row (``benchmarks/peers.py``): the consume queue, the consumer offsets, the
-  transaction states, the retry chains and dead letters, and the report's hourly summaries. The
-  compaction has none (a Delta commit of remove/add actions is no query).
+  versions (file lists and partition values from the Delta log), then every column of every table
+  it computes compared with the job's (``benchmarks/peers.py``, ``benchmarks/compare.py``): the
+  consume queue with its integrity findings and tails, the consumer offsets, the transaction
+  states, the retry chains and dead letters, and the report's hour tables. What a peer cannot
+  compute faithfully is printed with the outcome (the CRC check of the findings; the extracts
+  ``transaction_records`` and ``retry_records``; the report's page). The compaction has none (a
+  Delta commit of remove/add actions is no query). A peer that differs gets no ratio: its note
+  says which columns differ, examples of differing rows follow the table, and the run ends with
+  exit status 1. ``--perturb-peer JOB`` changes one value of JOB's peer result before the
+  comparison (:data:`peers.PERTURBED`), only to show that this gate works.
 
 **Incremental runs**: 1 % more bulk messages, :data:`NEW_TRANSACTIONS` more transactions and one
 offset commit per queue of ``cg-orders``; then every job again at one T, in the nightly's order (the
 compaction only on files the other jobs had read, as the nightly does). No new retries: the retry
 groups would consume the whole bulk (see above). Then **reruns**: every job once more with no new
 data and the same T, as a second nightly would. The table ends with the nightly's incremental total
-against the DuckDB peers' total from scratch, and the rerun's total.
+against the total from scratch of the DuckDB peers that agree with their jobs, and the rerun's total.
 
 **Growth** (``--sizes 500000,1000000,2000000,5000000``): the whole run once per size, each on a lake
 of its own, then per job and mode the seconds at every size and the exponent ``k`` of the
@@ -45,6 +60,9 @@ least-squares fit ``seconds ~ messages^k`` (1 is linear; above 1.1 is flagged).
 
 Every job's stdout goes to ``<root>/logs``; the Spark UI's REST API gives each job's stages, so
 the table's last lines say which stages dominate the slowest job.
+
+**Exit status**: 1 when a peer differs from its job or a floor leaves out a table its job writes
+(after the table, the comparisons and the JSON), else 0.
 """
 
 from __future__ import annotations
@@ -60,33 +78,47 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-from consume_queue import SPARK_CONF, job_digest, time_floor, time_peer, units_digest, write_messages
+from compare import PeerOutcome
+from consume_queue import SPARK_CONF, time_floor, write_messages
 from deltalake import DeltaTable
-from peers import time_offsets_peer, time_report_peer, time_resolve_peer, time_route_peer
+from peers import (
+    PERTURBED,
+    time_consume_queue_peer,
+    time_offsets_peer,
+    time_report_peer,
+    time_resolve_peer,
+    time_route_peer,
+)
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from broker_model.client import PullConsumer
+from broker_model.store.delta_tables import SMALL_FILE_BYTES, SMALL_TABLE_FILES
 from broker_model.tools import run_workload, start_brokers
 from jobs.compact_commitlog import CompactConfig
 from jobs.compact_commitlog import run as run_compact
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as run_offsets
+from jobs.consumer_offsets.fold import CQ_ROW_COLUMNS, subscribed_topics
+from jobs.consumer_offsets.job import DRIVER_ROWS as OFFSETS_DRIVER_ROWS
 from jobs.dlq.decode import RETRY_SOURCE_COLUMNS as ROUTE_DLQ_INPUTS
+from jobs.dlq.job import APP_ID as ROUTE_APP_ID
+from jobs.dlq.job import DRIVER_RECORDS as ROUTE_DRIVER_RECORDS
 from jobs.dlq.job import RouteDlqConfig
 from jobs.dlq.job import run as run_route
+from jobs.hours import APP_ID as HOURS_APP_ID
 from jobs.lake import Lake, build_session
 from jobs.lake.compaction import Bin, eligible_paths, list_files, plan_bins
+from jobs.lake.snapshots import table_version
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as run_rebuild
 from jobs.report import ReportConfig
@@ -94,9 +126,12 @@ from jobs.report import run as run_report
 from jobs.resolve_transactions import TRANSACTION_SOURCE_COLUMNS as TRANSACTION_INPUTS
 from jobs.resolve_transactions import ResolveTransactionsConfig
 from jobs.resolve_transactions import run as run_resolve
-from jobs.runs import JobRun
+from jobs.resolve_transactions.job import APP_ID as RESOLVE_APP_ID
+from jobs.resolve_transactions.job import DRIVER_RECORDS as RESOLVE_DRIVER_RECORDS
+from jobs.runs import JobRun, record_run
 from schemas.catalog import (
     BROKERS,
+    COMMIT_HOURS,
     COMMITLOG,
     CONSUME_QUEUE,
     CONSUME_QUEUE_INTEGRITY,
@@ -106,9 +141,12 @@ from schemas.catalog import (
     DLQ,
     DLQ_REDRIVES,
     JOB_RUNS,
+    OFFSET_COMMIT_COLUMNS,
+    QUEUE_HOURS,
     RETRY_CHAINS,
     RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
+    TABLES,
     TRANSACTION_RECORDS,
     TRANSACTION_STATE,
     TableSpec,
@@ -128,6 +166,28 @@ JOBS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resol
 WARMED = ("rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq")
 NO_PEER = {
     "compact_commitlog": "n/a: a Delta commit of remove/add actions (dataChange=false) is no SQL query",
+}
+JOB_OUTPUTS = {
+    "rebuild_consume_queue": (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS),
+    "consumer_offsets": (CONSUMER_OFFSETS,),
+    "resolve_transactions": (TRANSACTION_RECORDS, TRANSACTION_STATE),
+    "route_dlq": (RETRY_RECORDS, RETRY_CHAINS, DLQ),
+    "report": (QUEUE_HOURS, COMMIT_HOURS),
+}
+"""The tables each job writes besides ``job_runs`` (the warm-up's are deleted before the timed run;
+the tables a timed run wrote are also found from the Delta versions it moved, and every floor must
+write them all)."""
+PeerCall = Callable[[Path, Path, int, bool], PeerOutcome]
+PEERS: dict[str, PeerCall] = {
+    "rebuild_consume_queue": lambda lake, out, as_of, perturb: time_consume_queue_peer(lake, out, perturb).outcome,
+    "consumer_offsets": lambda lake, out, as_of, perturb: time_offsets_peer(
+        lake, out / "offsets.parquet", as_of, perturb
+    ),
+    "resolve_transactions": lambda lake, out, as_of, perturb: time_resolve_peer(
+        lake, out / "state.parquet", as_of, perturb
+    ),
+    "route_dlq": time_route_peer,
+    "report": lambda lake, out, as_of, perturb: time_report_peer(lake, out, perturb),
 }
 REPORT_LOG_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "sys_flag", "store_timestamp", "store_size")
 
@@ -230,6 +290,16 @@ class Measured:
     row_counts: dict[str, int] | None = None
     stages: list[dict[str, Any]] | None = None
     spark_seconds: float | None = None
+    peer_same: bool | None = None  # None: no peer
+    peer_report: list[str] = field(default_factory=list)  # every table compared, examples of differences
+    writes: list[str] = field(default_factory=list)  # tables whose Delta version the run moved (job_runs aside)
+    floor_lacks: list[str] = field(default_factory=list)  # of those, tables its floor did not write
+
+    @property
+    def failed(self) -> bool:
+        """Whether the row's ratios cannot be trusted: its peer computed something else, or its
+        floor left out a table the job writes."""
+        return self.peer_same is False or bool(self.floor_lacks)
 
 
 JobCall = Callable[[SparkSession], JobRun]
@@ -294,60 +364,124 @@ def touched(df: DataFrame, columns: Sequence[str]) -> Column:
 _TOUCHED_MODULUS = 1_000_003
 
 
-FLOORS: dict[str, tuple[tuple[tuple[TableSpec, tuple[str, ...]], ...], tuple[TableSpec, ...]]] = {
-    "consumer_offsets": (
-        (
-            (
-                CONSUMER_OFFSET_COMMITS,
-                ("group", "broker_name", "topic", "queue_id", "offset", "commit_timestamp", "source"),
-            ),
-            (CONSUME_QUEUE, ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp")),
-        ),
-        (CONSUMER_OFFSETS,),
-    ),
-    "resolve_transactions": (((COMMITLOG, TRANSACTION_INPUTS),), (TRANSACTION_RECORDS, TRANSACTION_STATE)),
-    "route_dlq": (
-        (
-            (COMMITLOG, ROUTE_DLQ_INPUTS),
-            (SUBSCRIPTION_GROUP, tuple(SUBSCRIPTION_GROUP.column_names)),
-            (CONSUMER_OFFSET_COMMITS, tuple(CONSUMER_OFFSET_COMMITS.column_names)),
-            (BROKERS, tuple(BROKERS.column_names)),
-            (DLQ_REDRIVES, tuple(DLQ_REDRIVES.column_names)),
-        ),
-        (RETRY_RECORDS, RETRY_CHAINS, DLQ),
-    ),
-    "report": (
-        (
-            (CONSUMER_OFFSETS, tuple(CONSUMER_OFFSETS.column_names)),
-            (CONSUMER_OFFSET_COMMITS, tuple(CONSUMER_OFFSET_COMMITS.column_names)),
-            (COMMITLOG, REPORT_LOG_COLUMNS),
-            (TRANSACTION_STATE, tuple(TRANSACTION_STATE.column_names)),
-            (DLQ, tuple(DLQ.column_names)),
-            (CONSUME_QUEUE_INTEGRITY, tuple(CONSUME_QUEUE_INTEGRITY.column_names)),
-            (JOB_RUNS, tuple(JOB_RUNS.column_names)),
-        ),
-        (),
-    ),
-}
+@dataclass
+class FloorPlan:
+    """A job's I/O at this lake's size, the way the job does it, with no logic between: Spark scans
+    that need every value of the columns the job reads with Spark (:func:`touched`), reads on the
+    driver (delta-rs) of what the job reads there, and every table the job writes, written with the
+    API the job writes it with (Spark's ``Lake.overwrite``, or ``Lake.overwrite_rows`` from the
+    driver) and the same application transaction, plus its ``job_runs`` row and any other file."""
+
+    scans: list[tuple[TableSpec, tuple[str, ...]]] = field(default_factory=list)
+    reads: list[Callable[[], object]] = field(default_factory=list)
+    spark_writes: list[tuple[TableSpec, tuple[str, int] | None]] = field(default_factory=list)
+    row_writes: list[tuple[TableSpec, tuple[str, int] | None]] = field(default_factory=list)
+    files: Path | None = None  # a directory of files the job writes (the report's page), copied whole
 
 
-def time_scan_floor(spark: SparkSession, name: str, lake: Path, floor_root: Path) -> float:
-    """Seconds to scan the job's input columns (one aggregate per table that needs every value) and
-    to write its output tables' rows (read back from the job's output) through the Lake I/O into a
-    fresh lake root: the job's reads and writes with no logic between them."""
-    inputs, outputs = FLOORS[name]
+def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
+    """The floor of a full run of job ``name`` (not the compaction, see :func:`time_compaction_floor`;
+    nor the consume queue, see ``benchmarks/consume_queue.py``) on ``lake`` as it is now: the path
+    the job takes at this size (driver or Spark) decided by the job's own limits. What the jobs
+    read back of the extracts they wrote themselves is not read again: the floor does each input
+    and output once. ``pages``: where the report wrote its page."""
+    log_version = lake.version(COMMITLOG)
+    if name == "consumer_offsets":
+        counted = lake.row_count(CONSUMER_OFFSET_COMMITS) + lake.row_count(CONSUME_QUEUE)
+        if counted > OFFSETS_DRIVER_ROWS:
+            return FloorPlan(
+                scans=[(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS), (CONSUME_QUEUE, CQ_ROW_COLUMNS)],
+                spark_writes=[(CONSUMER_OFFSETS, None)],
+            )
+        commits = lake.read_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)
+        topics = sorted(subscribed_topics(commits, as_of))
+        version = lake.version(CONSUME_QUEUE)
+        return FloorPlan(
+            reads=[
+                lambda: lake.read_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS),
+                lambda: sum(
+                    t.num_rows
+                    for t in lake.iter_row_chunks(
+                        CONSUME_QUEUE, CQ_ROW_COLUMNS, version, partition_filter={"topic": topics}
+                    )
+                ),
+            ],
+            row_writes=[(CONSUMER_OFFSETS, None)],
+        )
+    if name == "resolve_transactions":
+        extract = (TRANSACTION_RECORDS, (RESOLVE_APP_ID, log_version) if log_version is not None else None)
+        plan = FloorPlan(scans=[(COMMITLOG, TRANSACTION_INPUTS)], spark_writes=[extract])
+        if lake.row_count(TRANSACTION_RECORDS) > RESOLVE_DRIVER_RECORDS:
+            plan.spark_writes.append((TRANSACTION_STATE, None))
+        else:
+            plan.row_writes.append((TRANSACTION_STATE, None))
+        return plan
+    if name == "route_dlq":
+        extract = (RETRY_RECORDS, (ROUTE_APP_ID, log_version) if log_version is not None else None)
+        plan = FloorPlan(scans=[(COMMITLOG, ROUTE_DLQ_INPUTS)], spark_writes=[extract])
+        small = (SUBSCRIPTION_GROUP, CONSUMER_OFFSET_COMMITS, BROKERS, DLQ_REDRIVES)
+        if lake.row_count(RETRY_RECORDS) > ROUTE_DRIVER_RECORDS:
+            plan.scans += [(spec, tuple(spec.column_names)) for spec in small if lake.exists(spec)]
+            plan.spark_writes += [(RETRY_CHAINS, None), (DLQ, None)]
+        else:
+            plan.reads += [lambda spec=spec: lake.read_rows(spec) for spec in small]
+            plan.row_writes += [(RETRY_CHAINS, None), (DLQ, None)]
+        return plan
+    if name == "report":
+        commits_version = lake.version(CONSUMER_OFFSET_COMMITS)
+        page_reads: list[tuple[TableSpec, Sequence[str] | None]] = [
+            (CONSUMER_OFFSETS, None),
+            (DLQ, ["group", "dlq_timestamp"]),
+            (TRANSACTION_STATE, ["state", "anomaly"]),
+            (CONSUME_QUEUE_INTEGRITY, None),
+            (JOB_RUNS, ["job", "status", "started_timestamp", "duration_ms", "message", "run_id"]),
+        ]
+        return FloorPlan(
+            scans=[(COMMITLOG, REPORT_LOG_COLUMNS), (CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)],
+            reads=[lambda spec=spec, columns=columns: lake.read_rows(spec, columns) for spec, columns in page_reads],
+            row_writes=[
+                (QUEUE_HOURS, (HOURS_APP_ID, log_version) if log_version is not None else None),
+                (COMMIT_HOURS, (HOURS_APP_ID, commits_version) if commits_version is not None else None),
+            ],
+            files=pages,
+        )
+    raise ValueError(f"no floor plan for {name}")
+
+
+def time_scan_floor(spark: SparkSession, name: str, lake: Path, floor_root: Path, as_of: int, pages: Path) -> float:
+    """Seconds of the job's I/O (:func:`plan_floor`) into a fresh lake root. The rows written are
+    the job's own, read from its tables before the clock starts (Spark writes from a persisted
+    frame, driver writes from Arrow)."""
     shutil.rmtree(floor_root, ignore_errors=True)
     spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
     source, target = Lake(spark, lake, ENGINE), Lake(spark, floor_root, ENGINE)
-    started = time.perf_counter()
-    for spec, columns in inputs:
-        if source.exists(spec):
-            df = source.read(spec)
-            df.select(touched(df, columns)).collect()
-    for spec in outputs:
-        if source.exists(spec):
-            target.overwrite(spec, source.read(spec))
-    return time.perf_counter() - started
+    plan = plan_floor(name, source, as_of, pages)
+    frames = {spec.name: source.read(spec).persist() for spec, _ in plan.spark_writes}
+    for frame in frames.values():
+        frame.count()
+    rows = {spec.name: source.read_rows(spec) for spec, _ in plan.row_writes}
+    page = {path.name: path.read_bytes() for path in sorted(plan.files.iterdir())} if plan.files else {}
+    try:
+        started = time.perf_counter()
+        for read in plan.reads:
+            read()
+        for spec, columns in plan.scans:
+            if source.exists(spec):
+                df = source.read(spec)
+                df.select(touched(df, columns)).collect()
+        for spec, app in plan.spark_writes:
+            target.overwrite(spec, frames[spec.name], *(app or ()))
+        for spec, app in plan.row_writes:
+            target.overwrite_rows(spec, rows[spec.name], *(app or ()))
+        if page:
+            (floor_root / "page").mkdir(parents=True)
+            for file_name, data in page.items():
+                (floor_root / "page" / file_name).write_bytes(data)
+        record_run(target, JobRun(name).finish("SUCCEEDED", "floor"))
+        return time.perf_counter() - started
+    finally:
+        for frame in frames.values():
+            frame.unpersist()
 
 
 def compaction_bins(lake: Path, up_to: int | None) -> list[Bin]:
@@ -360,9 +494,24 @@ def compaction_bins(lake: Path, up_to: int | None) -> list[Bin]:
     )
 
 
-def time_compaction_floor(lake: Path, bins: Sequence[Bin], floor_dir: Path) -> float:
+def packed_commit_files(lake: Path) -> list[Path]:
+    """The files of ``consumer_offset_commits`` that ``compact_commitlog`` packs besides the log
+    (:func:`jobs.compact_commitlog.pack_offset_commits`) on a lake none of its readers has read
+    yet, as in the full runs: every small file of the latest version when there are more than
+    ``SMALL_TABLE_FILES`` of them (:func:`broker_model.store.delta_tables.pack_small_files`), else none."""
+    table_dir = lake / CONSUMER_OFFSET_COMMITS.path
+    if not DeltaTable.is_deltatable(str(table_dir)):
+        return []
+    actions = pa.table(DeltaTable(str(table_dir)).get_add_actions(flatten=True)).to_pylist()
+    small = [table_dir / unquote(a["path"]) for a in actions if a["size_bytes"] < SMALL_FILE_BYTES]
+    return small if len(small) > SMALL_TABLE_FILES else []
+
+
+def time_compaction_floor(lake: Path, bins: Sequence[Bin], commit_files: Sequence[Path], floor_dir: Path) -> float:
     """Seconds to read each bin's files with Arrow and write them as one Parquet file (the
-    compaction's engine), without its sort, type checks, statistics or Delta commit."""
+    compaction's engine), and the same for the offset commits' small files the job packs
+    (:func:`packed_commit_files`), without the job's sort, type checks, statistics or Delta
+    commits: the floor writes the files, not the tables."""
     shutil.rmtree(floor_dir, ignore_errors=True)
     floor_dir.mkdir(parents=True)
     table_dir = lake / COMMITLOG.path
@@ -370,6 +519,10 @@ def time_compaction_floor(lake: Path, bins: Sequence[Bin], floor_dir: Path) -> f
     for index, one in enumerate(bins):
         parts = [pq.read_table(table_dir / unquote(f.path), columns=COMMITLOG.data_columns) for f in one.files]
         pq.write_table(pa.concat_tables(parts), floor_dir / f"bin-{index}.parquet", compression="snappy")
+    if commit_files:
+        parts = [pq.read_table(path) for path in commit_files]
+        commits = pa.concat_tables(parts, promote_options="default")
+        pq.write_table(commits, floor_dir / "offset-commits.parquet", compression="snappy")
     return time.perf_counter() - started
 
 
@@ -442,15 +595,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="figures as JSON (default: <work dir>/run_all.json)")
+    parser.add_argument(
+        "--perturb-peer",
+        choices=sorted(PERTURBED),
+        default=None,
+        metavar="JOB",
+        help="change one value of JOB's peer result before it is compared (only to show that a peer that "
+        "differs is caught: the run then ends with exit status 1); one of %(choices)s",
+    )
     args = parser.parse_args(argv)
     messages = LARGE_MESSAGES if args.large else args.messages
     root = (args.keep or Path(tempfile.mkdtemp(prefix="run-all-bench-"))).resolve()
     json_path = args.json or root / "run_all.json"
     try:
         if args.sizes:
-            return _growth(root, args.sizes, args.seed, json_path)
-        _bench(root, messages, args.seed, json_path)
-        return 0
+            return _growth(root, args.sizes, args.seed, json_path, args.perturb_peer)
+        return exit_status(_bench(root, messages, args.seed, json_path, args.perturb_peer))
     finally:
         if args.keep is None:  # the figures and the jobs' stdout stay, next to where the lake was
             for child in root.iterdir():
@@ -469,19 +629,29 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _growth(root: Path, sizes: Sequence[int], seed: int, json_path: Path) -> int:
+def exit_status(rows: Sequence[Measured]) -> int:
+    """0 when every peer computed what its job wrote and every floor wrote what its job writes,
+    else 1 (after the table, which says what failed)."""
+    failed = [f"{r.job} ({r.mode})" for r in rows if r.failed]
+    if failed:
+        print(f"\nexit status 1: the ratios of {', '.join(failed)} are not measured against an equal computation")
+        return 1
+    return 0
+
+
+def _growth(root: Path, sizes: Sequence[int], seed: int, json_path: Path, perturb: str | None = None) -> int:
     """One run per size, then the growth table; the figures of every size go to ``json_path``."""
     measured: dict[int, list[Measured]] = {}
     for messages in sizes:
         print(f"\n=== {messages:,} bulk messages ===", flush=True)
         figures = json_path.with_suffix(f".{messages}.json")
-        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures)
+        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures, perturb)
     growth = growth_rows(measured)
     print_growth(growth, sizes)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps({"sizes": list(sizes), "growth": growth, "machine": machine()}, indent=2))
     print(f"\nfigures: {json_path}")
-    return 0
+    return exit_status([row for rows in measured.values() for row in rows])
 
 
 def growth_rows(measured: dict[int, list[Measured]]) -> list[dict[str, Any]]:
@@ -515,7 +685,7 @@ def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int]) -> None
         print(f"{row['job']:<22}{row['mode']:<12}{cells}{row['exponent']:>10.2f}{flag}")
 
 
-def _bench(root: Path, messages: int, seed: int, json_path: Path) -> list[Measured]:
+def _bench(root: Path, messages: int, seed: int, json_path: Path, perturb: str | None = None) -> list[Measured]:
     lake, logs = root / "lake", root / "logs"
     print(f"writing the lake: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
     written = write_lake(lake, messages, seed)
@@ -523,7 +693,7 @@ def _bench(root: Path, messages: int, seed: int, json_path: Path) -> list[Measur
     spark = build_session("bench-run-all", master="local[*]", engine=ENGINE, extra_conf=CONF)
     spark.sparkContext.setLogLevel("ERROR")
     Lake(spark, lake, ENGINE).read(COMMITLOG).select("store_size").agg(F.sum("store_size")).collect()  # warm-up
-    rows = _full_runs(spark, lake, root, logs, written["segment_size"])
+    rows = _full_runs(spark, lake, root, logs, perturb)
     processed = DeltaTable(str(lake / COMMITLOG.path)).version()
     increment = append_increment(lake, messages, seed)
     print(f"increment written: {json.dumps(increment)}", flush=True)
@@ -548,57 +718,57 @@ def _bench(root: Path, messages: int, seed: int, json_path: Path) -> list[Measur
     return rows
 
 
-def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, segment: int) -> list[Measured]:
+def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb: str | None = None) -> list[Measured]:
     as_of = now_ms()
     rows: list[Measured] = []
     for name in JOBS:
         bins = compaction_bins(lake, None) if name == "compact_commitlog" else []
+        commit_files = packed_commit_files(lake) if name == "compact_commitlog" else []
+        pages = root / "reports" / "full"
+        floor_root = root / "floor" / name
         print(f"full: {name}", flush=True)
         if name in WARMED:  # untimed: the job and its floor once, so that both are timed warm
             time_job(spark, name, "warm-up", job_call(name, lake, True, as_of, root, None), logs)
             if name == "rebuild_consume_queue":
-                time_floor(spark, lake, root / "floor" / name)
-                outputs: tuple[TableSpec, ...] = (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS)
+                time_floor(spark, lake, floor_root)
             else:
-                time_scan_floor(spark, name, lake, root / "floor" / name)
-                outputs = FLOORS[name][1]
-            for spec in outputs:  # a run on unchanged inputs writes nothing: the timed run is a first run again
+                time_scan_floor(spark, name, lake, floor_root, as_of, pages)
+            for spec in JOB_OUTPUTS[name]:  # a run on unchanged inputs writes nothing: the timed run is a first one
                 shutil.rmtree(lake / spec.path)
+        before = table_versions(lake)
         row = time_job(spark, name, "full", job_call(name, lake, True, as_of, root, None), logs)
+        row.writes = sorted(n for n, v in table_versions(lake).items() if v != before.get(n) and n != JOB_RUNS.name)
         notes = [row.status]
         if name == "compact_commitlog":
-            row.floor = time_compaction_floor(lake, bins, root / "floor" / name)
-            notes.append(f"{len(bins)} bins, {sum(len(b.files) for b in bins)} files")
+            row.floor = time_compaction_floor(lake, bins, commit_files, floor_root)
+            notes.append(
+                f"{len(bins)} bins, {sum(len(b.files) for b in bins)} files; floor: those files and the "
+                f"{len(commit_files)} offset-commit files the job packs, read and written with Arrow, no commit"
+            )
         elif name == "rebuild_consume_queue":
             spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
-            row.floor = time_floor(spark, lake, root / "floor" / name)
-            units_s, checks_s, cq_rows, _ = time_peer(lake, root / "peer" / name, segment)
-            row.peer = units_s + checks_s
-            same = units_digest(duckdb.connect(), f"{root}/peer/{name}/units/**/*.parquet") == job_digest(lake)
-            notes.append(f"{cq_rows:,} consume-queue rows, peer same: {same}; peer has no CRC")
+            row.floor = time_floor(spark, lake, floor_root)
         else:
-            row.floor = time_scan_floor(spark, name, lake, root / "floor" / name)
-        if name == "consumer_offsets":
-            row.peer, same = time_offsets_peer(lake, root / "peer" / name / "offsets.parquet", as_of)
-            notes.append(
-                f"{row.row_counts.get(CONSUMER_OFFSETS.name, 0) if row.row_counts else 0} rows, peer same: {same}"
-            )
-        if name == "resolve_transactions":
-            row.peer, same = time_resolve_peer(lake, root / "peer" / name / "state.parquet", as_of)
-            notes.append(f"{(row.row_counts or {}).get(TRANSACTION_STATE.name, 0)} transactions, peer same: {same}")
-        if name == "report":
-            row.peer, same = time_report_peer(lake, root / "peer" / name)
-            notes.append(f"peer: the hourly summaries the page is drawn from, same: {same}")
-        if name == "route_dlq":
-            row.peer, same = time_route_peer(lake, root / "peer" / name, as_of)
-            counts = row.row_counts or {}
-            chains, dead = counts.get(RETRY_CHAINS.name, 0), counts.get(DLQ.name, 0)
-            notes.append(f"{chains} chains, {dead} dead letters, peer same: {same}")
-        if name in NO_PEER:
+            row.floor = time_scan_floor(spark, name, lake, floor_root, as_of, pages)
+        if name != "compact_commitlog":  # its floor writes the files, commits nothing (time_compaction_floor)
+            row.floor_lacks = [t for t in row.writes if t not in table_versions(floor_root)]
+            if row.floor_lacks:
+                notes.append(f"floor does not write {', '.join(row.floor_lacks)}")
+        if name in PEERS:
+            outcome = PEERS[name](lake, root / "peer" / name, as_of, perturb == name)
+            row.peer, row.peer_same, row.peer_report = outcome.seconds, outcome.same, outcome.lines()
+            notes.append(outcome.note())
+        else:
             notes.append(f"peer {NO_PEER[name]}")
         row.notes = "; ".join(notes)
         rows.append(row)
     return rows
+
+
+def table_versions(root: Path) -> dict[str, int]:
+    """The Delta version of every catalog table under ``root`` that exists."""
+    versions = {spec.name: table_version(str(root / spec.path)) for spec in TABLES.values()}
+    return {name: version for name, version in versions.items() if version >= 0}
 
 
 def _incremental_runs(
@@ -653,17 +823,21 @@ def print_table(rows: Sequence[Measured], messages: int, written: dict[str, Any]
     print(header)
     print("-" * len(header))
     for r in rows:
-        ratio_floor = r.seconds / r.floor if r.floor else None
-        ratio_peer = r.seconds / r.peer if r.peer else None
+        # no ratio against a floor that leaves out a table, or a peer that computed something else
+        ratio_floor = r.seconds / r.floor if r.floor and not r.floor_lacks else None
+        ratio_peer = r.seconds / r.peer if r.peer and r.peer_same else None
         print(
             f"{r.job:<22}{r.mode:<12}{r.seconds:>9.1f}{_fmt(r.floor):>9}{_fmt(r.peer):>9}"
             f"{_fmt(ratio_floor, '.2f'):>10}{_fmt(ratio_peer, '.2f'):>10}  {r.notes}"
         )
     incremental = sum(r.seconds for r in rows if r.mode == "incremental")
-    peers = [r for r in rows if r.mode == "full" and r.peer]
+    peers = [r for r in rows if r.mode == "full" and r.peer_same]
+    differing = [r.job for r in rows if r.mode == "full" and r.peer_same is False]
     print(
         f"\nnightly after the increment, every job: {incremental:.1f} s; DuckDB from scratch, the "
-        f"{len(peers)} jobs with a peer ({', '.join(r.job for r in peers)}): {sum(r.peer or 0 for r in peers):.1f} s"
+        f"{len(peers)} jobs with a peer that agrees ({', '.join(r.job for r in peers)}): "
+        f"{sum(r.peer or 0 for r in peers):.1f} s"
+        + (f"; left out, their peer differs: {', '.join(differing)}" if differing else "")
     )
     print(f"nightly rerun without new data, every job: {sum(r.seconds for r in rows if r.mode == 'rerun'):.1f} s")
     slowest = max(rows, key=lambda r: r.seconds)
@@ -676,6 +850,11 @@ def print_table(rows: Sequence[Measured], messages: int, written: dict[str, Any]
             f"  {stage['seconds']:>7.1f} s  {stage['tasks']:>4} tasks  in {stage['input_bytes'] / 2**20:>8.1f} MiB  "
             f"shuffle {stage['shuffle_write_bytes'] / 2**20:>8.1f} MiB  {stage['name']}"
         )
+    print("\npeers against the jobs' tables, every column (full runs):")
+    for r in rows:
+        if r.peer_report:
+            print(f"  {r.job}:")
+            print("\n".join(f"    {line}" for line in r.peer_report))
 
 
 if __name__ == "__main__":
