@@ -11,7 +11,9 @@ when the job's process ends.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -228,11 +230,34 @@ def test_a_spark_job_succeeds_and_its_jvm_ends_with_it(lake: Path, tmp_path: Pat
 
 
 def test_a_spark_job_failing_after_spark_started_exits_1_and_its_jvm_ends_with_it(lake: Path, tmp_path: Path) -> None:
-    # no Delta jars on this classpath: the job starts Spark, then refuses the engine
-    done = run_cli(
-        python("-m", "jobs", "consumer_offsets", "--lake", str(lake), "--engine", "delta-spark"), tmp_path / "out"
+    # the commit log's newest commit names a data file that is not there: Spark starts, then the scan fails
+    broken = tmp_path / "lake"
+    shutil.copytree(lake, broken)
+    newest = sorted((broken / "commitlog" / "_delta_log").glob("*.json"))[-1]
+    gone = {"path": "gone.parquet", "partitionValues": {"broker_name": "broker-a", "segment": "0"}, "size": 10}
+    with newest.open("a", encoding="utf-8") as log:
+        log.write(json.dumps({"add": {**gone, "modificationTime": 1, "dataChange": True}}) + "\n")
+    done = run_cli(python("-m", "jobs", "rebuild_consume_queue", "--lake", str(broken)), tmp_path / "out")
+    assert_every_run([done], 1, "stderr", "gone.parquet")
+
+
+def test_the_delta_spark_engine_without_reachable_jars_exits_1_saying_why(lake: Path, tmp_path: Path) -> None:
+    # Ivy resolves from an empty folder only: the Delta jar cannot be fetched, as without Maven Central
+    (tmp_path / "empty-repository").mkdir()
+    settings = tmp_path / "ivysettings.xml"
+    settings.write_text(
+        '<ivysettings><settings defaultResolver="nowhere"/><resolvers><filesystem name="nowhere">'
+        f'<artifact pattern="{tmp_path}/empty-repository/[organisation]/[module]/[revision]/[artifact].[ext]"/>'
+        "</filesystem></resolvers></ivysettings>",
+        encoding="utf-8",
     )
-    assert_every_run([done], 1, "stderr", "error: the delta-spark engine was asked for but")
+    submit_args = f"--conf spark.jars.ivySettings={settings} --conf spark.jars.ivy={tmp_path / 'ivy'} pyspark-shell"
+    done = run_cli(
+        python("-m", "jobs", "consumer_offsets", "--lake", str(lake), "--engine", "delta-spark"),
+        tmp_path / "out",
+        env={"PYSPARK_SUBMIT_ARGS": submit_args},
+    )
+    assert_every_run([done], 1, "stderr", "error: Spark did not start with the Delta jars (io.delta:delta-spark_")
 
 
 def test_spark_submit_exits_with_the_job_status(lake: Path, tmp_path: Path) -> None:
