@@ -1,9 +1,13 @@
 """Every job of the nightly pipeline, full and incremental, against its floor and a DuckDB peer.
 
-    python benchmarks/run_all.py [--messages 2000000 | --large | --sizes N,N,...] [--seed 1] [--keep DIR]
-                                 [--json PATH] [--perturb-peer JOB]
+    python benchmarks/run_all.py [--messages 2000000 | --large | --sizes N,N,...] [--engine bridge]
+                                 [--seed 1] [--keep DIR] [--json PATH] [--perturb-peer JOB]
 
-All figures come from one run, on one lake, in one Spark session (``local[*]``, engine ``bridge``).
+All figures come from one run, on one lake, in one Spark session (``local[*]``) on one lake engine,
+``--engine bridge`` (the default) or ``delta-spark`` (:func:`jobs.lake.build_session` adds the Delta
+jar and confs): every job and its floor read and write through it. The compaction is the same on
+both engines (it packs files with Arrow and commits them with delta-rs, :func:`jobs.lake.compact`),
+and so is its floor (Arrow, no commit).
 
 **The lake.** (1) The feature traffic, first and on an empty lake: :func:`run_workload` of
 :data:`FEATURE_MESSAGES` messages with its consumer groups (pulls and offset commits),
@@ -159,7 +163,7 @@ TRANSACTIONS = 2_000  # fixed, not a share of the bulk: each costs Python round 
 NEW_FEATURE_MESSAGES = 1_000  # the plan mix (ordered, delayed, batches) around the new transactions
 NEW_TRANSACTIONS = 200
 OFFSET_GROUP = "cg-orders"  # the group that commits once more per queue before the incremental runs
-ENGINE = "bridge"  # the engine benchmarks/consume_queue.py measures
+ENGINES = ("bridge", "delta-spark")  # the lake engines (jobs.lake.build_session)
 # the UI stays on (unlike consume_queue.py) because its REST API times each stage; port 0: any free port
 CONF = {**SPARK_CONF, "spark.ui.enabled": "true", "spark.ui.port": "0"}
 JOBS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq", "report")
@@ -305,19 +309,20 @@ class Measured:
 JobCall = Callable[[SparkSession], JobRun]
 
 
-def job_call(name: str, lake: Path, full: bool, as_of: int, root: Path, up_to: int | None) -> JobCall:
-    """The run of job ``name`` as of ``as_of`` (full: a first run, ``full=True`` where the job has
-    it); the compaction only packs files active at commit log version ``up_to`` (None: all)."""
+def job_call(name: str, lake: Path, full: bool, as_of: int, root: Path, up_to: int | None, engine: str) -> JobCall:
+    """The run of job ``name`` as of ``as_of`` on lake engine ``engine`` (full: a first run,
+    ``full=True`` where the job has it); the compaction only packs files active at commit log
+    version ``up_to`` (None: all)."""
     mode = "full" if full else "incremental"
     configs: dict[str, JobCall] = {
-        "compact_commitlog": lambda s: run_compact(s, CompactConfig(lake, files_up_to_version=up_to, engine=ENGINE)),
-        "rebuild_consume_queue": lambda s: run_rebuild(s, RebuildConfig(lake, full=full, engine=ENGINE)),
-        "consumer_offsets": lambda s: run_offsets(s, ConsumerOffsetsConfig(lake, as_of, engine=ENGINE, full=full)),
+        "compact_commitlog": lambda s: run_compact(s, CompactConfig(lake, files_up_to_version=up_to, engine=engine)),
+        "rebuild_consume_queue": lambda s: run_rebuild(s, RebuildConfig(lake, full=full, engine=engine)),
+        "consumer_offsets": lambda s: run_offsets(s, ConsumerOffsetsConfig(lake, as_of, engine=engine, full=full)),
         "resolve_transactions": lambda s: run_resolve(
-            s, ResolveTransactionsConfig(lake, as_of, engine=ENGINE, full=full)
+            s, ResolveTransactionsConfig(lake, as_of, engine=engine, full=full)
         ),
-        "route_dlq": lambda s: run_route(s, RouteDlqConfig(lake, as_of, full=full, engine=ENGINE)),
-        "report": lambda s: run_report(s, ReportConfig(lake, as_of, out=root / "reports" / mode, engine=ENGINE)),
+        "route_dlq": lambda s: run_route(s, RouteDlqConfig(lake, as_of, full=full, engine=engine)),
+        "report": lambda s: run_report(s, ReportConfig(lake, as_of, out=root / "reports" / mode, engine=engine)),
     }
     return configs[name]
 
@@ -448,13 +453,15 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
     raise ValueError(f"no floor plan for {name}")
 
 
-def time_scan_floor(spark: SparkSession, name: str, lake: Path, floor_root: Path, as_of: int, pages: Path) -> float:
-    """Seconds of the job's I/O (:func:`plan_floor`) into a fresh lake root. The rows written are
-    the job's own, read from its tables before the clock starts (Spark writes from a persisted
-    frame, driver writes from Arrow)."""
+def time_scan_floor(
+    spark: SparkSession, name: str, lake: Path, floor_root: Path, as_of: int, pages: Path, engine: str
+) -> float:
+    """Seconds of the job's I/O (:func:`plan_floor`) into a fresh lake root, through ``Lake`` calls
+    on ``engine``, the job's engine. The rows written are the job's own, read from its tables
+    before the clock starts (Spark writes from a persisted frame, driver writes from Arrow)."""
     shutil.rmtree(floor_root, ignore_errors=True)
     spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
-    source, target = Lake(spark, lake, ENGINE), Lake(spark, floor_root, ENGINE)
+    source, target = Lake(spark, lake, engine), Lake(spark, floor_root, engine)
     plan = plan_floor(name, source, as_of, pages)
     frames = {spec.name: source.read(spec).persist() for spec, _ in plan.spark_writes}
     for frame in frames.values():
@@ -592,6 +599,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="bulk message counts, comma-separated (at least two): one run each, then how every job's time grows",
     )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="bridge",
+        help="the lake engine of the jobs and their floors (default: bridge)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="figures as JSON (default: <work dir>/run_all.json)")
@@ -609,8 +622,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_path = args.json or root / "run_all.json"
     try:
         if args.sizes:
-            return _growth(root, args.sizes, args.seed, json_path, args.perturb_peer)
-        return exit_status(_bench(root, messages, args.seed, json_path, args.perturb_peer))
+            return _growth(root, args.sizes, args.seed, json_path, args.engine, args.perturb_peer)
+        return exit_status(_bench(root, messages, args.seed, json_path, args.engine, args.perturb_peer))
     finally:
         if args.keep is None:  # the figures and the jobs' stdout stay, next to where the lake was
             for child in root.iterdir():
@@ -639,17 +652,20 @@ def exit_status(rows: Sequence[Measured]) -> int:
     return 0
 
 
-def _growth(root: Path, sizes: Sequence[int], seed: int, json_path: Path, perturb: str | None = None) -> int:
-    """One run per size, then the growth table; the figures of every size go to ``json_path``."""
+def _growth(
+    root: Path, sizes: Sequence[int], seed: int, json_path: Path, engine: str, perturb: str | None = None
+) -> int:
+    """One run per size on ``engine``, then the growth table; the figures of every size go to ``json_path``."""
     measured: dict[int, list[Measured]] = {}
     for messages in sizes:
         print(f"\n=== {messages:,} bulk messages ===", flush=True)
         figures = json_path.with_suffix(f".{messages}.json")
-        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures, perturb)
+        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures, engine, perturb)
     growth = growth_rows(measured)
-    print_growth(growth, sizes)
+    print_growth(growth, sizes, engine)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps({"sizes": list(sizes), "growth": growth, "machine": machine()}, indent=2))
+    summary = {"engine": engine, "sizes": list(sizes), "growth": growth, "machine": machine()}
+    json_path.write_text(json.dumps(summary, indent=2))
     print(f"\nfigures: {json_path}")
     return exit_status([row for rows in measured.values() for row in rows])
 
@@ -673,10 +689,10 @@ def fit_exponent(sizes: Sequence[int], seconds: Sequence[float]) -> float:
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
 
 
-def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int]) -> None:
-    """Seconds per size and the fitted exponent of every job and mode."""
+def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int], engine: str) -> None:
+    """Seconds per size and the fitted exponent of every job and mode on ``engine``."""
     header = f"{'job':<22}{'mode':<12}" + "".join(f"{n:>12,}" for n in sizes) + f"{'exponent':>10}"
-    print(f"\ngrowth over {', '.join(f'{n:,}' for n in sizes)} bulk messages (seconds)")
+    print(f"\ngrowth over {', '.join(f'{n:,}' for n in sizes)} bulk messages, engine {engine} (seconds)")
     print(header)
     print("-" * len(header))
     for row in growth:
@@ -685,27 +701,30 @@ def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int]) -> None
         print(f"{row['job']:<22}{row['mode']:<12}{cells}{row['exponent']:>10.2f}{flag}")
 
 
-def _bench(root: Path, messages: int, seed: int, json_path: Path, perturb: str | None = None) -> list[Measured]:
+def _bench(
+    root: Path, messages: int, seed: int, json_path: Path, engine: str, perturb: str | None = None
+) -> list[Measured]:
     lake, logs = root / "lake", root / "logs"
     print(f"writing the lake: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
     written = write_lake(lake, messages, seed)
     print(f"lake written: {json.dumps(written)}", flush=True)
-    spark = build_session("bench-run-all", master="local[*]", engine=ENGINE, extra_conf=CONF)
+    spark = build_session("bench-run-all", master="local[*]", engine=engine, extra_conf=CONF)
     spark.sparkContext.setLogLevel("ERROR")
-    Lake(spark, lake, ENGINE).read(COMMITLOG).select("store_size").agg(F.sum("store_size")).collect()  # warm-up
-    rows = _full_runs(spark, lake, root, logs, perturb)
+    Lake(spark, lake, engine).read(COMMITLOG).select("store_size").agg(F.sum("store_size")).collect()  # warm-up
+    rows = _full_runs(spark, lake, root, logs, engine, perturb)
     processed = DeltaTable(str(lake / COMMITLOG.path)).version()
     increment = append_increment(lake, messages, seed)
     print(f"increment written: {json.dumps(increment)}", flush=True)
     as_of = now_ms()
-    rows += _incremental_runs(spark, lake, root, logs, processed, {r.job: r.seconds for r in rows}, as_of)
-    rows += _reruns(spark, lake, root, logs, as_of)
+    rows += _incremental_runs(spark, lake, root, logs, engine, processed, {r.job: r.seconds for r in rows}, as_of)
+    rows += _reruns(spark, lake, root, logs, engine, as_of)
     for row in rows:
         row.spark_seconds, row.stages = spark_time(spark, f"{row.job}:{row.mode}")
     spark.stop()
-    print_table(rows, messages, written, increment)
+    print_table(rows, messages, written, increment, engine)
     figures = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "engine": engine,
         "messages": messages,
         "machine": machine(),
         "lake": written,
@@ -718,7 +737,9 @@ def _bench(root: Path, messages: int, seed: int, json_path: Path, perturb: str |
     return rows
 
 
-def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb: str | None = None) -> list[Measured]:
+def _full_runs(
+    spark: SparkSession, lake: Path, root: Path, logs: Path, engine: str, perturb: str | None = None
+) -> list[Measured]:
     as_of = now_ms()
     rows: list[Measured] = []
     for name in JOBS:
@@ -728,15 +749,15 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb:
         floor_root = root / "floor" / name
         print(f"full: {name}", flush=True)
         if name in WARMED:  # untimed: the job and its floor once, so that both are timed warm
-            time_job(spark, name, "warm-up", job_call(name, lake, True, as_of, root, None), logs)
+            time_job(spark, name, "warm-up", job_call(name, lake, True, as_of, root, None, engine), logs)
             if name == "rebuild_consume_queue":
-                time_floor(spark, lake, floor_root)
+                time_floor(spark, lake, floor_root, engine)
             else:
-                time_scan_floor(spark, name, lake, floor_root, as_of, pages)
+                time_scan_floor(spark, name, lake, floor_root, as_of, pages, engine)
             for spec in JOB_OUTPUTS[name]:  # a run on unchanged inputs writes nothing: the timed run is a first one
                 shutil.rmtree(lake / spec.path)
         before = table_versions(lake)
-        row = time_job(spark, name, "full", job_call(name, lake, True, as_of, root, None), logs)
+        row = time_job(spark, name, "full", job_call(name, lake, True, as_of, root, None, engine), logs)
         row.writes = sorted(n for n, v in table_versions(lake).items() if v != before.get(n) and n != JOB_RUNS.name)
         notes = [row.status]
         if name == "compact_commitlog":
@@ -747,9 +768,9 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb:
             )
         elif name == "rebuild_consume_queue":
             spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
-            row.floor = time_floor(spark, lake, floor_root)
+            row.floor = time_floor(spark, lake, floor_root, engine)
         else:
-            row.floor = time_scan_floor(spark, name, lake, floor_root, as_of, pages)
+            row.floor = time_scan_floor(spark, name, lake, floor_root, as_of, pages, engine)
         if name != "compact_commitlog":  # its floor writes the files, commits nothing (time_compaction_floor)
             row.floor_lacks = [t for t in row.writes if t not in table_versions(floor_root)]
             if row.floor_lacks:
@@ -772,24 +793,31 @@ def table_versions(root: Path) -> dict[str, int]:
 
 
 def _incremental_runs(
-    spark: SparkSession, lake: Path, root: Path, logs: Path, processed: int, full: dict[str, float], as_of: int
+    spark: SparkSession,
+    lake: Path,
+    root: Path,
+    logs: Path,
+    engine: str,
+    processed: int,
+    full: dict[str, float],
+    as_of: int,
 ) -> list[Measured]:
     """Every job once after the increment, in the nightly's order and at one T, as the nightly runs them."""
     rows: list[Measured] = []
     for name in JOBS:
         print(f"incremental: {name}", flush=True)
-        row = time_job(spark, name, "incremental", job_call(name, lake, False, as_of, root, processed), logs)
+        row = time_job(spark, name, "incremental", job_call(name, lake, False, as_of, root, processed, engine), logs)
         row.notes = f"{row.status}; {row.seconds / full[name]:.0%} of full"
         rows.append(row)
     return rows
 
 
-def _reruns(spark: SparkSession, lake: Path, root: Path, logs: Path, as_of: int) -> list[Measured]:
+def _reruns(spark: SparkSession, lake: Path, root: Path, logs: Path, engine: str, as_of: int) -> list[Measured]:
     """Every job once more with no new data and the same T: the nightly's rerun."""
     rows: list[Measured] = []
     for name in JOBS:
         print(f"rerun: {name}", flush=True)
-        row = time_job(spark, name, "rerun", job_call(name, lake, False, as_of, root, None), logs)
+        row = time_job(spark, name, "rerun", job_call(name, lake, False, as_of, root, None, engine), logs)
         row.notes = row.status
         rows.append(row)
     return rows
@@ -809,11 +837,14 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_table(rows: Sequence[Measured], messages: int, written: dict[str, Any], increment: dict[str, Any]) -> None:
-    """The table of every job and mode, and what dominates the slowest job."""
+def print_table(
+    rows: Sequence[Measured], messages: int, written: dict[str, Any], increment: dict[str, Any], engine: str
+) -> None:
+    """The table of every job and mode on ``engine``, and what dominates the slowest job."""
     facts = machine()
     print(
-        f"\n{messages:,} bulk + {written['feature_messages']:,} feature messages, {TRANSACTIONS:,} transactions, "
+        f"\nengine {engine}: {messages:,} bulk + {written['feature_messages']:,} feature messages, "
+        f"{TRANSACTIONS:,} transactions, "
         f"segments of {written['segment_size'] >> 20} MiB; increment {increment['bulk_messages']:,} + "
         f"{increment['feature_messages']:,} messages, {NEW_TRANSACTIONS} transactions, "
         f"{increment['offset_commits']} offset commits; {facts['cores']} cores, {facts['memory_gib']} GiB, "
