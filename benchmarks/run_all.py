@@ -7,8 +7,8 @@
 All figures come from one run, on one lake, in one Spark session (``local[*]``) on one lake engine,
 ``--engine bridge`` (the default) or ``delta-spark`` (:func:`jobs.lake.build_session` adds the Delta
 jar and confs): every job and its floor read and write through it. The compaction is the same on
-both engines (it packs files with Arrow and commits them with the broker's put-if-absent committer, :func:`jobs.lake.compact`),
-and so is its floor (Arrow, no commit).
+both engines (it packs files with Arrow and commits them with the broker's put-if-absent
+committer, :func:`jobs.lake.compact`), and so is its floor (Arrow, no commit).
 
 **Both engines** (``--engine both``): a process holds one Spark session, so the lake is written
 once (``<work dir>/source``) and each engine runs in a child process of its own (this script with
