@@ -23,20 +23,14 @@ TEST_SPARK_CONF = {
 }
 
 
-# delta-spark only: the Delta jars (Ivy fetches them into ~/.ivy2.5.2 on first use, then checks its
-# cache), and 2 partitions instead of 50 for Delta's snapshot state of the tests' small tables
-DELTA_TEST_CONF = {
-    "spark.databricks.delta.snapshotPartitions": "2",
-}
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """The Spark session of the whole run, on :data:`tests.helpers.ENGINE` (bridge unless
-    ``RMQ_TEST_ENGINE=delta-spark``, which adds the Delta jars)."""
+    ``RMQ_TEST_ENGINE=delta-spark``, which adds the Delta jars: Ivy fetches them on first use, then
+    finds them in its cache)."""
     conf = dict(TEST_SPARK_CONF)
     if ENGINE == "delta-spark":
-        conf |= {"spark.jars.packages": delta_package(), **DELTA_TEST_CONF}
+        conf["spark.jars.packages"] = delta_package()
     session = build_session("tests", master="local[2]", engine=ENGINE, extra_conf=conf)
     session.sparkContext.setLogLevel("ERROR")
     yield session
