@@ -259,6 +259,8 @@ def write_source(source: Path, messages: int, seed: int) -> dict[str, Any]:
     """Write the lake once, into ``source/lake`` (:func:`write_lake`), and what it holds (with
     ``seed``) into ``source/lake.json``, for runs on copies of it (:func:`copy_lake`); what it holds."""
     print(f"writing the lake once: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
+    shutil.rmtree(source / "lake", ignore_errors=True)  # a kept work directory's earlier lake, whole or not
+    (source / LAKE_FACTS).unlink(missing_ok=True)
     written = {**write_lake(source / "lake", messages, seed), "seed": seed}
     (source / LAKE_FACTS).write_text(json.dumps(written, indent=2))
     print(f"lake written: {json.dumps(written)}", flush=True)
