@@ -27,9 +27,7 @@ from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as run_rebuild
 from tests.helpers import ENGINE
 
-# the broker against the jobs on a seeded workload, on the bridge only: the jobs' reads and writes on
-# delta-spark are held to the bridge's by their own modules and tests/test_engines_agree.py
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.engine("bridge")]
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 BROKERS = ("broker-a", "broker-b")
 
 

@@ -28,9 +28,7 @@ from schemas.catalog import BROKERS
 from tests.helpers import ENGINE, canonical_rows
 from tests.rocketmq_store import StoreWriter, read_consume_queues, read_store
 
-# the broker against the jobs on a seeded workload, on the bridge only: the jobs' reads and writes on
-# delta-spark are held to the bridge's by their own modules and tests/test_engines_agree.py
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.engine("bridge")]
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 COMPARED = (
     "consume_queue",

@@ -17,9 +17,7 @@ from broker_model.tools import run_workload
 from jobs.resolve_transactions import ResolveTransactionsConfig, run
 from tests.helpers import ENGINE
 
-# the broker against the jobs on a seeded workload, on the bridge only: the jobs' reads and writes on
-# delta-spark are held to the bridge's by their own modules and tests/test_engines_agree.py
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.engine("bridge")]
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 BROKERS = ("broker-a", "broker-b")
 
 
