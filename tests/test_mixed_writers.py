@@ -31,7 +31,7 @@ from jobs.rebuild_consume_queue import run as rebuild
 from schemas.catalog import COMMITLOG, CONSUME_QUEUE
 from tests.helpers import ENGINE, canonical_rows, wait_until
 
-pytestmark = [pytest.mark.spark, pytest.mark.subprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.subprocess, pytest.mark.slow, pytest.mark.both_engines]
 ROOT = Path(__file__).resolve().parent.parent
 SEGMENT = 256 * 1024  # small segments: the broker seals several while the jobs run
 ROUNDS = 3
