@@ -42,7 +42,7 @@ from schemas.catalog import COMMITLOG, DLQ, DLQ_REDRIVES, RETRY_CHAINS, RETRY_RE
 from schemas.errors import LakeError, ValidationError
 from tests.helpers import ENGINE
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.both_engines]
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = "cg-audit-retry"  # retry_max_times 3 in the workload: dead letters come quickly

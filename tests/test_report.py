@@ -32,7 +32,7 @@ from jobs.report import (
 )
 from tests.helpers import ENGINE
 
-pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
+pytestmark = pytest.mark.spark
 
 CHROMIUM = "/usr/bin/chromium"
 INSTALL_HINT = (

@@ -18,7 +18,7 @@ from jobs.runs import CannotFold, last_reusable, recorded_run
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS, spark_schema
 from tests.helpers import ENGINE
 
-pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
+pytestmark = pytest.mark.spark
 
 _AS_OF = 5_000
 
