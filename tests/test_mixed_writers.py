@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from pyspark.sql import SparkSession
 
-from broker_model.store import commit_path, latest_version
+from broker_model.store import commit_path, latest_version, load_table
 from broker_model.store.delta_commits import read_actions
 from jobs.compact_commitlog import CompactConfig
 from jobs.compact_commitlog import run as compact
@@ -43,7 +43,8 @@ class SnapshotWatcher(threading.Thread):
 
     A load can also fail on a listing that caught a new commit but not the one before it (a
     directory listing is no snapshot of the directory, see docs/lake.md#readers-beside-a-writer);
-    such loads are counted and tried again, they are not snapshots."""
+    such loads are counted, and the product's pinned load (:func:`load_table`) must succeed right
+    after each; they are not snapshots."""
 
     def __init__(self, table_dir: Path) -> None:
         super().__init__(daemon=True)
@@ -67,6 +68,7 @@ class SnapshotWatcher(threading.Thread):
                 if "contiguous" not in str(error):
                     raise
                 self.listing_races += 1
+                load_table(self.table_dir)  # pinned to the newest commit first: never refused (raises here)
                 continue
             offsets = table.to_pyarrow_table(columns=["broker_name", "commit_log_offset"])
             unique = offsets.group_by(["broker_name", "commit_log_offset"]).aggregate([]).num_rows
