@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from chispa import assert_df_equality
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -22,6 +23,14 @@ ENGINE = os.environ.get("RMQ_TEST_ENGINE", "bridge")
 ``bridge`` (the default) or ``delta-spark`` (``RMQ_TEST_ENGINE=delta-spark``; the session then fetches
 the Delta jars with Ivy, see :func:`jobs.lake.session.delta_package`). A variable of its own, not
 ``RMQ_LAKE_ENGINE``: the job and broker processes the tests start must keep choosing for themselves."""
+
+
+def seeds(first: int, *more: int) -> list[Any]:
+    """The seeds of a seeded differential: every seed on the bridge pass, the first alone on the
+    delta-spark pass, which runs the same job code through another engine (one seed proves the
+    engine; more seeds prove the job, which the bridge pass has done), so that the engine matrix
+    fits CI's time."""
+    return [first, *(pytest.param(seed, marks=pytest.mark.engine("bridge")) for seed in more)]
 
 
 def assert_frames_equal(actual_df: DataFrame, expected_df: DataFrame) -> None:

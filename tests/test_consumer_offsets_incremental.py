@@ -24,7 +24,7 @@ from jobs.consumer_offsets import ConsumerOffsetsConfig, Previous, check_foldabl
 from jobs.lake import Lake
 from jobs.runs import CannotFold
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS
-from tests.helpers import ENGINE, canonical_rows
+from tests.helpers import ENGINE, canonical_rows, seeds
 
 pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
@@ -127,7 +127,7 @@ def _messages(lake: Lake) -> list[str]:
     return [r["message"] for r in sorted(runs, key=lambda r: (r["started_timestamp"], r["run_id"]))]
 
 
-@pytest.mark.parametrize("seed", [3, 8])
+@pytest.mark.parametrize("seed", seeds(3, 8))
 def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSession, tmp_path: Path, seed: int) -> None:
     story = _Story(seed)
     chained, whole = Lake(spark, tmp_path / "chained", ENGINE), Lake(spark, tmp_path / "whole", ENGINE)

@@ -883,15 +883,25 @@ def _base_log() -> list[dict[str, Any]]:
     return laid_out(_record(i // 2, queue_id=i % 2, body=b"y" * 400) for i in range(8))
 
 
-@pytest.mark.spark
-@pytest.mark.parametrize("increment", list(_increments()))
-def test_an_increment_on_the_driver_gives_what_a_full_rebuild_gives(
-    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str], increment: str
-) -> None:
-    incremental, full = _twin_lakes(spark, tmp_path)
+@pytest.fixture(scope="module")
+def based_twins(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Twin lakes (:func:`_twin_lakes`) holding :func:`_base_log`, the incremental one rebuilt
+    once: made once for the module, copied by each test that adds an increment."""
+    root = tmp_path_factory.mktemp("based-twins")
+    incremental, full = _twin_lakes(spark, root)
     for lake in (incremental, full):
         _append_log(lake, spark, _base_log())
     run(spark, RebuildConfig(incremental.root, engine=ENGINE))
+    return root
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("increment", list(_increments()))
+def test_an_increment_on_the_driver_gives_what_a_full_rebuild_gives(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str], increment: str, based_twins: Path
+) -> None:
+    shutil.copytree(based_twins, tmp_path, dirs_exist_ok=True)
+    incremental, full = Lake(spark, tmp_path / "inc", ENGINE), Lake(spark, tmp_path / "full", ENGINE)
     for lake in (incremental, full):
         _append_log(lake, spark, _increments()[increment])
     capsys.readouterr()

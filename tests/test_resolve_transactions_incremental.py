@@ -29,7 +29,7 @@ from jobs.resolve_transactions.fold import COUNTED, Previous, check_foldable
 from jobs.runs import CannotFold
 from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE
 from tests.builders import commitlog_record, commitlog_table
-from tests.helpers import ENGINE, canonical_rows
+from tests.helpers import ENGINE, canonical_rows, seeds
 
 pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
@@ -176,7 +176,7 @@ def _runs(lake: Lake) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["started_timestamp"], r["run_id"]))
 
 
-@pytest.mark.parametrize("seed", [5, 11])
+@pytest.mark.parametrize("seed", seeds(5, 11))
 def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
     spark: SparkSession, tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -41,7 +41,7 @@ from schemas.catalog import (
     SUBSCRIPTION_GROUP,
 )
 from tests.builders import commitlog_frame, commitlog_record, commitlog_table
-from tests.helpers import ENGINE, canonical_rows
+from tests.helpers import ENGINE, canonical_rows, seeds
 
 pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
@@ -274,7 +274,7 @@ def _messages(lake: Lake) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("seed", [3, 8])
+@pytest.mark.parametrize("seed", seeds(3, 8))
 def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
     spark: SparkSession, tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

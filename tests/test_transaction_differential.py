@@ -37,8 +37,8 @@ def _broker_views(lake: Path, as_of: int) -> dict[tuple[str, str], Any]:
 
 
 def test_job_states_equal_the_check_services_view(spark: SparkSession, tmp_path: Path) -> None:
-    report = run_workload(tmp_path, 500, seed=44, brokers=2, threads=2, transactions=2_000, consumers=False)
-    assert sum(report.transactions.values()) == 2_000
+    report = run_workload(tmp_path, 500, seed=44, brokers=2, threads=2, transactions=700, consumers=False)
+    assert sum(report.transactions.values()) == 700
     log = DeltaTable(str(tmp_path / "commitlog")).to_pyarrow_table().to_pylist()
     born = sorted(r["born_timestamp"] for r in log if r["topic"] == c.RMQ_SYS_TRANS_HALF_TOPIC)
     for as_of in (born[len(born) // 2] + 3_000, report.last_check):  # mid-way (PENDING ones) and at the end
