@@ -165,10 +165,12 @@ def test_configured_queues_are_those_of_each_topics_latest_configuration_at_or_b
 @pytest.mark.spark
 def test_a_configured_queue_without_entries_is_an_empty_queue_listed_as_rocketmq_lists_it(spark: SparkSession) -> None:
     """RocketMQ's consumerProgress lists every queue of the group's topics: an empty one with broker
-    offset 0 and diff 0. A commit on a queue the configuration does not have stays QUEUE_NOT_FOUND."""
+    offset 0 and diff 0. A commit on a queue the configuration does not have stays QUEUE_NOT_FOUND.
+    The group's empty retry topic, which it never committed on, RocketMQ does not list."""
     cq_rows_df = _entries(spark, _orders_q0(100, 200))
     configured_df = spark.createDataFrame(
-        [("broker-a", "Orders", q) for q in range(3)], "broker_name string, topic string, queue_id int"
+        [("broker-a", "Orders", q) for q in range(3)] + [("broker-a", "%RETRY%g", 0)],
+        "broker_name string, topic string, queue_id int",
     )
     bounds_df = union_empty_queues(build_queue_bounds(cq_rows_df, _AS_OF), configured_df)
     current = [("g", "broker-a", "Orders", 0, 2), ("g", "broker-a", "Orders", 1, 0), ("g", "broker-a", "Orders", 7, 0)]

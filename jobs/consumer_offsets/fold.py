@@ -310,13 +310,17 @@ def _subscribed_topics(current: Iterable[GroupQueueKey]) -> set[str]:
 
 
 def _listed(current: Mapping[GroupQueueKey, int], bounds: Mapping[QueueKey, tuple[int, int]]) -> set[GroupQueueKey]:
-    """The committed keys plus, per group, every queue of its topics and of its retry topic."""
+    """The committed keys plus, per group, every queue of its topics and the queues of its retry
+    topic that hold rows (an empty queue's end is 0), as
+    :func:`jobs.consumer_offsets.transforms.build_listed_queues`."""
     queues_of: dict[str, list[QueueKey]] = {}
     for queue in bounds:
         queues_of.setdefault(queue[1], []).append(queue)
     listed = set(current)
+    committed = {(key[0], key[2]) for key in current}
     for group, topic in _subscriptions(current):
-        listed.update((group, *queue) for queue in queues_of.get(topic, ()))
+        held_only = (group, topic) not in committed  # the retry topic of a group that never committed on it
+        listed.update((group, *queue) for queue in queues_of.get(topic, ()) if not held_only or bounds[queue][1] > 0)
     return listed
 
 

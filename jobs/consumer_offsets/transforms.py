@@ -135,19 +135,26 @@ def build_consumer_offsets(
 
 
 def build_listed_queues(current_df: DataFrame, bounds_df: DataFrame) -> DataFrame:
-    """The committed queues plus, per group, every queue of its topics and of its retry topic.
+    """The committed queues plus, per group, every queue of its topics and the queues of its retry
+    topic that hold rows.
 
     Args:
         current_df: :func:`build_current_offsets`.
-        bounds_df: :func:`build_queue_bounds`; only its queues are added.
+        bounds_df: :func:`build_queue_bounds`, or with :func:`union_empty_queues`; only its
+            queues are added, and of the retry topic only those with rows (``broker_offset > 0``):
+            RocketMQ lists a topic once the group has an offset on it, and the lake adds the retry
+            messages not consumed yet as lag.
 
     Returns:
         ``group, broker_name, topic, queue_id, consumer_offset``, one row per key; added queues
         have a null ``consumer_offset``.
     """
     retry_topic = F.concat(F.lit(RETRY_GROUP_TOPIC_PREFIX), F.col("group")).alias("topic")
-    subscribed_df = current_df.select("group", "topic").unionByName(current_df.select("group", retry_topic)).distinct()
-    listed_df = subscribed_df.join(bounds_df.select(*QUEUE_KEY), on="topic", how="inner").select(*GROUP_QUEUE_KEY)
+    queues_df = bounds_df.select(*QUEUE_KEY)
+    held_df = bounds_df.where(F.col("broker_offset") > F.lit(0)).select(*QUEUE_KEY)
+    committed_df = current_df.select("group", "topic").distinct().join(queues_df, on="topic", how="inner")
+    retries_df = current_df.select("group", retry_topic).distinct().join(held_df, on="topic", how="inner")
+    listed_df = committed_df.select(*GROUP_QUEUE_KEY).unionByName(retries_df.select(*GROUP_QUEUE_KEY)).distinct()
     return (
         current_df.select(*GROUP_QUEUE_KEY, "consumer_offset")
         .join(listed_df, on=list(GROUP_QUEUE_KEY), how="full")
