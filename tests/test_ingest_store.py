@@ -30,7 +30,7 @@ from broker_model.common import Message
 from broker_model.store import MessageStore, commit_path, ensure_table, ingest_store, latest_version
 from broker_model.store.store_configs import ConfigCounts, parse_fastjson
 from broker_model.store.store_export import export_store
-from broker_model.store.store_ingest import STORE_ENTRIES, app_id, ingested_end
+from broker_model.store.store_ingest import STORE_FILES, app_id, ingested_end
 from broker_model.tools.reset import Strategy, TopicSelection
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
@@ -629,7 +629,7 @@ def test_what_the_store_holds_besides_the_log_and_the_read_config_files_is_liste
 
     unread = dict(_ingests(lake)[-1]["unread"])
     assert unread == {"config/timercheck": 16, "lock": 0, "timerlog/": 42, "timerwheel": 96}
-    assert set(unread) - set(STORE_ENTRIES) == set()  # each known, with what it holds
+    assert set(unread) - set(STORE_FILES) == set()  # each known, with what it holds
 
 
 def test_a_run_killed_between_its_commit_and_its_ingest_row_gets_the_row_from_the_next_run(tmp_path: Path) -> None:

@@ -87,7 +87,7 @@ def test_store_files_are_those_the_latest_ingest_of_each_broker_listed_with_what
         ingest("broker-a", 1, None),  # a row of an older release lists nothing
     ]
     known = {"timerwheel": "the wheel", "config/timercheck": "the checkpoint"}
-    assert [(r["broker_name"], r["entry"], r["bytes"], r["holds"]) for r in store_files(ingests, known)] == [
+    assert [(r["broker_name"], r["path"], r["bytes"], r["holds"]) for r in store_files(ingests, known)] == [
         ("broker-b", "config/timercheck.bak", 2, "the previous copy: the checkpoint"),
         ("broker-b", "odd", 1, "not known to this product"),
         ("broker-b", "timerwheel", 8, "the wheel"),

@@ -21,7 +21,7 @@ Where the walk stops:
 Files the broker deleted by retention before they were read become a lost range, recorded in
 ``store_ingests`` (and in the commit's ``operationParameters``), not an error. What else the store
 holds, that no run reads (RocketMQ 5's timer wheel and log, the index, ...), is listed in the same
-row (:func:`unread_entries`), so that it is known, not lost. A store whose data
+row (:func:`unread_files`), so that it is known, not lost. A store whose data
 ends before the lake's end, or whose record at the lake's last ingested offset differs from the
 lake's (another broker's store, a replaced or rewound one) is refused before anything is written.
 See docs/ingest.md.
@@ -78,8 +78,8 @@ CORRUPT: Final = "CORRUPT"
 # What a store root holds besides what the lake reads (commitlog/, the config files of
 # CONFIG_FILES, and consumequeue/, rebuilt from the log and compared by --verify-broker): RocketMQ
 # 4.9 and 5.5 names (DefaultMessageStore, TimerMessageStore, BrokerPathConfigHelper), and what
-# each holds. The ingest lists every such entry it finds, known here or not.
-STORE_ENTRIES: Final = {
+# each holds. The ingest lists everything else it finds, known here or not.
+STORE_FILES: Final = {
     "timerwheel": "RocketMQ 5 timer wheel: a slot per second of the timer messages still waiting "
     "(the messages are records of rmq_sys_wheel_timer in the log)",
     "timerlog/": "RocketMQ 5 timer log: one unit per timer message the wheel holds",
@@ -96,49 +96,49 @@ STORE_ENTRIES: Final = {
     "abort": "the running (or crashed) broker's marker",
     "abort.bak": "the previous start's abort marker",
 }
-_READ_ENTRIES: Final = frozenset({"commitlog", "consumequeue", "config"})
+_READ_NAMES: Final = frozenset({"commitlog", "consumequeue", "config"})
 _READ_CONFIG_FILES: Final = frozenset(CONFIG_FILES) | {name + ".bak" for name in CONFIG_FILES}
 
 
-def unread_entries(store_dir: Path) -> dict[str, int]:
-    """What ``store_dir`` holds that no ingest run reads: each entry of the store root but
+def unread_files(store_dir: Path) -> dict[str, int]:
+    """What ``store_dir`` holds that no ingest run reads: each file and folder of the store root but
     ``commitlog/``, ``consumequeue/`` and ``config/``, and each file of ``config/`` but the config
     files the ingest reads (and their ``.bak`` copies; ``.tmp`` files being written are left out),
     named by its path under the root (a directory with a trailing ``/``), with its bytes (a
-    directory's files summed). Entries that vanish while they are listed are left out."""
+    directory's files summed). What vanishes while it is listed is left out."""
     found: dict[str, int] = {}
-    for entry in _scan(store_dir):
-        if entry.name not in _READ_ENTRIES:
-            found[entry.name + ("/" if _is_dir(entry) else "")] = _bytes(entry)
-    for entry in _scan(store_dir / "config"):
-        if entry.name not in _READ_CONFIG_FILES and not entry.name.endswith(".tmp"):
-            found["config/" + entry.name + ("/" if _is_dir(entry) else "")] = _bytes(entry)
+    for item in _scan(store_dir):
+        if item.name not in _READ_NAMES:
+            found[item.name + ("/" if _is_dir(item) else "")] = _bytes(item)
+    for item in _scan(store_dir / "config"):
+        if item.name not in _READ_CONFIG_FILES and not item.name.endswith(".tmp"):
+            found["config/" + item.name + ("/" if _is_dir(item) else "")] = _bytes(item)
     return dict(sorted(found.items()))
 
 
 def _scan(directory: Path) -> list[os.DirEntry[str]]:
     try:
-        with os.scandir(directory) as entries:
-            return list(entries)
+        with os.scandir(directory) as found:
+            return list(found)
     except (FileNotFoundError, NotADirectoryError):
         return []
 
 
-def _is_dir(entry: os.DirEntry[str]) -> bool:
+def _is_dir(item: os.DirEntry[str]) -> bool:
     try:
-        return entry.is_dir(follow_symlinks=False)
+        return item.is_dir(follow_symlinks=False)
     except OSError:
         return False
 
 
-def _bytes(entry: os.DirEntry[str]) -> int:
+def _bytes(item: os.DirEntry[str]) -> int:
     """The size of a file, or of the files under a directory, summed (0 for what vanished)."""
     try:
-        if not _is_dir(entry):
-            return entry.stat(follow_symlinks=False).st_size
+        if not _is_dir(item):
+            return item.stat(follow_symlinks=False).st_size
     except OSError:
         return 0
-    return sum(_bytes(child) for child in _scan(Path(entry.path)))
+    return sum(_bytes(child) for child in _scan(Path(item.path)))
 
 
 def app_id(broker_name: str) -> str:
@@ -492,7 +492,7 @@ def _ingest(
         "bytes": str(walk.bytes),
         "stop": walk.stop,
         **({"lost_from": str(walk.lost[0]), "lost_to": str(walk.lost[1])} if walk.lost else {}),
-        "unread": json.dumps(unread_entries(store_dir)),
+        "unread": json.dumps(unread_files(store_dir)),
     }
     version = log.commit(
         writer.adds,

@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from broker_model.common import QUEUE_KEY
-from broker_model.store.store_ingest import STORE_ENTRIES
+from broker_model.store.store_ingest import STORE_FILES
 from jobs import hours
 from jobs.cli import add_as_of, as_of_of, job_parser, run_spark_job
 from jobs.lake import IncrementalReadError, Lake
@@ -208,7 +208,7 @@ def _store_files_section(lake: Lake, versions: Mapping[str, int]) -> Section:
         return Section(title, "no broker of this lake was ingested from a RocketMQ store")
     columns = ["broker_name", "store_dir", "ingested_timestamp", "commitlog_version", "unread"]
     ingests = lake.read_rows(STORE_INGESTS, columns, version=versions[STORE_INGESTS.name]).to_pylist()
-    rows = store_files(ingests, STORE_ENTRIES)
+    rows = store_files(ingests, STORE_FILES)
     note = (
         f"store_ingests version {versions[STORE_INGESTS.name]}: what each ingested store held, at its latest ingest, "
         "besides its commit log, consume queues and the config files the ingest reads (RocketMQ 5's timer wheel and "
@@ -218,7 +218,7 @@ def _store_files_section(lake: Lake, versions: Mapping[str, int]) -> Section:
         return Section(title, note + ": nothing else")
     for row in rows:
         row["listed"] = _iso(row.pop("ingested_timestamp"))
-    return Section(title, note, [], [_table(rows, ["broker_name", "entry", "bytes", "holds", "listed", "store_dir"])])
+    return Section(title, note, [], [_table(rows, ["broker_name", "path", "bytes", "holds", "listed", "store_dir"])])
 
 
 def _simple_section(

@@ -86,10 +86,11 @@ def integrity_summary(findings: Iterable[Mapping[str, Any]]) -> list[Row]:
 
 
 def store_files(ingests: Iterable[Mapping[str, Any]], known: Mapping[str, str]) -> list[Row]:
-    """Per broker ingested from a RocketMQ store, the entries its latest ``store_ingests`` row (the
-    greatest ``commitlog_version``) lists as not read: ``broker_name``, ``entry``, ``bytes``,
-    ``holds`` (from ``known``, entry -> what it holds; a ``.bak`` copy as its file; else "not known
-    to this product"), ``ingested_timestamp`` and ``store_dir`` of that row; by broker and entry.
+    """Per broker ingested from a RocketMQ store, the files and folders its latest ``store_ingests``
+    row (the greatest ``commitlog_version``) lists as not read: ``broker_name``, ``path``,
+    ``bytes``, ``holds`` (from ``known``, path -> what it holds; a ``.bak`` copy as its file; else
+    "not known to this product"), ``ingested_timestamp`` and ``store_dir`` of that row; by broker
+    and path.
     Rows of older releases, without the listing, list nothing."""
     latest: dict[str, Mapping[str, Any]] = {}
     for r in ingests:
@@ -98,13 +99,13 @@ def store_files(ingests: Iterable[Mapping[str, Any]], known: Mapping[str, str]) 
             latest[r["broker_name"]] = r
     rows = []
     for broker, r in sorted(latest.items()):
-        for entry, size in sorted(r["unread"] or []):
-            original = entry.removesuffix(".bak")
-            holds = known.get(entry) or (f"the previous copy: {known[original]}" if original in known else None)
+        for path, size in sorted(r["unread"] or []):
+            original = path.removesuffix(".bak")
+            holds = known.get(path) or (f"the previous copy: {known[original]}" if original in known else None)
             rows.append(
                 {
                     "broker_name": broker,
-                    "entry": entry,
+                    "path": path,
                     "bytes": size,
                     "holds": holds or "not known to this product",
                     "ingested_timestamp": r["ingested_timestamp"],
