@@ -123,14 +123,15 @@ def floor_units(commitlog_df: DataFrame) -> DataFrame:
     )
 
 
-def time_floor(spark: SparkSession, lake: Path, floor_root: Path) -> float:
+def time_floor(spark: SparkSession, lake: Path, floor_root: Path, engine: str = "bridge") -> float:
     """Seconds of the job's I/O with no logic, into a fresh lake root (module docstring, 3.): the
     commit log read and the consume queue written by Spark, the brokers read and the findings,
     the tails and a ``job_runs`` row written from the driver, as the job does. The findings and
     tails written are the job's latest (read before the clock starts; none before a first run);
-    findings are written by Spark when there are some, as the job writes them."""
+    findings are written by Spark when there are some, as the job writes them. ``engine``: the
+    lake engine of the reads and writes, the one the job ran with."""
     shutil.rmtree(floor_root, ignore_errors=True)
-    source, target = Lake(spark, lake, "bridge"), Lake(spark, floor_root, "bridge")
+    source, target = Lake(spark, lake, engine), Lake(spark, floor_root, engine)
     tails = source.read_rows(CONSUME_QUEUE_TAILS)
     found = source.row_count(CONSUME_QUEUE_INTEGRITY)
     findings_df = source.read(CONSUME_QUEUE_INTEGRITY).persist() if found else None

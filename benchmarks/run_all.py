@@ -1,9 +1,24 @@
 """Every job of the nightly pipeline, full and incremental, against its floor and a DuckDB peer.
 
-    python benchmarks/run_all.py [--messages 2000000 | --large | --sizes N,N,...] [--seed 1] [--keep DIR]
+    python benchmarks/run_all.py [--messages 2000000 | --large | --sizes N,N,... | --lake DIR]
+                                 [--engine bridge|delta-spark|both] [--seed 1] [--keep DIR]
                                  [--json PATH] [--perturb-peer JOB]
 
-All figures come from one run, on one lake, in one Spark session (``local[*]``, engine ``bridge``).
+All figures come from one run, on one lake, in one Spark session (``local[*]``) on one lake engine,
+``--engine bridge`` (the default) or ``delta-spark`` (:func:`jobs.lake.build_session` adds the Delta
+jar and confs): every job and its floor read and write through it. The compaction is the same on
+both engines (it packs files with Arrow and commits them with the broker's put-if-absent
+committer, :func:`jobs.lake.compact`), and so is its floor (Arrow, no commit).
+
+**Both engines** (``--engine both``): a process holds one Spark session, so the lake is written
+once (``<work dir>/source``) and each engine runs in a child process of its own (this script with
+``--engine E --lake <work dir>/source``), one after the other, on a copy of that lake: both measure
+the same data. Each child writes the increment into its copy with the same seed (the same messages
+and transactions; only the times the brokers stamp differ). Each child prints its own table; then
+one table puts both side by side: per job, each engine's full seconds, floor, DuckDB peer and
+incremental seconds, the ratios delta-spark/bridge of the full and incremental seconds, and the
+nightly's totals. With ``--sizes``, the same per size, then each engine's growth. ``--lake DIR``
+runs one engine on a copy of such a kept source lake.
 
 **The lake.** (1) The feature traffic, first and on an empty lake: :func:`run_workload` of
 :data:`FEATURE_MESSAGES` messages with its consumer groups (pulls and offset commits),
@@ -62,7 +77,9 @@ Every job's stdout goes to ``<root>/logs``; the Spark UI's REST API gives each j
 the table's last lines say which stages dominate the slowest job.
 
 **Exit status**: 1 when a peer differs from its job or a floor leaves out a table its job writes
-(after the table, the comparisons and the JSON), else 0.
+(after the table, the comparisons and the JSON), else 0. With ``--engine both``, 1 when either
+engine's run ends with a status other than 0; the JSON then holds both engines' figures, each
+under its engine's name, and the side-by-side table.
 """
 
 from __future__ import annotations
@@ -74,10 +91,12 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,7 +178,9 @@ TRANSACTIONS = 2_000  # fixed, not a share of the bulk: each costs Python round 
 NEW_FEATURE_MESSAGES = 1_000  # the plan mix (ordered, delayed, batches) around the new transactions
 NEW_TRANSACTIONS = 200
 OFFSET_GROUP = "cg-orders"  # the group that commits once more per queue before the incremental runs
-ENGINE = "bridge"  # the engine benchmarks/consume_queue.py measures
+ENGINES = ("bridge", "delta-spark")  # the lake engines (jobs.lake.build_session); --engine both runs each
+BOTH = "both"
+LAKE_FACTS = "lake.json"  # beside a lake written once for both engines: what write_lake wrote, and the seed
 # the UI stays on (unlike consume_queue.py) because its REST API times each stage; port 0: any free port
 CONF = {**SPARK_CONF, "spark.ui.enabled": "true", "spark.ui.port": "0"}
 JOBS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq", "report")
@@ -234,6 +255,38 @@ def write_lake(lake: Path, messages: int, seed: int) -> dict[str, Any]:
     }
 
 
+def write_source(source: Path, messages: int, seed: int) -> dict[str, Any]:
+    """Write the lake once, into ``source/lake`` (:func:`write_lake`), and what it holds (with
+    ``seed``) into ``source/lake.json``, for runs on copies of it (:func:`copy_lake`); what it holds."""
+    print(f"writing the lake once: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
+    shutil.rmtree(source / "lake", ignore_errors=True)  # a kept work directory's earlier lake, whole or not
+    (source / LAKE_FACTS).unlink(missing_ok=True)
+    written = {**write_lake(source / "lake", messages, seed), "seed": seed}
+    (source / LAKE_FACTS).write_text(json.dumps(written, indent=2))
+    print(f"lake written: {json.dumps(written)}", flush=True)
+    return written
+
+
+def read_lake_facts(source: Path) -> dict[str, Any]:
+    """What the lake in ``source`` holds, as :func:`write_source` wrote it."""
+    facts: dict[str, Any] = json.loads((source / LAKE_FACTS).read_text())
+    return facts
+
+
+def copy_lake(source: Path, lake: Path) -> dict[str, Any]:
+    """Replace ``lake`` with a copy of the lake :func:`write_source` wrote in ``source``; what it holds."""
+    started = time.perf_counter()
+    shutil.rmtree(lake, ignore_errors=True)
+    shutil.copytree(source / "lake", lake, symlinks=True)
+    written = read_lake_facts(source)
+    print(
+        f"lake copied from {source / 'lake'} in {time.perf_counter() - started:.1f} s ({written['bulk_messages']:,} "
+        f"bulk + {written['feature_messages']:,} feature messages, seed {written['seed']}; {source / LAKE_FACTS})",
+        flush=True,
+    )
+    return written
+
+
 def append_increment(lake: Path, messages: int, seed: int) -> dict[str, Any]:
     """1 % more bulk messages, new transactions (with check rounds) and one offset commit per queue
     of :data:`OFFSET_GROUP`; what was written."""
@@ -305,19 +358,20 @@ class Measured:
 JobCall = Callable[[SparkSession], JobRun]
 
 
-def job_call(name: str, lake: Path, full: bool, as_of: int, root: Path, up_to: int | None) -> JobCall:
-    """The run of job ``name`` as of ``as_of`` (full: a first run, ``full=True`` where the job has
-    it); the compaction only packs files active at commit log version ``up_to`` (None: all)."""
+def job_call(name: str, lake: Path, full: bool, as_of: int, root: Path, up_to: int | None, engine: str) -> JobCall:
+    """The run of job ``name`` as of ``as_of`` on lake engine ``engine`` (full: a first run,
+    ``full=True`` where the job has it); the compaction only packs files active at commit log
+    version ``up_to`` (None: all)."""
     mode = "full" if full else "incremental"
     configs: dict[str, JobCall] = {
-        "compact_commitlog": lambda s: run_compact(s, CompactConfig(lake, files_up_to_version=up_to, engine=ENGINE)),
-        "rebuild_consume_queue": lambda s: run_rebuild(s, RebuildConfig(lake, full=full, engine=ENGINE)),
-        "consumer_offsets": lambda s: run_offsets(s, ConsumerOffsetsConfig(lake, as_of, engine=ENGINE, full=full)),
+        "compact_commitlog": lambda s: run_compact(s, CompactConfig(lake, files_up_to_version=up_to, engine=engine)),
+        "rebuild_consume_queue": lambda s: run_rebuild(s, RebuildConfig(lake, full=full, engine=engine)),
+        "consumer_offsets": lambda s: run_offsets(s, ConsumerOffsetsConfig(lake, as_of, engine=engine, full=full)),
         "resolve_transactions": lambda s: run_resolve(
-            s, ResolveTransactionsConfig(lake, as_of, engine=ENGINE, full=full)
+            s, ResolveTransactionsConfig(lake, as_of, engine=engine, full=full)
         ),
-        "route_dlq": lambda s: run_route(s, RouteDlqConfig(lake, as_of, full=full, engine=ENGINE)),
-        "report": lambda s: run_report(s, ReportConfig(lake, as_of, out=root / "reports" / mode, engine=ENGINE)),
+        "route_dlq": lambda s: run_route(s, RouteDlqConfig(lake, as_of, full=full, engine=engine)),
+        "report": lambda s: run_report(s, ReportConfig(lake, as_of, out=root / "reports" / mode, engine=engine)),
     }
     return configs[name]
 
@@ -448,13 +502,15 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
     raise ValueError(f"no floor plan for {name}")
 
 
-def time_scan_floor(spark: SparkSession, name: str, lake: Path, floor_root: Path, as_of: int, pages: Path) -> float:
-    """Seconds of the job's I/O (:func:`plan_floor`) into a fresh lake root. The rows written are
-    the job's own, read from its tables before the clock starts (Spark writes from a persisted
-    frame, driver writes from Arrow)."""
+def time_scan_floor(
+    spark: SparkSession, name: str, lake: Path, floor_root: Path, as_of: int, pages: Path, engine: str
+) -> float:
+    """Seconds of the job's I/O (:func:`plan_floor`) into a fresh lake root, through ``Lake`` calls
+    on ``engine``, the job's engine. The rows written are the job's own, read from its tables
+    before the clock starts (Spark writes from a persisted frame, driver writes from Arrow)."""
     shutil.rmtree(floor_root, ignore_errors=True)
     spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
-    source, target = Lake(spark, lake, ENGINE), Lake(spark, floor_root, ENGINE)
+    source, target = Lake(spark, lake, engine), Lake(spark, floor_root, engine)
     plan = plan_floor(name, source, as_of, pages)
     frames = {spec.name: source.read(spec).persist() for spec, _ in plan.spark_writes}
     for frame in frames.values():
@@ -592,6 +648,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="bulk message counts, comma-separated (at least two): one run each, then how every job's time grows",
     )
+    size.add_argument(
+        "--lake",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"run on a copy of the lake an --engine {BOTH} run wrote (DIR/lake, with DIR/{LAKE_FACTS} saying what "
+        f"it holds; its bulk size and seed count) instead of writing one: with --keep, <work dir>/source",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=(*ENGINES, BOTH),
+        default="bridge",
+        help=f"the lake engine of the jobs and their floors (default: bridge); {BOTH}: the lake written once, then "
+        "each engine in a process of its own on a copy of it, and one table with both side by side",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="figures as JSON (default: <work dir>/run_all.json)")
@@ -604,18 +675,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         "differs is caught: the run then ends with exit status 1); one of %(choices)s",
     )
     args = parser.parse_args(argv)
-    messages = LARGE_MESSAGES if args.large else args.messages
+    source = args.lake.resolve() if args.lake else None
+    if source is not None and not ((source / "lake").is_dir() and (source / LAKE_FACTS).is_file()):
+        parser.error(
+            f"--lake {args.lake}: no lake/ and {LAKE_FACTS} there; give the directory 'source' that a run "
+            f"with --engine {BOTH} --keep DIR leaves in DIR"
+        )
+    facts = read_lake_facts(source) if source else {}
+    messages = facts.get("bulk_messages", LARGE_MESSAGES if args.large else args.messages)
+    seed = facts.get("seed", args.seed)  # a run on a copy writes the increment every copy gets
     root = (args.keep or Path(tempfile.mkdtemp(prefix="run-all-bench-"))).resolve()
     json_path = args.json or root / "run_all.json"
     try:
+        if args.engine == BOTH and args.sizes:
+            return _growth_both(root, args.sizes, seed, json_path, args.perturb_peer)
+        if args.engine == BOTH:
+            return _both(root, messages, seed, json_path, args.perturb_peer, source)[0]
         if args.sizes:
-            return _growth(root, args.sizes, args.seed, json_path, args.perturb_peer)
-        return exit_status(_bench(root, messages, args.seed, json_path, args.perturb_peer))
+            return _growth(root, args.sizes, seed, json_path, args.engine, args.perturb_peer)
+        return exit_status(_bench(root, messages, seed, json_path, args.engine, args.perturb_peer, source))
     finally:
-        if args.keep is None:  # the figures and the jobs' stdout stay, next to where the lake was
-            for child in root.iterdir():
-                if child.name != "logs" and child.suffix != ".json":
-                    shutil.rmtree(child, ignore_errors=True)
+        if args.keep is None:  # the figures and the jobs' stdout stay, next to where the lakes were
+            discard_work(root)
+
+
+def discard_work(root: Path) -> None:
+    """Delete what a run left under ``root`` but its figures (``*.json``) and the jobs' stdout
+    (``logs``), in ``root`` and in its runs' directories (per size, per engine, the source lake's)."""
+    for child in root.iterdir():
+        if child.name == "logs" or child.suffix == ".json":
+            continue
+        if child.is_dir() and (child.name in (*ENGINES, "source") or child.name.startswith("size-")):
+            discard_work(child)
+        elif child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def _sizes(text: str) -> list[int]:
@@ -639,17 +734,20 @@ def exit_status(rows: Sequence[Measured]) -> int:
     return 0
 
 
-def _growth(root: Path, sizes: Sequence[int], seed: int, json_path: Path, perturb: str | None = None) -> int:
-    """One run per size, then the growth table; the figures of every size go to ``json_path``."""
+def _growth(
+    root: Path, sizes: Sequence[int], seed: int, json_path: Path, engine: str, perturb: str | None = None
+) -> int:
+    """One run per size on ``engine``, then the growth table; the figures of every size go to ``json_path``."""
     measured: dict[int, list[Measured]] = {}
     for messages in sizes:
         print(f"\n=== {messages:,} bulk messages ===", flush=True)
         figures = json_path.with_suffix(f".{messages}.json")
-        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures, perturb)
+        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures, engine, perturb)
     growth = growth_rows(measured)
-    print_growth(growth, sizes)
+    print_growth(growth, sizes, engine)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps({"sizes": list(sizes), "growth": growth, "machine": machine()}, indent=2))
+    summary = {"engine": engine, "sizes": list(sizes), "growth": growth, "machine": machine()}
+    json_path.write_text(json.dumps(summary, indent=2))
     print(f"\nfigures: {json_path}")
     return exit_status([row for rows in measured.values() for row in rows])
 
@@ -673,10 +771,10 @@ def fit_exponent(sizes: Sequence[int], seconds: Sequence[float]) -> float:
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
 
 
-def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int]) -> None:
-    """Seconds per size and the fitted exponent of every job and mode."""
+def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int], engine: str) -> None:
+    """Seconds per size and the fitted exponent of every job and mode on ``engine``."""
     header = f"{'job':<22}{'mode':<12}" + "".join(f"{n:>12,}" for n in sizes) + f"{'exponent':>10}"
-    print(f"\ngrowth over {', '.join(f'{n:,}' for n in sizes)} bulk messages (seconds)")
+    print(f"\ngrowth over {', '.join(f'{n:,}' for n in sizes)} bulk messages, engine {engine} (seconds)")
     print(header)
     print("-" * len(header))
     for row in growth:
@@ -685,28 +783,42 @@ def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int]) -> None
         print(f"{row['job']:<22}{row['mode']:<12}{cells}{row['exponent']:>10.2f}{flag}")
 
 
-def _bench(root: Path, messages: int, seed: int, json_path: Path, perturb: str | None = None) -> list[Measured]:
+def _bench(
+    root: Path,
+    messages: int,
+    seed: int,
+    json_path: Path,
+    engine: str,
+    perturb: str | None = None,
+    source: Path | None = None,
+) -> list[Measured]:
+    """One run on ``engine``: on a new lake, or on a copy of the one in ``source`` (:func:`write_source`)."""
     lake, logs = root / "lake", root / "logs"
-    print(f"writing the lake: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
-    written = write_lake(lake, messages, seed)
-    print(f"lake written: {json.dumps(written)}", flush=True)
-    spark = build_session("bench-run-all", master="local[*]", engine=ENGINE, extra_conf=CONF)
+    if source is None:
+        print(f"writing the lake: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
+        written = write_lake(lake, messages, seed)
+        print(f"lake written: {json.dumps(written)}", flush=True)
+    else:
+        written = copy_lake(source, lake)
+    spark = build_session("bench-run-all", master="local[*]", engine=engine, extra_conf=CONF)
     spark.sparkContext.setLogLevel("ERROR")
-    Lake(spark, lake, ENGINE).read(COMMITLOG).select("store_size").agg(F.sum("store_size")).collect()  # warm-up
-    rows = _full_runs(spark, lake, root, logs, perturb)
+    Lake(spark, lake, engine).read(COMMITLOG).select("store_size").agg(F.sum("store_size")).collect()  # warm-up
+    rows = _full_runs(spark, lake, root, logs, engine, perturb)
     processed = DeltaTable(str(lake / COMMITLOG.path)).version()
     increment = append_increment(lake, messages, seed)
     print(f"increment written: {json.dumps(increment)}", flush=True)
     as_of = now_ms()
-    rows += _incremental_runs(spark, lake, root, logs, processed, {r.job: r.seconds for r in rows}, as_of)
-    rows += _reruns(spark, lake, root, logs, as_of)
+    rows += _incremental_runs(spark, lake, root, logs, engine, processed, {r.job: r.seconds for r in rows}, as_of)
+    rows += _reruns(spark, lake, root, logs, engine, as_of)
     for row in rows:
         row.spark_seconds, row.stages = spark_time(spark, f"{row.job}:{row.mode}")
     spark.stop()
-    print_table(rows, messages, written, increment)
+    print_table(rows, messages, written, increment, engine)
     figures = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "engine": engine,
         "messages": messages,
+        "lake_source": None if source is None else str(source),
         "machine": machine(),
         "lake": written,
         "increment": increment,
@@ -718,7 +830,9 @@ def _bench(root: Path, messages: int, seed: int, json_path: Path, perturb: str |
     return rows
 
 
-def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb: str | None = None) -> list[Measured]:
+def _full_runs(
+    spark: SparkSession, lake: Path, root: Path, logs: Path, engine: str, perturb: str | None = None
+) -> list[Measured]:
     as_of = now_ms()
     rows: list[Measured] = []
     for name in JOBS:
@@ -728,15 +842,15 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb:
         floor_root = root / "floor" / name
         print(f"full: {name}", flush=True)
         if name in WARMED:  # untimed: the job and its floor once, so that both are timed warm
-            time_job(spark, name, "warm-up", job_call(name, lake, True, as_of, root, None), logs)
+            time_job(spark, name, "warm-up", job_call(name, lake, True, as_of, root, None, engine), logs)
             if name == "rebuild_consume_queue":
-                time_floor(spark, lake, floor_root)
+                time_floor(spark, lake, floor_root, engine)
             else:
-                time_scan_floor(spark, name, lake, floor_root, as_of, pages)
+                time_scan_floor(spark, name, lake, floor_root, as_of, pages, engine)
             for spec in JOB_OUTPUTS[name]:  # a run on unchanged inputs writes nothing: the timed run is a first one
                 shutil.rmtree(lake / spec.path)
         before = table_versions(lake)
-        row = time_job(spark, name, "full", job_call(name, lake, True, as_of, root, None), logs)
+        row = time_job(spark, name, "full", job_call(name, lake, True, as_of, root, None, engine), logs)
         row.writes = sorted(n for n, v in table_versions(lake).items() if v != before.get(n) and n != JOB_RUNS.name)
         notes = [row.status]
         if name == "compact_commitlog":
@@ -747,9 +861,9 @@ def _full_runs(spark: SparkSession, lake: Path, root: Path, logs: Path, perturb:
             )
         elif name == "rebuild_consume_queue":
             spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
-            row.floor = time_floor(spark, lake, floor_root)
+            row.floor = time_floor(spark, lake, floor_root, engine)
         else:
-            row.floor = time_scan_floor(spark, name, lake, floor_root, as_of, pages)
+            row.floor = time_scan_floor(spark, name, lake, floor_root, as_of, pages, engine)
         if name != "compact_commitlog":  # its floor writes the files, commits nothing (time_compaction_floor)
             row.floor_lacks = [t for t in row.writes if t not in table_versions(floor_root)]
             if row.floor_lacks:
@@ -772,27 +886,213 @@ def table_versions(root: Path) -> dict[str, int]:
 
 
 def _incremental_runs(
-    spark: SparkSession, lake: Path, root: Path, logs: Path, processed: int, full: dict[str, float], as_of: int
+    spark: SparkSession,
+    lake: Path,
+    root: Path,
+    logs: Path,
+    engine: str,
+    processed: int,
+    full: dict[str, float],
+    as_of: int,
 ) -> list[Measured]:
     """Every job once after the increment, in the nightly's order and at one T, as the nightly runs them."""
     rows: list[Measured] = []
     for name in JOBS:
         print(f"incremental: {name}", flush=True)
-        row = time_job(spark, name, "incremental", job_call(name, lake, False, as_of, root, processed), logs)
+        row = time_job(spark, name, "incremental", job_call(name, lake, False, as_of, root, processed, engine), logs)
         row.notes = f"{row.status}; {row.seconds / full[name]:.0%} of full"
         rows.append(row)
     return rows
 
 
-def _reruns(spark: SparkSession, lake: Path, root: Path, logs: Path, as_of: int) -> list[Measured]:
+def _reruns(spark: SparkSession, lake: Path, root: Path, logs: Path, engine: str, as_of: int) -> list[Measured]:
     """Every job once more with no new data and the same T: the nightly's rerun."""
     rows: list[Measured] = []
     for name in JOBS:
         print(f"rerun: {name}", flush=True)
-        row = time_job(spark, name, "rerun", job_call(name, lake, False, as_of, root, None), logs)
+        row = time_job(spark, name, "rerun", job_call(name, lake, False, as_of, root, None, engine), logs)
         row.notes = row.status
         rows.append(row)
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Both engines, side by side
+# ---------------------------------------------------------------------------------------------
+
+
+def run_engine(engine: str, source: Path, seed: int, root: Path, json_path: Path, perturb: str | None) -> int:
+    """This script on ``engine`` alone, in a child process (a process holds one Spark session, and
+    its JVM keeps the jars it started with), on a copy of the lake in ``source``; its work directory
+    ``root`` is kept (the caller discards it), its figures go to ``json_path``. Its exit status."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--engine", engine, "--lake", str(source)]
+    command += ["--seed", str(seed), "--keep", str(root), "--json", str(json_path)]
+    if perturb is not None:
+        command += ["--perturb-peer", perturb]
+    return subprocess.run(command, check=False).returncode
+
+
+def _both(
+    root: Path, messages: int, seed: int, json_path: Path, perturb: str | None, source: Path | None
+) -> tuple[int, dict[str, list[Measured]]]:
+    """The lake written once into ``root/source`` (unless ``source`` holds one), then each engine in
+    a child process on a copy of it (:func:`run_engine`), one after the other; then the table side
+    by side, and both engines' figures in ``json_path``. The exit status (:func:`both_exit_status`)
+    and each engine's rows (an engine whose run wrote no figures is left out)."""
+    if source is None:
+        source = root / "source"
+        write_source(source, messages, seed)
+    figures: dict[str, dict[str, Any]] = {}
+    statuses: dict[str, int] = {}
+    for engine in ENGINES:
+        engine_json = json_path.with_suffix(f".{engine}.json")
+        engine_json.unlink(missing_ok=True)  # a kept work directory may hold an earlier run's
+        print(f"\n=== engine {engine}, in a process of its own, on a copy of {source / 'lake'} ===", flush=True)
+        statuses[engine] = run_engine(engine, source, seed, root / engine, engine_json, perturb)
+        if engine_json.is_file():
+            figures[engine] = json.loads(engine_json.read_text())
+    measured = {engine: [Measured(**row) for row in f["rows"]] for engine, f in figures.items()}
+    table = side_by_side(measured) if len(measured) == len(ENGINES) else None
+    if table is not None:
+        print_side_by_side(table, messages, figures)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    combined = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "messages": messages,
+        "machine": machine(),
+        "lake": read_lake_facts(source),
+        "exit_statuses": statuses,
+        "side_by_side": table,
+        "engines": figures,
+    }
+    json_path.write_text(json.dumps(combined, indent=2, default=str))
+    print(f"\nfigures of both engines: {json_path}")
+    return both_exit_status(statuses, figures), measured
+
+
+def both_exit_status(statuses: Mapping[str, int], figures: Mapping[str, Any]) -> int:
+    """0 when every engine's run ended with 0 (every gate held: :func:`exit_status`) and wrote its
+    figures, else 1 (after saying which did not)."""
+    failed = [
+        f"the {engine} run ended with exit status {status}" + ("" if engine in figures else " and no figures")
+        for engine, status in statuses.items()
+        if status != 0 or engine not in figures
+    ]
+    if failed:
+        print(f"\nexit status 1: {'; '.join(failed)} (the output above says why)")
+        return 1
+    return 0
+
+
+def side_by_side(measured: Mapping[str, Sequence[Measured]]) -> list[dict[str, Any]]:
+    """Per job in the nightly's order, then for every job together (``job`` ``"every job"``): for
+    each engine its full run's seconds, floor and DuckDB peer (None: none), the incremental run's
+    and the rerun's seconds, and what failed a gate (``""``: nothing); and the ratios delta-spark /
+    bridge of the full and incremental seconds. The total's peer counts only peers that agree with
+    their job, as :func:`print_table` does."""
+    table: list[dict[str, Any]] = []
+    for job in JOBS:
+        entry: dict[str, Any] = {"job": job}
+        for engine, rows in measured.items():
+            by_mode = {r.mode: r for r in rows if r.job == job}
+            full = by_mode["full"]
+            entry[engine] = {
+                "full": full.seconds,
+                "floor": full.floor,
+                "peer": full.peer,
+                "incremental": by_mode["incremental"].seconds,
+                "rerun": by_mode["rerun"].seconds,
+                "gate": gate_note(full),
+            }
+        table.append(entry)
+    total: dict[str, Any] = {"job": "every job"}
+    for engine, rows in measured.items():
+        full_rows = [r for r in rows if r.mode == "full"]
+        total[engine] = {
+            "full": sum(r.seconds for r in full_rows),
+            "floor": sum(r.floor or 0 for r in full_rows),
+            "peer": sum(r.peer or 0 for r in full_rows if r.peer_same),
+            "incremental": sum(r.seconds for r in rows if r.mode == "incremental"),
+            "rerun": sum(r.seconds for r in rows if r.mode == "rerun"),
+            "gate": "",
+        }
+    table.append(total)
+    for entry in table:
+        for mode in ("full", "incremental"):
+            entry[f"ratio_{mode}"] = entry["delta-spark"][mode] / entry["bridge"][mode]
+    return table
+
+
+def gate_note(row: Measured) -> str:
+    """What of a full run failed a gate: its peer differs, or its floor leaves out tables."""
+    notes = ["peer differs"] if row.peer_same is False else []
+    if row.floor_lacks:
+        notes.append(f"floor lacks {', '.join(row.floor_lacks)}")
+    return ", ".join(notes)
+
+
+def print_side_by_side(table: Sequence[dict[str, Any]], messages: int, figures: Mapping[str, Any]) -> None:
+    """Both engines' seconds of every job, and the ratios delta-spark / bridge."""
+    lake, increment, facts = figures["bridge"]["lake"], figures["bridge"]["increment"], machine()
+    print(
+        f"\nboth engines: {messages:,} bulk + {lake['feature_messages']:,} feature messages, {TRANSACTIONS:,} "
+        f"transactions, written once, a copy per engine; incremental: after {increment['bulk_messages']:,} + "
+        f"{increment['feature_messages']:,} messages and {NEW_TRANSACTIONS} transactions written into each copy "
+        f"(the same seed); seconds; {facts['cores']} cores, load {facts['load_average']}"
+    )
+    cells = ("full", "floor", "peer", "incr")
+    block = len(cells) * 8 + 2
+    print(f"{'':<22}" + "".join(f"{engine:<{block}}" for engine in ENGINES) + "delta-spark/bridge")
+    header = f"{'job':<22}" + ("".join(f"{c:>8}" for c in cells) + "  ") * len(ENGINES) + f"{'full':>8}{'incr':>8}"
+    print(header + "  gates")
+    print("-" * (len(header) + 7))
+    for entry in table:
+        if entry["job"] == "every job":
+            print("-" * (len(header) + 7))
+        line = f"{entry['job']:<22}"
+        for engine in ENGINES:
+            e = entry[engine]
+            line += "".join(_fmt(e[k], ".2f").rjust(8) for k in ("full", "floor", "peer", "incremental")) + "  "
+        gates = "; ".join(f"{engine}: {entry[engine]['gate']}" for engine in ENGINES if entry[engine]["gate"])
+        if entry["job"] != "every job":
+            gates = gates or "held"
+        print(f"{line}{entry['ratio_full']:>8.2f}{entry['ratio_incremental']:>8.2f}  {gates}".rstrip())
+    reruns = {engine: table[-1][engine]["rerun"] for engine in ENGINES}
+    print(
+        "\nevery job: full, the nightly from scratch; incr, the nightly after the increment; peer, the "
+        "DuckDB peers that agree with their job"
+    )
+    ratio = reruns["delta-spark"] / reruns["bridge"]
+    print(
+        "nightly rerun without new data, every job: "
+        + ", ".join(f"{engine} {seconds:.2f} s" for engine, seconds in reruns.items())
+        + f" (delta-spark/bridge {ratio:.2f})"
+    )
+
+
+def _growth_both(root: Path, sizes: Sequence[int], seed: int, json_path: Path, perturb: str | None) -> int:
+    """For each size, :func:`_both` on a lake of its own; then how each engine's jobs grow. The
+    figures of a size go next to ``json_path`` (``run_all.<size>.json``), the growth to it."""
+    measured: dict[str, dict[int, list[Measured]]] = {engine: {} for engine in ENGINES}
+    statuses: dict[int, int] = {}
+    for messages in sizes:
+        print(f"\n=== {messages:,} bulk messages, both engines ===", flush=True)
+        figures = json_path.with_suffix(f".{messages}.json")
+        statuses[messages], rows = _both(root / f"size-{messages}", messages, seed, figures, perturb, None)
+        for engine, engine_rows in rows.items():
+            measured[engine][messages] = engine_rows
+    growth = {engine: growth_rows(by_size) for engine, by_size in measured.items() if len(by_size) == len(sizes)}
+    for engine, engine_growth in growth.items():
+        print_growth(engine_growth, sizes, engine)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    summary = {"engines": list(ENGINES), "sizes": list(sizes), "growth": growth, "exit_statuses": statuses}
+    json_path.write_text(json.dumps({**summary, "machine": machine()}, indent=2))
+    print(f"\nfigures: {json_path}")
+    failed = [f"{n:,}" for n, status in statuses.items() if status != 0]
+    if failed:
+        print(f"\nexit status 1: the runs at {', '.join(failed)} bulk messages failed (their output above says why)")
+        return 1
+    return 0
 
 
 def machine() -> dict[str, Any]:
@@ -809,11 +1109,14 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_table(rows: Sequence[Measured], messages: int, written: dict[str, Any], increment: dict[str, Any]) -> None:
-    """The table of every job and mode, and what dominates the slowest job."""
+def print_table(
+    rows: Sequence[Measured], messages: int, written: dict[str, Any], increment: dict[str, Any], engine: str
+) -> None:
+    """The table of every job and mode on ``engine``, and what dominates the slowest job."""
     facts = machine()
     print(
-        f"\n{messages:,} bulk + {written['feature_messages']:,} feature messages, {TRANSACTIONS:,} transactions, "
+        f"\nengine {engine}: {messages:,} bulk + {written['feature_messages']:,} feature messages, "
+        f"{TRANSACTIONS:,} transactions, "
         f"segments of {written['segment_size'] >> 20} MiB; increment {increment['bulk_messages']:,} + "
         f"{increment['feature_messages']:,} messages, {NEW_TRANSACTIONS} transactions, "
         f"{increment['offset_commits']} offset commits; {facts['cores']} cores, {facts['memory_gib']} GiB, "

@@ -23,20 +23,14 @@ TEST_SPARK_CONF = {
 }
 
 
-# delta-spark only: the Delta jars (Ivy fetches them into ~/.ivy2.5.2 on first use, then checks its
-# cache), and 2 partitions instead of 50 for Delta's snapshot state of the tests' small tables
-DELTA_TEST_CONF = {
-    "spark.databricks.delta.snapshotPartitions": "2",
-}
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """The Spark session of the whole run, on :data:`tests.helpers.ENGINE` (bridge unless
-    ``RMQ_TEST_ENGINE=delta-spark``, which adds the Delta jars)."""
+    ``RMQ_TEST_ENGINE=delta-spark``, which adds the Delta jars: Ivy fetches them on first use, then
+    finds them in its cache)."""
     conf = dict(TEST_SPARK_CONF)
     if ENGINE == "delta-spark":
-        conf |= {"spark.jars.packages": delta_package(), **DELTA_TEST_CONF}
+        conf["spark.jars.packages"] = delta_package()
     session = build_session("tests", master="local[2]", engine=ENGINE, extra_conf=conf)
     session.sparkContext.setLogLevel("ERROR")
     yield session
@@ -60,21 +54,29 @@ def broker(tmp_path: Path, clock: ManualClock) -> Iterator[Broker]:
 
 
 _HEAVY_MARKS = ("spark", "slow", "subprocess")
+# RMQ_TEST_SCOPE=all: on delta-spark, every Spark test, not only those marked both_engines
+SCOPE_ENV = "RMQ_TEST_SCOPE"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked for the other lake engine (``@pytest.mark.engine("bridge")``) are deselected:
-    they check what only that engine does. On delta-spark, so are the tests without Spark: they do
-    not depend on the engine and the bridge run (which runs every test) has run them. Then modules
-    with the most Spark, slow or subprocess tests first: the two workers each take a whole module
-    at a time, in this order, so the long ones start early and the workers end together instead of
-    one finishing a long module alone."""
+    they check what only that engine does. On delta-spark, so are the tests without Spark (they do
+    not depend on the engine, and the bridge run, which runs every test, has run them) and, unless
+    ``RMQ_TEST_SCOPE=all``, the Spark tests not marked ``both_engines``. Then modules with the most
+    Spark, slow or subprocess tests first: the two workers each take a whole module at a time, in
+    this order, so the long ones start early and the workers end together instead of one finishing
+    a long module alone."""
+    every_spark_test = os.environ.get(SCOPE_ENV) == "all"
 
     def other_engine(item: pytest.Item) -> bool:
         mark = item.get_closest_marker("engine")
         if mark is not None:
             return bool(mark.args[0] != ENGINE)
-        return ENGINE != "bridge" and item.get_closest_marker("spark") is None
+        if ENGINE == "bridge":
+            return False
+        if item.get_closest_marker("spark") is None:
+            return True
+        return not every_spark_test and item.get_closest_marker("both_engines") is None
 
     other = [item for item in items if other_engine(item)]
     if other:

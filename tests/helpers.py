@@ -111,3 +111,10 @@ def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = WAI
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {deadline_s} s for {what}")
         time.sleep(0.005)
+
+
+def job_statuses(lake: Any) -> list[tuple[str, str]]:
+    """The job runs of ``lake`` (a :class:`jobs.lake.Lake`) as (job, status), sorted: what two runs of
+    the same jobs on twin lakes share (their ids, clocks, report folders and figures differ)."""
+    rows = lake.read("job_runs").select("job", "status").collect()
+    return sorted((row["job"], row["status"]) for row in rows)

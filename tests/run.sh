@@ -30,7 +30,8 @@ fi
 "$venv/bin/ruff" format --check .
 "$venv/bin/mypy" --strict broker_model schemas jobs
 # The suite runs once per lake engine (RMQ_TEST_ENGINES, both by default): on the bridge every test,
-# on delta-spark every test that uses Spark (the others do not depend on the engine). The Delta jars
+# on delta-spark the Spark tests marked both_engines (RMQ_TEST_SCOPE=all: every Spark test); the
+# slowest tests of each run are listed at its end. The Delta jars
 # are fetched from Maven Central into Ivy's cache once, before the workers' sessions start.
 engines="${RMQ_TEST_ENGINES:-bridge delta-spark}"
 if [[ " $engines " == *" delta-spark "* ]]; then
@@ -44,5 +45,5 @@ fi
 for engine in $engines; do
   echo "== the tests on the $engine engine"
   # two workers (RMQ_TEST_WORKERS), each with its own Spark session; a test module stays on one worker
-  RMQ_TEST_ENGINE="$engine" "$venv/bin/python" -m pytest -n "${RMQ_TEST_WORKERS:-2}" --dist loadfile "$@"
+  RMQ_TEST_ENGINE="$engine" "$venv/bin/python" -m pytest -n "${RMQ_TEST_WORKERS:-2}" --dist loadfile --durations=12 "$@"
 done

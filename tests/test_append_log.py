@@ -9,8 +9,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
-from broker_model.store import AppendLog, ensure_table
+from broker_model.store import AppendLog, ensure_table, retry_listing_gap
 from broker_model.store.delta_commits import commit_path
 from schemas.catalog import TOPIC_CONFIG
 from schemas.errors import UnsupportedTableError
@@ -68,3 +69,28 @@ def test_a_writer_idle_past_a_log_cleanup_commits_after_the_newest_version(tmp_p
     assert idle.append(_rows("idle", 10)) == 11
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
     assert sorted(r["updated_timestamp"] for r in rows) == list(range(11))
+
+
+def test_a_delta_rs_call_refused_for_a_listing_gap_is_run_again_and_other_errors_are_not() -> None:
+    calls: list[int] = []
+
+    def gap_twice() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise DeltaError("Generic error: Expected contiguous commit files, got a gap at version 7")
+        return "committed"
+
+    assert retry_listing_gap(gap_twice) == "committed" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(DeltaError, match="contiguous"):  # a gap that stays is reported after the attempts
+        retry_listing_gap(gap_twice, attempts=1)
+    assert len(calls) == 1
+    other: list[int] = []
+
+    def conflict() -> None:
+        other.append(1)
+        raise DeltaError("Transaction failed: a concurrent transaction deleted the same data")
+
+    with pytest.raises(DeltaError, match="concurrent"):
+        retry_listing_gap(conflict)
+    assert len(other) == 1  # not a listing gap: not run again

@@ -51,6 +51,8 @@ from tests.helpers import ENGINE, canonical_rows, wait_until
 SEGMENT_SIZE = 16384
 MIB = 1024 * 1024
 
+pytestmark = pytest.mark.both_engines
+
 
 # ---------------------------------------------------------------------------------------------
 # The plan

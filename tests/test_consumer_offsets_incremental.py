@@ -27,7 +27,7 @@ from jobs.runs import CannotFold
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS, TOPIC_CONFIG
 from tests.helpers import ENGINE, canonical_rows
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
 BROKERS = ("broker-a", "broker-b")
 GROUPS = ("g1", "g2", "g3")

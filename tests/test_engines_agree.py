@@ -19,8 +19,8 @@ from broker_model.tools import run_workload
 from jobs.lake import Lake
 from jobs.nightly import NightlyConfig
 from jobs.nightly import run as nightly
-from schemas.catalog import TABLES
-from tests.helpers import canonical_rows
+from schemas.catalog import JOB_RUNS, TABLES
+from tests.helpers import canonical_rows, job_statuses
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.engine("delta-spark")]
 ENGINES = ("bridge", "delta-spark")
@@ -61,5 +61,7 @@ def test_the_nightly_on_either_engine_writes_the_same_tables_and_every_reader_re
         assert len(by_writer) in (0, 2), name  # a table one engine wrote, the other wrote too
         if by_writer:
             written += 1
+            if name == JOB_RUNS.name:  # the runs differ in their report folders and figures: which ran, and how
+                by_writer = {writer: job_statuses(Lake(spark, tmp_path / writer, writer)) for writer in ENGINES}
             assert by_writer["bridge"] == by_writer["delta-spark"], name
     assert written >= 12  # the broker's tables and every job's

@@ -31,7 +31,7 @@ from schemas.errors import LakeError, ValidationError
 from tests.builders import commitlog_frame, commitlog_record
 from tests.helpers import ENGINE, assert_frames_equal, canonical_rows, column_encodings
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
 # topic names as RocketMQ makes them ('%' in retry/DLQ topics) plus characters that need escaping
 # in Hive-style directories and URL-encoding in the Delta log

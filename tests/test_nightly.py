@@ -13,7 +13,7 @@ from jobs.nightly import STEPS, NightlyConfig, data_time, run
 from schemas.catalog import CONSUMER_OFFSET_COMMITS, TABLES, spark_schema
 from tests.helpers import ENGINE
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
 
 def _data_versions(lake: Lake) -> dict[str, int | None]:

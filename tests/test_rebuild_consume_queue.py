@@ -801,6 +801,7 @@ def _twin_lakes(spark: SparkSession, tmp_path: Path) -> tuple[Lake, Lake]:
 
 @pytest.mark.spark
 @pytest.mark.parametrize("driver_bytes", [0, DRIVER_INCREMENT_BYTES], ids=["spark", "driver"])
+@pytest.mark.both_engines
 def test_incremental_runs_give_what_a_full_rebuild_gives_and_a_rerun_commits_nothing(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str], driver_bytes: int
 ) -> None:

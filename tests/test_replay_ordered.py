@@ -482,6 +482,7 @@ def _assert_report_complete(lake: Path, replay_id: str, expected: dict[tuple[str
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.spark
+@pytest.mark.both_engines
 def test_a_table_replay_killed_after_its_first_batch_ends_with_every_message_once_in_order(
     spark: SparkSession, lake: Path
 ) -> None:
@@ -634,6 +635,7 @@ def _sink_rows(sink: Path, *extra: str) -> list[dict[str, Any]]:
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.spark
+@pytest.mark.both_engines
 def test_a_topic_replay_of_a_backlog_killed_mid_way_sends_every_message_once_in_order(
     spark: SparkSession, lake: Path
 ) -> None:

@@ -31,7 +31,7 @@ from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTIO
 from tests.builders import commitlog_record, commitlog_table
 from tests.helpers import ENGINE, canonical_rows
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
 STEP_MS = 1_000
 SETTINGS = {"timeout_ms": 1_500, "check_max": 3, "reserve_ms": 5_000}

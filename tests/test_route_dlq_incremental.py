@@ -43,7 +43,7 @@ from schemas.catalog import (
 from tests.builders import commitlog_frame, commitlog_record, commitlog_table
 from tests.helpers import ENGINE, canonical_rows
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
 STEP_MS = 1_000
 SEGMENT = 1 << 20

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from broker_model.store import latest_version
 from jobs.lake.engine import PartitionFilter, PartitionTargets, TableWrite
-from jobs.lake.snapshots import local_directory
+from jobs.lake.snapshots import local_or_none
 from schemas.catalog import TableSpec, spark_schema
 from schemas.errors import LakeError, ValidationError
 
@@ -41,7 +41,7 @@ class DeltaSparkEngine:
         return df
 
     def exists(self, path: str) -> bool:
-        table_dir = _local_or_none(path)
+        table_dir = local_or_none(path)
         if table_dir is not None:  # one listing of its Delta log, no Spark job (as :meth:`version`)
             return latest_version(table_dir) >= 0
         from delta.tables import DeltaTable as SparkDeltaTable
@@ -63,7 +63,7 @@ class DeltaSparkEngine:
         """The latest version: of a local table from one listing of its Delta log, as the bridge and
         the driver reads take it (``history`` runs Spark jobs, and fails once log cleanup removed the
         commits before a checkpoint); elsewhere from ``history``."""
-        table_dir = _local_or_none(path)
+        table_dir = local_or_none(path)
         if table_dir is not None:
             latest = latest_version(table_dir)
             if latest < 0:
@@ -115,13 +115,6 @@ def _lake_error(err: Exception, path: str, targets: PartitionTargets | None) -> 
         first_line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
         return LakeError(f"delta-spark refused the commit to {path}: {first_line}")
     return err
-
-
-def _local_or_none(path: str) -> str | None:
-    try:
-        return local_directory(path)
-    except LakeError:
-        return None
 
 
 def _is_in(column: str, values: Sequence[Any]) -> Column:

@@ -155,7 +155,22 @@ def build_session(
         ) from err
     if chosen == "delta-spark":
         _require_delta_classes(spark)
+        _size_delta_snapshots(spark)
     return spark
+
+
+# Delta rebuilds a table's state from its log in this many Spark partitions (Delta's default, 50,
+# is made for clusters); see _size_delta_snapshots
+SNAPSHOT_PARTITIONS_CONF = "spark.databricks.delta.snapshotPartitions"
+
+
+def _size_delta_snapshots(spark: SparkSession) -> None:
+    """On a local master, unless set: one snapshot partition per core. Every Delta read and write
+    of a table replays its log in :data:`SNAPSHOT_PARTITIONS_CONF` tasks, and the lake's tables
+    are many and mostly small: 50 tasks of a few rows each cost more than the replay."""
+    context = spark.sparkContext
+    if (context.master or "").startswith("local") and spark.conf.get(SNAPSHOT_PARTITIONS_CONF, None) is None:
+        spark.conf.set(SNAPSHOT_PARTITIONS_CONF, str(max(1, context.defaultParallelism)))
 
 
 def stop_spark() -> None:

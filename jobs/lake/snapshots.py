@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import Transaction
 
-from broker_model.store import CommitChange, FileAction, commit_path, latest_version, read_change
+from broker_model.store import CommitChange, FileAction, commit_path, latest_version, load_table, read_change
 from jobs.lake.engine import PartitionFilter
 from schemas.catalog import TableSpec
 from schemas.errors import LakeError, UnsupportedTableError, ValidationError
@@ -52,17 +52,14 @@ def open_table(path: str, version: int | None = None) -> DeltaTable:
     Raises:
         LakeError: no Delta table at ``path``, or it has no ``version``.
     """
-    table_dir = _local_or_none(path)
+    table_dir = local_or_none(path)
     if table_dir is not None:
         kept = _SNAPSHOTS.get(table_dir, version)
         if kept is not None:
             return kept
-    pinned = version
-    if pinned is None and table_dir is not None:  # pinned before delta-rs lists: see load_table
-        newest = latest_version(table_dir)
-        pinned = newest if newest >= 0 else None
     try:
-        dt = DeltaTable(path, version=pinned)
+        # a local table is pinned to its newest commit before delta-rs lists its log (load_table says why)
+        dt = load_table(table_dir, version) if table_dir is not None else DeltaTable(path, version=version)
     except TableNotFoundError:
         raise LakeError(f"no Delta table at {path}; check the lake root or write the table first") from None
     except DeltaError as err:
@@ -80,7 +77,8 @@ def table_version(table_dir: str) -> int:
     return latest if latest is not None else latest_version(table_dir)
 
 
-def _local_or_none(path: str) -> str | None:
+def local_or_none(path: str) -> str | None:
+    """The local directory of ``path`` (:func:`local_directory`), None where it is not local."""
     try:
         return local_directory(path)
     except LakeError:
