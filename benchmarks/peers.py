@@ -54,6 +54,7 @@ from schemas.catalog import (
     RETRY_CHAINS,
     RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
+    TOPIC_CONFIG,
     TRANSACTION_RECORDS,
     TRANSACTION_STATE,
     TableSpec,
@@ -345,12 +346,21 @@ COPY (
     FROM read_parquet($commit_files) WHERE commit_timestamp <= $as_of
     QUALIFY row_number() OVER (PARTITION BY "group", broker_name, topic, queue_id
       ORDER BY commit_timestamp DESC, (source = 'reset') DESC, "offset" DESC, source DESC) = 1),
-  bounds AS (
+  held AS (
     SELECT broker_name, topic, queue_id, min(queue_offset) AS broker_min_offset,
            max(queue_offset) + 1 AS broker_offset
     FROM cq GROUP BY broker_name, topic, queue_id),
-  subscribed AS (SELECT "group", topic FROM cur UNION SELECT "group", '%RETRY%' || "group" FROM cur),
-  listed AS (SELECT s."group", b.broker_name, b.topic, b.queue_id FROM subscribed s JOIN bounds b ON s.topic = b.topic),
+  configured AS (
+    SELECT broker_name, topic, unnest(range(arg_max(queue_nums, (updated_timestamp, queue_nums)))) AS queue_id
+    FROM read_parquet($config_files) WHERE updated_timestamp <= $as_of GROUP BY broker_name, topic),
+  bounds AS (
+    SELECT * FROM held UNION ALL
+    SELECT broker_name, topic, queue_id, 0, 0 FROM configured
+    WHERE (broker_name, topic, queue_id) NOT IN (SELECT (broker_name, topic, queue_id) FROM held)),
+  listed AS (
+    SELECT DISTINCT c."group", b.broker_name, b.topic, b.queue_id FROM cur c JOIN bounds b ON c.topic = b.topic
+    UNION SELECT DISTINCT c."group", h.broker_name, h.topic, h.queue_id FROM cur c JOIN held h
+      ON h.topic = '%RETRY%' || c."group"),
   keyed AS (
     SELECT coalesce(c."group", l."group") AS "group", coalesce(c.broker_name, l.broker_name) AS broker_name,
            coalesce(c.topic, l.topic) AS topic, coalesce(c.queue_id, l.queue_id) AS queue_id, c.consumer_offset
@@ -386,10 +396,12 @@ def time_offsets_peer(lake: Path, out: Path, as_of: int, perturb: bool = False) 
     con = _connect()
     cq_files = active_files(lake / CONSUME_QUEUE.path, CONSUME_QUEUE.partition_by)
     commit_files = active_files(lake / CONSUMER_OFFSET_COMMITS.path, ())
+    config_files = active_files(lake / TOPIC_CONFIG.path, ())
     con.register("cq_files", cq_files)
     sql = (
         OFFSETS_SQL.replace("$cq_files", listing(cq_files))
         .replace("$commit_files", listing(commit_files))
+        .replace("$config_files", listing(config_files))
         .replace("$as_of", str(as_of))
         .replace("$out", str(out))
     )

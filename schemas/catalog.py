@@ -74,6 +74,7 @@ PLAIN_ENCODED_COLUMNS = ("body", "raw_properties", "properties.key_value.value",
 
 _STRING_MAP = pa.map_(pa.string(), pa.string())
 _VERSION_MAP = pa.map_(pa.string(), pa.int64())
+_SIZE_MAP = pa.map_(pa.string(), pa.int64())  # name -> bytes
 
 COMMITLOG = TableSpec(
     name="commitlog",
@@ -547,6 +548,12 @@ STORE_INGESTS = TableSpec(
         ("lost_to", pa.int64(), "end (exclusive) of that range"),
         ("stop", pa.string(), "END (no more data), TORN (an incomplete last record, read next run) or CORRUPT", False),
         ("commitlog_version", pa.int64(), "commitlog version of the run's commit", False),
+        (
+            "unread",
+            _SIZE_MAP,
+            "what the store held that no run reads: path under the store root (a directory ends with /) "
+            "-> bytes; RocketMQ's own files the lake does not interpret, listed, not lost",
+        ),
     ),
 )
 

@@ -16,15 +16,17 @@ from jobs.cli import iso_utc
 from jobs.consumer_offsets import (
     ConsumerOffsetsConfig,
     build_config,
+    build_configured_queues,
     build_consumer_offsets,
     build_queue_bounds,
     format_progress,
     main,
     run,
+    union_empty_queues,
 )
 from jobs.lake import Lake
 from jobs.rules import build_current_offsets
-from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, spark_schema
+from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, TOPIC_CONFIG, spark_schema
 from schemas.errors import ValidationError
 from tests.helpers import ENGINE, assert_frames_equal
 
@@ -139,6 +141,50 @@ def test_queue_bounds_span_the_entries_stored_at_or_before_as_of(spark: SparkSes
         [("broker-a", "Orders", 0, 3, 5), ("broker-b", "Orders", 0, 0, 1)], _BOUNDS_SCHEMA
     )
     assert_frames_equal(build_queue_bounds(cq_rows_df, as_of=200), expected_df)
+
+
+@pytest.mark.spark
+def test_configured_queues_are_those_of_each_topics_latest_configuration_at_or_before_as_of(
+    spark: SparkSession,
+) -> None:
+    topic_config_df = spark.createDataFrame(
+        [
+            ("broker-a", "Orders", 1, 6, 100),
+            ("broker-a", "Orders", 3, 6, 200),  # the latest at as_of: queues 0..2
+            ("broker-a", "Orders", 8, 6, 201),  # after as_of
+            ("broker-b", "Gone", 0, 6, 100),  # no queue
+        ],
+        spark_schema(TOPIC_CONFIG),
+    )
+    expected_df = spark.createDataFrame(
+        [("broker-a", "Orders", q) for q in range(3)], "broker_name string, topic string, queue_id int"
+    )
+    assert_frames_equal(build_configured_queues(topic_config_df, as_of=200), expected_df)
+
+
+@pytest.mark.spark
+def test_a_configured_queue_without_entries_is_an_empty_queue_listed_as_rocketmq_lists_it(spark: SparkSession) -> None:
+    """RocketMQ's consumerProgress lists every queue of the group's topics: an empty one with broker
+    offset 0 and diff 0. A commit on a queue the configuration does not have stays QUEUE_NOT_FOUND.
+    The group's empty retry topic, which it never committed on, RocketMQ does not list."""
+    cq_rows_df = _entries(spark, _orders_q0(100, 200))
+    configured_df = spark.createDataFrame(
+        [("broker-a", "Orders", q) for q in range(3)] + [("broker-a", "%RETRY%g", 0)],
+        "broker_name string, topic string, queue_id int",
+    )
+    bounds_df = union_empty_queues(build_queue_bounds(cq_rows_df, _AS_OF), configured_df)
+    current = [("g", "broker-a", "Orders", 0, 2), ("g", "broker-a", "Orders", 1, 0), ("g", "broker-a", "Orders", 7, 0)]
+    actual_df = build_consumer_offsets(_current(spark, current), bounds_df, cq_rows_df, _AS_OF)
+    expected_df = _offsets(
+        spark,
+        [
+            ("g", "broker-a", "Orders", 0, 2, 0, 2, 0, 200, None, _AS_OF, None),
+            ("g", "broker-a", "Orders", 1, 0, 0, 0, 0, None, None, _AS_OF, None),  # empty, committed 0
+            ("g", "broker-a", "Orders", 2, None, 0, 0, 0, None, None, _AS_OF, None),  # empty, no commit
+            ("g", "broker-a", "Orders", 7, 0, None, None, None, None, None, _AS_OF, _NOT_FOUND),
+        ],
+    )
+    assert_frames_equal(actual_df, expected_df)
 
 
 # ---------------------------------------------------------------------------------------------

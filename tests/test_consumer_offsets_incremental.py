@@ -5,8 +5,9 @@ and so does a full run on the driver.
 Seeded random steps on real Delta tables: consume-queue rows appended to the tails of queues (some
 new, some of a topic nobody subscribed to yet, some offsets held twice), offset commits by consumers
 and resets (at the tail, inside the old rows, beyond the end, on queues the log does not have, by a
-group that appears later), and now and then rows stored after the step's T, which make the next run
-compute from the whole inputs.
+group that appears later), topic configurations (queue counts that grow and shrink, of topics with
+and without rows, some timed after the step's T), and now and then rows stored after the step's T,
+which make the next run compute from the whole inputs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from broker_model.common import RETRY_GROUP_TOPIC_PREFIX
 from jobs.consumer_offsets import ConsumerOffsetsConfig, Previous, check_foldable, run
 from jobs.lake import Lake
 from jobs.runs import CannotFold
-from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS
+from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS, TOPIC_CONFIG
 from tests.helpers import ENGINE, canonical_rows, seeds
 
 pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
@@ -42,9 +43,9 @@ class _Story:
         self.tails: dict[tuple[str, str, int], int] = {}
         self.now = 1_000_000
 
-    def step(self, late: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-        """(consume-queue rows, offset commits, T) of one step, stored after the last T; ``late``
-        adds rows stored after this step's T."""
+    def step(self, late: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], int]:
+        """(consume-queue rows, offset commits, topic configurations, T) of one step, stored after
+        the last T; ``late`` adds rows stored after this step's T."""
         r, start = self.random, self.now
         self.now += STEP_MS
         cq_rows = []
@@ -63,7 +64,7 @@ class _Story:
         groups = GROUPS if start > 1_003_000 else GROUPS[:2]
         for _ in range(r.randint(0, 8)):
             group = r.choice(groups)
-            queue = (r.choice(BROKERS), r.choice(("Orders", "Audit", "Later", "Nowhere")), r.randint(0, 3))
+            queue = (r.choice(BROKERS), r.choice(("Orders", "Audit", "Later", "Nowhere", "Empty")), r.randint(0, 3))
             tail = self.tails.get(queue, 0)
             offset = r.choice((tail, tail, r.randint(0, tail + 1), tail + 3, 0))
             source = "reset" if r.random() < 0.2 else "consumer"
@@ -73,12 +74,21 @@ class _Story:
             tied["offset"] += 1
             tied["source"] = "reset" if tied["source"] == "consumer" else "consumer"
             commits.append(tied)
+        configs = []
+        for _ in range(r.randint(0, 3)):  # queue counts, some timed after T (counted by a later run)
+            topic = r.choice(("Orders", "Audit", "Empty", RETRY_GROUP_TOPIC_PREFIX + "g1"))
+            stored = r.randint(start + 1, self.now + (STEP_MS if r.random() < 0.2 else 0))
+            configs.append(_topic_config(r.choice(BROKERS), topic, r.choice((0, 1, 2, 4)), stored))
         if late:
             queue = ("broker-a", "Orders", 0)
             cq_rows.append(_cq_row(queue, self.tails.get(queue, 0), self.now + 500))
             self.tails[queue] = self.tails.get(queue, 0) + 1
             commits.append(_commit("g1", queue, 1, self.now + 400, "consumer"))
-        return cq_rows, commits, self.now
+        return cq_rows, commits, configs, self.now
+
+
+def _topic_config(broker: str, topic: str, queue_nums: int, at: int) -> dict[str, Any]:
+    return {"broker_name": broker, "topic": topic, "queue_nums": queue_nums, "perm": 6, "updated_timestamp": at}
 
 
 def _cq_row(queue: tuple[str, str, int], offset: int, stored: int) -> dict[str, Any]:
@@ -113,7 +123,11 @@ def _commit(group: str, queue: tuple[str, str, int], offset: int, at: int, sourc
     }
 
 
-def _append(lake: Lake, cq_rows: list[dict[str, Any]], commits: list[dict[str, Any]]) -> None:
+def _append(
+    lake: Lake, cq_rows: list[dict[str, Any]], commits: list[dict[str, Any]], configs: list[dict[str, Any]]
+) -> None:
+    if configs:
+        lake.append_rows(TOPIC_CONFIG, pa.Table.from_pylist(configs, schema=TOPIC_CONFIG.arrow_schema))
     if cq_rows:
         lake.append_rows(CONSUME_QUEUE, pa.Table.from_pylist(cq_rows, schema=CONSUME_QUEUE.arrow_schema))
     if commits:
@@ -134,9 +148,9 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSessi
     driver = Lake(spark, tmp_path / "driver", ENGINE)
     late_steps = {3, 6}
     for step in range(8):
-        cq_rows, commits, as_of = story.step(late=step in late_steps)
+        cq_rows, commits, configs, as_of = story.step(late=step in late_steps)
         for lake in (chained, whole, driver):
-            _append(lake, cq_rows, commits)
+            _append(lake, cq_rows, commits, configs)
 
         run(spark, ConsumerOffsetsConfig(chained.root, as_of, engine=ENGINE))
         run(spark, ConsumerOffsetsConfig(whole.root, as_of, engine=ENGINE, full=True, driver_rows=0))  # Spark
@@ -149,6 +163,8 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSessi
     moved_on = [i for i, m in enumerate(_messages(chained)) if m.endswith("moved on by the new rows")]
     # the first run and the run after each step with late rows compute from the whole inputs
     assert moved_on == [i for i in range(8) if i != 0 and i - 1 not in late_steps]
+    empty = [r for r in chained.read_rows(CONSUMER_OFFSETS).to_pylist() if r["broker_offset"] == 0]
+    assert empty and all(r["diff"] == -(r["consumer_offset"] or 0) and r["anomaly"] is None for r in empty)
 
 
 def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_rows_it_left_for_a_later_one() -> None:
@@ -167,14 +183,15 @@ def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_rows_it_left_for_a_lat
 
 @pytest.mark.parametrize("seed", [3, 8, 13])
 def test_the_driver_computation_over_chunks_in_any_order_equals_it_over_the_whole_consume_queue(seed: int) -> None:
-    from jobs.consumer_offsets.fold import CQ_ROW_COLUMNS, compute
+    from jobs.consumer_offsets.fold import CQ_ROW_COLUMNS, compute, configured_queues
     from schemas.catalog import OFFSET_COMMIT_COLUMNS
 
-    story, cq_rows, commits = _Story(seed), [], []
+    story, cq_rows, commits, configs = _Story(seed), [], [], []
     for step in range(8):
-        rows, more, as_of = story.step(late=step in {3, 6})
+        rows, more, configured, as_of = story.step(late=step in {3, 6})
         cq_rows += rows
         commits += more
+        configs += configured
     cq = pa.Table.from_pylist(cq_rows, schema=CONSUME_QUEUE.arrow_schema).select(list(CQ_ROW_COLUMNS))
     committed = pa.Table.from_pylist(commits, schema=CONSUMER_OFFSET_COMMITS.arrow_schema).select(
         list(OFFSET_COMMIT_COLUMNS)
@@ -184,7 +201,9 @@ def test_the_driver_computation_over_chunks_in_any_order_equals_it_over_the_whol
     cuts = sorted(shuffled.sample(range(1, cq.num_rows), 6))
     chunks = [cq.slice(start, end - start) for start, end in zip([0, *cuts], [*cuts, cq.num_rows], strict=True)]
     shuffled.shuffle(chunks)
+    topic_config = pa.Table.from_pylist(configs, schema=TOPIC_CONFIG.arrow_schema)
     for t in (as_of - 3 * STEP_MS, as_of):
-        whole = compute(t, committed, cq)
-        assert compute(t, committed, iter(chunks)) == whole
+        queues = configured_queues(topic_config, t)
+        whole = compute(t, committed, cq, queues)
+        assert compute(t, committed, iter(chunks), queues) == whole
         assert any(row["oldest_unconsumed_timestamp"] is not None for row in whole)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
@@ -29,7 +30,7 @@ from broker_model.common import Message
 from broker_model.store import MessageStore, commit_path, ensure_table, ingest_store, latest_version
 from broker_model.store.store_configs import ConfigCounts, parse_fastjson
 from broker_model.store.store_export import export_store
-from broker_model.store.store_ingest import app_id, ingested_end
+from broker_model.store.store_ingest import STORE_FILES, app_id, ingested_end
 from broker_model.tools.reset import Strategy, TopicSelection
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
@@ -577,7 +578,7 @@ def test_a_reset_is_refused_while_the_broker_holds_its_lock_file(tmp_path: Path)
 
 
 @pytest.mark.spark
-def test_records_of_rocketmq_5_system_topics_are_kept_and_pop_ones_flagged_as_not_interpreted(
+def test_records_of_rocketmq_5_system_topics_are_kept_and_pop_ones_and_timer_files_listed_as_not_interpreted(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
@@ -586,6 +587,7 @@ def test_records_of_rocketmq_5_system_topics_are_kept_and_pop_ones_flagged_as_no
         store.append("rmq_sys_wheel_timer", 0, b"timer %d" % i)
     for i in range(3):
         store.append("rmq_sys_REVIVE_LOG_DefaultCluster", i % 2, b'{"ck": %d}' % i)
+    (store.root / "timerwheel").write_bytes(bytes(64))  # RocketMQ 5's timer state: no run reads it
     ingest_store(lake, "broker-x", store.root)
 
     rebuild(spark, RebuildConfig(lake, engine=ENGINE))
@@ -598,7 +600,37 @@ def test_records_of_rocketmq_5_system_topics_are_kept_and_pop_ones_flagged_as_no
     page = (out / "report.html").read_text()
     section = page[page.index("RocketMQ 5 system topics: stored, not interpreted yet") :]
     assert "rmq_sys_REVIVE_LOG_DefaultCluster" in section and "POP checkpoints and acks" in section
-    assert "rmq_sys_wheel_timer" not in section  # timer entries are interpreted: the broker delivers them
+    assert "rmq_sys_wheel_timer" not in section.split("RocketMQ store files")[0]  # timer entries are interpreted
+    files = page[page.index("RocketMQ store files: kept by the broker, not read into the lake") :]
+    assert "timerwheel" in files and "RocketMQ 5 timer wheel" in files  # listed, not lost
+
+
+def test_what_the_store_holds_besides_the_log_and_the_read_config_files_is_listed_with_its_bytes(
+    tmp_path: Path,
+) -> None:
+    """RocketMQ 5 writes files no run reads (the timer wheel and log, the index, the timer's
+    checkpoint, ...): each run's ``store_ingests`` row lists them, so that they are known, not lost.
+    A table an older release created, without the column, gains it."""
+    store, lake = StoreWriter(tmp_path / "store", FILE), tmp_path / "lake"
+    store.append_many(5)
+    store.config("topics.json", '{"topicConfigTable":{}}')
+    root = store.root
+    (root / "timerwheel").write_bytes(bytes(96))
+    (root / "timerlog").mkdir()
+    (root / "timerlog" / "00000000000000000000").write_bytes(bytes(40))
+    (root / "timerlog" / "00000000000004194304").write_bytes(bytes(2))
+    (root / "lock").write_bytes(b"")
+    (root / "config" / "timercheck").write_bytes(bytes(16))
+    (root / "config" / "topics.json.bak").write_text("{}")  # read: the fallback copy of a read file
+    (root / "config" / "topics.json.tmp").write_text("{")  # being written: not listed
+    old_schema = pa.schema([f for f in STORE_INGESTS.arrow_schema if f.name != "unread"])
+    DeltaTable.create(str(STORE_INGESTS.location(lake)), schema=old_schema)
+
+    ingest_store(lake, "broker-x", root)
+
+    unread = dict(_ingests(lake)[-1]["unread"])
+    assert unread == {"config/timercheck": 16, "lock": 0, "timerlog/": 42, "timerwheel": 96}
+    assert set(unread) - set(STORE_FILES) == set()  # each known, with what it holds
 
 
 def test_a_run_killed_between_its_commit_and_its_ingest_row_gets_the_row_from_the_next_run(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from jobs.report import (
     lag_per_group,
     lag_per_queue,
     run,
+    store_files,
     transaction_outcomes,
     write_report,
 )
@@ -73,6 +74,24 @@ def test_lag_is_listed_per_queue_and_summed_per_group_the_largest_first() -> Non
         ("cg-b", 1, 0),  # QUEUE_NOT_FOUND: no diff, counted as 0
     ]
     assert lag_per_group(rows) == [{"group": "cg-b", "lag": 7, "queues": 2}, {"group": "cg-a", "lag": 6, "queues": 2}]
+
+
+def test_store_files_are_those_the_latest_ingest_of_each_broker_listed_with_what_they_hold() -> None:
+    def ingest(broker: str, version: int, unread: list[tuple[str, int]] | None) -> dict[str, object]:
+        row = {"broker_name": broker, "store_dir": "/s", "ingested_timestamp": version, "commitlog_version": version}
+        return {**row, "unread": unread}
+
+    ingests = [
+        ingest("broker-b", 3, [("timerwheel", 8), ("odd", 1), ("config/timercheck.bak", 2)]),
+        ingest("broker-b", 2, [("lock", 0)]),  # an earlier run: its listing is not the latest
+        ingest("broker-a", 1, None),  # a row of an older release lists nothing
+    ]
+    known = {"timerwheel": "the wheel", "config/timercheck": "the checkpoint"}
+    assert [(r["broker_name"], r["path"], r["bytes"], r["holds"]) for r in store_files(ingests, known)] == [
+        ("broker-b", "config/timercheck.bak", 2, "the previous copy: the checkpoint"),
+        ("broker-b", "odd", 1, "not known to this product"),
+        ("broker-b", "timerwheel", 8, "the wheel"),
+    ]
 
 
 def test_a_lake_without_tables_gives_a_report_of_empty_sections(spark: SparkSession, tmp_path: Path) -> None:

@@ -397,7 +397,9 @@ ODD_VALUES = ["", " ", "  0A00000100002A9F0000000000000E10 ", "Orders", "\t x", 
 ODD_TOPICS = [
     c.SCHEDULE_TOPIC, c.RETRY_GROUP_TOPIC_PREFIX + "g-audit", c.DLQ_GROUP_TOPIC_PREFIX + "g-stock", "Orders",
     c.RETRY_GROUP_TOPIC_PREFIX + c.DLQ_GROUP_TOPIC_PREFIX + "g", c.DLQ_GROUP_TOPIC_PREFIX, "%RETRY", "SCHEDULE",
+    "%RETRY%g_Orders", "%RETRY%g+Orders", "%RETRY%g_", "%RETRY%g_a_b", "%RETRY%g-audit_Orders",
 ]  # fmt: skip
+ODD_GROUPS = ["", " ", "g", "g-audit", "g_a", "%RETRY%g"]  # ORIGIN_GROUP of POP retries
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -407,6 +409,8 @@ def test_the_driver_decodes_send_back_records_as_the_spark_transform_does(spark:
     records = []
     for i in range(300):
         properties = {name: rng.choice(ODD_VALUES) for name in names if rng.random() < 0.7}
+        if rng.random() < 0.5:
+            properties[c.PROPERTY_ORIGIN_GROUP] = rng.choice(ODD_GROUPS)
         if rng.random() < 0.5:
             properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = rng.choice(["", "U1", " U2"])
         records.append(
@@ -426,7 +430,34 @@ def test_the_driver_decodes_send_back_records_as_the_spark_transform_does(spark:
     decoded = decode_retry_records(commitlog_table(records))
     assert decoded.schema == RETRY_RECORDS.arrow_schema
     assert {r["kind"] for r in decoded.to_pylist()} == {"SCHEDULED", "RETRY", "DLQ"}
+    retries = [r for r in decoded.to_pylist() if r["kind"] == "RETRY"]
+    assert any(r["topic"] != c.RETRY_GROUP_TOPIC_PREFIX + r["group"] for r in retries)  # POP retries among them
     assert canonical_rows(decoded) == canonical_rows(expected.select(RETRY_RECORDS.column_names))
+
+
+@pytest.mark.spark
+def test_a_pop_retry_belongs_to_its_origin_group_and_retries_the_topic_its_name_holds(spark: SparkSession) -> None:
+    """RocketMQ 5 POP consumers get messages back through ``%RETRY%<group>_<topic>`` (``+`` with
+    enableRetryTopicV2), the revived copy naming its group in ``ORIGIN_GROUP``: names may hold
+    ``_``, so only that property tells where the group ends. A 4.x retry keeps its ``RETRY_TOPIC``."""
+    origin = c.PROPERTY_ORIGIN_GROUP
+    topics_and_properties = [
+        ("%RETRY%cg_a_Orders_b", {origin: "cg_a"}),
+        ("%RETRY%cg+Orders", {origin: "cg"}),
+        ("%RETRY%cg_Orders", {}),  # no ORIGIN_GROUP: the name is the group, as a 4.x retry topic's
+        ("%RETRY%cg", {origin: "cg", c.PROPERTY_RETRY_TOPIC: "Orders"}),
+        ("%RETRY%cg_", {origin: "cg"}),  # nothing after the separator: no POP retry topic
+    ]
+    records = [
+        commitlog_record(topic=topic, properties=properties, queue_offset=i, commit_log_offset=i * 400)
+        for i, (topic, properties) in enumerate(topics_and_properties)
+    ]
+    expected = [("cg_a", "Orders_b"), ("cg", "Orders"), ("cg_Orders", None), ("cg", "Orders"), ("cg_", None)]
+
+    spark_rows = build_retry_records(commitlog_frame(spark, records)).orderBy("commit_log_offset").collect()
+    driver_rows = decode_retry_records(commitlog_table(records)).to_pylist()
+    assert [(r["group"], r["origin_topic"]) for r in spark_rows] == expected
+    assert [(r["group"], r["origin_topic"]) for r in driver_rows] == expected
 
 
 def test_a_broker_restarted_on_another_host_makes_the_run_compute_every_chain(

@@ -57,6 +57,8 @@ PROPERTY_TRANSACTION_CHECK_TIMES: Final = "TRANSACTION_CHECK_TIMES"
 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_CLUSTER: Final = "CLUSTER"
 PROPERTY_TRANSACTION_ID: Final = "__transactionId__"
+# MessageConst.PROPERTY_ORIGIN_GROUP: the consumer group of a RocketMQ 5 POP retry (PopReviveService)
+PROPERTY_ORIGIN_GROUP: Final = "ORIGIN_GROUP"
 
 # MessageConst.STRING_HASH_SET: names a user property may not take (Message.putUserProperty).
 RESERVED_PROPERTY_NAMES: Final = frozenset(
@@ -114,6 +116,8 @@ TIMER_TOPIC: Final = SYSTEM_TOPIC_PREFIX + "wheel_timer"  # TimerMessageStore.TI
 REVIVE_TOPIC_PREFIX: Final = SYSTEM_TOPIC_PREFIX + "REVIVE_LOG_"  # PopAckConstants.REVIVE_TOPIC + cluster
 POP_CHECKPOINT_TOPIC: Final = "CHECKPOINT_TOPIC"
 RETRY_GROUP_TOPIC_PREFIX: Final = "%RETRY%"
+# KeyBuilder.buildPopRetryTopic: %RETRY%<group>_<topic>, or %RETRY%<group>+<topic> with enableRetryTopicV2
+POP_RETRY_SEPARATORS: Final = ("_", "+")
 DLQ_GROUP_TOPIC_PREFIX: Final = "%DLQ%"
 
 SYSTEM_TOPICS: Final = frozenset(

@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
+from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from broker_model.store.delta_commits import load_table, log_dir, retry_listing_gap
@@ -39,6 +40,20 @@ def ensure_table(lake_root: str | Path, spec: TableSpec) -> Path:
         if not DeltaTable.is_deltatable(str(path)):
             raise LakeError(f"cannot create table {spec.name} at {path}: {exc}") from exc
     return path
+
+
+def add_missing_columns(path: Path, spec: TableSpec) -> bool:
+    """Add to the existing table at ``path`` the nullable catalog columns of ``spec`` it lacks (a
+    table an older release created): one commit that changes no row, after which the rows written
+    before read the new columns as null. Whether a column was added."""
+    table = load_table(path)
+    present = {field.name for field in table.schema().fields}
+    missing = [column.name for column in spec.columns if column.nullable and column.name not in present]
+    if not missing:
+        return False
+    fields = DeltaSchema.from_arrow(pa.schema([spec.arrow_schema.field(name) for name in missing])).fields
+    table.alter.add_columns(list(fields))
+    return True
 
 
 def read_table(

@@ -19,7 +19,9 @@ Where the walk stops:
   committed, then :class:`~schemas.errors.CorruptRecordError` names the file and byte position.
 
 Files the broker deleted by retention before they were read become a lost range, recorded in
-``store_ingests`` (and in the commit's ``operationParameters``), not an error. A store whose data
+``store_ingests`` (and in the commit's ``operationParameters``), not an error. What else the store
+holds, that no run reads (RocketMQ 5's timer wheel and log, the index, ...), is listed in the same
+row (:func:`unread_files`), so that it is known, not lost. A store whose data
 ends before the lake's end, or whose record at the lake's last ingested offset differs from the
 lake's (another broker's store, a replaced or rewound one) is refused before anything is written.
 See docs/ingest.md.
@@ -27,7 +29,9 @@ See docs/ingest.md.
 
 from __future__ import annotations
 
+import json
 import mmap
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,7 +47,7 @@ from broker_model.common import constants as c
 from broker_model.common import delay_progress_path, now_ms, validate_name
 from broker_model.store.append_log import AppendLog
 from broker_model.store.delta_commits import latest_version, load_table, read_change, retry_listing_gap
-from broker_model.store.delta_tables import ensure_table, read_table
+from broker_model.store.delta_tables import add_missing_columns, ensure_table, read_table
 from broker_model.store.name_lock import BrokerNameLock
 from broker_model.store.record import peek_header
 from broker_model.store.record_columns import RecordColumns
@@ -59,7 +63,7 @@ from broker_model.store.segment_files import (
     registered_segment_size,
     segment_count,
 )
-from broker_model.store.store_configs import ConfigCounts, read_snapshot, write_snapshot
+from broker_model.store.store_configs import CONFIG_FILES, ConfigCounts, read_snapshot, write_snapshot
 from schemas.catalog import COMMITLOG, STORE_INGESTS, TOPIC_CONFIG
 from schemas.errors import CorruptRecordError, ValidationError
 
@@ -70,6 +74,71 @@ _ZERO_CHUNK: Final = bytes(1 << 20)
 END: Final = "END"
 TORN: Final = "TORN"
 CORRUPT: Final = "CORRUPT"
+
+# What a store root holds besides what the lake reads (commitlog/, the config files of
+# CONFIG_FILES, and consumequeue/, rebuilt from the log and compared by --verify-broker): RocketMQ
+# 4.9 and 5.5 names (DefaultMessageStore, TimerMessageStore, BrokerPathConfigHelper), and what
+# each holds. The ingest lists everything else it finds, known here or not.
+STORE_FILES: Final = {
+    "timerwheel": "RocketMQ 5 timer wheel: a slot per second of the timer messages still waiting "
+    "(the messages are records of rmq_sys_wheel_timer in the log)",
+    "timerlog/": "RocketMQ 5 timer log: one unit per timer message the wheel holds",
+    "config/timercheck": "RocketMQ 5 timer checkpoint: how far the timer has read and delivered",
+    "config/timermetrics": "RocketMQ 5 timer message counts per topic",
+    "config/transactionMetrics": "transactional message counts per topic",
+    "config/consumerOrderInfo.json": "RocketMQ 5 POP orderly consumption: the queues' locks and progress",
+    "config/consumerFilter.json": "the SQL92 and tag filters consumers registered",
+    "index/": "the index of message keys and unique keys (the log's records hold both)",
+    "rocksdbstore/": "RocketMQ 5 RocksDB store: consume queues and metadata when the store type is RocksDB",
+    "compaction/": "RocketMQ 5 compacted topics' logs",
+    "checkpoint": "the store's flush checkpoint, for recovery",
+    "lock": "the lock file a running broker holds",
+    "abort": "the running (or crashed) broker's marker",
+    "abort.bak": "the previous start's abort marker",
+}
+_READ_NAMES: Final = frozenset({"commitlog", "consumequeue", "config"})
+_READ_CONFIG_FILES: Final = frozenset(CONFIG_FILES) | {name + ".bak" for name in CONFIG_FILES}
+
+
+def unread_files(store_dir: Path) -> dict[str, int]:
+    """What ``store_dir`` holds that no ingest run reads: each file and folder of the store root but
+    ``commitlog/``, ``consumequeue/`` and ``config/``, and each file of ``config/`` but the config
+    files the ingest reads (and their ``.bak`` copies; ``.tmp`` files being written are left out),
+    named by its path under the root (a directory with a trailing ``/``), with its bytes (a
+    directory's files summed). What vanishes while it is listed is left out."""
+    found: dict[str, int] = {}
+    for item in _scan(store_dir):
+        if item.name not in _READ_NAMES:
+            found[item.name + ("/" if _is_dir(item) else "")] = _bytes(item)
+    for item in _scan(store_dir / "config"):
+        if item.name not in _READ_CONFIG_FILES and not item.name.endswith(".tmp"):
+            found["config/" + item.name + ("/" if _is_dir(item) else "")] = _bytes(item)
+    return dict(sorted(found.items()))
+
+
+def _scan(directory: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as found:
+            return list(found)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _is_dir(item: os.DirEntry[str]) -> bool:
+    try:
+        return item.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def _bytes(item: os.DirEntry[str]) -> int:
+    """The size of a file, or of the files under a directory, summed (0 for what vanished)."""
+    try:
+        if not _is_dir(item):
+            return item.stat(follow_symlinks=False).st_size
+    except OSError:
+        return 0
+    return sum(_bytes(child) for child in _scan(Path(item.path)))
 
 
 def app_id(broker_name: str) -> str:
@@ -423,6 +492,7 @@ def _ingest(
         "bytes": str(walk.bytes),
         "stop": walk.stop,
         **({"lost_from": str(walk.lost[0]), "lost_to": str(walk.lost[1])} if walk.lost else {}),
+        "unread": json.dumps(unread_files(store_dir)),
     }
     version = log.commit(
         writer.adds,
@@ -532,6 +602,7 @@ def _record_ingest(lake: Path, broker_name: str, parameters: dict[str, str], ver
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     lost_from, lost_to = parameters.get("lost_from"), parameters.get("lost_to")
+    unread = parameters.get("unread")  # absent from the commits of older releases
     end = int(parameters["to"])
     row: dict[str, object] = {
         "broker_name": broker_name,
@@ -545,8 +616,10 @@ def _record_ingest(lake: Path, broker_name: str, parameters: dict[str, str], ver
         "lost_to": int(lost_to) if lost_to is not None else None,
         "stop": parameters["stop"],
         "commitlog_version": version,
+        "unread": list(json.loads(unread).items()) if unread is not None else None,
     }
     path = ensure_table(lake, STORE_INGESTS)
+    add_missing_columns(path, STORE_INGESTS)  # a table an older release created
     retry_listing_gap(
         lambda: write_deltalake(
             str(path),

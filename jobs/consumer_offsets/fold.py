@@ -5,7 +5,7 @@ gives the full run's table exactly (:func:`check_foldable`); see docs/jobs.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,10 +67,12 @@ def fold(
     new_cq_rows: pa.Table,
     read_topics: TopicRead,
     lookup: OffsetLookup,
+    configured: Collection[QueueKey] = (),
 ) -> list[dict[str, Any]]:
     """The ``consumer_offsets`` rows as of ``as_of``: ``previous`` moved on by ``new_commits``
     (:data:`OFFSET_COMMIT_COLUMNS`) and ``new_cq_rows`` (:data:`CQ_ROW_COLUMNS`), the rows appended to the
-    inputs since. When :func:`check_foldable` holds, equal to the full run's rows.
+    inputs since, with ``configured`` (:func:`configured_queues` at ``as_of``) the queues an empty
+    queue may be. When :func:`check_foldable` holds, equal to the full run's rows.
 
     Reads old consume-queue rows only where the previous table cannot tell: every row of a topic
     a group subscribes to for the first time (``read_topics``), and the store times at the offsets
@@ -85,7 +87,7 @@ def fold(
         if offset is not None:
             current[key] = offset
             known[(queue, offset - 1)] = row["last_timestamp"]
-        if high is not None:
+        if high:  # an empty queue (0) had no row: it is one again only if still configured at as_of
             bounds[queue] = (low, high)
             if (offset or 0) < high:
                 known[(queue, max(offset or 0, low))] = row["oldest_unconsumed_timestamp"]
@@ -107,6 +109,7 @@ def fold(
         whole = read_topics(first_topics).filter(pc.field("store_timestamp") <= as_of)
         bounds.update(_queue_bounds(whole))
         read_whole = _earliest_times(whole)
+    _add_empty_queues(bounds, configured)
 
     listed = _listed(current, bounds)
     wanted: dict[QueueKey, set[int]] = {}
@@ -132,10 +135,16 @@ def fold(
     return [_row(key, current.get(key), bounds.get(key[1:]), time_at, as_of) for key in sorted(listed)]
 
 
-def compute(as_of: int, commits: pa.Table, cq_rows: pa.Table | Iterable[pa.Table]) -> list[dict[str, Any]]:
+def compute(
+    as_of: int,
+    commits: pa.Table,
+    cq_rows: pa.Table | Iterable[pa.Table],
+    configured: Collection[QueueKey] = (),
+) -> list[dict[str, Any]]:
     """The ``consumer_offsets`` rows as of ``as_of`` from every offset commit (:data:`OFFSET_COMMIT_COLUMNS`)
     and every consume-queue row (:data:`CQ_ROW_COLUMNS`, one table or chunks of it) of the topics
-    the groups subscribe to, with Arrow on the driver: the rows
+    the groups subscribe to, with ``configured`` (:func:`configured_queues` at ``as_of``) the
+    queues an empty queue may be, with Arrow on the driver: the rows
     :func:`jobs.consumer_offsets.transforms.build_consumer_offsets` gives with Spark.
 
     One pass over the chunks, holding one at a time: per queue, its least and greatest offsets
@@ -169,6 +178,7 @@ def compute(as_of: int, commits: pa.Table, cq_rows: pa.Table | Iterable[pa.Table
             for found, at in _earliest_times(rows.join(pairs, keys=names, join_type="inner")).items():
                 times[found] = min(times[found], at) if found in times else at
     bounds = {queue: (low, highs[queue]) for queue, (low, _) in lows.items()}
+    _add_empty_queues(bounds, configured)
 
     def time_at(queue: QueueKey, offset: int) -> int | None:
         low, at = lows.get(queue, (None, None))
@@ -176,6 +186,27 @@ def compute(as_of: int, commits: pa.Table, cq_rows: pa.Table | Iterable[pa.Table
 
     listed = sorted(_listed(current, bounds))
     return [_row(key, current.get(key), bounds.get(key[1:]), time_at, as_of) for key in listed]
+
+
+def configured_queues(topic_config: pa.Table, as_of: int) -> set[QueueKey]:
+    """The queues the topic configuration knows at ``as_of`` from ``topic_config`` rows (at least
+    ``broker_name``, ``topic``, ``queue_nums``, ``updated_timestamp``): queue ids ``0 ..
+    queue_nums - 1`` of each (broker, topic)'s latest row at or before ``as_of`` (the greatest
+    ``updated_timestamp``, then ``queue_nums``), as
+    :func:`jobs.consumer_offsets.transforms.build_configured_queues`."""
+    latest: dict[tuple[str, str], tuple[int, int]] = {}
+    columns = ["broker_name", "topic", "queue_nums", "updated_timestamp"]
+    for row in topic_config.select(columns).filter(pc.field("updated_timestamp") <= as_of).to_pylist():
+        key, order = (row["broker_name"], row["topic"]), (row["updated_timestamp"], row["queue_nums"])
+        latest[key] = max(order, latest.get(key, order))
+    return {(broker, topic, queue_id) for (broker, topic), (_, n) in latest.items() for queue_id in range(n)}
+
+
+def _add_empty_queues(bounds: dict[QueueKey, tuple[int, int]], configured: Iterable[QueueKey]) -> None:
+    """Give each configured queue without consume-queue rows the bounds of an empty queue: RocketMQ's
+    min and max offsets 0."""
+    for queue in configured:
+        bounds.setdefault(queue, (0, 0))
 
 
 def _current_offsets(commits: pa.Table) -> dict[GroupQueueKey, int]:
@@ -279,13 +310,17 @@ def _subscribed_topics(current: Iterable[GroupQueueKey]) -> set[str]:
 
 
 def _listed(current: Mapping[GroupQueueKey, int], bounds: Mapping[QueueKey, tuple[int, int]]) -> set[GroupQueueKey]:
-    """The committed keys plus, per group, every queue of its topics and of its retry topic."""
+    """The committed keys plus, per group, every queue of its topics and the queues of its retry
+    topic that hold rows (an empty queue's end is 0), as
+    :func:`jobs.consumer_offsets.transforms.build_listed_queues`."""
     queues_of: dict[str, list[QueueKey]] = {}
     for queue in bounds:
         queues_of.setdefault(queue[1], []).append(queue)
     listed = set(current)
+    committed = {(key[0], key[2]) for key in current}
     for group, topic in _subscriptions(current):
-        listed.update((group, *queue) for queue in queues_of.get(topic, ()))
+        held_only = (group, topic) not in committed  # the retry topic of a group that never committed on it
+        listed.update((group, *queue) for queue in queues_of.get(topic, ()) if not held_only or bounds[queue][1] > 0)
     return listed
 
 

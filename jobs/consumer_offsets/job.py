@@ -1,7 +1,8 @@
 """The ``consumer_offsets`` job: committed offsets and lag per consumer group and queue as of a time
 T (RocketMQ's ``mqadmin consumerProgress`` figures), from ``consumer_offset_commits`` and
-``consume_queue``. A rerun on the same inputs and T changes nothing; a run after new rows moves the
-previous table on by them when that gives the same table. See docs/jobs.md.
+``consume_queue`` (and ``topic_config`` for the queues that are empty). A rerun on the same inputs
+and T changes nothing; a run after new rows moves the previous table on by them when that gives the
+same table. See docs/jobs.md.
 """
 
 from __future__ import annotations
@@ -22,20 +23,35 @@ from jobs.consumer_offsets.fold import (
     Previous,
     check_foldable,
     compute,
+    configured_queues,
     fold,
     latest_time,
     subscribed_topics,
 )
-from jobs.consumer_offsets.transforms import build_consumer_offsets, build_queue_bounds
+from jobs.consumer_offsets.transforms import (
+    build_configured_queues,
+    build_consumer_offsets,
+    build_queue_bounds,
+    union_empty_queues,
+)
 from jobs.lake import IncrementalReadError, Lake
 from jobs.rules import build_current_offsets
 from jobs.runs import CannotFold, JobRun, can_reuse, last_reusable, read_or_empty, recorded_run, table_versions
-from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, OFFSET_COMMIT_COLUMNS
+from schemas.catalog import (
+    CONSUME_QUEUE,
+    CONSUMER_OFFSET_COMMITS,
+    CONSUMER_OFFSETS,
+    OFFSET_COMMIT_COLUMNS,
+    TOPIC_CONFIG,
+)
 from schemas.errors import LakeError, ValidationError
 
 JOB = "consumer_offsets"
 INPUTS = (CONSUMER_OFFSET_COMMITS, CONSUME_QUEUE)
 INPUT_NAMES = tuple(spec.name for spec in INPUTS)
+# read whole by every run: which queues exist without a consume-queue row (an empty queue)
+CONFIG_INPUTS = (TOPIC_CONFIG,)
+TOPIC_CONFIG_COLUMNS = ("broker_name", "topic", "queue_nums", "updated_timestamp")
 # input rows up to which a whole computation runs on the driver: it holds one chunk of the consume
 # queue at a time, so the bound is one of time (one driver against a cluster), not of memory
 DRIVER_ROWS = 50_000_000
@@ -78,12 +94,13 @@ class ConsumerOffsetsConfig:
 def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
     """Compute ``consumer_offsets`` as of ``config.as_of``, print the progress view, record the run.
 
-    Reads the current versions of ``consumer_offset_commits`` and ``consume_queue`` (a missing
-    table counts as empty, giving an empty output table). A no-op when the latest run had the same
-    inputs and T; else the previous table moved on by the rows appended since, when that gives the
-    full run's table exactly (:func:`check_foldable`); else (or with ``config.full``) computed from the
-    whole inputs, on the driver while they hold at most ``config.driver_rows`` rows, else with
-    Spark. Appends one ``job_runs`` row: SUCCEEDED or NOOP with the input versions, the output
+    Reads the current versions of ``consumer_offset_commits``, ``consume_queue`` and
+    ``topic_config`` (a missing table counts as empty, giving an empty output table). A no-op when
+    the latest run had the same inputs and T; else the previous table moved on by the rows
+    appended since, when that gives the full run's table exactly (:func:`check_foldable`); else
+    (or with ``config.full``) computed from the whole inputs, on the driver while they hold at
+    most ``config.driver_rows`` rows, else with Spark. Appends one ``job_runs`` row: SUCCEEDED or
+    NOOP with the input versions, the output
     version and row counts, or FAILED before re-raising.
 
     Returns:
@@ -91,7 +108,7 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
     """
     lake = Lake(spark, config.lake, config.engine)
     with recorded_run(lake, JOB, {"as_of": config.as_of}) as job_run:
-        job_run.input_versions = table_versions(lake, [spec.name for spec in INPUTS])
+        job_run.input_versions = table_versions(lake, [spec.name for spec in (*INPUTS, *CONFIG_INPUTS)])
         previous = _previous_run(lake)
         parameters = {"as_of": config.as_of}
         reusable = can_reuse(lake, previous, job_run.input_versions, [CONSUMER_OFFSETS.name], parameters)
@@ -131,8 +148,10 @@ def _compute_and_write(lake: Lake, job_run: JobRun, as_of: int, driver_rows: int
     else:
         commits_df = read_or_empty(lake, CONSUMER_OFFSET_COMMITS, job_run.input_versions)
         queue_df = read_or_empty(lake, CONSUME_QUEUE, job_run.input_versions)
+        configured_df = build_configured_queues(read_or_empty(lake, TOPIC_CONFIG, job_run.input_versions), as_of)
         current_df = build_current_offsets(commits_df, as_of)
-        offsets_df = build_consumer_offsets(current_df, build_queue_bounds(queue_df, as_of), queue_df, as_of)
+        bounds_df = union_empty_queues(build_queue_bounds(queue_df, as_of), configured_df)
+        offsets_df = build_consumer_offsets(current_df, bounds_df, queue_df, as_of)
         version = lake.overwrite(CONSUMER_OFFSETS, offsets_df)
     if version is None:
         raise LakeError(f"the overwrite of {lake.location(CONSUMER_OFFSETS)} committed no version; run the job again")
@@ -154,8 +173,16 @@ def _compute_on_driver(lake: Lake, versions: Mapping[str, int], as_of: int) -> i
         if cq_version is not None and topics
         else iter(())
     )
-    rows = compute(as_of, commits, cq_chunks)
+    rows = compute(as_of, commits, cq_chunks, configured_queues(_topic_config(lake, versions), as_of))
     return lake.overwrite_rows(CONSUMER_OFFSETS, pa.Table.from_pylist(rows, schema=CONSUMER_OFFSETS.arrow_schema))
+
+
+def _topic_config(lake: Lake, versions: Mapping[str, int]) -> pa.Table:
+    """The ``topic_config`` rows at the recorded version (none when the table is missing)."""
+    version = versions.get(TOPIC_CONFIG.name)
+    if version is None:
+        return TOPIC_CONFIG.arrow_schema.empty_table().select(list(TOPIC_CONFIG_COLUMNS))
+    return lake.read_rows(TOPIC_CONFIG, TOPIC_CONFIG_COLUMNS, version=version)
 
 
 def _newest_input_time(lake: Lake, versions: Mapping[str, int]) -> int | None:
@@ -179,7 +206,7 @@ def _fold_and_write(lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any]
         CannotFold: why it cannot be (then nothing is written).
     """
     before, now = previous_run["input_versions"], job_run.input_versions
-    if set(before) != set(INPUT_NAMES) or set(now) != set(INPUT_NAMES):
+    if not set(INPUT_NAMES) <= set(before) or not set(INPUT_NAMES) <= set(now):
         raise CannotFold("an input table was missing")
     previous_as_of, through = previous_run["parameters"].get("as_of"), previous_run["parameters"].get("through")
     output_version = previous_run["output_versions"].get(CONSUMER_OFFSETS.name)
@@ -204,7 +231,8 @@ def _fold_and_write(lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any]
     def lookup(wanted: Mapping[QueueKey, set[int]]) -> dict[tuple[QueueKey, int], int]:
         return cq_row_times(lake, cq_version, wanted, as_of)
 
-    rows = fold(previous, as_of, commits, cq_rows, read_topics, lookup)
+    configured = configured_queues(_topic_config(lake, now), as_of)  # whole: the queues that may be empty at as_of
+    rows = fold(previous, as_of, commits, cq_rows, read_topics, lookup, configured)
     version = lake.overwrite_rows(CONSUMER_OFFSETS, pa.Table.from_pylist(rows, schema=CONSUMER_OFFSETS.arrow_schema))
     if version is None:
         raise LakeError(f"the overwrite of {lake.location(CONSUMER_OFFSETS)} committed no version; run the job again")

@@ -35,6 +35,51 @@ def build_queue_bounds(consume_queue_df: DataFrame, as_of: int) -> DataFrame:
     )
 
 
+def build_configured_queues(topic_config_df: DataFrame, as_of: int) -> DataFrame:
+    """The queues the topic configuration knows at ``as_of``.
+
+    Args:
+        topic_config_df: rows of ``topic_config`` (at least ``broker_name``, ``topic``,
+            ``queue_nums`` and ``updated_timestamp``).
+        as_of: epoch milliseconds; rows with ``updated_timestamp <= as_of`` count.
+
+    Returns:
+        :data:`~broker_model.common.QUEUE_KEY` columns: queue ids ``0 .. queue_nums - 1`` of each
+        (broker, topic)'s latest row (the greatest ``updated_timestamp``, then ``queue_nums``).
+    """
+    latest = F.max(F.struct("updated_timestamp", "queue_nums")).alias("latest")
+    return (
+        topic_config_df.where(F.col("updated_timestamp") <= F.lit(as_of))
+        .groupBy("broker_name", "topic")
+        .agg(latest)
+        .where(F.col("latest.queue_nums") > F.lit(0))
+        .select(
+            "broker_name", "topic", F.explode(F.sequence(F.lit(0), F.col("latest.queue_nums") - 1)).alias("queue_id")
+        )
+        .select(*QUEUE_KEY)
+    )
+
+
+def union_empty_queues(bounds_df: DataFrame, configured_df: DataFrame) -> DataFrame:
+    """``bounds_df`` plus the configured queues it lacks, as empty queues.
+
+    Args:
+        bounds_df: :func:`build_queue_bounds`.
+        configured_df: :func:`build_configured_queues`.
+
+    Returns:
+        :data:`QUEUE_BOUNDS_COLUMNS`: every row of ``bounds_df``, and ``broker_min_offset`` and
+        ``broker_offset`` 0 for each configured queue without consume-queue rows (RocketMQ's min
+        and max offsets of an empty queue).
+    """
+    empty_df = configured_df.join(bounds_df.select(*QUEUE_KEY), on=list(QUEUE_KEY), how="left_anti").select(
+        *QUEUE_KEY,
+        F.lit(0).cast("long").alias("broker_min_offset"),
+        F.lit(0).cast("long").alias("broker_offset"),
+    )
+    return bounds_df.unionByName(empty_df).select(*QUEUE_BOUNDS_COLUMNS)
+
+
 def filter_cq_rows_as_of(consume_queue_df: DataFrame, as_of: int) -> DataFrame:
     """The consume-queue rows stored at or before ``as_of`` (epoch ms), columns unchanged."""
     return consume_queue_df.where(F.col("store_timestamp") <= F.lit(as_of))
@@ -90,19 +135,26 @@ def build_consumer_offsets(
 
 
 def build_listed_queues(current_df: DataFrame, bounds_df: DataFrame) -> DataFrame:
-    """The committed queues plus, per group, every queue of its topics and of its retry topic.
+    """The committed queues plus, per group, every queue of its topics and the queues of its retry
+    topic that hold rows.
 
     Args:
         current_df: :func:`build_current_offsets`.
-        bounds_df: :func:`build_queue_bounds`; only its queues are added.
+        bounds_df: :func:`build_queue_bounds`, or with :func:`union_empty_queues`; only its
+            queues are added, and of the retry topic only those with rows (``broker_offset > 0``):
+            RocketMQ lists a topic once the group has an offset on it, and the lake adds the retry
+            messages not consumed yet as lag.
 
     Returns:
         ``group, broker_name, topic, queue_id, consumer_offset``, one row per key; added queues
         have a null ``consumer_offset``.
     """
     retry_topic = F.concat(F.lit(RETRY_GROUP_TOPIC_PREFIX), F.col("group")).alias("topic")
-    subscribed_df = current_df.select("group", "topic").unionByName(current_df.select("group", retry_topic)).distinct()
-    listed_df = subscribed_df.join(bounds_df.select(*QUEUE_KEY), on="topic", how="inner").select(*GROUP_QUEUE_KEY)
+    queues_df = bounds_df.select(*QUEUE_KEY)
+    held_df = bounds_df.where(F.col("broker_offset") > F.lit(0)).select(*QUEUE_KEY)
+    committed_df = current_df.select("group", "topic").distinct().join(queues_df, on="topic", how="inner")
+    retries_df = current_df.select("group", retry_topic).distinct().join(held_df, on="topic", how="inner")
+    listed_df = committed_df.select(*GROUP_QUEUE_KEY).unionByName(retries_df.select(*GROUP_QUEUE_KEY)).distinct()
     return (
         current_df.select(*GROUP_QUEUE_KEY, "consumer_offset")
         .join(listed_df, on=list(GROUP_QUEUE_KEY), how="full")

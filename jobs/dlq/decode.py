@@ -58,9 +58,11 @@ def _record(row: dict[str, Any]) -> dict[str, Any] | None:
     else:
         return None
     kept = kind != SCHEDULED
+    origin_group = _property(pairs, c.PROPERTY_ORIGIN_GROUP)
+    pop_topic = pop_retry_topic(target, origin_group)
     return {
         "kind": kind,
-        "group": _without_prefix(target),
+        "group": origin_group if pop_topic is not None else _without_prefix(target),
         "broker_name": row["broker_name"],
         "topic": topic,
         "queue_id": row["queue_id"],
@@ -70,7 +72,7 @@ def _record(row: dict[str, Any]) -> dict[str, Any] | None:
         "uniq_key": row["uniq_key"],
         "keys": row["keys"],
         "origin_msg_id": _trimmed(_property(pairs, c.PROPERTY_ORIGIN_MESSAGE_ID)),
-        "origin_topic": _trimmed(_property(pairs, c.PROPERTY_RETRY_TOPIC)),
+        "origin_topic": _trimmed(_property(pairs, c.PROPERTY_RETRY_TOPIC)) or pop_topic,
         "reconsume_times": row["reconsume_times"],
         "born_timestamp": row["born_timestamp"],
         "store_timestamp": row["store_timestamp"],
@@ -78,6 +80,18 @@ def _record(row: dict[str, Any]) -> dict[str, Any] | None:
         "body": row["body"] if kept else None,
         "properties": pairs if kept and row["properties"] is not None else None,
     }
+
+
+def pop_retry_topic(target: str, origin_group: str | None) -> str | None:
+    """The topic a RocketMQ 5 POP retry topic ``target`` retries (``%RETRY%<origin_group>`` and
+    ``_`` or ``+`` before it), None when it is none: :func:`jobs.dlq.transforms.pop_retry_topic_of`."""
+    if not origin_group:
+        return None
+    for separator in c.POP_RETRY_SEPARATORS:
+        prefix = c.RETRY_GROUP_TOPIC_PREFIX + origin_group + separator
+        if target.startswith(prefix) and len(target) > len(prefix):
+            return target[len(prefix) :]
+    return None
 
 
 def _property(pairs: Sequence[tuple[str, str | None]], name: str) -> str | None:

@@ -64,8 +64,10 @@ def build_retry_records(commitlog_df: DataFrame) -> DataFrame:
 
     One pass, no shuffle. SCHEDULED: a record of the schedule topic whose ``REAL_TOPIC`` is a
     retry topic; RETRY: a record of a ``%RETRY%`` topic; DLQ: a record of a ``%DLQ%`` topic.
-    ``group`` is the topic (or ``REAL_TOPIC``) without its prefix; ``origin_msg_id`` and
-    ``origin_topic`` are ``ORIGIN_MESSAGE_ID`` and ``RETRY_TOPIC`` (null when absent or blank);
+    ``group`` is the topic (or ``REAL_TOPIC``) without its prefix, except in a RocketMQ 5 POP
+    retry topic (:func:`pop_retry_topic_of`), where it is ``ORIGIN_GROUP``; ``origin_msg_id`` and
+    ``origin_topic`` are ``ORIGIN_MESSAGE_ID`` and ``RETRY_TOPIC`` (null when absent or blank;
+    a POP retry without ``RETRY_TOPIC`` names its topic after the group);
     ``routed_by`` is ``DLQ_ROUTED_BY`` on DLQ records. ``body`` and ``properties`` are kept on
     RETRY and DLQ records only. Other records give no row.
 
@@ -80,7 +82,11 @@ def build_retry_records(commitlog_df: DataFrame) -> DataFrame:
         .when(topic.startswith(c.DLQ_GROUP_TOPIC_PREFIX), F.lit(DEAD_LETTER))
     )
     target = F.when(topic == F.lit(c.SCHEDULE_TOPIC), real_topic).otherwise(topic)
-    group = F.regexp_replace(target, r"^%(RETRY|DLQ)%", "")
+    pop_topic = pop_retry_topic_of(target, _property(c.PROPERTY_ORIGIN_GROUP))
+    group = F.when(pop_topic.isNotNull(), _property(c.PROPERTY_ORIGIN_GROUP)).otherwise(
+        F.regexp_replace(target, r"^%(RETRY|DLQ)%", "")
+    )
+    retry_topic = F.nullif(F.trim(_property(c.PROPERTY_RETRY_TOPIC)), F.lit(""))
     kept = F.col("kind") != F.lit(SCHEDULED)
     return (
         commitlog_df.select("*", kind.alias("kind"))
@@ -90,7 +96,7 @@ def build_retry_records(commitlog_df: DataFrame) -> DataFrame:
             group.alias("group"),
             *RETRY_COPIED_COLUMNS,
             F.nullif(F.trim(_property(c.PROPERTY_ORIGIN_MESSAGE_ID)), F.lit("")).alias("origin_msg_id"),
-            F.nullif(F.trim(_property(c.PROPERTY_RETRY_TOPIC)), F.lit("")).alias("origin_topic"),
+            F.coalesce(retry_topic, pop_topic).alias("origin_topic"),
             "reconsume_times",
             "born_timestamp",
             "store_timestamp",
@@ -100,6 +106,23 @@ def build_retry_records(commitlog_df: DataFrame) -> DataFrame:
         )
         .select(*RETRY_RECORDS.column_names)
     )
+
+
+def pop_retry_topic_of(target: Column, origin_group: Column) -> Column:
+    """The topic a RocketMQ 5 POP retry topic ``target`` retries, null when it is none.
+
+    POP consumers (RocketMQ 5 gRPC clients) get unacknowledged messages back through
+    ``%RETRY%<group>_<topic>`` (``+`` instead of ``_`` with ``enableRetryTopicV2``), and the revived
+    copy carries ``ORIGIN_GROUP``: the topic is what follows ``%RETRY%<ORIGIN_GROUP>`` and one
+    separator. Group and topic names may hold ``_``, so without ``ORIGIN_GROUP`` the name cannot be split.
+    """
+    prefix = F.concat(F.lit(c.RETRY_GROUP_TOPIC_PREFIX), origin_group)
+    rest = target.substr(F.length(prefix) + F.lit(2), F.length(target))
+    named = F.exists(
+        F.array(*[F.lit(separator) for separator in c.POP_RETRY_SEPARATORS]),
+        lambda separator: target.startswith(F.concat(prefix, separator)),
+    )
+    return F.when(origin_group.isNotNull() & (origin_group != F.lit("")) & named & (rest != F.lit("")), rest)
 
 
 def build_policies(subscription_group_df: DataFrame, as_of: int) -> DataFrame:

@@ -54,6 +54,7 @@ from schemas.catalog import (
     CONSUME_QUEUE,
     CONSUME_QUEUE_INTEGRITY,
     CONSUME_QUEUE_TAILS,
+    STORE_INGESTS,
     spark_schema,
 )
 from schemas.errors import LakeError
@@ -207,6 +208,8 @@ def run(spark: SparkSession, config: RebuildConfig) -> JobRun:
         )
         plan = plan_run(cq_rows, findings, tails, latest, config.full)
         job_run.input_versions = {COMMITLOG.name: plan.target}
+        if config.verify_brokers:
+            lake.add_missing_columns(STORE_INGESTS)  # a table an older release's ingest created
         stores = {name: config.store_dir or store_dir_of(lake, name) for name in config.verify_brokers}
         if plan.mode == "noop":
             print(f"{JOB}: nothing to do, {plan.reason} (lake {config.lake})")

@@ -10,7 +10,14 @@ from __future__ import annotations
 from jobs.report.job import ReportConfig, build_config, build_parser, main, page_of, run, write_report
 from jobs.report.page import Section, Table, render_html
 from jobs.report.plots import PLOTS_FILE, PlotCache
-from jobs.report.rows import dead_letters_per_day, integrity_summary, lag_per_group, lag_per_queue, transaction_outcomes
+from jobs.report.rows import (
+    dead_letters_per_day,
+    integrity_summary,
+    lag_per_group,
+    lag_per_queue,
+    store_files,
+    transaction_outcomes,
+)
 
 __all__ = [
     "PLOTS_FILE",
@@ -28,6 +35,7 @@ __all__ = [
     "page_of",
     "render_html",
     "run",
+    "store_files",
     "transaction_outcomes",
     "write_report",
 ]

@@ -1,5 +1,6 @@
 """The ``report`` job: one self-contained HTML page with PNG plots about the lake (lag, dead letters,
-transactions, traffic, integrity, runs), each section from the latest version of its tables, the log
+transactions, traffic, what ingested RocketMQ stores hold that the lake does not read, integrity,
+runs), each section from the latest version of its tables, the log
 and the offset commits through their hourly summaries (:mod:`jobs.hours`); a table not there yet
 gives a "no data yet" section. See docs/jobs.md (report).
 """
@@ -16,6 +17,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from broker_model.common import QUEUE_KEY
+from broker_model.store.store_ingest import STORE_FILES
 from jobs import hours
 from jobs.cli import add_as_of, as_of_of, job_parser, run_spark_job
 from jobs.lake import IncrementalReadError, Lake
@@ -37,6 +39,7 @@ from jobs.report.rows import (
     integrity_summary,
     lag_per_group,
     lag_per_queue,
+    store_files,
     transaction_outcomes,
     utc_datetime,
 )
@@ -50,6 +53,7 @@ from schemas.catalog import (
     DLQ,
     JOB_RUNS,
     QUEUE_HOURS,
+    STORE_INGESTS,
     TRANSACTION_STATE,
     TableSpec,
 )
@@ -63,6 +67,7 @@ INPUTS = (
     TRANSACTION_STATE,
     DLQ,
     CONSUME_QUEUE_INTEGRITY,
+    STORE_INGESTS,
     JOB_RUNS,
 )
 DEFAULT_SAMPLES = 24  # one point per hour of a day-long log
@@ -197,6 +202,25 @@ def _system_topics_section(lake: Lake, versions: Mapping[str, int]) -> Section:
     return Section(title, note, [], [_table(rows, columns)])
 
 
+def _store_files_section(lake: Lake, versions: Mapping[str, int]) -> Section:
+    title = "RocketMQ store files: kept by the broker, not read into the lake"
+    if STORE_INGESTS.name not in versions:
+        return Section(title, "no broker of this lake was ingested from a RocketMQ store")
+    columns = ["broker_name", "store_dir", "ingested_timestamp", "commitlog_version", "unread"]
+    ingests = lake.read_rows(STORE_INGESTS, columns, version=versions[STORE_INGESTS.name]).to_pylist()
+    rows = store_files(ingests, STORE_FILES)
+    note = (
+        f"store_ingests version {versions[STORE_INGESTS.name]}: what each ingested store held, at its latest ingest, "
+        "besides its commit log, consume queues and the config files the ingest reads (RocketMQ 5's timer wheel and "
+        "log among them); the records they concern are in the log, their own state is not"
+    )
+    if not rows:
+        return Section(title, note + ": nothing else")
+    for row in rows:
+        row["listed"] = _iso(row.pop("ingested_timestamp"))
+    return Section(title, note, [], [_table(rows, ["broker_name", "path", "bytes", "holds", "listed", "store_dir"])])
+
+
 def _simple_section(
     lake: Lake,
     versions: Mapping[str, int],
@@ -281,6 +305,7 @@ def build_sections(lake: Lake, versions: Mapping[str, int], samples: int, plots:
         ),
         _traffic_section(lake, versions, plots),
         _system_topics_section(lake, versions),
+        _store_files_section(lake, versions),
         _integrity_section(lake, versions),
         _runs_section(lake, versions),
     ]
@@ -316,6 +341,7 @@ def run(spark: SparkSession, config: ReportConfig) -> JobRun:
     path = config.out_dir / "report.html"
     settings: dict[str, Parameter] = {"as_of": config.as_of, "samples": config.samples, "page": str(path)}
     with recorded_run(lake, JOB, settings) as job_run:
+        lake.add_missing_columns(STORE_INGESTS)  # a table an older release's ingest created
         job_run.input_versions = table_versions(lake, [s.name for s in INPUTS])
         previous = last_reusable(lake, JOB)
         if previous is not None and _drawn(lake, previous, job_run.input_versions, settings):

@@ -83,3 +83,33 @@ def integrity_summary(findings: Iterable[Mapping[str, Any]]) -> list[Row]:
         brokers.add(r["broker_name"])
         problems[r["problem"]] = (count + 1, brokers)
     return [{"problem": p, "findings": n, "brokers": len(b)} for p, (n, b) in sorted(problems.items())]
+
+
+def store_files(ingests: Iterable[Mapping[str, Any]], known: Mapping[str, str]) -> list[Row]:
+    """Per broker ingested from a RocketMQ store, the files and folders its latest ``store_ingests``
+    row (the greatest ``commitlog_version``) lists as not read: ``broker_name``, ``path``,
+    ``bytes``, ``holds`` (from ``known``, path -> what it holds; a ``.bak`` copy as its file; else
+    "not known to this product"), ``ingested_timestamp`` and ``store_dir`` of that row; by broker
+    and path.
+    Rows of older releases, without the listing, list nothing."""
+    latest: dict[str, Mapping[str, Any]] = {}
+    for r in ingests:
+        seen = latest.get(r["broker_name"])
+        if seen is None or r["commitlog_version"] > seen["commitlog_version"]:
+            latest[r["broker_name"]] = r
+    rows = []
+    for broker, r in sorted(latest.items()):
+        for path, size in sorted(r["unread"] or []):
+            original = path.removesuffix(".bak")
+            holds = known.get(path) or (f"the previous copy: {known[original]}" if original in known else None)
+            rows.append(
+                {
+                    "broker_name": broker,
+                    "path": path,
+                    "bytes": size,
+                    "holds": holds or "not known to this product",
+                    "ingested_timestamp": r["ingested_timestamp"],
+                    "store_dir": r["store_dir"],
+                }
+            )
+    return rows

@@ -1,5 +1,7 @@
+import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Paths;
@@ -37,6 +39,7 @@ import org.apache.rocketmq.remoting.protocol.heartbeat.MessageModel;
 import org.apache.rocketmq.remoting.protocol.route.BrokerData;
 import org.apache.rocketmq.remoting.protocol.subscription.SubscriptionGroupConfig;
 import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
+import org.apache.rocketmq.tools.command.MQAdminStartup;
 
 /**
  * Real traffic through a RocketMQ broker with the 4.x remoting client (rocketmq-client), for the tests
@@ -47,11 +50,13 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *
  * STEP is a command and its name=value options, run in order:
  *   consume group=G topics=T1,T2 [model=clustering|broadcasting] [orderly=false] [fail=K1,K2]
- *           [maxReconsume=2] [expect=N] [keysFile=PATH] [instance=NAME]
+ *           [maxReconsume=2] [retryLevel=0] [expect=N] [groupExpect=N] [keysFile=PATH] [instance=NAME]
  *       starts a push consumer (from the first offset). It answers RECONSUME_LATER for the messages
- *       whose key is in fail, so that after maxReconsume retries they go to %DLQ%G. The run waits
- *       until it consumed expect distinct keys, or every key of keysFile (one a line), and each fail
- *       key was delivered maxReconsume + 1 times.
+ *       whose key is in fail, so that after maxReconsume retries they go to %DLQ%G; retryLevel is
+ *       the delay level it asks for the retry (0: the broker's, 3 + reconsume times). The run waits
+ *       until it consumed expect distinct keys, the consumers of G in this run together groupExpect
+ *       distinct keys (instances of one clustering group share its queues), or every key of
+ *       keysFile (one a line), and each fail key was delivered maxReconsume + 1 times.
  *   send topic=T kind=normal|ordered|batch|delay|tx [count=N] [prefix=P] [tag=TAG] [group=PG]
  *        [orderKeys=A,B,C] [level=L] [outcomes=commit,rollback,check-commit,check-rollback]
  *       sends count messages, keyed P-0, P-1, ...: ordered ones through a MessageQueueSelector by
@@ -69,6 +74,10 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *       creates or updates the subscription group on every master, as mqadmin updateSubGroup does.
  *   wait seconds=S
  *       how long the run waits for the consumers and the check-backs (default 90).
+ *   mqadmin SUBCOMMAND [ARG ...]
+ *       runs the admin tool's SUBCOMMAND (MQAdminStartup, as mqadmin does) against the name server,
+ *       its arguments as given (not name=value); its output is one line, event mqadmin. Many admin
+ *       commands in one JVM instead of one JVM each.
  * </pre>
  *
  * It prints one JSON line per send result (event sent), per delivery (event consumed), per
@@ -77,9 +86,13 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  */
 public final class Driver {
     private static final Object OUT = new Object();
+    // the process's standard output: the admin tool's output is captured by replacing System.out
+    private static final PrintStream STDOUT = System.out;
     private static final List<Runnable> SHUTDOWN = new ArrayList<>();
     private static final List<Expectation> EXPECTATIONS = new ArrayList<>();
     private static final Map<String, DefaultMQProducer> PRODUCERS = new HashMap<>();
+    // the keys each consumer group consumed in this run, over its instances
+    private static final Map<String, Set<String>> GROUP_SUCCEEDED = new ConcurrentHashMap<>();
     private static String namesrv;
     private static long waitSeconds = 90;
 
@@ -111,6 +124,10 @@ public final class Driver {
         }
         steps.add(current);
         for (List<String> step : steps) {
+            if (step.get(0).equals("mqadmin")) {
+                mqadmin(step.subList(1, step.size()));
+                continue;
+            }
             Map<String, String> options = options(step.subList(1, step.size()));
             switch (step.get(0)) {
                 case "consume":
@@ -156,8 +173,8 @@ public final class Driver {
         summary.put("unmet", String.join("; ", unmet));
         emit(summary);
         synchronized (OUT) {
-            System.out.println("done");
-            System.out.flush();
+            STDOUT.println("done");
+            STDOUT.flush();
         }
         System.exit(met ? 0 : 1);
     }
@@ -221,6 +238,73 @@ public final class Driver {
         emit(line);
     }
 
+    /** The admin tool's command, its standard output and error captured into one mqadmin line. */
+    private static void mqadmin(List<String> args) {
+        List<String> full = new ArrayList<>(args);
+        full.add("-n");
+        full.add(namesrv);
+        ByteArrayOutputStream captured = new ByteArrayOutputStream();
+        PrintStream err = System.err;
+        long started = System.nanoTime();
+        Thread waker = new Thread(Driver::wakeIdleEventExecutors, "mqadmin-waker");
+        waker.setDaemon(true);
+        synchronized (OUT) {
+            PrintStream capture = new PrintStream(captured, true, StandardCharsets.UTF_8);
+            System.setOut(capture);
+            System.setErr(capture);
+            waker.start();
+            try {
+                MQAdminStartup.main0(full.toArray(new String[0]), null);
+            } finally {
+                waker.interrupt();
+                System.setOut(STDOUT);
+                System.setErr(err);
+            }
+        }
+        Map<String, Object> line = new LinkedHashMap<>();
+        line.put("event", "mqadmin");
+        line.put("args", String.join(" ", args));
+        line.put("output", captured.toString(StandardCharsets.UTF_8));
+        line.put("ms", (System.nanoTime() - started) / 1_000_000);
+        emit(line);
+    }
+
+    /**
+     * Interrupts, every 20 ms, each idle NettyEventExecutor thread: one waiting in its event
+     * queue's poll. The admin client's shutdown joins that thread without interrupting it, and it
+     * sleeps in a 3 s poll: without a wake-up most commands end 3 s after their output. An idle
+     * one that is not stopping just polls again.
+     */
+    private static void wakeIdleEventExecutors() {
+        ThreadGroup group = Thread.currentThread().getThreadGroup();
+        while (!Thread.currentThread().isInterrupted()) {
+            Thread[] threads = new Thread[group.activeCount() * 2 + 16];
+            int count = group.enumerate(threads);
+            for (int i = 0; i < count; i++) {
+                Thread t = threads[i];
+                if ("NettyEventExecutor".equals(t.getName()) && t.getState() == Thread.State.TIMED_WAITING
+                    && polling(t)) {
+                    t.interrupt();
+                }
+            }
+            try {
+                Thread.sleep(20);
+            } catch (InterruptedException e) {
+                return;
+            }
+        }
+    }
+
+    /** Whether the thread waits in a blocking queue's poll (an idle event executor). */
+    private static boolean polling(Thread thread) {
+        for (StackTraceElement frame : thread.getStackTrace()) {
+            if ("poll".equals(frame.getMethodName()) && frame.getClassName().endsWith("BlockingQueue")) {
+                return true;
+            }
+        }
+        return false;
+    }
+
     // ------------------------------------------------------------------------------------------ consumers
 
     private static void consume(Map<String, String> o) throws Exception {
@@ -230,6 +314,9 @@ public final class Driver {
         int maxReconsume = Integer.parseInt(o.getOrDefault("maxReconsume", "2"));
         boolean orderly = Boolean.parseBoolean(o.getOrDefault("orderly", "false"));
         int expect = Integer.parseInt(o.getOrDefault("expect", "0"));
+        int groupExpect = Integer.parseInt(o.getOrDefault("groupExpect", "0"));
+        int retryLevel = Integer.parseInt(o.getOrDefault("retryLevel", "0"));
+        Set<String> groupSucceeded = GROUP_SUCCEEDED.computeIfAbsent(group, k -> ConcurrentHashMap.newKeySet());
         Set<String> expectedKeys = new HashSet<>();
         if (o.containsKey("keysFile")) {
             for (String line : Files.readAllLines(Paths.get(o.get("keysFile")), StandardCharsets.UTF_8)) {
@@ -264,6 +351,7 @@ public final class Driver {
                 for (MessageExt m : msgs) {
                     consumed(group, instance, m, "success");
                     succeeded.add(m.getKeys());
+                    groupSucceeded.add(m.getKeys());
                 }
                 return ConsumeOrderlyStatus.SUCCESS;
             });
@@ -274,10 +362,12 @@ public final class Driver {
                     if (fail.contains(m.getKeys())) {
                         consumed(group, instance, m, "later");
                         failedDeliveries.computeIfAbsent(m.getKeys(), k -> new AtomicInteger()).incrementAndGet();
+                        ctx.setDelayLevelWhenNextConsume(retryLevel);
                         return ConsumeConcurrentlyStatus.RECONSUME_LATER;
                     }
                     consumed(group, instance, m, "success");
                     succeeded.add(m.getKeys());
+                    groupSucceeded.add(m.getKeys());
                 }
                 return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
             });
@@ -286,7 +376,8 @@ public final class Driver {
         SHUTDOWN.add(consumer::shutdown);
         EXPECTATIONS.add(new Expectation() {
             public boolean met() {
-                if (succeeded.size() < expect || !succeeded.containsAll(expectedKeys)) {
+                if (succeeded.size() < expect || groupSucceeded.size() < groupExpect
+                    || !succeeded.containsAll(expectedKeys)) {
                     return false;
                 }
                 for (String key : fail) {
@@ -301,8 +392,10 @@ public final class Driver {
             public String describe() {
                 Set<String> missing = new HashSet<>(expectedKeys);
                 missing.removeAll(succeeded);
-                return String.format("consumer %s/%s: %d of %d keys, %d keys of the file missing, fail deliveries %s",
-                    group, instance, succeeded.size(), expect, missing.size(), failedDeliveries);
+                return String.format(
+                    "consumer %s/%s: %d of %d keys, the group %d of %d, %d keys of the file missing, fail deliveries %s",
+                    group, instance, succeeded.size(), expect, groupSucceeded.size(), groupExpect, missing.size(),
+                    failedDeliveries);
             }
         });
     }
@@ -577,8 +670,8 @@ public final class Driver {
     private static void emit(Map<String, Object> fields) {
         String text = json(fields);
         synchronized (OUT) {
-            System.out.println(text);
-            System.out.flush();
+            STDOUT.println(text);
+            STDOUT.flush();
         }
     }
 
