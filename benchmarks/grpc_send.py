@@ -15,6 +15,13 @@ Where the CPU goes, from the same runs: the server's CPU per send through the en
 client's own CPU per send against the null server (over the sends only). The client's cost
 alone bounds any endpoint on these cores: ``cores / client CPU per send`` messages a second with a
 server that costs nothing, printed with its ratio to the in-process rate.
+
+The peer: (d) the same client, threads and sends through Apache RocketMQ's own gRPC proxy (a name
+server and a broker with the proxy in local mode, one JVM, from Maven Central's jars: the tests'
+harness, ``tests/apache_rocketmq.py``, with its settings: ASYNC_FLUSH, small mapped files, the
+heap it gives the broker beside a Spark session), topic ``Bench`` of 8 queues, message type NORMAL:
+our endpoint's rate against it as a ratio (target: at least 1), and the RocketMQ processes' CPU
+per send over the client's whole run (name server included). ``--no-proxy`` leaves it out.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +42,8 @@ from broker_model.client import Producer
 from broker_model.common import Message
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PROXY_QUEUES = 8  # the queues of topic Bench on Apache RocketMQ: two brokers' default 4 on ours
 
 
 @dataclass(frozen=True)
@@ -66,29 +76,48 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proxy_rate(root: Path, threads: int, per_thread: int) -> ClientRun:
+    """The official client through Apache RocketMQ's proxy (the tests' harness)."""
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))  # the harness is a module of the tests
+    from tests.apache_rocketmq import ApacheRocketMQ, TopicSpec
+
+    with ApacheRocketMQ(root / "apache") as rocketmq:
+        rocketmq.create(TopicSpec("Bench", queues=PROXY_QUEUES, message_type="NORMAL"))
+        return _client_run(rocketmq.proxy_endpoint, root, threads, per_thread, rocketmq.cpu_seconds)
+
+
 def _client_rate(command: list[str], root: Path, threads: int, per_thread: int) -> ClientRun:
-    server = subprocess.Popen(command, cwd=HERE.parent, stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
         address = server.stdout.readline().rsplit(" on ", 1)[1].strip()
-        client = [sys.executable, str(HERE / "grpc_client.py"), address, "Bench", str(threads), str(per_thread)]
-        home = root / "home"
-        home.mkdir(exist_ok=True)
-        environment = {**os.environ, "HOME": str(home)}  # the client's log files
-        server_before = _cpu_seconds(server.pid)
-        done = subprocess.run(client, capture_output=True, text=True, timeout=900, env=environment)
-        server_after = _cpu_seconds(server.pid)
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr[-2000:])
-        seconds, sent, client_cpu = done.stdout.split()
-        count = int(sent)
-        server_us = None
-        if server_before is not None and server_after is not None:
-            server_us = (server_after - server_before) / count * 1e6
-        return ClientRun(count / float(seconds), float(client_cpu) / count * 1e6, server_us)
+        return _client_run(address, root, threads, per_thread, lambda: _cpu_seconds(server.pid))
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def _client_run(
+    address: str, root: Path, threads: int, per_thread: int, server_cpu: Callable[[], float | None]
+) -> ClientRun:
+    """The client process against the server at ``address``; ``server_cpu`` reads the server's
+    CPU seconds so far (None where it cannot be read)."""
+    client = [sys.executable, str(HERE / "grpc_client.py"), address, "Bench", str(threads), str(per_thread)]
+    home = root / "home"
+    home.mkdir(exist_ok=True)
+    environment = {**os.environ, "HOME": str(home)}  # the client's log files
+    server_before = server_cpu()
+    done = subprocess.run(client, capture_output=True, text=True, timeout=900, env=environment)
+    server_after = server_cpu()
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    seconds, sent, client_cpu = done.stdout.split()
+    count = int(sent)
+    server_us = None
+    if server_before is not None and server_after is not None:
+        server_us = (server_after - server_before) / count * 1e6
+    return ClientRun(count / float(seconds), float(client_cpu) / count * 1e6, server_us)
 
 
 def in_process_rate(root: Path, threads: int, per_thread: int, flush_mode: FlushMode) -> float:
@@ -117,6 +146,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,8,64", help="thread counts (default 1,8,64)")
     parser.add_argument("--per-thread", type=int, default=200, help="sends per thread (default 200)")
     parser.add_argument("--flush-mode", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], default="ASYNC_FLUSH")
+    parser.add_argument("--no-proxy", action="store_true", help="leave Apache RocketMQ's proxy out")
     args = parser.parse_args()
     counts = [int(t) for t in args.threads.split(",")]
     cores = os.cpu_count() or 1
@@ -124,17 +154,22 @@ def main() -> None:
     print("msg/s: endpoint, in-process and the client against a null server (ceiling); CPU µs per send")
     header = ["threads", "endpoint", "in-process", "ratio", "ceiling", "end/ceil"]
     header += ["server µs", "client µs", "bound", "bound/in"]
+    header += [] if args.no_proxy else ["proxy", "end/proxy", "proxy µs"]
     print("".join(f"{h:>11}" for h in header))
     for threads in counts:
         with tempfile.TemporaryDirectory(prefix="grpc-bench-") as tmp:
             remote = endpoint_rate(Path(tmp), threads, args.per_thread, args.flush_mode)
             local = in_process_rate(Path(tmp), threads, args.per_thread, args.flush_mode)
             ceiling = ceiling_rate(Path(tmp), threads, args.per_thread)
+            proxy = None if args.no_proxy else proxy_rate(Path(tmp), threads, args.per_thread)
         bound = cores * 1e6 / ceiling.client_us  # any server, even one that costs nothing
         server = "-" if remote.server_us is None else f"{remote.server_us:,.0f}"
         cells = [f"{threads}", f"{remote.rate:,.0f}", f"{local:,.0f}", f"{remote.rate / local:.2f}"]
         cells += [f"{ceiling.rate:,.0f}", f"{remote.rate / ceiling.rate:.2f}", server]
         cells += [f"{ceiling.client_us:,.0f}", f"{bound:,.0f}", f"{bound / local:.2f}"]
+        if proxy is not None:
+            proxy_us = "-" if proxy.server_us is None else f"{proxy.server_us:,.0f}"
+            cells += [f"{proxy.rate:,.0f}", f"{remote.rate / proxy.rate:.2f}", proxy_us]
         print("".join(f"{cell:>11}" for cell in cells), flush=True)
 
 
