@@ -88,8 +88,6 @@ import argparse
 import contextlib
 import io
 import json
-import math
-import os
 import shutil
 import subprocess
 import sys
@@ -97,7 +95,6 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -106,6 +103,7 @@ from compare import PeerOutcome
 from consume_queue import SPARK_CONF, time_floor, write_messages
 from deltalake import DeltaTable
 from floors import compaction_bins, packed_commit_files, time_compaction_floor, time_scan_floor
+from measured import ENGINES, JOBS, Measured, fmt, growth_rows, machine, print_growth
 from peers import (
     PERTURBED,
     time_consume_queue_peer,
@@ -158,12 +156,10 @@ TRANSACTIONS = 2_000  # fixed, not a share of the bulk: each costs Python round 
 NEW_FEATURE_MESSAGES = 1_000  # the plan mix (ordered, delayed, batches) around the new transactions
 NEW_TRANSACTIONS = 200
 OFFSET_GROUP = "cg-orders"  # the group that commits once more per queue before the incremental runs
-ENGINES = ("bridge", "delta-spark")  # the lake engines (jobs.lake.build_session); --engine both runs each
 BOTH = "both"
 LAKE_FACTS = "lake.json"  # beside a lake written once for both engines: what write_lake wrote, and the seed
 # the UI stays on (unlike consume_queue.py) because its REST API times each stage; port 0: any free port
 CONF = {**SPARK_CONF, "spark.ui.enabled": "true", "spark.ui.port": "0"}
-JOBS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq", "report")
 WARMED = ("rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq")
 NO_PEER = {
     "compact_commitlog": "n/a: a Delta commit of remove/add actions (dataChange=false) is no SQL query",
@@ -306,32 +302,6 @@ def commit_offsets(lake: Path) -> int:
 # ---------------------------------------------------------------------------------------------
 # The jobs
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Measured:
-    """One row of the table."""
-
-    job: str
-    mode: str
-    seconds: float
-    floor: float | None = None
-    peer: float | None = None
-    notes: str = ""
-    status: str = ""
-    row_counts: dict[str, int] | None = None
-    stages: list[dict[str, Any]] | None = None
-    spark_seconds: float | None = None
-    peer_same: bool | None = None  # None: no peer
-    peer_report: list[str] = field(default_factory=list)  # every table compared, examples of differences
-    writes: list[str] = field(default_factory=list)  # tables whose Delta version the run moved (job_runs aside)
-    floor_lacks: list[str] = field(default_factory=list)  # of those, tables its floor did not write
-
-    @property
-    def failed(self) -> bool:
-        """Whether the row's ratios cannot be trusted: its peer computed something else, or its
-        floor left out a table the job writes."""
-        return self.peer_same is False or bool(self.floor_lacks)
 
 
 JobCall = Callable[[SparkSession], JobRun]
@@ -538,37 +508,6 @@ def _growth(
     json_path.write_text(json.dumps(summary, indent=2))
     print(f"\nfigures: {json_path}")
     return exit_status([row for rows in measured.values() for row in rows])
-
-
-def growth_rows(measured: dict[int, list[Measured]]) -> list[dict[str, Any]]:
-    """Per (job, mode): the seconds at each size and the exponent of the power-law fit."""
-    sizes = sorted(measured)
-    rows = []
-    for job, mode in ((r.job, r.mode) for r in measured[sizes[0]]):
-        seconds = [next(r.seconds for r in measured[n] if (r.job, r.mode) == (job, mode)) for n in sizes]
-        rows.append({"job": job, "mode": mode, "seconds": seconds, "exponent": fit_exponent(sizes, seconds)})
-    return rows
-
-
-def fit_exponent(sizes: Sequence[int], seconds: Sequence[float]) -> float:
-    """The slope of the least-squares line through (log size, log seconds)."""
-    xs = [math.log(n) for n in sizes]
-    ys = [math.log(max(t, 1e-3)) for t in seconds]
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
-
-
-def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int], engine: str) -> None:
-    """Seconds per size and the fitted exponent of every job and mode on ``engine``."""
-    header = f"{'job':<22}{'mode':<12}" + "".join(f"{n:>12,}" for n in sizes) + f"{'exponent':>10}"
-    print(f"\ngrowth over {', '.join(f'{n:,}' for n in sizes)} bulk messages, engine {engine} (seconds)")
-    print(header)
-    print("-" * len(header))
-    for row in growth:
-        flag = "  above linear" if row["exponent"] > 1.1 else ""
-        cells = "".join(f"{t:>12.1f}" for t in row["seconds"])
-        print(f"{row['job']:<22}{row['mode']:<12}{cells}{row['exponent']:>10.2f}{flag}")
 
 
 def _bench(
@@ -840,7 +779,7 @@ def print_side_by_side(table: Sequence[dict[str, Any]], messages: int, figures: 
         line = f"{entry['job']:<22}"
         for engine in ENGINES:
             e = entry[engine]
-            line += "".join(_fmt(e[k], ".2f").rjust(8) for k in ("full", "floor", "peer", "incremental")) + "  "
+            line += "".join(fmt(e[k], ".2f").rjust(8) for k in ("full", "floor", "peer", "incremental")) + "  "
         gates = "; ".join(f"{engine}: {entry[engine]['gate']}" for engine in ENGINES if entry[engine]["gate"])
         if entry["job"] != "every job":
             gates = gates or "held"
@@ -883,20 +822,6 @@ def _growth_both(root: Path, sizes: Sequence[int], seed: int, json_path: Path, p
     return 0
 
 
-def machine() -> dict[str, Any]:
-    """Cores, memory and load of this machine."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {
-        "cores": os.cpu_count() or 1,
-        "memory_gib": round(memory / 2**30, 1),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def _fmt(value: float | None, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def print_table(
     rows: Sequence[Measured], messages: int, written: dict[str, Any], increment: dict[str, Any], engine: str
 ) -> None:
@@ -918,8 +843,8 @@ def print_table(
         ratio_floor = r.seconds / r.floor if r.floor and not r.floor_lacks else None
         ratio_peer = r.seconds / r.peer if r.peer and r.peer_same else None
         print(
-            f"{r.job:<22}{r.mode:<12}{r.seconds:>9.1f}{_fmt(r.floor):>9}{_fmt(r.peer):>9}"
-            f"{_fmt(ratio_floor, '.2f'):>10}{_fmt(ratio_peer, '.2f'):>10}  {r.notes}"
+            f"{r.job:<22}{r.mode:<12}{r.seconds:>9.1f}{fmt(r.floor):>9}{fmt(r.peer):>9}"
+            f"{fmt(ratio_floor, '.2f'):>10}{fmt(ratio_peer, '.2f'):>10}  {r.notes}"
         )
     incremental = sum(r.seconds for r in rows if r.mode == "incremental")
     peers = [r for r in rows if r.mode == "full" and r.peer_same]
@@ -934,7 +859,7 @@ def print_table(
     slowest = max(rows, key=lambda r: r.seconds)
     print(
         f"\nslowest: {slowest.job} ({slowest.mode}) {slowest.seconds:.1f} s, of which a Spark job "
-        f"ran during {_fmt(slowest.spark_seconds)} s; its longest stages:"
+        f"ran during {fmt(slowest.spark_seconds)} s; its longest stages:"
     )
     for stage in (slowest.stages or [])[:5]:
         print(
