@@ -88,26 +88,30 @@ import argparse
 import contextlib
 import io
 import json
-import math
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from compare import PeerOutcome
-from consume_queue import SPARK_CONF, time_floor, write_messages
+from consume_queue import SPARK_CONF, time_floor
 from deltalake import DeltaTable
+from floors import compaction_bins, packed_commit_files, time_compaction_floor, time_scan_floor
+from measured import ENGINES, JOBS, Measured, fmt, growth_rows, machine, print_growth
+from nightly_lake import (
+    FEATURE_MESSAGES,
+    LAKE_FACTS,
+    NEW_TRANSACTIONS,
+    TRANSACTIONS,
+    append_increment,
+    copy_lake,
+    read_lake_facts,
+    write_lake,
+)
 from peers import (
     PERTURBED,
     time_consume_queue_peer,
@@ -116,74 +120,47 @@ from peers import (
     time_resolve_peer,
     time_route_peer,
 )
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
+from two_engines import both, growth_both
 
-from broker_model.client import PullConsumer
-from broker_model.store.delta_tables import SMALL_FILE_BYTES, SMALL_TABLE_FILES
-from broker_model.tools import run_workload, start_brokers
 from jobs.compact_commitlog import CompactConfig
 from jobs.compact_commitlog import run as run_compact
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as run_offsets
-from jobs.consumer_offsets.fold import CQ_ROW_COLUMNS, subscribed_topics
-from jobs.consumer_offsets.job import DRIVER_ROWS as OFFSETS_DRIVER_ROWS
-from jobs.dlq.decode import RETRY_SOURCE_COLUMNS as ROUTE_DLQ_INPUTS
-from jobs.dlq.job import APP_ID as ROUTE_APP_ID
-from jobs.dlq.job import DRIVER_RECORDS as ROUTE_DRIVER_RECORDS
 from jobs.dlq.job import RouteDlqConfig
 from jobs.dlq.job import run as run_route
-from jobs.hours import APP_ID as HOURS_APP_ID
 from jobs.lake import Lake, build_session
-from jobs.lake.compaction import Bin, eligible_paths, list_files, plan_bins
 from jobs.lake.snapshots import table_version
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as run_rebuild
 from jobs.report import ReportConfig
 from jobs.report import run as run_report
-from jobs.resolve_transactions import TRANSACTION_SOURCE_COLUMNS as TRANSACTION_INPUTS
 from jobs.resolve_transactions import ResolveTransactionsConfig
 from jobs.resolve_transactions import run as run_resolve
-from jobs.resolve_transactions.job import APP_ID as RESOLVE_APP_ID
-from jobs.resolve_transactions.job import DRIVER_RECORDS as RESOLVE_DRIVER_RECORDS
-from jobs.runs import JobRun, record_run
+from jobs.runs import JobRun
 from schemas.catalog import (
-    BROKERS,
     COMMIT_HOURS,
     COMMITLOG,
     CONSUME_QUEUE,
     CONSUME_QUEUE_INTEGRITY,
     CONSUME_QUEUE_TAILS,
-    CONSUMER_OFFSET_COMMITS,
     CONSUMER_OFFSETS,
     DLQ,
-    DLQ_REDRIVES,
     JOB_RUNS,
-    OFFSET_COMMIT_COLUMNS,
     QUEUE_HOURS,
     RETRY_CHAINS,
     RETRY_RECORDS,
-    SUBSCRIPTION_GROUP,
     TABLES,
     TRANSACTION_RECORDS,
     TRANSACTION_STATE,
-    TableSpec,
 )
 
 DEFAULT_MESSAGES = 2_000_000
 LARGE_MESSAGES = 10_000_000
-FEATURE_MESSAGES = 20_000  # the nightly demo's size: its retry phase grows with it, not with the bulk
-TRANSACTIONS = 2_000  # fixed, not a share of the bulk: each costs Python round trips and check-backs
-NEW_FEATURE_MESSAGES = 1_000  # the plan mix (ordered, delayed, batches) around the new transactions
-NEW_TRANSACTIONS = 200
-OFFSET_GROUP = "cg-orders"  # the group that commits once more per queue before the incremental runs
-ENGINES = ("bridge", "delta-spark")  # the lake engines (jobs.lake.build_session); --engine both runs each
 BOTH = "both"
-LAKE_FACTS = "lake.json"  # beside a lake written once for both engines: what write_lake wrote, and the seed
 # the UI stays on (unlike consume_queue.py) because its REST API times each stage; port 0: any free port
 CONF = {**SPARK_CONF, "spark.ui.enabled": "true", "spark.ui.port": "0"}
-JOBS = ("compact_commitlog", "rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq", "report")
 WARMED = ("rebuild_consume_queue", "consumer_offsets", "resolve_transactions", "route_dlq")
 NO_PEER = {
     "compact_commitlog": "n/a: a Delta commit of remove/add actions (dataChange=false) is no SQL query",
@@ -210,13 +187,6 @@ PEERS: dict[str, PeerCall] = {
     "route_dlq": time_route_peer,
     "report": lambda lake, out, as_of, perturb: time_report_peer(lake, out, perturb),
 }
-REPORT_LOG_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "sys_flag", "store_timestamp", "store_size")
-
-
-def segment_size(messages: int) -> int:
-    """Commit log segment bytes for a bulk of ``messages``: 32 bytes per message (about a tenth of a
-    record, so each broker seals about five segments), between 1 MiB and 64 MiB."""
-    return max(1 << 20, min(64 << 20, messages * 32))
 
 
 def now_ms() -> int:
@@ -225,134 +195,8 @@ def now_ms() -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# The lake
-# ---------------------------------------------------------------------------------------------
-
-
-def write_lake(lake: Path, messages: int, seed: int) -> dict[str, Any]:
-    """Feature traffic, then the bulk (module docstring); what was written and how long it took."""
-    started = time.perf_counter()
-    report = run_workload(
-        lake,
-        FEATURE_MESSAGES,
-        seed,
-        segment_size=segment_size(messages),
-        consumers=True,
-        transactions=TRANSACTIONS,
-        retries=True,
-    )
-    feature_seconds = time.perf_counter() - started
-    bulk_seconds = write_messages(lake, messages, seed)
-    return {
-        "feature_messages": report.messages,
-        "feature_seconds": round(feature_seconds, 2),
-        "consumed": dict(report.consumed),
-        "transactions": dict(report.transactions),
-        "retries": dict(report.retries),
-        "bulk_messages": messages,
-        "bulk_seconds": round(bulk_seconds, 2),
-        "segment_size": segment_size(messages),
-    }
-
-
-def write_source(source: Path, messages: int, seed: int) -> dict[str, Any]:
-    """Write the lake once, into ``source/lake`` (:func:`write_lake`), and what it holds (with
-    ``seed``) into ``source/lake.json``, for runs on copies of it (:func:`copy_lake`); what it holds."""
-    print(f"writing the lake once: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
-    shutil.rmtree(source / "lake", ignore_errors=True)  # a kept work directory's earlier lake, whole or not
-    (source / LAKE_FACTS).unlink(missing_ok=True)
-    written = {**write_lake(source / "lake", messages, seed), "seed": seed}
-    (source / LAKE_FACTS).write_text(json.dumps(written, indent=2))
-    print(f"lake written: {json.dumps(written)}", flush=True)
-    return written
-
-
-def read_lake_facts(source: Path) -> dict[str, Any]:
-    """What the lake in ``source`` holds, as :func:`write_source` wrote it."""
-    facts: dict[str, Any] = json.loads((source / LAKE_FACTS).read_text())
-    return facts
-
-
-def copy_lake(source: Path, lake: Path) -> dict[str, Any]:
-    """Replace ``lake`` with a copy of the lake :func:`write_source` wrote in ``source``; what it holds."""
-    started = time.perf_counter()
-    shutil.rmtree(lake, ignore_errors=True)
-    shutil.copytree(source / "lake", lake, symlinks=True)
-    written = read_lake_facts(source)
-    print(
-        f"lake copied from {source / 'lake'} in {time.perf_counter() - started:.1f} s ({written['bulk_messages']:,} "
-        f"bulk + {written['feature_messages']:,} feature messages, seed {written['seed']}; {source / LAKE_FACTS})",
-        flush=True,
-    )
-    return written
-
-
-def append_increment(lake: Path, messages: int, seed: int) -> dict[str, Any]:
-    """1 % more bulk messages, new transactions (with check rounds) and one offset commit per queue
-    of :data:`OFFSET_GROUP`; what was written."""
-    new = max(1, messages // 100)
-    started = time.perf_counter()
-    write_messages(lake, new, seed + 1, first_key=messages)
-    report = run_workload(
-        lake, NEW_FEATURE_MESSAGES, seed + 1, consumers=False, transactions=NEW_TRANSACTIONS, retries=False
-    )
-    commits = commit_offsets(lake)
-    return {
-        "bulk_messages": new,
-        "feature_messages": report.messages,
-        "transactions": dict(report.transactions),
-        "offset_commits": commits,
-        "seconds": round(time.perf_counter() - started, 2),
-    }
-
-
-def commit_offsets(lake: Path) -> int:
-    """Let :data:`OFFSET_GROUP` commit the end of each of its queues (no pulls); the commits made."""
-    brokers = start_brokers(lake, 2)
-    try:
-        consumer = PullConsumer(brokers, OFFSET_GROUP, client_id="127.0.0.10@workload", offset_dir=lake / "_clients")
-        queues = consumer.queues("Orders")
-        for queue in queues:
-            consumer.update_offset(queue, consumer.brokers[queue.broker_name].max_offset(queue.topic, queue.queue_id))
-        consumer.persist()
-        for broker in brokers:
-            broker.offsets.persist()
-            broker.flush()
-        return len(queues)
-    finally:
-        for broker in brokers:
-            broker.shutdown()
-
-
-# ---------------------------------------------------------------------------------------------
 # The jobs
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Measured:
-    """One row of the table."""
-
-    job: str
-    mode: str
-    seconds: float
-    floor: float | None = None
-    peer: float | None = None
-    notes: str = ""
-    status: str = ""
-    row_counts: dict[str, int] | None = None
-    stages: list[dict[str, Any]] | None = None
-    spark_seconds: float | None = None
-    peer_same: bool | None = None  # None: no peer
-    peer_report: list[str] = field(default_factory=list)  # every table compared, examples of differences
-    writes: list[str] = field(default_factory=list)  # tables whose Delta version the run moved (job_runs aside)
-    floor_lacks: list[str] = field(default_factory=list)  # of those, tables its floor did not write
-
-    @property
-    def failed(self) -> bool:
-        """Whether the row's ratios cannot be trusted: its peer computed something else, or its
-        floor left out a table the job writes."""
-        return self.peer_same is False or bool(self.floor_lacks)
 
 
 JobCall = Callable[[SparkSession], JobRun]
@@ -389,197 +233,6 @@ def time_job(spark: SparkSession, name: str, mode: str, call: JobCall, logs: Pat
     if job_run.status not in ("SUCCEEDED", "NOOP"):
         raise RuntimeError(f"{name} ({mode}) ended {job_run.status}: {job_run.message}")
     return Measured(name, mode, seconds, status=job_run.status, row_counts=dict(job_run.row_counts))
-
-
-# ---------------------------------------------------------------------------------------------
-# Floors
-# ---------------------------------------------------------------------------------------------
-
-
-def touched(df: DataFrame, columns: Sequence[str]) -> Column:
-    """A long that needs every value of ``columns``: the sum over rows of their lengths or values,
-    each row's total taken modulo a prime (a sum of epoch-ms times overflows a long at 5M rows)."""
-    types = {f.name: f.dataType for f in df.schema.fields}
-    parts: list[Column] = []
-    for name in columns:
-        kind = types[name]
-        if isinstance(kind, T.MapType | T.ArrayType):
-            parts.append(F.size(name))
-        elif isinstance(kind, T.StringType | T.BinaryType):
-            parts.append(F.length(name))
-        else:
-            parts.append(F.col(name).cast("long"))
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + F.coalesce(part, F.lit(0))
-    return F.sum((F.coalesce(total, F.lit(0)) % _TOUCHED_MODULUS).cast("long"))
-
-
-_TOUCHED_MODULUS = 1_000_003
-
-
-@dataclass
-class FloorPlan:
-    """A job's I/O at this lake's size, the way the job does it, with no logic between: Spark scans
-    that need every value of the columns the job reads with Spark (:func:`touched`), reads on the
-    driver (delta-rs) of what the job reads there, and every table the job writes, written with the
-    API the job writes it with (Spark's ``Lake.overwrite``, or ``Lake.overwrite_rows`` from the
-    driver) and the same application transaction, plus its ``job_runs`` row and any other file."""
-
-    scans: list[tuple[TableSpec, tuple[str, ...]]] = field(default_factory=list)
-    reads: list[Callable[[], object]] = field(default_factory=list)
-    spark_writes: list[tuple[TableSpec, tuple[str, int] | None]] = field(default_factory=list)
-    row_writes: list[tuple[TableSpec, tuple[str, int] | None]] = field(default_factory=list)
-    files: Path | None = None  # a directory of files the job writes (the report's page), copied whole
-
-
-def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
-    """The floor of a full run of job ``name`` (not the compaction, see :func:`time_compaction_floor`;
-    nor the consume queue, see ``benchmarks/consume_queue.py``) on ``lake`` as it is now: the path
-    the job takes at this size (driver or Spark) decided by the job's own limits. What the jobs
-    read back of the extracts they wrote themselves is not read again: the floor does each input
-    and output once. ``pages``: where the report wrote its page."""
-    log_version = lake.version(COMMITLOG)
-    if name == "consumer_offsets":
-        counted = lake.row_count(CONSUMER_OFFSET_COMMITS) + lake.row_count(CONSUME_QUEUE)
-        if counted > OFFSETS_DRIVER_ROWS:
-            return FloorPlan(
-                scans=[(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS), (CONSUME_QUEUE, CQ_ROW_COLUMNS)],
-                spark_writes=[(CONSUMER_OFFSETS, None)],
-            )
-        commits = lake.read_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)
-        topics = sorted(subscribed_topics(commits, as_of))
-        version = lake.version(CONSUME_QUEUE)
-        return FloorPlan(
-            reads=[
-                lambda: lake.read_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS),
-                lambda: sum(
-                    t.num_rows
-                    for t in lake.iter_row_chunks(
-                        CONSUME_QUEUE, CQ_ROW_COLUMNS, version, partition_filter={"topic": topics}
-                    )
-                ),
-            ],
-            row_writes=[(CONSUMER_OFFSETS, None)],
-        )
-    if name == "resolve_transactions":
-        extract = (TRANSACTION_RECORDS, (RESOLVE_APP_ID, log_version) if log_version is not None else None)
-        plan = FloorPlan(scans=[(COMMITLOG, TRANSACTION_INPUTS)], spark_writes=[extract])
-        if lake.row_count(TRANSACTION_RECORDS) > RESOLVE_DRIVER_RECORDS:
-            plan.spark_writes.append((TRANSACTION_STATE, None))
-        else:
-            plan.row_writes.append((TRANSACTION_STATE, None))
-        return plan
-    if name == "route_dlq":
-        extract = (RETRY_RECORDS, (ROUTE_APP_ID, log_version) if log_version is not None else None)
-        plan = FloorPlan(scans=[(COMMITLOG, ROUTE_DLQ_INPUTS)], spark_writes=[extract])
-        small = (SUBSCRIPTION_GROUP, CONSUMER_OFFSET_COMMITS, BROKERS, DLQ_REDRIVES)
-        if lake.row_count(RETRY_RECORDS) > ROUTE_DRIVER_RECORDS:
-            plan.scans += [(spec, tuple(spec.column_names)) for spec in small if lake.exists(spec)]
-            plan.spark_writes += [(RETRY_CHAINS, None), (DLQ, None)]
-        else:
-            plan.reads += [lambda spec=spec: lake.read_rows(spec) for spec in small]
-            plan.row_writes += [(RETRY_CHAINS, None), (DLQ, None)]
-        return plan
-    if name == "report":
-        commits_version = lake.version(CONSUMER_OFFSET_COMMITS)
-        page_reads: list[tuple[TableSpec, Sequence[str] | None]] = [
-            (CONSUMER_OFFSETS, None),
-            (DLQ, ["group", "dlq_timestamp"]),
-            (TRANSACTION_STATE, ["state", "anomaly"]),
-            (CONSUME_QUEUE_INTEGRITY, None),
-            (JOB_RUNS, ["job", "status", "started_timestamp", "duration_ms", "message", "run_id"]),
-        ]
-        return FloorPlan(
-            scans=[(COMMITLOG, REPORT_LOG_COLUMNS), (CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)],
-            reads=[lambda spec=spec, columns=columns: lake.read_rows(spec, columns) for spec, columns in page_reads],
-            row_writes=[
-                (QUEUE_HOURS, (HOURS_APP_ID, log_version) if log_version is not None else None),
-                (COMMIT_HOURS, (HOURS_APP_ID, commits_version) if commits_version is not None else None),
-            ],
-            files=pages,
-        )
-    raise ValueError(f"no floor plan for {name}")
-
-
-def time_scan_floor(
-    spark: SparkSession, name: str, lake: Path, floor_root: Path, as_of: int, pages: Path, engine: str
-) -> float:
-    """Seconds of the job's I/O (:func:`plan_floor`) into a fresh lake root, through ``Lake`` calls
-    on ``engine``, the job's engine. The rows written are the job's own, read from its tables
-    before the clock starts (Spark writes from a persisted frame, driver writes from Arrow)."""
-    shutil.rmtree(floor_root, ignore_errors=True)
-    spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
-    source, target = Lake(spark, lake, engine), Lake(spark, floor_root, engine)
-    plan = plan_floor(name, source, as_of, pages)
-    frames = {spec.name: source.read(spec).persist() for spec, _ in plan.spark_writes}
-    for frame in frames.values():
-        frame.count()
-    rows = {spec.name: source.read_rows(spec) for spec, _ in plan.row_writes}
-    page = {path.name: path.read_bytes() for path in sorted(plan.files.iterdir())} if plan.files else {}
-    try:
-        started = time.perf_counter()
-        for read in plan.reads:
-            read()
-        for spec, columns in plan.scans:
-            if source.exists(spec):
-                df = source.read(spec)
-                df.select(touched(df, columns)).collect()
-        for spec, app in plan.spark_writes:
-            target.overwrite(spec, frames[spec.name], *(app or ()))
-        for spec, app in plan.row_writes:
-            target.overwrite_rows(spec, rows[spec.name], *(app or ()))
-        if page:
-            (floor_root / "page").mkdir(parents=True)
-            for file_name, data in page.items():
-                (floor_root / "page" / file_name).write_bytes(data)
-        record_run(target, JobRun(name).finish("SUCCEEDED", "floor"))
-        return time.perf_counter() - started
-    finally:
-        for frame in frames.values():
-            frame.unpersist()
-
-
-def compaction_bins(lake: Path, up_to: int | None) -> list[Bin]:
-    """The bins ``compact_commitlog`` (default sizes) would rewrite now."""
-    table_dir = str(lake / COMMITLOG.path)
-    dt = DeltaTable(table_dir)
-    config = CompactConfig(lake)
-    return plan_bins(
-        list_files(dt), config.target_file_size, config.min_file_fraction, eligible_paths(table_dir, dt, up_to)
-    )
-
-
-def packed_commit_files(lake: Path) -> list[Path]:
-    """The files of ``consumer_offset_commits`` that ``compact_commitlog`` packs besides the log
-    (:func:`jobs.compact_commitlog.pack_offset_commits`) on a lake none of its readers has read
-    yet, as in the full runs: every small file of the latest version when there are more than
-    ``SMALL_TABLE_FILES`` of them (:func:`broker_model.store.delta_tables.pack_small_files`), else none."""
-    table_dir = lake / CONSUMER_OFFSET_COMMITS.path
-    if not DeltaTable.is_deltatable(str(table_dir)):
-        return []
-    actions = pa.table(DeltaTable(str(table_dir)).get_add_actions(flatten=True)).to_pylist()
-    small = [table_dir / unquote(a["path"]) for a in actions if a["size_bytes"] < SMALL_FILE_BYTES]
-    return small if len(small) > SMALL_TABLE_FILES else []
-
-
-def time_compaction_floor(lake: Path, bins: Sequence[Bin], commit_files: Sequence[Path], floor_dir: Path) -> float:
-    """Seconds to read each bin's files with Arrow and write them as one Parquet file (the
-    compaction's engine), and the same for the offset commits' small files the job packs
-    (:func:`packed_commit_files`), without the job's sort, type checks, statistics or Delta
-    commits: the floor writes the files, not the tables."""
-    shutil.rmtree(floor_dir, ignore_errors=True)
-    floor_dir.mkdir(parents=True)
-    table_dir = lake / COMMITLOG.path
-    started = time.perf_counter()
-    for index, one in enumerate(bins):
-        parts = [pq.read_table(table_dir / unquote(f.path), columns=COMMITLOG.data_columns) for f in one.files]
-        pq.write_table(pa.concat_tables(parts), floor_dir / f"bin-{index}.parquet", compression="snappy")
-    if commit_files:
-        parts = [pq.read_table(path) for path in commit_files]
-        commits = pa.concat_tables(parts, promote_options="default")
-        pq.write_table(commits, floor_dir / "offset-commits.parquet", compression="snappy")
-    return time.perf_counter() - started
 
 
 # ---------------------------------------------------------------------------------------------
@@ -688,9 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_path = args.json or root / "run_all.json"
     try:
         if args.engine == BOTH and args.sizes:
-            return _growth_both(root, args.sizes, seed, json_path, args.perturb_peer)
+            return growth_both(root, args.sizes, seed, json_path, args.perturb_peer)
         if args.engine == BOTH:
-            return _both(root, messages, seed, json_path, args.perturb_peer, source)[0]
+            return both(root, messages, seed, json_path, args.perturb_peer, source)[0]
         if args.sizes:
             return _growth(root, args.sizes, seed, json_path, args.engine, args.perturb_peer)
         return exit_status(_bench(root, messages, seed, json_path, args.engine, args.perturb_peer, source))
@@ -752,37 +405,6 @@ def _growth(
     return exit_status([row for rows in measured.values() for row in rows])
 
 
-def growth_rows(measured: dict[int, list[Measured]]) -> list[dict[str, Any]]:
-    """Per (job, mode): the seconds at each size and the exponent of the power-law fit."""
-    sizes = sorted(measured)
-    rows = []
-    for job, mode in ((r.job, r.mode) for r in measured[sizes[0]]):
-        seconds = [next(r.seconds for r in measured[n] if (r.job, r.mode) == (job, mode)) for n in sizes]
-        rows.append({"job": job, "mode": mode, "seconds": seconds, "exponent": fit_exponent(sizes, seconds)})
-    return rows
-
-
-def fit_exponent(sizes: Sequence[int], seconds: Sequence[float]) -> float:
-    """The slope of the least-squares line through (log size, log seconds)."""
-    xs = [math.log(n) for n in sizes]
-    ys = [math.log(max(t, 1e-3)) for t in seconds]
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
-
-
-def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int], engine: str) -> None:
-    """Seconds per size and the fitted exponent of every job and mode on ``engine``."""
-    header = f"{'job':<22}{'mode':<12}" + "".join(f"{n:>12,}" for n in sizes) + f"{'exponent':>10}"
-    print(f"\ngrowth over {', '.join(f'{n:,}' for n in sizes)} bulk messages, engine {engine} (seconds)")
-    print(header)
-    print("-" * len(header))
-    for row in growth:
-        flag = "  above linear" if row["exponent"] > 1.1 else ""
-        cells = "".join(f"{t:>12.1f}" for t in row["seconds"])
-        print(f"{row['job']:<22}{row['mode']:<12}{cells}{row['exponent']:>10.2f}{flag}")
-
-
 def _bench(
     root: Path,
     messages: int,
@@ -792,7 +414,8 @@ def _bench(
     perturb: str | None = None,
     source: Path | None = None,
 ) -> list[Measured]:
-    """One run on ``engine``: on a new lake, or on a copy of the one in ``source`` (:func:`write_source`)."""
+    """One run on ``engine``: on a new lake, or on a copy of the one in ``source``
+    (:func:`nightly_lake.write_source`)."""
     lake, logs = root / "lake", root / "logs"
     if source is None:
         print(f"writing the lake: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
@@ -916,199 +539,6 @@ def _reruns(spark: SparkSession, lake: Path, root: Path, logs: Path, engine: str
     return rows
 
 
-# ---------------------------------------------------------------------------------------------
-# Both engines, side by side
-# ---------------------------------------------------------------------------------------------
-
-
-def run_engine(engine: str, source: Path, seed: int, root: Path, json_path: Path, perturb: str | None) -> int:
-    """This script on ``engine`` alone, in a child process (a process holds one Spark session, and
-    its JVM keeps the jars it started with), on a copy of the lake in ``source``; its work directory
-    ``root`` is kept (the caller discards it), its figures go to ``json_path``. Its exit status."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--engine", engine, "--lake", str(source)]
-    command += ["--seed", str(seed), "--keep", str(root), "--json", str(json_path)]
-    if perturb is not None:
-        command += ["--perturb-peer", perturb]
-    return subprocess.run(command, check=False).returncode
-
-
-def _both(
-    root: Path, messages: int, seed: int, json_path: Path, perturb: str | None, source: Path | None
-) -> tuple[int, dict[str, list[Measured]]]:
-    """The lake written once into ``root/source`` (unless ``source`` holds one), then each engine in
-    a child process on a copy of it (:func:`run_engine`), one after the other; then the table side
-    by side, and both engines' figures in ``json_path``. The exit status (:func:`both_exit_status`)
-    and each engine's rows (an engine whose run wrote no figures is left out)."""
-    if source is None:
-        source = root / "source"
-        write_source(source, messages, seed)
-    figures: dict[str, dict[str, Any]] = {}
-    statuses: dict[str, int] = {}
-    for engine in ENGINES:
-        engine_json = json_path.with_suffix(f".{engine}.json")
-        engine_json.unlink(missing_ok=True)  # a kept work directory may hold an earlier run's
-        print(f"\n=== engine {engine}, in a process of its own, on a copy of {source / 'lake'} ===", flush=True)
-        statuses[engine] = run_engine(engine, source, seed, root / engine, engine_json, perturb)
-        if engine_json.is_file():
-            figures[engine] = json.loads(engine_json.read_text())
-    measured = {engine: [Measured(**row) for row in f["rows"]] for engine, f in figures.items()}
-    table = side_by_side(measured) if len(measured) == len(ENGINES) else None
-    if table is not None:
-        print_side_by_side(table, messages, figures)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    combined = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "messages": messages,
-        "machine": machine(),
-        "lake": read_lake_facts(source),
-        "exit_statuses": statuses,
-        "side_by_side": table,
-        "engines": figures,
-    }
-    json_path.write_text(json.dumps(combined, indent=2, default=str))
-    print(f"\nfigures of both engines: {json_path}")
-    return both_exit_status(statuses, figures), measured
-
-
-def both_exit_status(statuses: Mapping[str, int], figures: Mapping[str, Any]) -> int:
-    """0 when every engine's run ended with 0 (every gate held: :func:`exit_status`) and wrote its
-    figures, else 1 (after saying which did not)."""
-    failed = [
-        f"the {engine} run ended with exit status {status}" + ("" if engine in figures else " and no figures")
-        for engine, status in statuses.items()
-        if status != 0 or engine not in figures
-    ]
-    if failed:
-        print(f"\nexit status 1: {'; '.join(failed)} (the output above says why)")
-        return 1
-    return 0
-
-
-def side_by_side(measured: Mapping[str, Sequence[Measured]]) -> list[dict[str, Any]]:
-    """Per job in the nightly's order, then for every job together (``job`` ``"every job"``): for
-    each engine its full run's seconds, floor and DuckDB peer (None: none), the incremental run's
-    and the rerun's seconds, and what failed a gate (``""``: nothing); and the ratios delta-spark /
-    bridge of the full and incremental seconds. The total's peer counts only peers that agree with
-    their job, as :func:`print_table` does."""
-    table: list[dict[str, Any]] = []
-    for job in JOBS:
-        entry: dict[str, Any] = {"job": job}
-        for engine, rows in measured.items():
-            by_mode = {r.mode: r for r in rows if r.job == job}
-            full = by_mode["full"]
-            entry[engine] = {
-                "full": full.seconds,
-                "floor": full.floor,
-                "peer": full.peer,
-                "incremental": by_mode["incremental"].seconds,
-                "rerun": by_mode["rerun"].seconds,
-                "gate": gate_note(full),
-            }
-        table.append(entry)
-    total: dict[str, Any] = {"job": "every job"}
-    for engine, rows in measured.items():
-        full_rows = [r for r in rows if r.mode == "full"]
-        total[engine] = {
-            "full": sum(r.seconds for r in full_rows),
-            "floor": sum(r.floor or 0 for r in full_rows),
-            "peer": sum(r.peer or 0 for r in full_rows if r.peer_same),
-            "incremental": sum(r.seconds for r in rows if r.mode == "incremental"),
-            "rerun": sum(r.seconds for r in rows if r.mode == "rerun"),
-            "gate": "",
-        }
-    table.append(total)
-    for entry in table:
-        for mode in ("full", "incremental"):
-            entry[f"ratio_{mode}"] = entry["delta-spark"][mode] / entry["bridge"][mode]
-    return table
-
-
-def gate_note(row: Measured) -> str:
-    """What of a full run failed a gate: its peer differs, or its floor leaves out tables."""
-    notes = ["peer differs"] if row.peer_same is False else []
-    if row.floor_lacks:
-        notes.append(f"floor lacks {', '.join(row.floor_lacks)}")
-    return ", ".join(notes)
-
-
-def print_side_by_side(table: Sequence[dict[str, Any]], messages: int, figures: Mapping[str, Any]) -> None:
-    """Both engines' seconds of every job, and the ratios delta-spark / bridge."""
-    lake, increment, facts = figures["bridge"]["lake"], figures["bridge"]["increment"], machine()
-    print(
-        f"\nboth engines: {messages:,} bulk + {lake['feature_messages']:,} feature messages, {TRANSACTIONS:,} "
-        f"transactions, written once, a copy per engine; incremental: after {increment['bulk_messages']:,} + "
-        f"{increment['feature_messages']:,} messages and {NEW_TRANSACTIONS} transactions written into each copy "
-        f"(the same seed); seconds; {facts['cores']} cores, load {facts['load_average']}"
-    )
-    cells = ("full", "floor", "peer", "incr")
-    block = len(cells) * 8 + 2
-    print(f"{'':<22}" + "".join(f"{engine:<{block}}" for engine in ENGINES) + "delta-spark/bridge")
-    header = f"{'job':<22}" + ("".join(f"{c:>8}" for c in cells) + "  ") * len(ENGINES) + f"{'full':>8}{'incr':>8}"
-    print(header + "  gates")
-    print("-" * (len(header) + 7))
-    for entry in table:
-        if entry["job"] == "every job":
-            print("-" * (len(header) + 7))
-        line = f"{entry['job']:<22}"
-        for engine in ENGINES:
-            e = entry[engine]
-            line += "".join(_fmt(e[k], ".2f").rjust(8) for k in ("full", "floor", "peer", "incremental")) + "  "
-        gates = "; ".join(f"{engine}: {entry[engine]['gate']}" for engine in ENGINES if entry[engine]["gate"])
-        if entry["job"] != "every job":
-            gates = gates or "held"
-        print(f"{line}{entry['ratio_full']:>8.2f}{entry['ratio_incremental']:>8.2f}  {gates}".rstrip())
-    reruns = {engine: table[-1][engine]["rerun"] for engine in ENGINES}
-    print(
-        "\nevery job: full, the nightly from scratch; incr, the nightly after the increment; peer, the "
-        "DuckDB peers that agree with their job"
-    )
-    ratio = reruns["delta-spark"] / reruns["bridge"]
-    print(
-        "nightly rerun without new data, every job: "
-        + ", ".join(f"{engine} {seconds:.2f} s" for engine, seconds in reruns.items())
-        + f" (delta-spark/bridge {ratio:.2f})"
-    )
-
-
-def _growth_both(root: Path, sizes: Sequence[int], seed: int, json_path: Path, perturb: str | None) -> int:
-    """For each size, :func:`_both` on a lake of its own; then how each engine's jobs grow. The
-    figures of a size go next to ``json_path`` (``run_all.<size>.json``), the growth to it."""
-    measured: dict[str, dict[int, list[Measured]]] = {engine: {} for engine in ENGINES}
-    statuses: dict[int, int] = {}
-    for messages in sizes:
-        print(f"\n=== {messages:,} bulk messages, both engines ===", flush=True)
-        figures = json_path.with_suffix(f".{messages}.json")
-        statuses[messages], rows = _both(root / f"size-{messages}", messages, seed, figures, perturb, None)
-        for engine, engine_rows in rows.items():
-            measured[engine][messages] = engine_rows
-    growth = {engine: growth_rows(by_size) for engine, by_size in measured.items() if len(by_size) == len(sizes)}
-    for engine, engine_growth in growth.items():
-        print_growth(engine_growth, sizes, engine)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    summary = {"engines": list(ENGINES), "sizes": list(sizes), "growth": growth, "exit_statuses": statuses}
-    json_path.write_text(json.dumps({**summary, "machine": machine()}, indent=2))
-    print(f"\nfigures: {json_path}")
-    failed = [f"{n:,}" for n, status in statuses.items() if status != 0]
-    if failed:
-        print(f"\nexit status 1: the runs at {', '.join(failed)} bulk messages failed (their output above says why)")
-        return 1
-    return 0
-
-
-def machine() -> dict[str, Any]:
-    """Cores, memory and load of this machine."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {
-        "cores": os.cpu_count() or 1,
-        "memory_gib": round(memory / 2**30, 1),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def _fmt(value: float | None, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def print_table(
     rows: Sequence[Measured], messages: int, written: dict[str, Any], increment: dict[str, Any], engine: str
 ) -> None:
@@ -1130,8 +560,8 @@ def print_table(
         ratio_floor = r.seconds / r.floor if r.floor and not r.floor_lacks else None
         ratio_peer = r.seconds / r.peer if r.peer and r.peer_same else None
         print(
-            f"{r.job:<22}{r.mode:<12}{r.seconds:>9.1f}{_fmt(r.floor):>9}{_fmt(r.peer):>9}"
-            f"{_fmt(ratio_floor, '.2f'):>10}{_fmt(ratio_peer, '.2f'):>10}  {r.notes}"
+            f"{r.job:<22}{r.mode:<12}{r.seconds:>9.1f}{fmt(r.floor):>9}{fmt(r.peer):>9}"
+            f"{fmt(ratio_floor, '.2f'):>10}{fmt(ratio_peer, '.2f'):>10}  {r.notes}"
         )
     incremental = sum(r.seconds for r in rows if r.mode == "incremental")
     peers = [r for r in rows if r.mode == "full" and r.peer_same]
@@ -1146,7 +576,7 @@ def print_table(
     slowest = max(rows, key=lambda r: r.seconds)
     print(
         f"\nslowest: {slowest.job} ({slowest.mode}) {slowest.seconds:.1f} s, of which a Spark job "
-        f"ran during {_fmt(slowest.spark_seconds)} s; its longest stages:"
+        f"ran during {fmt(slowest.spark_seconds)} s; its longest stages:"
     )
     for stage in (slowest.stages or [])[:5]:
         print(
