@@ -23,19 +23,22 @@ def started_rocketmq(
     name: str,
     broker_overrides: Mapping[str, object] | None = None,
     clean_stop: bool = True,
+    proxy_overrides: Mapping[str, object] | None = None,
 ) -> Iterator[ApacheRocketMQ]:
     """A RocketMQ started in a fresh run directory named after ``name`` (``broker_overrides``: its
-    broker.conf settings that differ from the harness's), always stopped at the end, and killed if
-    the clean stop fails; without ``clean_stop``, killed at once (a module that looks at its store
-    no more saves the 13-25 s of a clean shutdown). Skips, naming what is missing, where Java or
-    Maven is not installed."""
+    broker.conf settings that differ from the harness's; ``proxy_overrides``: its proxy's),
+    always stopped at the end, and killed if the clean stop fails; without ``clean_stop``, killed
+    at once (a module that looks at its store no more saves the 13-25 s of a clean shutdown).
+    Skips, naming what is missing, where Java or Maven is not installed."""
     try:
         ensure_driver()  # the jars, then the driver compiled against them
     except HarnessError as err:
         if "is not on PATH" in str(err):
             pytest.skip(str(err))
         raise
-    rocketmq = ApacheRocketMQ(tmp_path_factory.mktemp(name), broker_overrides=broker_overrides)
+    rocketmq = ApacheRocketMQ(
+        tmp_path_factory.mktemp(name), broker_overrides=broker_overrides, proxy_overrides=proxy_overrides
+    )
     try:
         rocketmq.start()
         yield rocketmq

@@ -616,13 +616,19 @@ class ApacheRocketMQ:
     """
 
     def __init__(
-        self, run_dir: Path, ports: Ports | None = None, broker_overrides: Mapping[str, object] | None = None
+        self,
+        run_dir: Path,
+        ports: Ports | None = None,
+        broker_overrides: Mapping[str, object] | None = None,
+        proxy_overrides: Mapping[str, object] | None = None,
     ) -> None:
         """``ports``: fixed ports (else free ones are picked); ``broker_overrides``: broker.conf
-        settings that replace or add to :func:`broker_settings`."""
+        settings that replace or add to :func:`broker_settings`; ``proxy_overrides`` the same for
+        the proxy's ``rmq-proxy.json`` (:func:`proxy_settings`)."""
         self.run_dir = run_dir.resolve()
         self.ports = ports or pick_ports()
         self.broker_overrides = dict(broker_overrides or {})
+        self.proxy_overrides = dict(proxy_overrides or {})
         self._explicit_ports = ports is not None
         self._namesrv: _Process | None = None
         self._broker: _Process | None = None
@@ -722,7 +728,8 @@ class ApacheRocketMQ:
         )
         broker = broker_settings(self.run_dir, self.ports) | self.broker_overrides
         (self.conf_dir / "broker.conf").write_text(_properties(broker))
-        (self.conf_dir / "rmq-proxy.json").write_text(json.dumps(proxy_settings(self.ports), indent=2) + "\n")
+        proxy = proxy_settings(self.ports) | self.proxy_overrides
+        (self.conf_dir / "rmq-proxy.json").write_text(json.dumps(proxy, indent=2) + "\n")
         version = rocketmq_version()
         # With every jar on one class path, RocketMQ's logback lookup would find the proxy's file
         # first for every process: each process is given its own.

@@ -181,6 +181,9 @@ def test_fifo_groups_each_keep_one_queue_in_send_order(server: Server) -> None:
         assert all(s["properties"]["__SHARDINGKEY"] == group for s in stored)
 
 
+CLIENT = [("x-mq-client-id", "test-endpoint")]  # every official client names itself, as the proxy requires
+
+
 def _stub(server: Server) -> service_pb2_grpc.MessagingServiceStub:
     return service_pb2_grpc.MessagingServiceStub(grpc.insecure_channel(server.address))
 
@@ -199,13 +202,13 @@ def test_bad_requests_get_the_protocol_codes_and_write_nothing(tmp_path: Path) -
     try:
         stub = _stub(server)
         version = DeltaTable(str(COMMITLOG.location(lake))).version()
-        route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="Nowhere")), timeout=10)
+        route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="Nowhere")), timeout=10, metadata=CLIENT)
         assert route.status.code == pb.TOPIC_NOT_FOUND and "Nowhere" in route.status.message
-        route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="Orders")), timeout=10)
+        route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="Orders")), timeout=10, metadata=CLIENT)
         assert route.status.code == pb.OK and [q.id for q in route.message_queues] == [0, 1]
 
         def send(*messages: pb.Message) -> pb.Status:
-            return stub.SendMessage(rpc.SendMessageRequest(messages=messages), timeout=10).status
+            return stub.SendMessage(rpc.SendMessageRequest(messages=messages), timeout=10, metadata=CLIENT).status
 
         cases = [
             (send(_message("")), pb.ILLEGAL_TOPIC, "topic"),
@@ -215,13 +218,17 @@ def test_bad_requests_get_the_protocol_codes_and_write_nothing(tmp_path: Path) -
             (send(_message("Orders", tag="a|b")), pb.ILLEGAL_MESSAGE_TAG, "tag"),
             (send(_message("Orders", message_group="g\\x01")), pb.OK, ""),
             (send(_message("Orders"), _message("Ledger")), pb.MESSAGE_CORRUPTED, "topic"),
-            (send(), pb.BAD_REQUEST, "messages"),
+            (send(), pb.MESSAGE_CORRUPTED, "messages"),
+            (send(_message("Orders", b"")), pb.MESSAGE_BODY_EMPTY, "body"),
         ]
+        unnamed = stub.SendMessage(rpc.SendMessageRequest(messages=[_message("Orders")]), timeout=10)
+        cases.append((unnamed.status, pb.CLIENT_ID_REQUIRED, "x-mq-client-id"))
         reserved = _message("Orders")
         reserved.user_properties["TAGS"] = "sneaky"
         cases.append((send(reserved), pb.ILLEGAL_MESSAGE_PROPERTY_KEY, "TAGS"))
         delayed = _message("Orders", message_type=pb.DELAY)
-        delayed.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 4 * 86_400_000)
+        # the proxy's limit, 1 day ahead (ProxyConfig.maxDelayTimeMills), not the broker's 3 days
+        delayed.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 2 * 86_400_000)
         cases.append((send(delayed), pb.ILLEGAL_DELIVERY_TIME, "delivery_timestamp"))
         cases.append((send(_message("Orders", message_type=pb.LITE)), pb.UNSUPPORTED, "LITE"))
         for got, code, named in cases[:5] + cases[6:]:
@@ -290,13 +297,23 @@ def test_transactions_commit_roll_back_and_are_checked_back_through_the_clients_
         unknown = rpc.EndTransactionRequest(
             topic=pb.Resource(name="Payments"), message_id="X", transaction_id="7F00000100002A9F00000000DEADBEEF"
         )
-        answer = stub.EndTransaction(unknown, timeout=10)
-        assert answer.status.code == pb.INVALID_TRANSACTION_ID and "transaction_id" in answer.status.message
+        answer = stub.EndTransaction(unknown, timeout=10, metadata=CLIENT)
+        assert answer.status.code == pb.INTERNAL_SERVER_ERROR and "transaction_id" in answer.status.message
+        # a transaction the client committed cannot be ended again, whichever the resolution
+        done = next(line for line in lines if line.get("outcome") == "commit")
+        for resolution in (pb.COMMIT, pb.ROLLBACK):
+            again = rpc.EndTransactionRequest(
+                topic=pb.Resource(name="Payments"),
+                message_id=done["message_id"],
+                transaction_id=done["transaction_id"],
+                resolution=resolution,
+            )
+            assert stub.EndTransaction(again, timeout=10, metadata=CLIENT).status.code == pb.INTERNAL_SERVER_ERROR
     finally:
         assert server.stop() == 0
     sent = [line for line in lines if "outcome" in line and "checked" not in line]
     checked = [line["checked"] for line in lines if "checked" in line]
-    assert len(sent) == 8 and all(line["transaction_id"] for line in sent)
+    assert len(sent) == 8 and all(line["transaction_id"] == line["message_id"] for line in sent)
     for line in sent:
         asked = checked.count(line["message_id"])
         if line["outcome"] == "open":

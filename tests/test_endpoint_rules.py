@@ -38,6 +38,9 @@ def test_a_delivery_time_in_seconds_or_in_the_python_clients_milliseconds() -> N
     with pytest.raises(RequestError) as refused:
         timestamp_millis(timestamp_pb2.Timestamp(seconds=-5), "system_properties.delivery_timestamp")
     assert refused.value.code == pb.ILLEGAL_DELIVERY_TIME and "delivery_timestamp" in refused.value.message
+    with pytest.raises(RequestError) as invalid:  # the proxy's Timestamps.toMillis refuses it: an internal error
+        timestamp_millis(timestamp_pb2.Timestamp(seconds=1_800_000_000, nanos=-1), "delivery_timestamp")
+    assert invalid.value.code == pb.INTERNAL_SERVER_ERROR and "not valid" in invalid.value.message
 
 
 def test_bad_serve_settings_and_acl_files_are_refused_naming_the_field(tmp_path: Path) -> None:

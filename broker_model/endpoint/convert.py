@@ -15,18 +15,64 @@ PROPERTY_SHARDING_KEY: Final = "__SHARDINGKEY"
 PROPERTY_TRACE_CONTEXT: Final = "TRACE_CONTEXT"
 PROPERTY_BORN_HOST: Final = "__BORNHOST"
 PROPERTY_BORN_TIMESTAMP: Final = "BORN_TIMESTAMP"
-# properties of the system (MessageConst.STRING_HASH_SET and the proxy's own), never user properties
-SYSTEM_PROPERTIES: Final = c.RESERVED_PROPERTY_NAMES | {
-    c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
-    c.PROPERTY_CLUSTER,
-    c.PROPERTY_TRANSACTION_ID,
-    c.PROPERTY_TIMER_DELIVER_MS,
-    c.PROPERTY_TIMER_DELAY_SEC,
-    PROPERTY_SHARDING_KEY,
-    PROPERTY_TRACE_CONTEXT,
-    PROPERTY_BORN_HOST,
-    PROPERTY_BORN_TIMESTAMP,
-}
+# RocketMQ 5's MessageConst.STRING_HASH_SET: the properties of the system. The proxy refuses them as
+# user properties of a send and shows every other property of a stored message as a user property
+# (GrpcConverter.buildUserAttributes), TRANSACTION_CHECK_TIMES and __transactionId__ included.
+SYSTEM_PROPERTIES: Final = frozenset(
+    {
+        "1ST_POP_TIME",
+        "ARRIVE_TIME",
+        "BORN_TIMESTAMP",
+        "BUYER_ID",
+        "CLUSTER",
+        "CONSUME_START_TIME",
+        "CORRECTION_FLAG",
+        "CORRELATION_ID",
+        "DELAY",
+        "DLQ_ORIGIN_MESSAGE_ID",
+        "DLQ_ORIGIN_TOPIC",
+        "DUP_INFO",
+        "EXTEND_UNIQ_INFO",
+        "INNER_MULTI_QUEUE_OFFSET",
+        "INSTANCE_ID",
+        "KEYS",
+        "MAX_OFFSET",
+        "MAX_RECONSUME_TIMES",
+        "MIN_OFFSET",
+        "MQ2_FLAG",
+        "MSG_REGION",
+        "MSG_TYPE",
+        "ORIGIN_MESSAGE_ID",
+        "PGROUP",
+        "POP_CK",
+        "POP_CK_OFFSET",
+        "PUSH_REPLY_TIME",
+        "REAL_QID",
+        "REAL_TOPIC",
+        "RECONSUME_TIME",
+        "REPLY_TO_CLIENT",
+        "RETRY_TOPIC",
+        "TAGS",
+        "TIMER_DELAY_LEVEL",
+        "TIMER_DELAY_MS",
+        "TIMER_DELAY_SEC",
+        "TIMER_DELIVER_MS",
+        "TIMER_DEL_UNIQKEY",
+        "TIMER_DEQUEUE_MS",
+        "TIMER_ENQUEUE_MS",
+        "TIMER_OUT_MS",
+        "TIMER_ROLL_TIMES",
+        "TRACE_ON",
+        "TRANSFER_FLAG",
+        "TRAN_MSG",
+        "TRAN_PREPARED_QUEUE_OFFSET",
+        "TTL",
+        "UNIQ_KEY",
+        "WAIT",
+        PROPERTY_BORN_HOST,
+        "__CRC32#",
+    }
+)
 
 
 def protocol_message(message: MessageExt, topic: str | None = None, queue_id: int | None = None) -> pb.Message:

@@ -33,13 +33,14 @@ from broker_model.broker.transaction import (
     end_transaction,
 )
 from broker_model.common import constants as c
-from broker_model.common import decode_msg_id, parse_host
+from broker_model.common import parse_host
 from broker_model.endpoint.acl import Acl
 from broker_model.endpoint.convert import (
     PROPERTY_BORN_HOST,
     PROPERTY_BORN_TIMESTAMP,
     PROPERTY_SHARDING_KEY,
     PROPERTY_TRACE_CONTEXT,
+    SYSTEM_PROPERTIES,
     protocol_message,
 )
 from broker_model.endpoint.errors import RequestError
@@ -47,6 +48,10 @@ from broker_model.store import MessageExt
 from schemas.errors import BrokerError, ValidationError
 
 MAX_MESSAGE_GROUP_BYTES: Final = 64  # ProxyConfig.maxMessageGroupSize
+MAX_DELAY_MS: Final = 24 * 3600 * 1000  # ProxyConfig.maxDelayTimeMills, 1 day (the broker's own limit is 3)
+CLIENT_ID_HEADER: Final = "x-mq-client-id"  # every official client sends it; the proxy requires it
+TRANSACTION_DATA_EXPIRE_MS: Final = 30_000  # ProxyConfig.transactionDataExpireMillis
+TRANSACTION_DATA_MAX_NUM: Final = 15  # ProxyConfig.transactionDataMaxNum: entries kept per transaction id
 # the message types this endpoint stores so far (unspecified is taken as normal, as the proxy does)
 ACCEPTED_TYPES: Final = (pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
 _RESOLUTIONS: Final = {
@@ -87,6 +92,50 @@ def consistent_hash(key: int, buckets: int) -> int:
 
 
 @dataclass(frozen=True)
+class TransactionData:
+    """Where the half message of a transaction is: its broker and commit log offset."""
+
+    broker: Broker
+    commit_log_offset: int
+    expires: float  # time.monotonic() seconds
+
+
+class TransactionDataTable:
+    """The proxy's ``TransactionDataManager``: the half message each (producer group, transaction
+    id) names, kept from the send (or the check-back) until the transaction is ended once, or for
+    ``TRANSACTION_DATA_EXPIRE_MS``. The transaction id the client is told is the message id, so a
+    second end, a late end or an id never told finds nothing here (and a restart forgets them all:
+    the check-back ends those)."""
+
+    def __init__(self, expire_ms: int = TRANSACTION_DATA_EXPIRE_MS) -> None:
+        self.expire_s = expire_ms / 1000
+        self._data: dict[tuple[str, str], list[TransactionData]] = {}  # oldest first
+        self._lock = threading.Lock()
+
+    def add(self, group: str, transaction_id: str, broker: Broker, commit_log_offset: int) -> None:
+        """Keep where the half message of ``transaction_id`` is; drop what has expired."""
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, found in self._data.items() if found[-1].expires < now]:
+                del self._data[key]
+            found = self._data.pop((group, transaction_id), [])
+            found.append(TransactionData(broker, commit_log_offset, now + self.expire_s))
+            self._data[(group, transaction_id)] = found[-TRANSACTION_DATA_MAX_NUM:]
+
+    def poll(self, group: str, transaction_id: str) -> TransactionData | None:
+        """The newest unexpired half message of ``transaction_id``, taken out; None when there is none."""
+        now = time.monotonic()
+        with self._lock:
+            found = self._data.get((group, transaction_id), [])
+            while found and found[-1].expires < now:
+                found.pop()
+            data = found.pop() if found else None
+            if not found:
+                self._data.pop((group, transaction_id), None)
+        return data
+
+
+@dataclass(frozen=True)
 class Queue:
     """A write queue of a topic on one broker."""
 
@@ -115,18 +164,23 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         self.acl = acl
         self._round_robin = itertools.count()
         self._lock = threading.Lock()
+        self.transactions = TransactionDataTable()
 
     def _admit(self, context: grpc.aio.ServicerContext, topic: str | None = None) -> None:
-        """Check the request's signature, and its account's right to ``topic`` (with an ACL).
+        """Check the request's signature, and its account's right to ``topic`` (with an ACL), then
+        that it names its client (``x-mq-client-id``), in the proxy's order (its authentication
+        and authorization pipeline, then ``validateContext``).
 
         Raises:
-            RequestError: UNAUTHORIZED or FORBIDDEN.
+            RequestError: UNAUTHORIZED, FORBIDDEN or CLIENT_ID_REQUIRED.
         """
-        if self.acl is None:
-            return
-        account = self.acl.authenticate(dict(context.invocation_metadata() or ()))
-        if topic is not None:
-            self.acl.authorize_topic(account, topic)
+        metadata = dict(context.invocation_metadata() or ())
+        if self.acl is not None:
+            account = self.acl.authenticate(metadata)
+            if topic is not None:
+                self.acl.authorize_topic(account, topic)
+        if not str(metadata.get(CLIENT_ID_HEADER, "")).strip():
+            raise RequestError(pb.CLIENT_ID_REQUIRED, f"{CLIENT_ID_HEADER}: the request names no client")
 
     # -- routes ------------------------------------------------------------------------------
 
@@ -184,6 +238,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
     async def Heartbeat(
         self, request: rpc.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> rpc.HeartbeatResponse:
+        try:
+            self._admit(context)
+        except RequestError as err:
+            return rpc.HeartbeatResponse(status=status(err.code, err.message))
         return rpc.HeartbeatResponse(status=status())
 
     async def NotifyClientTermination(
@@ -206,7 +264,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         except RequestError as err:
             yield rpc.TelemetryCommand(status=status(err.code, err.message))
             return
-        stream = TelemetryStream(self.brokers, asyncio.get_running_loop())
+        stream = TelemetryStream(self.brokers, asyncio.get_running_loop(), self.transactions)
 
         async def read() -> None:
             try:
@@ -266,15 +324,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         except BrokerError as err:
             return rpc.SendMessageResponse(status=status(pb.INTERNAL_SERVER_ERROR, str(err)))
         entries = []
-        for message, offset, msg_id in zip(messages, result.queue_offsets, result.msg_ids, strict=True):
-            half = message.sys_flag & c.TRANSACTION_PREPARED_TYPE
+        for message, offset, commit_log_offset in zip(
+            messages, result.queue_offsets, result.commit_log_offsets, strict=True
+        ):
+            message_id = message.properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX]
+            if message.sys_flag & c.TRANSACTION_PREPARED_TYPE:
+                group = message.properties[c.PROPERTY_PRODUCER_GROUP]
+                self.transactions.add(group, message_id, queue.broker, commit_log_offset)
+            # the broker's transaction id of every send is the message id (SendMessageProcessor)
             entries.append(
-                rpc.SendResultEntry(
-                    status=status(),
-                    message_id=message.properties[c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX],
-                    transaction_id=msg_id if half else "",  # the half record's offset message id
-                    offset=offset,
-                )
+                rpc.SendResultEntry(status=status(), message_id=message_id, transaction_id=message_id, offset=offset)
             )
         return rpc.SendMessageResponse(status=status(), entries=entries)
 
@@ -282,7 +341,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         self, request: rpc.EndTransactionRequest, context: grpc.aio.ServicerContext
     ) -> rpc.EndTransactionResponse:
         """Commit or roll back the half message the transaction id names (``EndTransactionActivity``):
-        the producer group is the topic, as the proxy sends; a check's answer counts as one."""
+        the producer group is the topic, as the proxy sends; a check's answer counts as one. A
+        transaction id this endpoint does not hold (ended already, expired, never told) is the
+        proxy's "cannot found transaction data": INTERNAL_SERVER_ERROR."""
         try:
             self._admit(context, _topic_name(request.topic))
             await asyncio.to_thread(self._end_transaction, request)  # it waits for its commits
@@ -299,7 +360,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             RequestError: INVALID_TRANSACTION_ID for an id naming no half message here.
             TransactionError: the half message cannot take this resolution.
         """
-        broker, offset = self._half_of(request.transaction_id)
+        if not request.transaction_id.strip():
+            raise RequestError(pb.INVALID_TRANSACTION_ID, "transaction_id: transaction id cannot be empty")
+        data = self.transactions.poll(_topic_name(request.topic), request.transaction_id)
+        if data is None:
+            raise RequestError(
+                pb.INTERNAL_SERVER_ERROR,
+                f"transaction_id: cannot find transaction data of {request.transaction_id!r} (ended already, "
+                f"or sent more than {TRANSACTION_DATA_EXPIRE_MS} ms ago: the check-back ends it)",
+            )
+        broker, offset = data.broker, data.commit_log_offset
         queue_offset = broker.store.half_queue_offset(offset)
         if queue_offset is None:
             broker.flush()
@@ -317,17 +387,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         )
         end_transaction(broker, end)
 
-    def _half_of(self, transaction_id: str) -> tuple[Broker, int]:
-        """The broker and commit log offset of the half message a transaction id names."""
-        try:
-            host, offset = decode_msg_id(transaction_id)
-        except ValidationError:
-            raise RequestError(pb.INVALID_TRANSACTION_ID, f"transaction_id: {transaction_id!r} is not one") from None
-        for broker in self.brokers.values():
-            if str(parse_host(broker.config.store_host)) == str(host):
-                return broker, offset
-        raise RequestError(pb.INVALID_TRANSACTION_ID, f"transaction_id: {transaction_id!r} names no broker served here")
-
     async def _prepare(self, messages: Sequence[pb.Message], peer: str) -> tuple[Queue, list[InnerMessage]]:
         """The queue and the broker messages of one send (``SendMessageActivity``).
 
@@ -336,7 +395,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
                 message the protocol refuses (see :func:`build_message`).
         """
         if not messages:
-            raise RequestError(pb.BAD_REQUEST, "messages: the request holds no message")
+            raise RequestError(pb.MESSAGE_CORRUPTED, "messages: no message to send")
         topic = messages[0].topic
         if any(m.topic != topic for m in messages):
             raise RequestError(pb.MESSAGE_CORRUPTED, "messages: topic in message is not same")
@@ -403,6 +462,8 @@ def build_message(message: pb.Message, peer: str) -> InnerMessage:
             tag or key or group or user property the proxy refuses.
     """
     system = message.system_properties
+    if not message.body:
+        raise RequestError(pb.MESSAGE_BODY_EMPTY, "body: message body cannot be empty")
     if len(message.body) > c.MAX_MESSAGE_SIZE:
         raise RequestError(
             pb.MESSAGE_BODY_TOO_LARGE, f"body: {len(message.body)} bytes, the max is {c.MAX_MESSAGE_SIZE}"
@@ -411,7 +472,7 @@ def build_message(message: pb.Message, peer: str) -> InnerMessage:
         raise RequestError(pb.ILLEGAL_MESSAGE_ID, "system_properties.message_id: message id cannot be empty")
     properties: dict[str, str] = {}
     for key, value in message.user_properties.items():
-        if key in c.RESERVED_PROPERTY_NAMES or key.startswith("__"):
+        if key in SYSTEM_PROPERTIES:
             raise RequestError(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user_properties: {key!r} is used by system")
         if _has_control(key) or _has_control(value) or not key:
             raise RequestError(
@@ -447,9 +508,9 @@ def build_message(message: pb.Message, peer: str) -> InnerMessage:
             properties[c.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(seconds)
     if system.HasField("delivery_timestamp"):  # fillDelayMessageProperty: the broker's timer takes it
         deliver = timestamp_millis(system.delivery_timestamp, "system_properties.delivery_timestamp")
-        if deliver - time.time() * 1000 > c.TIMER_MAX_DELAY_MS:
+        if deliver - time.time() * 1000 > MAX_DELAY_MS:
             raise RequestError(
-                pb.ILLEGAL_DELIVERY_TIME, f"system_properties.delivery_timestamp: {deliver} is more than 3 days ahead"
+                pb.ILLEGAL_DELIVERY_TIME, f"system_properties.delivery_timestamp: {deliver} is more than 1 day ahead"
             )
         properties[c.PROPERTY_TIMER_DELIVER_MS] = str(deliver)
     if system.trace_context:
@@ -482,9 +543,12 @@ def timestamp_millis(value: pb_timestamp.Timestamp, field: str) -> int:
     is taken as ms, where RocketMQ's proxy refuses the message.
 
     Raises:
-        RequestError: ILLEGAL_DELIVERY_TIME for a negative time.
+        RequestError: ILLEGAL_DELIVERY_TIME for a negative time; INTERNAL_SERVER_ERROR for nanos
+            outside [0, 999999999], as the proxy answers such a timestamp.
     """
     seconds, millis = int(value.seconds), int(value.nanos) // 1_000_000
+    if not 0 <= value.nanos <= 999_999_999:
+        raise RequestError(pb.INTERNAL_SERVER_ERROR, f"{field}: Timestamp is not valid (nanos {value.nanos})")
     if seconds > MAX_TIMESTAMP_SECONDS:
         return seconds + millis
     if seconds < 0:
@@ -509,9 +573,12 @@ class TelemetryStream:
     producer, its place among the transactional producers of every served broker under each of
     its topics (the proxy's producer group), so that their check services reach it."""
 
-    def __init__(self, brokers: Mapping[str, Broker], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, brokers: Mapping[str, Broker], loop: asyncio.AbstractEventLoop, transactions: TransactionDataTable
+    ) -> None:
         self.brokers = brokers
         self.loop = loop
+        self.transactions = transactions
         self.outbox: asyncio.Queue[rpc.TelemetryCommand | None] = asyncio.Queue()  # the loop's own
         self.groups: set[str] = set()
         self._lock = threading.Lock()
@@ -539,11 +606,15 @@ class TelemetryStream:
 
     def check_transaction_state(self, broker: Broker, message: MessageExt) -> None:
         """A check-back of the re-put half ``message``: sent to the client, shown in its real topic
-        and queue; the client's checker answers with ``EndTransaction`` naming the copy."""
+        and queue, with its message id as transaction id; the re-put copy is what the client's
+        answer (``EndTransaction``) ends (``AbstractProxyRelayService.processCheckTransactionState``)."""
         real_topic = message.properties.get(c.PROPERTY_REAL_TOPIC, message.topic)
         real_queue = int(message.properties.get(c.PROPERTY_REAL_QUEUE_ID, message.queue_id))
+        transaction_id = message.uniq_key or message.msg_id
+        group = message.properties.get(c.PROPERTY_PRODUCER_GROUP, real_topic)
+        self.transactions.add(group, transaction_id, broker, message.commit_log_offset)
         command = rpc.RecoverOrphanedTransactionCommand(
-            message=protocol_message(message, real_topic, real_queue), transaction_id=message.msg_id
+            message=protocol_message(message, real_topic, real_queue), transaction_id=transaction_id
         )
         out = rpc.TelemetryCommand(recover_orphaned_transaction_command=command)
         try:  # called from the broker's check service thread
