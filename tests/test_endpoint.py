@@ -55,7 +55,9 @@ class Server:
         return self.process.wait(timeout=60)
 
 
-def _serve(lake: Path, *extra: str) -> Server:
+def start_serve(lake: Path, *extra: str) -> Server:
+    """``python -m broker_model serve`` on the lake, on a free loopback port, with ``extra`` options;
+    returns once it printed its address."""
     command = [sys.executable, "-m", "broker_model", "serve", "--lake", str(lake), "--listen", "127.0.0.1:0", *extra]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
@@ -66,7 +68,7 @@ def _serve(lake: Path, *extra: str) -> Server:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    running = _serve(tmp_path / "lake", "--brokers", "broker-a,broker-b", "--auto-create-topics")
+    running = start_serve(tmp_path / "lake", "--brokers", "broker-a,broker-b", "--auto-create-topics")
     yield running
     if running.process.poll() is None:
         running.stop()
@@ -111,7 +113,7 @@ def test_the_official_client_sends_and_the_lake_holds_what_it_was_told(server: S
 
 
 def test_a_server_whose_output_reader_is_gone_still_stops_cleanly(tmp_path: Path) -> None:
-    running = _serve(tmp_path / "lake", "--brokers", "broker-a")
+    running = start_serve(tmp_path / "lake", "--brokers", "broker-a")
     assert running.process.stdout is not None
     running.process.stdout.close()  # the process that started it went away
     assert running.stop() == 0
@@ -198,7 +200,7 @@ def test_bad_requests_get_the_protocol_codes_and_write_nothing(tmp_path: Path) -
     broker = Broker(BrokerConfig(lake, "broker-a")).start()
     broker.ensure_topic("Orders", 2)
     broker.shutdown()
-    server = _serve(lake, "--flush-mode", "SYNC_FLUSH")  # no auto-creation; an answered send is committed
+    server = start_serve(lake, "--flush-mode", "SYNC_FLUSH")  # no auto-creation; an answered send is committed
     try:
         stub = _stub(server)
         version = DeltaTable(str(COMMITLOG.location(lake))).version()
@@ -290,7 +292,7 @@ def test_transactions_commit_roll_back_and_are_checked_back_through_the_clients_
 ) -> None:
     lake = tmp_path / "lake"
     checks = ["--transaction-check-interval-ms", "300", "--transaction-timeout-ms", "1000", "--transaction-check-max"]
-    server = _serve(lake, "--brokers", "broker-a,broker-b", "--auto-create-topics", *checks, "3")
+    server = start_serve(lake, "--brokers", "broker-a,broker-b", "--auto-create-topics", *checks, "3")
     try:
         lines = _client(server, "Payments", "transaction", 2, threads=3)  # then the 3 check-backs of the open ones
         stub = _stub(server)
@@ -339,7 +341,7 @@ def test_transactions_commit_roll_back_and_are_checked_back_through_the_clients_
 
 def test_every_send_the_client_saw_succeed_survives_a_sigkill_of_the_server(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
-    server = _serve(lake, "--brokers", "broker-a,broker-b", "--auto-create-topics", "--flush-mode", "SYNC_FLUSH")
+    server = start_serve(lake, "--brokers", "broker-a,broker-b", "--auto-create-topics", "--flush-mode", "SYNC_FLUSH")
     home = tmp_path / "client-home"
     home.mkdir()
     command = [sys.executable, "-m", "tests.grpc_client_process", server.address, "Crash", "flood", "8", "16"]
@@ -355,7 +357,7 @@ def test_every_send_the_client_saw_succeed_survives_a_sigkill_of_the_server(tmp_
     told = [json.loads(line) for line in [*before_kill, *output.splitlines()] if line.startswith("{")]
     assert len(told) >= 60
 
-    restarted = _serve(lake, "--brokers", "broker-a,broker-b", "--flush-mode", "SYNC_FLUSH")  # recovery
+    restarted = start_serve(lake, "--brokers", "broker-a,broker-b", "--flush-mode", "SYNC_FLUSH")  # recovery
     assert restarted.stop() == 0
     records = _records(lake, "Crash")
     missing = [t for t in told if t["message_id"] not in records]
@@ -379,7 +381,7 @@ def test_with_an_acl_requests_must_be_signed_and_stay_within_their_topics(tmp_pa
     broker.shutdown()
     acl = tmp_path / "acl.json"
     acl.write_text(json.dumps({"accounts": [{"accessKey": "orders-app", "secretKey": "s3cret", "topics": ["Orders"]}]}))
-    server = _serve(lake, "--acl", str(acl), "--flush-mode", "SYNC_FLUSH")  # an answered send is committed
+    server = start_serve(lake, "--acl", str(acl), "--flush-mode", "SYNC_FLUSH")  # an answered send is committed
     try:
         sent = _client(server, "Orders", "normal", 3, RMQ_CLIENT_AK="orders-app", RMQ_CLIENT_SK="s3cret")
         assert len(sent) == 3
@@ -407,7 +409,7 @@ def test_the_official_client_sends_over_tls(tmp_path: Path) -> None:
     make = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)]
     names = ["-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"]
     subprocess.run([*make, *names], check=True, capture_output=True)
-    server = _serve(tmp_path / "lake", "--auto-create-topics", "--tls-cert", str(cert), "--tls-key", str(key))
+    server = start_serve(tmp_path / "lake", "--auto-create-topics", "--tls-cert", str(cert), "--tls-key", str(key))
     try:
         sent = _client(server, "Orders", "normal", 4, RMQ_CLIENT_TLS="1", GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=str(cert))
         assert len(sent) == 4
@@ -429,7 +431,7 @@ def _timer_records(lake: Path) -> tuple[dict[str, dict[str, Any]], list[dict[str
 
 def test_timer_messages_are_delivered_at_their_millisecond(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
-    server = _serve(lake, "--brokers", "broker-a,broker-b", "--auto-create-topics", "--flush-mode", "SYNC_FLUSH")
+    server = start_serve(lake, "--brokers", "broker-a,broker-b", "--auto-create-topics", "--flush-mode", "SYNC_FLUSH")
     try:
         sent = _client(server, "Later", "timer", 8)
         wait_until(lambda: len(_timer_records(lake)[1]) >= len(sent), "every timer message delivered")
@@ -451,14 +453,14 @@ def test_timer_messages_are_delivered_at_their_millisecond(tmp_path: Path) -> No
 def test_timer_delivery_neither_repeats_nor_skips_a_message_after_a_sigkill(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     arguments = ["--brokers", "broker-a", "--auto-create-topics", "--flush-mode", "SYNC_FLUSH"]
-    server = _serve(lake, *arguments)
+    server = start_serve(lake, *arguments)
     sent = _client(server, "Later", "timer", 16, RMQ_TIMER_STEP_MS="500")  # due over 1 s to 8.5 s from now
     wait_until(lambda: len(_timer_records(lake)[1]) >= 1, "a first timer message delivered")
     server.process.send_signal(signal.SIGKILL)  # some delivered, the later ones not yet
     server.process.wait(timeout=30)
     delivered_before = len(_timer_records(lake)[1])
     assert 1 <= delivered_before < len(sent)  # the kill landed between deliveries
-    restarted = _serve(lake, *arguments)
+    restarted = start_serve(lake, *arguments)
     try:
         wait_until(lambda: len(_timer_records(lake)[1]) >= len(sent), "every timer message delivered")
     finally:

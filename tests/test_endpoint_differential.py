@@ -32,7 +32,7 @@ from schemas.catalog import COMMITLOG
 from tests.apache_fixture import started_rocketmq
 from tests.apache_rocketmq import ApacheRocketMQ, GroupSpec, TopicSpec
 from tests.helpers import wait_until
-from tests.test_endpoint import NODE_CLIENT, Server, _serve
+from tests.test_endpoint import NODE_CLIENT, Server, start_serve
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.apache]
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,7 +136,7 @@ def ours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, A
     broker.shutdown()
     acl = base / "acl.json"
     acl.write_text(json.dumps({"accounts": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY, "topics": ["*"]}]}))
-    server = _serve(lake, "--brokers", "broker-a", "--flush-mode", "SYNC_FLUSH", "--acl", str(acl), *CHECKS)
+    server = start_serve(lake, "--brokers", "broker-a", "--flush-mode", "SYNC_FLUSH", "--acl", str(acl), *CHECKS)
     try:
         record = _script(server.address, base / "client-home")
         wait_until(lambda: _timer_copy(lake) is not None, "the script's timer message delivered")
