@@ -214,6 +214,7 @@ def test_show_dumps_binary_bodies_and_decompresses(
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.both_engines
 def test_redrive_dry_run_plans_and_writes_nothing(
     spark: SparkSession, lake: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -229,6 +230,7 @@ def test_redrive_dry_run_plans_and_writes_nothing(
     assert _redriven(lake, "broker-a", "Audit") == [] and _redriven(lake, "broker-b", "Audit") == []
 
 
+@pytest.mark.both_engines
 def test_redrive_executed_twice_sends_each_dead_letter_once(
     spark: SparkSession, lake: Path, base_lake: BaseLake
 ) -> None:

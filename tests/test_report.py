@@ -103,6 +103,7 @@ def test_a_lake_without_tables_gives_a_report_of_empty_sections(spark: SparkSess
     assert page.count("no data yet") == 8 and "<img" not in page
 
 
+@pytest.mark.both_engines
 def test_a_report_whose_inputs_did_not_change_is_not_drawn_again(spark: SparkSession, tmp_path: Path) -> None:
     from broker_model.tools import run_workload
     from jobs.dlq.job import RouteDlqConfig
@@ -172,6 +173,7 @@ def test_a_plot_is_drawn_again_only_when_its_rows_its_drawing_or_its_file_change
     assert report([{"a": 1}, {"a": 2}]) == b"png of 2 rows" and calls == [1, 2, 2, 2]
 
 
+@pytest.mark.both_engines
 def test_a_report_at_a_new_time_reuses_the_plots_of_unchanged_rows(spark: SparkSession, tmp_path: Path) -> None:
     from broker_model.tools import run_workload
 
@@ -220,6 +222,7 @@ _PROBE = (
 )
 
 
+@pytest.mark.both_engines
 @pytest.mark.slow
 def test_the_report_of_a_broker_workload_renders_with_its_plots_in_chromium(
     spark: SparkSession, tmp_path: Path
