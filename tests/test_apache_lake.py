@@ -25,6 +25,7 @@ The differences between the two, and why they stay, are in docs/apache.md.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -36,8 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from broker_model.common import constants as c
 from broker_model.store import read_table
 from broker_model.store.segment_files import list_commitlog_files
 from broker_model.store.store_configs import parse_fastjson
@@ -47,8 +50,11 @@ from jobs.nightly import run as nightly
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
 from jobs.rebuild_consume_queue.verify import BROKER_PROBLEMS
+from jobs.replay import build_config as build_replay_config
+from jobs.replay import run as replay
 from jobs.runs import JobRun
 from schemas.catalog import (
+    COMMITLOG,
     CONSUME_QUEUE,
     CONSUME_QUEUE_INTEGRITY,
     CONSUMER_OFFSET_COMMITS,
@@ -582,3 +588,70 @@ def test_a_reset_written_into_the_stopped_store_is_where_a_real_consumer_resumes
     assert {(e["queueId"], e["queueOffset"]) for e in consumed} == {
         (q, offset) for q, end in ends.items() for offset in range(1, end)
     }
+
+
+# how late after its due time the broker may deliver on a busy machine: the schedule service scans
+# each level's queue every 100 ms, the timer wheel reads its slots every second
+DELIVERY_SLACK_MS = 15_000
+
+
+def test_delayed_and_timer_messages_were_delivered_when_the_lake_says_they_were_due(observed: Observed) -> None:
+    """Each delay-level message's schedule record has, in the rebuilt consume queue, the delivery
+    time as its tags code (from the broker's delay-level table); the copy the broker put back into
+    the real topic was stored at or after it, within the services' slack, and the push consumer
+    got it after that. A timer message's record in the timer topic says its time (``TIMER_OUT_MS``);
+    its delivered copy was stored at or after it, and the SimpleConsumer received it after that."""
+    log = read_table(observed.lake, COMMITLOG, ["topic", "commit_log_offset", "store_timestamp", "properties"])
+    units = read_table(observed.lake, CONSUME_QUEUE, ["topic", "commit_log_offset", "tags_code"]).to_pylist()
+    due_of_unit = {r["commit_log_offset"]: r["tags_code"] for r in units if r["topic"] == c.SCHEDULE_TOPIC}
+    waiting: dict[str, int] = {}  # key -> due time, from the schedule and timer records
+    delivered: dict[str, list[int]] = defaultdict(list)  # key -> store times of the copies in real topics
+    for row in log.to_pylist():
+        properties = dict(row["properties"])
+        key = properties.get(c.PROPERTY_KEYS)
+        if key is None or not key.startswith(("jd-", "pt-")):  # the delayed sends (not the retries)
+            continue
+        if row["topic"] == c.SCHEDULE_TOPIC:
+            waiting[key] = due_of_unit[row["commit_log_offset"]]
+        elif row["topic"] == c.TIMER_TOPIC:
+            waiting[key] = int(properties[c.PROPERTY_TIMER_OUT_MS])
+        elif row["topic"] in ("JDelay", "PyTimer"):
+            delivered[key].append(row["store_timestamp"])
+    assert set(waiting) == {"jd-0", "jd-1", "pt-0", "pt-1"}
+    received = {e["key"]: e["deliverTime"] for e in _by(observed.java, "consumed", topic="JDelay")}
+    received |= {e["key"]: e["received_ms"] for e in _by(observed.python, "received", topic="PyTimer")}
+    for key, due in waiting.items():
+        stored = delivered[key]
+        assert len(stored) == 1, (key, stored)  # one copy delivered
+        assert due <= stored[0] <= due + DELIVERY_SLACK_MS, (key, due, stored[0])
+        assert received[key] >= stored[0], key
+
+
+def test_a_replay_of_the_ordered_topic_is_in_the_order_the_orderly_consumer_consumed(
+    observed: Observed, spark: SparkSession, tmp_path: Path
+) -> None:
+    """``replay_ordered`` of ``JOrder`` (sent through a selector by order key) into a table, on a copy
+    of the lake: per queue, the keys in replay order are the keys in the order the broker handed
+    them to the orderly push consumer (its first delivery of each)."""
+    lake, sink = tmp_path / "lake", tmp_path / "replayed"
+    shutil.copytree(observed.lake, lake)
+    args = ["--lake", str(lake), "--replay-id", "r1", "--topic", "JOrder", "--to-table", str(sink)]
+    assert replay(spark, build_replay_config([*args, "--engine", ENGINE])).status == "SUCCEEDED"
+    keys = {
+        (r["broker_name"], r["commit_log_offset"]): dict(r["properties"]).get(c.PROPERTY_KEYS)
+        for r in read_table(lake, COMMITLOG, ["broker_name", "commit_log_offset", "properties"]).to_pylist()
+    }
+    columns = ["source_queue_id", "source_broker_name", "source_commit_log_offset", "replay_batch", "replay_sequence"]
+    rows = sorted(
+        DeltaTable(str(sink)).to_pyarrow_table(columns=columns).to_pylist(),
+        key=lambda r: (r["replay_batch"], r["replay_sequence"]),
+    )
+    replayed: dict[int, list[str]] = defaultdict(list)
+    for row in rows:
+        replayed[row["source_queue_id"]].append(keys[(row["source_broker_name"], row["source_commit_log_offset"])])
+    consumed: dict[int, list[str]] = defaultdict(list)
+    for event in _by(observed.java, "consumed", group="j-orderly"):
+        if event["key"] not in consumed[event["queueId"]]:
+            consumed[event["queueId"]].append(event["key"])
+    assert sum(len(v) for v in replayed.values()) == 9
+    assert dict(replayed) == dict(consumed)
