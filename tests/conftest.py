@@ -21,15 +21,17 @@ TEST_SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
 }
-# The bridge pass evaluates expressions interpreted, not through generated Java code: the tests' data
-# is small, so compiling a class per query costs more than it saves (a quarter of the session's CPU
-# on the consumer_offsets tests: 94 s of the JVM's CPU against 123 s). Spark gives the same results
-# either way and tests both in its own suites; the delta-spark pass, the cluster test and every job
-# the tests start as a process of its own (spark-submit, the jobs' CLI) run with code generation.
-# The delta-spark pass must: without whole-stage code generation, Spark 4.2 evaluates a dynamic
-# partition pruning filter over Delta's scan before its subquery ran and fails the query
-# ("IN dynamicpruning#... has not finished"), in consumer_offsets' incremental chain.
+# The tests' session evaluates expressions interpreted, not through generated Java code: the tests'
+# data is small, so compiling a class per query costs more than it saves (a quarter of the session's
+# CPU on the consumer_offsets tests: 94 s of the JVM's CPU against 123 s). Spark gives the same
+# results either way and tests both in its own suites; every job the tests start as a process of its
+# own (spark-submit, the jobs' CLI, the replays killed mid-way, the cluster) runs with code generation.
+# On delta-spark the session also plans without dynamic partition pruning: interpreted, Spark 4.2
+# evaluates a pruning filter over Delta's scan before its subquery ran and fails the query ("IN
+# dynamicpruning#... has not finished", consumer_offsets' incremental chain); pruning changes which
+# files a query reads, never its rows, and the processes the tests start keep it.
 INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+DYNAMIC_PRUNING = "spark.sql.optimizer.dynamicPartitionPruning.enabled"
 
 
 @pytest.fixture(scope="session")
@@ -37,11 +39,10 @@ def spark() -> Iterator[SparkSession]:
     """The Spark session of the whole run, on :data:`tests.helpers.ENGINE` (bridge unless
     ``RMQ_TEST_ENGINE=delta-spark``, which adds the Delta jars: Ivy fetches them on first use, then
     finds them in its cache)."""
-    conf = dict(TEST_SPARK_CONF)
+    conf = {**TEST_SPARK_CONF, **INTERPRETED_CONF}
     if ENGINE == "delta-spark":
         conf["spark.jars.packages"] = delta_package()
-    else:
-        conf.update(INTERPRETED_CONF)
+        conf[DYNAMIC_PRUNING] = "false"
     session = build_session("tests", master="local[2]", engine=ENGINE, extra_conf=conf)
     session.sparkContext.setLogLevel("ERROR")
     yield session
