@@ -10,10 +10,11 @@ import pytest
 from google.protobuf import timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from broker_model.broker import Broker
 from broker_model.endpoint import EndpointConfig
 from broker_model.endpoint.acl import Acl
 from broker_model.endpoint.errors import RequestError
-from broker_model.endpoint.service import consistent_hash, java_hash, timestamp_millis
+from broker_model.endpoint.service import TransactionDataTable, consistent_hash, java_hash, timestamp_millis
 from schemas.errors import ValidationError
 
 
@@ -62,3 +63,18 @@ def test_bad_serve_settings_and_acl_files_are_refused_naming_the_field(tmp_path:
             Acl.load(acl)
     acl.write_text('{"accounts": [{"accessKey": "a", "secretKey": "s", "topics": ["*"]}]}')
     assert Acl.load(acl).accounts["a"].may_use_topic("Anything")
+
+
+def test_transaction_data_is_taken_once_newest_first_and_forgotten_once_expired(broker: Broker) -> None:
+    table = TransactionDataTable()
+    table.add("T", "id-1", broker, 100)
+    table.add("T", "id-1", broker, 200)  # the same id sent again (a client's retry)
+    table.add("T", "id-2", broker, 300)
+    assert table.poll("other-group", "id-1") is None
+    assert [table.poll("T", "id-1").commit_log_offset for _ in range(2)] == [200, 100]  # type: ignore[union-attr]
+    assert table.poll("T", "id-1") is None  # ended: a second end finds nothing
+    expired = TransactionDataTable(expire_ms=0)
+    expired.add("T", "id-3", broker, 400)
+    expired.add("T", "id-4", broker, 500)  # drops id-3, expired, from the front
+    assert expired.poll("T", "id-3") is None and expired.poll("T", "id-4") is None
+    assert table.poll("T", "id-2").commit_log_offset == 300  # type: ignore[union-attr]

@@ -116,8 +116,12 @@ class TransactionDataTable:
         """Keep where the half message of ``transaction_id`` is; drop what has expired."""
         now = time.monotonic()
         with self._lock:
-            for key in [k for k, found in self._data.items() if found[-1].expires < now]:
-                del self._data[key]
+            # every entry lives as long, and an id added again moves to the end: the oldest come first
+            while self._data:
+                oldest = next(iter(self._data))
+                if self._data[oldest][-1].expires >= now:
+                    break
+                del self._data[oldest]
             found = self._data.pop((group, transaction_id), [])
             found.append(TransactionData(broker, commit_log_offset, now + self.expire_s))
             self._data[(group, transaction_id)] = found[-TRANSACTION_DATA_MAX_NUM:]
@@ -357,7 +361,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         """Write the op (and final) records of the resolution.
 
         Raises:
-            RequestError: INVALID_TRANSACTION_ID for an id naming no half message here.
+            RequestError: INVALID_TRANSACTION_ID for an empty id; INTERNAL_SERVER_ERROR for an id
+                this endpoint holds no half message of (ended already, expired, never told).
             TransactionError: the half message cannot take this resolution.
         """
         if not request.transaction_id.strip():
