@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from broker_model.common import Message
 from broker_model.common import constants as c
 from broker_model.store.delta_commits import log_dir as delta_log_dir
 from broker_model.tools import plan_sends, run_workload
+from broker_model.tools.workload import FILLER, filler
 from schemas.catalog import PLAIN_ENCODED_COLUMNS
 from schemas.errors import BrokerError, BrokerLockedError, CommitFailedError, ValidationError
 from tests.helpers import column_encodings
@@ -67,6 +69,14 @@ def _content(row: dict[str, object]) -> tuple[object, ...]:
 
 def _planned(message: Message) -> tuple[object, ...]:
     return message.topic, message.body, message.tags, message.keys, message.properties.get("DELAY")
+
+
+@pytest.mark.parametrize("seed", [0, 7, 41])
+def test_the_bulk_filler_draws_what_one_choice_at_a_time_draws_and_leaves_the_generator_there(seed: int) -> None:
+    one, bulk = random.Random(seed), random.Random(seed)
+    for count in (0, 1, 4096, 9000):
+        assert filler(bulk, count) == bytes(one.choice(FILLER) for _ in range(count))
+        assert bulk.getstate() == one.getstate()
 
 
 def test_delayed_message_goes_to_schedule_topic_with_real_topic_kept(tmp_path: Path) -> None:

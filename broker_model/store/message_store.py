@@ -43,6 +43,8 @@ MAX_FILTER_SCAN = 16000 // 20  # maxFilterMessageSize / CQ_STORE_UNIT_SIZE: cons
 BROKER_SUSPEND_MAX_TIME_MS = 15000  # the client's suspend timeout
 SHORT_POLLING_TIME_MS = 1000  # shortPollingTimeMills: the hold when long polling is off
 LONG_POLLING_CHECK_MS = 5000  # the hold service re-checks held pulls this often
+RUN_ROWS = 256  # rows of a file made into Python values together when one of them is read
+RUN_CACHE_BYTES = 32 << 20  # Arrow bytes of the runs of rows kept as Python values
 _INDEX_COLUMNS = [
     "commit_log_offset",
     "store_size",
@@ -218,6 +220,10 @@ class MessageStore:
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._cache_bytes = cache_bytes
         self._cached = 0
+        # rows of recently read runs of rows as Python values: a consumer reads a queue's rows one
+        # after another, and one Arrow row made into Python costs as much as a few hundred in a run
+        self._runs: OrderedDict[tuple[int, int], tuple[dict[str, list[Any]], int]] = OrderedDict()
+        self._run_bytes = 0
         self._tail: CommitTail | None = None
         self._undispatched: list[tuple[str, pa.Table | None]] = []  # committed here, not yet indexed
         self._written: dict[str, pa.Table] = {}  # rows of the commit being dispatched through refresh
@@ -242,6 +248,7 @@ class MessageStore:
             self._file_ids.clear()
             self._cache.clear()
             self._cached = 0
+            self._forget_runs()
             try:
                 table = load_table(path)
             except TableNotFoundError:
@@ -343,6 +350,8 @@ class MessageStore:
         for file_id in gone:
             evicted = self._cache.pop(file_id, None)
             self._cached -= 0 if evicted is None else evicted.nbytes
+        if gone:
+            self._forget_runs()
         return True
 
     def _locate(self, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -484,14 +493,34 @@ class MessageStore:
             queue = self._queues[(topic, queue_id)]
             index = queue_offset - queue.min_offset
             try:
-                rows = self._read_file(queue.files[index]).slice(queue.rows[index], 1)
-                row: dict[str, Any] = rows.to_pylist()[0]
-                return row
+                columns, first = self._run_of(queue.files[index], queue.rows[index])
+                at = queue.rows[index] - first
+                return {name: values[at] for name, values in columns.items()}
             except FileNotFoundError:
                 if recover is None:
                     raise
                 recover()
         raise AssertionError("unreachable")
+
+    def _run_of(self, file_id: int, row: int) -> tuple[dict[str, list[Any]], int]:
+        """The run of :data:`RUN_ROWS` rows of file ``file_id`` holding ``row``, as Python values per
+        column, and the run's first row (caller holds the lock)."""
+        key = (file_id, row // RUN_ROWS)
+        cached = self._runs.get(key)
+        if cached is not None:
+            self._runs.move_to_end(key)
+            return cached[0], key[1] * RUN_ROWS
+        piece = self._read_file(file_id).slice(key[1] * RUN_ROWS, RUN_ROWS)
+        self._runs[key] = (piece.to_pydict(), piece.nbytes)
+        self._run_bytes += piece.nbytes
+        while self._run_bytes > RUN_CACHE_BYTES and len(self._runs) > 1:
+            _, (_, size) = self._runs.popitem(last=False)
+            self._run_bytes -= size
+        return self._runs[key][0], key[1] * RUN_ROWS
+
+    def _forget_runs(self) -> None:
+        self._runs.clear()
+        self._run_bytes = 0
 
     def _message(self, topic: str, queue_id: int, queue_offset: int, decompress: bool = True) -> MessageExt:
         row = self._row(topic, queue_id, queue_offset)

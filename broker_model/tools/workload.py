@@ -7,6 +7,7 @@ several threads; thread interleaving decides offsets, the plan decides content.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import threading
@@ -16,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from broker_model.broker import (
     Broker,
@@ -119,10 +122,46 @@ def _message(
     payload = {"id": rng.randrange(10**9), "key": key, "amount": round(rng.uniform(1, 5000), 2)}
     body = json.dumps(payload).encode()
     if rng.random() < 0.02:
-        body += b" " + bytes(rng.choice(b"abcdefgh") for _ in range(rng.randint(4096, 9000)))
+        body += b" " + filler(rng, rng.randint(4096, 9000))
     elif rng.random() < 0.5:
         body += b" " + b"x" * rng.randint(0, 400)
     return Message.create(topic, body, tags=tag or None, keys=[key], delay_level=delay)
+
+
+FILLER = b"abcdefgh"  # the letters of the bodies over 4 KiB
+
+
+def filler(rng: random.Random, count: int) -> bytes:
+    """``bytes(rng.choice(FILLER) for _ in range(count))``, leaving ``rng`` where that leaves it,
+    drawn in bulk: ``choice`` of 8 takes the top 4 bits of one 32-bit word of the generator per try
+    and keeps a value below 8. Every process checks once that its ``random`` still draws so, and
+    draws one letter at a time when it does not."""
+    if not _bulk_draws_match():
+        return bytes(rng.choice(FILLER) for _ in range(count))
+    return _bulk_filler(rng, count)
+
+
+def _bulk_filler(rng: random.Random, count: int) -> bytes:
+    if count <= 0:
+        return b""
+    state = rng.getstate()
+    words = 2 * count + 64
+    while True:
+        drawn = np.frombuffer(rng.getrandbits(32 * words).to_bytes(4 * words, "little"), dtype="<u4") >> 28
+        kept = np.flatnonzero(drawn < len(FILLER))
+        rng.setstate(state)
+        if len(kept) >= count:
+            break
+        words *= 2
+    rng.getrandbits(32 * (int(kept[count - 1]) + 1))  # the words the tries took, and no more
+    return bytes(np.frombuffer(FILLER, dtype=np.uint8)[drawn[kept[:count]]])
+
+
+@functools.cache
+def _bulk_draws_match() -> bool:
+    one, bulk = random.Random(20_241_127), random.Random(20_241_127)
+    letters = bytes(one.choice(FILLER) for _ in range(1_000))
+    return _bulk_filler(bulk, 1_000) == letters and one.random() == bulk.random()
 
 
 def start_brokers(
