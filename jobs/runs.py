@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from jobs.lake import Lake
+from jobs.lake import Lake, ReadCost
 from schemas.catalog import JOB_RUNS, TableSpec, spark_schema
 
 if TYPE_CHECKING:
@@ -34,6 +34,35 @@ Parameter = int | str | bool | None
 class CannotFold(Exception):
     """An incremental step cannot give the full run's table exactly; the message says why, and the
     run computes from the whole inputs instead (and records why)."""
+
+
+class ReadBudget:
+    """What a run may read to move its previous table on: no more rows than computing the table
+    whole would read (:meth:`jobs.lake.Lake.read_cost`). Each read of the moving on is
+    :meth:`spend`-ed before it is made; the one that would pass the whole computation's rows stops
+    it with :class:`CannotFold`, and the run computes whole, saying why."""
+
+    def __init__(self, whole: ReadCost) -> None:
+        self.whole = whole
+        self.spent = ReadCost()
+
+    def spend(self, what: str, cost: ReadCost) -> None:
+        """Count ``cost`` (a read named ``what``) before it is made.
+
+        Raises:
+            CannotFold: moving on would read more rows than the whole computation.
+        """
+        self.spent += cost
+        if self.spent.rows > self.whole.rows:
+            raise CannotFold(
+                f"moving on would read {self.spent} (with {what}: {cost}), more than computing whole: {self.whole}"
+            )
+
+    def record(self, job_run: JobRun) -> None:
+        """Put what moving on read and what the whole computation would have read into the run's
+        record (``parameters``: ``read_rows``, ``whole_rows``)."""
+        job_run.parameters["read_rows"] = self.spent.rows
+        job_run.parameters["whole_rows"] = self.whole.rows
 
 
 @dataclass

@@ -422,7 +422,7 @@ def test_run_on_a_lake_without_inputs_writes_an_empty_table(spark: SparkSession,
     assert lake.read(CONSUMER_OFFSETS).count() == 0
     assert (job_run.status, job_run.input_versions) == ("SUCCEEDED", {})
     assert job_run.row_counts == {"consumer_offset_commits": 0, "consume_queue": 0, "consumer_offsets": 0}
-    assert _runs(lake) == [("SUCCEEDED", "consumer_offsets overwritten", {"as_of": "1000"})]
+    assert _runs(lake) == [("SUCCEEDED", "consumer_offsets overwritten", {"as_of": "1000", "plan": '"whole"'})]
 
 
 @pytest.fixture

@@ -96,7 +96,7 @@ def test_a_lake_from_before_the_parameters_column_computes_in_full_then_reuses(s
     assert lake.version(CONSUMER_OFFSETS) == output_version + 1
     runs = {r["run_id"]: r for r in lake.read_rows(JOB_RUNS).to_pylist()}
     assert runs["old"]["parameters"] is None and runs["old"]["message"].startswith(f"as_of={_AS_OF}")
-    assert dict(runs[again.run_id]["parameters"]) == {"as_of": str(_AS_OF), "through": "1000"}
+    assert dict(runs[again.run_id]["parameters"]) == {"as_of": str(_AS_OF), "plan": '"whole"', "through": "1000"}
 
     third = consumer_offsets(spark, ConsumerOffsetsConfig(lake.root, _AS_OF, engine=ENGINE))
     assert third.status == "NOOP"  # a run recorded with its parameters is reused

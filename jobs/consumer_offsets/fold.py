@@ -135,6 +135,17 @@ def fold(
     return [_row(key, current.get(key), bounds.get(key[1:]), time_at, as_of) for key in sorted(listed)]
 
 
+def row_times_at(rows: pa.Table, wanted: Mapping[QueueKey, set[int]]) -> dict[tuple[QueueKey, int], int]:
+    """Per (queue, offset) of ``wanted`` that consume-queue ``rows`` (:data:`CQ_ROW_COLUMNS`) hold,
+    the earliest store time there."""
+    names = ["broker_name", "topic", "queue_id", "queue_offset"]
+    key_schema = pa.schema([CONSUME_QUEUE.arrow_schema.field(name) for name in names])
+    pairs = [dict(zip(names, (*queue, offset), strict=True)) for queue, offsets in wanted.items() for offset in offsets]
+    if not rows.num_rows or not pairs:
+        return {}
+    return _earliest_times(rows.join(pa.Table.from_pylist(pairs, schema=key_schema), keys=names, join_type="inner"))
+
+
 def compute(
     as_of: int,
     commits: pa.Table,

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from broker_model.common import QueueKey
+from broker_model.common import RETRY_GROUP_TOPIC_PREFIX, QueueKey
 from jobs.cli import add_as_of, add_driver_limit, as_of_of, iso_utc, job_parser, run_spark_job, text_table
 from jobs.consumer_offsets.fold import (
     CQ_ROW_COLUMNS,
@@ -26,6 +26,7 @@ from jobs.consumer_offsets.fold import (
     configured_queues,
     fold,
     latest_time,
+    row_times_at,
     subscribed_topics,
 )
 from jobs.consumer_offsets.transforms import (
@@ -36,7 +37,16 @@ from jobs.consumer_offsets.transforms import (
 )
 from jobs.lake import IncrementalReadError, Lake
 from jobs.rules import build_current_offsets
-from jobs.runs import CannotFold, JobRun, can_reuse, last_reusable, read_or_empty, recorded_run, table_versions
+from jobs.runs import (
+    CannotFold,
+    JobRun,
+    ReadBudget,
+    can_reuse,
+    last_reusable,
+    read_or_empty,
+    recorded_run,
+    table_versions,
+)
 from schemas.catalog import (
     CONSUME_QUEUE,
     CONSUMER_OFFSET_COMMITS,
@@ -120,11 +130,13 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
         if version is None and not config.full and previous is not None:
             try:
                 version, through = _fold_and_write(lake, job_run, previous, config.as_of)
-                job_run.conclude("SUCCEEDED", "consumer_offsets moved on by the new rows")
+                job_run.parameters["plan"] = "moved on"
+                job_run.conclude("SUCCEEDED", job_run.message)
             except CannotFold as why:
                 print(f"{JOB}: computing from the whole inputs: {why}")
                 job_run.message = f"computed in full: {why}"
         if version is None:
+            job_run.parameters["plan"] = "whole"
             version, through = _compute_and_write(lake, job_run, config.as_of, config.driver_rows)
             job_run.conclude("SUCCEEDED", job_run.message or "consumer_offsets overwritten")
         if through is not None:
@@ -200,10 +212,11 @@ def _newest_input_time(lake: Lake, versions: Mapping[str, int]) -> int | None:
 
 
 def _fold_and_write(lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], as_of: int) -> tuple[int, int]:
-    """The previous table moved on to ``as_of`` and written (version, greatest input time).
+    """The previous table moved on to ``as_of`` and written (version, greatest input time), reading
+    no more rows than the whole computation would (:class:`ReadBudget`, recorded in the run).
 
     Raises:
-        CannotFold: why it cannot be (then nothing is written).
+        CannotFold: why it cannot be, or would cost more (then nothing is written).
     """
     before, now = previous_run["input_versions"], job_run.input_versions
     if not set(INPUT_NAMES) <= set(before) or not set(INPUT_NAMES) <= set(now):
@@ -214,28 +227,48 @@ def _fold_and_write(lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any]
         raise CannotFold("the previous run recorded no as_of and through")
     if output_version != lake.version(CONSUMER_OFFSETS):
         raise CannotFold("the previous run left no table to move on")
+    commits_range = (before[CONSUMER_OFFSET_COMMITS.name], now[CONSUMER_OFFSET_COMMITS.name])
+    cq_range = (before[CONSUME_QUEUE.name], now[CONSUME_QUEUE.name])
+    cq_version = now[CONSUME_QUEUE.name]
     try:
-        commits_range = (before[CONSUMER_OFFSET_COMMITS.name], now[CONSUMER_OFFSET_COMMITS.name])
+        commits_cost = lake.appended_cost(CONSUMER_OFFSET_COMMITS, *commits_range)
         commits = lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS, *commits_range)
-        cq_range = (before[CONSUME_QUEUE.name], now[CONSUME_QUEUE.name])
-        cq_rows = lake.read_appended_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, *cq_range)
+        cq_cost = lake.appended_cost(CONSUME_QUEUE, *cq_range)
     except (IncrementalReadError, ValidationError) as err:
         raise CannotFold(str(err)) from err
     previous = Previous(lake.read_rows(CONSUMER_OFFSETS, version=output_version).to_pylist(), previous_as_of, through)
     check_foldable(previous, as_of, commits)
-    cq_version = now[CONSUME_QUEUE.name]
+    topics = {row["topic"] for row in previous.rows} | subscribed_topics(commits, as_of)
+    topics |= {RETRY_GROUP_TOPIC_PREFIX + row["group"] for row in previous.rows}
+    whole = lake.read_cost(CONSUMER_OFFSET_COMMITS, now[CONSUMER_OFFSET_COMMITS.name]) + lake.read_cost(
+        CONSUME_QUEUE, cq_version, {"topic": sorted(topics)}
+    )
+    budget = ReadBudget(whole)
+    budget.spend("the previous table", lake.read_cost(CONSUMER_OFFSETS, output_version))
+    budget.spend("the new offset commits", commits_cost)
+    budget.spend("the new consume-queue rows", cq_cost)
+    try:
+        cq_rows = lake.read_appended_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, *cq_range)
+    except (IncrementalReadError, ValidationError) as err:
+        raise CannotFold(str(err)) from err
 
-    def read_topics(topics: set[str]) -> pa.Table:
-        return lake.read_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, [("topic", "in", sorted(topics))], cq_version)
+    def read_topics(first: set[str]) -> pa.Table:
+        budget.spend(
+            "the topics subscribed to for the first time",
+            lake.read_cost(CONSUME_QUEUE, cq_version, {"topic": sorted(first)}),
+        )
+        return lake.read_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, [("topic", "in", sorted(first))], cq_version)
 
     def lookup(wanted: Mapping[QueueKey, set[int]]) -> dict[tuple[QueueKey, int], int]:
-        return cq_row_times(lake, cq_version, wanted, as_of)
+        return cq_row_times(lake, cq_version, wanted, as_of, budget)
 
     configured = configured_queues(_topic_config(lake, now), as_of)  # whole: the queues that may be empty at as_of
     rows = fold(previous, as_of, commits, cq_rows, read_topics, lookup, configured)
     version = lake.overwrite_rows(CONSUMER_OFFSETS, pa.Table.from_pylist(rows, schema=CONSUMER_OFFSETS.arrow_schema))
     if version is None:
         raise LakeError(f"the overwrite of {lake.location(CONSUMER_OFFSETS)} committed no version; run the job again")
+    budget.record(job_run)
+    job_run.message = f"moved on: read {budget.spent}, computing whole would read {budget.whole}"
     job_run.row_counts[f"new {CONSUMER_OFFSET_COMMITS.name}"] = commits.num_rows
     job_run.row_counts[f"new {CONSUME_QUEUE.name}"] = cq_rows.num_rows
     newest = latest_time((commits, "commit_timestamp"), (cq_rows, "store_timestamp"))
@@ -243,26 +276,33 @@ def _fold_and_write(lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any]
 
 
 def cq_row_times(
-    lake: Lake, version: int, wanted: Mapping[QueueKey, set[int]], as_of: int
+    lake: Lake, version: int, wanted: Mapping[QueueKey, set[int]], as_of: int, budget: ReadBudget | None = None
 ) -> dict[tuple[QueueKey, int], int]:
     """The earliest store time at or before ``as_of`` of the consume-queue rows (at ``version``)
-    at the ``wanted`` queue offsets of each queue; offsets without such a row are absent."""
-    topics = sorted({queue[1] for queue in wanted})
+    at the ``wanted`` queue offsets of each queue; offsets without such a row are absent. Reads the
+    files of each queue's topic whose offsets may reach the queue's wanted ones (counted in
+    ``budget`` first), and of those only the rows of each queue between its least and greatest
+    wanted offset."""
+    spans: dict[str, tuple[int, int]] = {}
+    for (_, topic, _), offsets in wanted.items():
+        low, high = spans.get(topic, (min(offsets), max(offsets)))
+        spans[topic] = (min(low, *offsets), max(high, *offsets))
+    if budget is not None:
+        for topic, span in sorted(spans.items()):
+            cost = lake.read_cost(CONSUME_QUEUE, version, {"topic": [topic]}, {"queue_offset": span})
+            budget.spend(f"the rows at the offsets moved commits point at in {topic}", cost)
     filters = [
-        ("topic", "in", topics),
-        ("queue_offset", ">=", min(min(offsets) for offsets in wanted.values())),
-        ("queue_offset", "<=", max(max(offsets) for offsets in wanted.values())),
-        ("store_timestamp", "<=", as_of),
+        [
+            ("topic", "=", topic),
+            ("broker_name", "=", broker),
+            ("queue_id", "=", queue_id),
+            ("queue_offset", ">=", min(offsets)),
+            ("queue_offset", "<=", max(offsets)),
+            ("store_timestamp", "<=", as_of),
+        ]
+        for (broker, topic, queue_id), offsets in sorted(wanted.items())
     ]
-    rows = lake.read_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, filters, version)
-    times: dict[tuple[QueueKey, int], int] = {}
-    for row in rows.to_pylist():
-        queue = (row["broker_name"], row["topic"], row["queue_id"])
-        offset = row["queue_offset"]
-        if offset in wanted.get(queue, ()):
-            key = (queue, offset)
-            times[key] = min(times.get(key, row["store_timestamp"]), row["store_timestamp"])
-    return times
+    return row_times_at(lake.read_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, filters, version), wanted)
 
 
 def _previous_run(lake: Lake) -> dict[str, Any] | None:

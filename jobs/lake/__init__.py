@@ -1,11 +1,12 @@
-"""The one door to Delta on the Spark side: :class:`Lake` reads and writes the catalog's tables through one of
-two engines (the bridge, or delta-spark where its JVM classes are present), and builds the Spark session
-that knows which (see docs/architecture.md and docs/lake.md).
+"""The one door to Delta on the Spark side: :class:`Lake` reads and writes the catalog's tables through
+one of two engines (the bridge, or delta-spark where its JVM classes are present), and builds the
+Spark session that knows which (see docs/architecture.md and docs/lake.md).
 
 The modules behind it: ``facade`` (:class:`Lake`), ``engine`` (the engine contract), ``bridge`` and
 ``delta_spark`` (the two engines), ``snapshots`` (tables loaded once per version, their files),
 ``driver_reads`` (data files read on the driver), ``conform`` (frames conformed to the catalog),
-``compaction`` (the commit log's small files rewritten) and ``session`` (the Spark session).
+``costs`` (what a read will go through, from the log), ``compaction`` (the commit log's small files
+rewritten) and ``session`` (the Spark session).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from jobs.lake.bridge import WrittenFile, WrittenFiles
 from jobs.lake.compaction import CompactSummary, commitlog_files, compact, plan_compaction
 from jobs.lake.conform import conform_to_catalog
+from jobs.lake.costs import ReadCost
 from jobs.lake.facade import Lake
 from jobs.lake.session import (
     DELTA_CONF,
@@ -33,6 +35,7 @@ __all__ = [
     "CompactSummary",
     "IncrementalReadError",
     "Lake",
+    "ReadCost",
     "WrittenFile",
     "WrittenFiles",
     "build_session",

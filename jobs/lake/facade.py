@@ -27,6 +27,7 @@ from jobs.lake.conform import (
     not_null_violation,
     partition_targets,
 )
+from jobs.lake.costs import ReadCost, files_cost, overlapping
 from jobs.lake.delta_spark import DeltaSparkEngine
 from jobs.lake.driver_reads import FileReader, read_files, scan_chunks
 from jobs.lake.engine import LakeEngine, PartitionFilter, PartitionValues, TableWrite, WriteMode
@@ -249,6 +250,45 @@ class Lake:
         if records is None or records.null_count:
             return self.read(spec, version=version).count()
         return int(pc.sum(records).as_py())
+
+    def read_cost(
+        self,
+        name_or_spec: str | TableSpec,
+        version: int | None = None,
+        partition_filter: PartitionFilter | None = None,
+        ranges: Mapping[str, tuple[Any, Any]] | None = None,
+    ) -> ReadCost:
+        """What a read on the driver of the table (at ``version``; None: the latest) would go
+        through, from its log alone: the files ``partition_filter`` keeps (as :meth:`read`) whose
+        statistics overlap each closed range of ``ranges`` (column -> (low, high)). Nothing for an
+        absent table.
+
+        Raises:
+            ValidationError: a bad version, partition filter or range column.
+        """
+        spec = _spec(name_or_spec)
+        _check_version(version)
+        check_partition_filter(partition_filter, list(spec.partition_by), spec.name)
+        check_column_names(spec, "ranges", list(ranges or {}), spec.data_columns)
+        table_dir = local_directory(self.location(spec))
+        if not DeltaTable.is_deltatable(table_dir):
+            return ReadCost()
+        actions = add_actions(open_table(table_dir, version))
+        if partition_filter and actions.num_rows:
+            kept = prune(active_files(actions, spec.partition_by), partition_filter).column("path")
+            actions = actions.filter(pc.is_in(actions.column("path"), value_set=kept))
+        return files_cost(table_dir, overlapping(actions, ranges or {}))
+
+    def appended_cost(
+        self, name_or_spec: str | TableSpec, after_version: int, up_to_version: int | None = None
+    ) -> ReadCost:
+        """What :meth:`read_appended_rows` of the range would go through, from the log alone.
+        Errors as :meth:`read_appended`."""
+        table_dir, dt, files = self._appended(_spec(name_or_spec), after_version, up_to_version)
+        actions = add_actions(dt)
+        if actions.num_rows:
+            actions = actions.filter(pc.is_in(actions.column("path"), value_set=files.column("path")))
+        return files_cost(table_dir, actions)
 
     def stage_files(self, name_or_spec: str | TableSpec, df: DataFrame, stage_by: str) -> WrittenFiles:
         """Write ``df`` (the table's columns plus ``stage_by``) as data files inside the table,
