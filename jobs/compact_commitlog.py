@@ -19,6 +19,7 @@ from jobs.lake import (
     Lake,
     commitlog_files,
     compact,
+    pack_appended,
     plan_compaction,
 )
 from jobs.runs import JobRun, last_reusable, recorded_run
@@ -109,26 +110,39 @@ def read_up_to(lake: Lake) -> int | None:
 COMMIT_READERS = ("consumer_offsets", "route_dlq")
 
 
-def commits_read_up_to(lake: Lake) -> int | None:
-    """The ``consumer_offset_commits`` version every job that reads its appends has read: the
-    hourly summaries' (:mod:`jobs.hours`) and the last runs' of :data:`COMMIT_READERS` (None when
-    none has read it)."""
+def commits_read_versions(lake: Lake) -> list[int]:
+    """The ``consumer_offset_commits`` versions the jobs that read its appends have read: the
+    hourly summaries' (:mod:`jobs.hours`) and the last runs' of :data:`COMMIT_READERS` (none for
+    a reader that has not read it)."""
     versions = [lake.transaction_version(COMMIT_HOURS, hours.APP_ID) if lake.exists(COMMIT_HOURS) else None]
     for job in COMMIT_READERS:
         previous = last_reusable(lake, job)
         versions.append(previous["input_versions"].get(CONSUMER_OFFSET_COMMITS.name) if previous else None)
-    return min((v for v in versions if v is not None), default=None)
+    return [v for v in versions if v is not None]
+
+
+def commits_read_up_to(lake: Lake) -> int | None:
+    """The ``consumer_offset_commits`` version every job that reads its appends has read (None when
+    none has read it)."""
+    return min(commits_read_versions(lake), default=None)
 
 
 def pack_offset_commits(lake: Lake) -> int | None:
     """Pack the small files of ``consumer_offset_commits`` (a broker appends one per offset flush,
-    every few seconds) among those every incremental reader has read (:func:`commits_read_up_to`,
-    the latest version when none has); :meth:`Lake.pack_read_files`. The version committed, None
-    when nothing was packed."""
-    up_to = commits_read_up_to(lake)
+    every few seconds): those every incremental reader has read (:func:`commits_read_up_to`, the
+    latest version when none has; :meth:`Lake.pack_read_files`), then those appended after, in
+    groups no reader's range splits (:func:`jobs.lake.pack_appended`), so that the next runs read
+    a few files where the brokers left thousands. The last version committed, None when nothing
+    was packed."""
+    versions = commits_read_versions(lake)
+    up_to = min(versions, default=None)
     if up_to is None:
         up_to = lake.version(CONSUMER_OFFSET_COMMITS)
-    return None if up_to is None else lake.pack_read_files(CONSUMER_OFFSET_COMMITS, up_to)
+    if up_to is None:
+        return None
+    packed = lake.pack_read_files(CONSUMER_OFFSET_COMMITS, up_to)
+    later = pack_appended(lake, CONSUMER_OFFSET_COMMITS, versions)
+    return later[-1] if later else packed
 
 
 # ---------------------------------------------------------------------------------------------

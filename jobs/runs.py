@@ -36,33 +36,43 @@ class CannotFold(Exception):
     run computes from the whole inputs instead (and records why)."""
 
 
+MOVE_ON_SHARE = 0.5
+"""Moving on is taken while it reads at most this share of what computing whole reads (by
+:attr:`ReadCost.weight`): beyond its reads it also merges by key in Python, which the whole
+computation does in Arrow."""
+
+
 class ReadBudget:
-    """What a run may read to move its previous table on: no more rows than computing the table
-    whole would read (:meth:`jobs.lake.Lake.read_cost`). Each read of the moving on is
-    :meth:`spend`-ed before it is made; the one that would pass the whole computation's rows stops
+    """What a run may read to move its previous table on: at most ``share`` of what computing the
+    table whole would read (:meth:`jobs.lake.Lake.read_cost`, by :attr:`ReadCost.weight`). Each read
+    of the moving on is :meth:`spend`-ed before it is made; the one that would pass the limit stops
     it with :class:`CannotFold`, and the run computes whole, saying why."""
 
-    def __init__(self, whole: ReadCost) -> None:
+    def __init__(self, whole: ReadCost, share: float = MOVE_ON_SHARE) -> None:
         self.whole = whole
+        self.share = share
         self.spent = ReadCost()
 
     def spend(self, what: str, cost: ReadCost) -> None:
         """Count ``cost`` (a read named ``what``) before it is made.
 
         Raises:
-            CannotFold: moving on would read more rows than the whole computation.
+            CannotFold: moving on would read more than its share of the whole computation.
         """
         self.spent += cost
-        if self.spent.rows > self.whole.rows:
+        if self.spent.weight > self.share * self.whole.weight:
             raise CannotFold(
-                f"moving on would read {self.spent} (with {what}: {cost}), more than computing whole: {self.whole}"
+                f"moving on would read {self.spent} (with {what}: {cost}), more than {self.share:g} of "
+                f"computing whole: {self.whole}"
             )
 
     def record(self, job_run: JobRun) -> None:
         """Put what moving on read and what the whole computation would have read into the run's
-        record (``parameters``: ``read_rows``, ``whole_rows``)."""
+        record (``parameters``: ``read_rows``, ``read_files``, ``whole_rows``, ``whole_files``)."""
         job_run.parameters["read_rows"] = self.spent.rows
+        job_run.parameters["read_files"] = self.spent.files
         job_run.parameters["whole_rows"] = self.whole.rows
+        job_run.parameters["whole_files"] = self.whole.files
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pyspark.sql.types import StructField, StructType
 
 from broker_model.store import ensure_table
 from broker_model.store.delta_commits import commit_path
-from jobs.lake import ENGINE_CONF, IncrementalReadError, Lake, detect_engine, resolve_engine
+from jobs.lake import ENGINE_CONF, IncrementalReadError, Lake, detect_engine, pack_appended, resolve_engine
 from jobs.lake.bridge import commit_data_files, write_data_files
 from schemas.catalog import (
     COMMITLOG,
@@ -684,3 +684,47 @@ def test_small_files_piling_up_in_a_table_appended_row_by_row_are_packed_with_ev
     configs = DeltaTable(str(lake.location(TOPIC_CONFIG)))
     assert len(configs.file_uris()) <= SMALL_TABLE_FILES
     assert configs.to_pyarrow_table().num_rows == SMALL_TABLE_FILES + 2
+
+
+def _commit_rows(first: int, count: int) -> pa.Table:
+    rows = [
+        {
+            "group": "cg",
+            "broker_name": "broker-a",
+            "topic": "TopicA",
+            "queue_id": i % 4,
+            "offset": i,
+            "commit_timestamp": 1_700_000_000_000 + i,
+            "source": "consumer",
+            "client_id": "10.0.0.1@1",
+        }
+        for i in range(first, first + count)
+    ]
+    return pa.Table.from_pylist(rows, schema=CONSUMER_OFFSET_COMMITS.arrow_schema)
+
+
+def test_appends_packed_in_groups_between_the_readers_versions_read_as_those_appends(lake: Lake) -> None:
+    versions = []
+    for i in range(60):  # a file per append, as a broker's offset flushes
+        versions.append(lake.append_rows(CONSUMER_OFFSET_COMMITS, _commit_rows(i, 1)))
+    early, late = versions[9], versions[29]  # the versions two readers have read
+
+    committed = pack_appended(lake, CONSUMER_OFFSET_COMMITS, [early, late])
+
+    assert len(committed) == 2  # (early, late] and (late, latest]: 20 files, then 30
+    table = DeltaTable(str(lake.location(CONSUMER_OFFSET_COMMITS)))
+    assert pa.table(table.get_add_actions()).num_rows == 10 + 1 + 1  # the 10 before early are not packed here
+    for after, first in ((early, 10), (late, 30)):
+        offsets = lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, ["offset"], after).column("offset").to_pylist()
+        assert sorted(offsets) == list(range(first, 60))
+    assert sorted(lake.read_rows(CONSUMER_OFFSET_COMMITS, ["offset"]).column("offset").to_pylist()) == list(range(60))
+
+
+def test_a_rewrite_of_appends_from_both_sides_of_a_readers_version_sends_it_back_to_a_whole_read(lake: Lake) -> None:
+    versions = [lake.append_rows(CONSUMER_OFFSET_COMMITS, _commit_rows(i, 1)) for i in range(40)]
+    assert pack_appended(lake, CONSUMER_OFFSET_COMMITS, [versions[1]])  # one group over (1, 39]
+
+    with pytest.raises(IncrementalReadError, match="together with others"):
+        lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, ["offset"], versions[20])  # a reader inside the group
+    offsets = lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, ["offset"], versions[1]).column("offset").to_pylist()
+    assert sorted(offsets) == list(range(2, 40))

@@ -38,6 +38,7 @@ from jobs.consumer_offsets.transforms import (
 from jobs.lake import IncrementalReadError, Lake
 from jobs.rules import build_current_offsets
 from jobs.runs import (
+    MOVE_ON_SHARE,
     CannotFold,
     JobRun,
     ReadBudget,
@@ -79,9 +80,11 @@ class ConsumerOffsetsConfig:
         full: compute from the whole inputs even when the previous table could be moved on.
         driver_rows: compute from the whole inputs on the driver while ``consumer_offset_commits``
             and ``consume_queue`` hold at most this many rows together, >= 0 (0: always Spark).
+        move_on_share: move the previous table on only while that reads at most this share of
+            what computing whole reads (:class:`jobs.runs.ReadBudget`), >= 0.
 
     Raises:
-        ValidationError: ``driver_rows`` below 0.
+        ValidationError: ``driver_rows`` or ``move_on_share`` below 0.
     """
 
     lake: Path
@@ -90,10 +93,13 @@ class ConsumerOffsetsConfig:
     engine: str = "auto"
     full: bool = False
     driver_rows: int = DRIVER_ROWS
+    move_on_share: float = MOVE_ON_SHARE
 
     def __post_init__(self) -> None:
         if self.driver_rows < 0:
             raise ValidationError("driver_rows", self.driver_rows, "is below 0", "pass a value >= 0")
+        if not self.move_on_share >= 0:
+            raise ValidationError("move_on_share", self.move_on_share, "is not a number >= 0", "pass a value >= 0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +135,7 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
             through = previous["parameters"].get("through")
         if version is None and not config.full and previous is not None:
             try:
-                version, through = _fold_and_write(lake, job_run, previous, config.as_of)
+                version, through = _fold_and_write(lake, job_run, previous, config.as_of, config.move_on_share)
                 job_run.parameters["plan"] = "moved on"
                 job_run.conclude("SUCCEEDED", job_run.message)
             except CannotFold as why:
@@ -211,7 +217,9 @@ def _newest_input_time(lake: Lake, versions: Mapping[str, int]) -> int | None:
     return max(times) if times else None
 
 
-def _fold_and_write(lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], as_of: int) -> tuple[int, int]:
+def _fold_and_write(
+    lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], as_of: int, share: float
+) -> tuple[int, int]:
     """The previous table moved on to ``as_of`` and written (version, greatest input time), reading
     no more rows than the whole computation would (:class:`ReadBudget`, recorded in the run).
 
@@ -243,7 +251,7 @@ def _fold_and_write(lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any]
     whole = lake.read_cost(CONSUMER_OFFSET_COMMITS, now[CONSUMER_OFFSET_COMMITS.name]) + lake.read_cost(
         CONSUME_QUEUE, cq_version, {"topic": sorted(topics)}
     )
-    budget = ReadBudget(whole)
+    budget = ReadBudget(whole, share)
     budget.spend("the previous table", lake.read_cost(CONSUMER_OFFSETS, output_version))
     budget.spend("the new offset commits", commits_cost)
     budget.spend("the new consume-queue rows", cq_cost)
@@ -381,6 +389,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="compute from the whole inputs instead of moving the previous table on by the new rows",
     )
     add_driver_limit(parser, "--driver-rows", DRIVER_ROWS, "input rows")
+    parser.add_argument(
+        "--move-on-share",
+        type=float,
+        default=MOVE_ON_SHARE,
+        help="move the previous table on only while that reads at most this share of what computing whole "
+        "reads (rows, each file counted as 4,096 rows; default %(default)s)",
+    )
     return parser
 
 
@@ -395,7 +410,9 @@ def build_config(argv: Sequence[str] | None = None) -> ConsumerOffsetsConfig:
     args = build_parser().parse_args(argv)
     as_of = as_of_of(args.as_of)
     groups = tuple(dict.fromkeys(args.group))
-    return ConsumerOffsetsConfig(Path(args.lake), as_of, groups, args.engine, args.full, args.driver_rows)
+    return ConsumerOffsetsConfig(
+        Path(args.lake), as_of, groups, args.engine, args.full, args.driver_rows, args.move_on_share
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

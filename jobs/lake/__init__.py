@@ -6,7 +6,8 @@ The modules behind it: ``facade`` (:class:`Lake`), ``engine`` (the engine contra
 ``delta_spark`` (the two engines), ``snapshots`` (tables loaded once per version, their files),
 ``driver_reads`` (data files read on the driver), ``conform`` (frames conformed to the catalog),
 ``costs`` (what a read will go through, from the log), ``compaction`` (the commit log's small files
-rewritten) and ``session`` (the Spark session).
+rewritten), ``packing`` (the small files appenders leave, packed in groups no reader's range splits)
+and ``session`` (the Spark session).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from jobs.lake.compaction import CompactSummary, commitlog_files, compact, plan_
 from jobs.lake.conform import conform_to_catalog
 from jobs.lake.costs import ReadCost
 from jobs.lake.facade import Lake
+from jobs.lake.packing import pack_appended
 from jobs.lake.session import (
     DELTA_CONF,
     ENGINE_CONF,
@@ -45,6 +47,7 @@ __all__ = [
     "delta_package",
     "detect_engine",
     "open_table",
+    "pack_appended",
     "plan_compaction",
     "resolve_engine",
     "stop_spark",

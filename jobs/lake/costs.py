@@ -15,6 +15,11 @@ import pyarrow.parquet as pq
 
 from jobs.lake.snapshots import file_location, file_statistic
 
+FILE_ROWS = 4096
+"""Rows that reading one more data file costs as much as: with delta-rs on 2 cores, 363 files of
+offset commits (2,482 rows) read in 581 ms, 45 files of a consume queue (145,264 rows) in 64 ms:
+about 1.6 ms a file and 0.4 µs a row."""
+
 
 @dataclass(frozen=True)
 class ReadCost:
@@ -23,6 +28,11 @@ class ReadCost:
     rows: int = 0
     files: int = 0
     bytes: int = 0
+
+    @property
+    def weight(self) -> int:
+        """The rows, with each file counted as :data:`FILE_ROWS` more: what the read costs."""
+        return self.rows + FILE_ROWS * self.files
 
     def __add__(self, other: ReadCost) -> ReadCost:
         return ReadCost(self.rows + other.rows, self.files + other.files, self.bytes + other.bytes)

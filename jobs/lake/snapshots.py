@@ -180,6 +180,15 @@ def already_committed(dt: DeltaTable, txn: Transaction) -> bool:
     return committed is not None and committed >= txn.version
 
 
+def bridge_can_read(dt: DeltaTable) -> bool:
+    """Whether the bridge reads the table's data files exactly (:func:`check_bridge_can_read`)."""
+    try:
+        check_bridge_can_read(dt, "")
+    except UnsupportedTableError:
+        return False
+    return True
+
+
 def check_bridge_can_read(dt: DeltaTable, path: str) -> None:
     """Refuse a table whose reader features the bridge cannot honour.
 
@@ -285,17 +294,29 @@ def appended_files(table_dir: str, after_version: int, last_version: int, spec: 
 
 def _collect_appends(adds: dict[str, FileAction], change: CommitChange, table_dir: str) -> None:
     """Record the files ``change`` appended in ``adds`` (keyed by their path in the log); refuse a
-    commit that is not an append: one that changed the metadata, removed rows, or moved a file
-    appended in the range."""
+    commit that is not an append: one that changed the metadata or removed rows. A rewrite
+    (``dataChange`` false) of files from before the range is skipped; one of files appended in the
+    range only puts its files in their place (they hold those rows and no other: nothing else was
+    removed, :mod:`jobs.lake.packing`); one of both kinds at once is refused."""
     if change.metadata_changed:
         raise IncrementalReadError(f"version {change.version} of {table_dir} changed the table's metadata")
     for added in change.added:
         adds[added.log_path] = added
     for removed in change.removed:
-        if removed.data_change or removed.log_path in adds:
-            raise IncrementalReadError(
-                f"version {change.version} of {table_dir} removed or rewrote {removed.log_path!r}"
-            )
+        if removed.data_change:
+            raise IncrementalReadError(f"version {change.version} of {table_dir} removed {removed.log_path!r}")
+    inside = [removed.log_path for removed in change.removed if removed.log_path in adds]
+    if not inside:
+        return
+    if len(inside) != len(change.removed) or change.added:
+        raise IncrementalReadError(
+            f"version {change.version} of {table_dir} rewrote files appended in the range together with others "
+            f"({inside[:3]})"
+        )
+    for path in inside:
+        del adds[path]
+    for rewritten in change.rewritten:
+        adds[rewritten.log_path] = rewritten
 
 
 def files_around(
