@@ -30,6 +30,12 @@ retry groups consume their topics from the first offset: after the bulk they wou
 hundreds of thousands of messages in Python. Segments are :func:`segment_size` bytes (RocketMQ's
 default is 1 GiB) so that the bulk seals segments and the compaction has work to do.
 
+**The users' shape** (``--shape users``): ``--messages`` messages of the workload's whole mix
+through three brokers, as a user's lake grows (:mod:`nightly_lake`): ordered, batched and delayed
+sends, consumer groups that pull and commit their offsets many times, 3 transactions per 1,000
+messages with check-backs, and push consumers failing into retries and dead letters; its increment
+is 1 % of that mix, its consumers committing again, with no new retries.
+
 **Full runs**, in the nightly order, each a first run on the lake (``full=True`` where the job has
 it): ``compact_commitlog``, ``rebuild_consume_queue``, ``consumer_offsets``,
 ``resolve_transactions``, ``route_dlq``, ``report``. After each, its floor and its peer. The jobs
@@ -105,10 +111,10 @@ from measured import ENGINES, JOBS, Measured, fmt, growth_rows, machine, print_g
 from nightly_lake import (
     FEATURE_MESSAGES,
     LAKE_FACTS,
-    NEW_TRANSACTIONS,
-    TRANSACTIONS,
+    SHAPES,
     append_increment,
     copy_lake,
+    describe,
     read_lake_facts,
     write_lake,
 )
@@ -316,6 +322,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"the lake engine of the jobs and their floors (default: bridge); {BOTH}: the lake written once, then "
         "each engine in a process of its own on a copy of it, and one table with both side by side",
     )
+    parser.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="benchmark",
+        help="the lake: benchmark (feature traffic, then --messages bulk messages in batches; the default) or "
+        "users (--messages messages of the workload's whole mix through 3 brokers: transactions, retries and "
+        "dead letters, many offset commits)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="figures as JSON (default: <work dir>/run_all.json)")
@@ -337,16 +351,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     facts = read_lake_facts(source) if source else {}
     messages = facts.get("bulk_messages", LARGE_MESSAGES if args.large else args.messages)
     seed = facts.get("seed", args.seed)  # a run on a copy writes the increment every copy gets
+    shape = facts.get("shape", args.shape)
+    if shape == "users":
+        messages = facts.get("feature_messages", messages)
     root = (args.keep or Path(tempfile.mkdtemp(prefix="run-all-bench-"))).resolve()
     json_path = args.json or root / "run_all.json"
     try:
         if args.engine == BOTH and args.sizes:
-            return growth_both(root, args.sizes, seed, json_path, args.perturb_peer)
+            return growth_both(root, args.sizes, seed, json_path, args.perturb_peer, shape)
         if args.engine == BOTH:
-            return both(root, messages, seed, json_path, args.perturb_peer, source)[0]
+            return both(root, messages, seed, json_path, args.perturb_peer, source, shape)[0]
         if args.sizes:
-            return _growth(root, args.sizes, seed, json_path, args.engine, args.perturb_peer)
-        return exit_status(_bench(root, messages, seed, json_path, args.engine, args.perturb_peer, source))
+            return _growth(root, args.sizes, seed, json_path, args.engine, args.perturb_peer, shape)
+        return exit_status(_bench(root, messages, seed, json_path, args.engine, args.perturb_peer, source, shape))
     finally:
         if args.keep is None:  # the figures and the jobs' stdout stay, next to where the lakes were
             discard_work(root)
@@ -388,14 +405,20 @@ def exit_status(rows: Sequence[Measured]) -> int:
 
 
 def _growth(
-    root: Path, sizes: Sequence[int], seed: int, json_path: Path, engine: str, perturb: str | None = None
+    root: Path,
+    sizes: Sequence[int],
+    seed: int,
+    json_path: Path,
+    engine: str,
+    perturb: str | None = None,
+    shape: str = "benchmark",
 ) -> int:
     """One run per size on ``engine``, then the growth table; the figures of every size go to ``json_path``."""
     measured: dict[int, list[Measured]] = {}
     for messages in sizes:
         print(f"\n=== {messages:,} bulk messages ===", flush=True)
         figures = json_path.with_suffix(f".{messages}.json")
-        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures, engine, perturb)
+        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures, engine, perturb, None, shape)
     growth = growth_rows(measured)
     print_growth(growth, sizes, engine)
     json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -413,13 +436,17 @@ def _bench(
     engine: str,
     perturb: str | None = None,
     source: Path | None = None,
+    shape: str = "benchmark",
 ) -> list[Measured]:
-    """One run on ``engine``: on a new lake, or on a copy of the one in ``source``
-    (:func:`nightly_lake.write_source`)."""
+    """One run on ``engine``: on a new lake of ``shape``, or on a copy of the one in ``source``
+    (:func:`nightly_lake.write_source`, whose shape counts)."""
     lake, logs = root / "lake", root / "logs"
     if source is None:
-        print(f"writing the lake: {FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages", flush=True)
-        written = write_lake(lake, messages, seed)
+        what = f"{FEATURE_MESSAGES:,} feature messages, then {messages:,} bulk messages"
+        if shape == "users":
+            what = f"{messages:,} messages in the users' shape"
+        print(f"writing the lake: {what}", flush=True)
+        written = write_lake(lake, messages, seed, shape)
         print(f"lake written: {json.dumps(written)}", flush=True)
     else:
         written = copy_lake(source, lake)
@@ -428,7 +455,7 @@ def _bench(
     Lake(spark, lake, engine).read(COMMITLOG).select("store_size").agg(F.sum("store_size")).collect()  # warm-up
     rows = _full_runs(spark, lake, root, logs, engine, perturb)
     processed = DeltaTable(str(lake / COMMITLOG.path)).version()
-    increment = append_increment(lake, messages, seed)
+    increment = append_increment(lake, messages, seed, written.get("shape", "benchmark"))
     print(f"increment written: {json.dumps(increment)}", flush=True)
     as_of = now_ms()
     rows += _incremental_runs(spark, lake, root, logs, engine, processed, {r.job: r.seconds for r in rows}, as_of)
@@ -545,12 +572,8 @@ def print_table(
     """The table of every job and mode on ``engine``, and what dominates the slowest job."""
     facts = machine()
     print(
-        f"\nengine {engine}: {messages:,} bulk + {written['feature_messages']:,} feature messages, "
-        f"{TRANSACTIONS:,} transactions, "
-        f"segments of {written['segment_size'] >> 20} MiB; increment {increment['bulk_messages']:,} + "
-        f"{increment['feature_messages']:,} messages, {NEW_TRANSACTIONS} transactions, "
-        f"{increment['offset_commits']} offset commits; {facts['cores']} cores, {facts['memory_gib']} GiB, "
-        f"load {facts['load_average']}"
+        f"\nengine {engine}: {describe(messages, written, increment)}; {facts['cores']} cores, "
+        f"{facts['memory_gib']} GiB, load {facts['load_average']}"
     )
     header = f"{'job':<22}{'mode':<12}{'seconds':>9}{'floor s':>9}{'peer s':>9}{'job/floor':>10}{'job/peer':>10}  notes"
     print(header)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from measured import ENGINES, JOBS, Measured, fmt, growth_rows, machine, print_growth
-from nightly_lake import NEW_TRANSACTIONS, TRANSACTIONS, read_lake_facts, write_source
+from nightly_lake import describe, read_lake_facts, write_source
 
 RUN_ALL = Path(__file__).resolve().with_name("run_all.py")  # the script each engine runs, in a process of its own
 
@@ -32,7 +32,13 @@ def run_engine(engine: str, source: Path, seed: int, root: Path, json_path: Path
 
 
 def both(
-    root: Path, messages: int, seed: int, json_path: Path, perturb: str | None, source: Path | None
+    root: Path,
+    messages: int,
+    seed: int,
+    json_path: Path,
+    perturb: str | None,
+    source: Path | None,
+    shape: str = "benchmark",
 ) -> tuple[int, dict[str, list[Measured]]]:
     """The lake written once into ``root/source`` (unless ``source`` holds one), then each engine in
     a child process on a copy of it (:func:`run_engine`), one after the other; then the table side
@@ -40,7 +46,7 @@ def both(
     and each engine's rows (an engine whose run wrote no figures is left out)."""
     if source is None:
         source = root / "source"
-        write_source(source, messages, seed)
+        write_source(source, messages, seed, shape)
     figures: dict[str, dict[str, Any]] = {}
     statuses: dict[str, int] = {}
     for engine in ENGINES:
@@ -134,10 +140,9 @@ def print_side_by_side(table: Sequence[dict[str, Any]], messages: int, figures: 
     """Both engines' seconds of every job, and the ratios delta-spark / bridge."""
     lake, increment, facts = figures["bridge"]["lake"], figures["bridge"]["increment"], machine()
     print(
-        f"\nboth engines: {messages:,} bulk + {lake['feature_messages']:,} feature messages, {TRANSACTIONS:,} "
-        f"transactions, written once, a copy per engine; incremental: after {increment['bulk_messages']:,} + "
-        f"{increment['feature_messages']:,} messages and {NEW_TRANSACTIONS} transactions written into each copy "
-        f"(the same seed); seconds; {facts['cores']} cores, load {facts['load_average']}"
+        f"\nboth engines: {describe(messages, lake, increment)}; the lake written once, a copy per engine, the "
+        f"increment written into each copy (the same seed); seconds; {facts['cores']} cores, load "
+        f"{facts['load_average']}"
     )
     cells = ("full", "floor", "peer", "incr")
     block = len(cells) * 8 + 2
@@ -169,7 +174,9 @@ def print_side_by_side(table: Sequence[dict[str, Any]], messages: int, figures: 
     )
 
 
-def growth_both(root: Path, sizes: Sequence[int], seed: int, json_path: Path, perturb: str | None) -> int:
+def growth_both(
+    root: Path, sizes: Sequence[int], seed: int, json_path: Path, perturb: str | None, shape: str = "benchmark"
+) -> int:
     """For each size, :func:`both` on a lake of its own; then how each engine's jobs grow. The
     figures of a size go next to ``json_path`` (``run_all.<size>.json``), the growth to it."""
     measured: dict[str, dict[int, list[Measured]]] = {engine: {} for engine in ENGINES}
@@ -177,7 +184,7 @@ def growth_both(root: Path, sizes: Sequence[int], seed: int, json_path: Path, pe
     for messages in sizes:
         print(f"\n=== {messages:,} bulk messages, both engines ===", flush=True)
         figures = json_path.with_suffix(f".{messages}.json")
-        statuses[messages], rows = both(root / f"size-{messages}", messages, seed, figures, perturb, None)
+        statuses[messages], rows = both(root / f"size-{messages}", messages, seed, figures, perturb, None, shape)
         for engine, engine_rows in rows.items():
             measured[engine][messages] = engine_rows
     growth = {engine: growth_rows(by_size) for engine, by_size in measured.items() if len(by_size) == len(sizes)}
