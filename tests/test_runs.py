@@ -100,3 +100,14 @@ def test_a_lake_from_before_the_parameters_column_computes_in_full_then_reuses(s
 
     third = consumer_offsets(spark, ConsumerOffsetsConfig(lake.root, _AS_OF, engine=ENGINE))
     assert third.status == "NOOP"  # a run recorded with its parameters is reused
+
+
+def test_a_single_file_written_before_a_column_was_added_reads_that_column_as_nulls(lake: Lake) -> None:
+    _old_job_runs(lake, "as_of=1", 0, {})
+    lake.add_missing_columns(JOB_RUNS)
+
+    rows = lake.read_rows(JOB_RUNS)
+
+    assert rows.num_rows == 1 and rows.column_names == list(JOB_RUNS.column_names)
+    assert rows.column("parameters").to_pylist() == [None]
+    assert rows.column("run_id").to_pylist() == ["old"]

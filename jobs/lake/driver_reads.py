@@ -23,12 +23,11 @@ from schemas.catalog import TableSpec
 def read_files(table_dir: str, files: pa.Table, spec: TableSpec, columns: Sequence[str]) -> pa.Table:
     """``columns`` of the rows of ``files`` (the shape of :func:`~jobs.lake.snapshots.active_files`), read with pyarrow
     on the driver, in the order of ``files``; partition columns from the log's values, every column
-    typed as the catalog says. Many files go through one dataset scan (:func:`scan_chunks`: the
-    files are opened and decoded in pyarrow's threads, which costs far less per small file than a
-    reader per file)."""
-    if files.num_rows <= 1:
-        read = FileReader(table_dir, files, spec, columns)
-        return read(0) if files.num_rows else read.target.empty_table()
+    typed as the catalog says, and a column a file lacks (added to the table after the file was
+    written) as nulls. The files go through one dataset scan (:func:`scan_chunks`: they are opened
+    and decoded in pyarrow's threads, which costs far less per small file than a reader per file)."""
+    if files.num_rows == 0:
+        return _read_schema(spec, columns, ()).empty_table()
     unknown_counts = files.append_column("num_records", pa.array(np.zeros(files.num_rows, np.int64)))
     chunks = list(scan_chunks(table_dir, unknown_counts, spec, columns, (), 0))
     return pa.concat_tables(chunks) if len(chunks) > 1 else chunks[0]

@@ -469,7 +469,9 @@ class Lake:
         ``up_to_version`` (default: the latest) and scans exactly the data files they added with
         ``dataChange=true``, whatever the engine (the files are read as Parquet, with the partition
         values of the log). Files added with ``dataChange=false`` (compaction) hold rows that were
-        already there and are skipped. An empty range gives an empty frame.
+        already there and are skipped, unless they rewrite files appended in the range only (a
+        packing of them, :func:`jobs.lake.packing.pack_appended`): they stand for those files then.
+        An empty range gives an empty frame.
 
         Raises:
             ValidationError: a bad version, or ``after_version`` above ``up_to_version``.

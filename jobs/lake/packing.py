@@ -23,9 +23,11 @@ from jobs.lake.snapshots import (
     IncrementalReadError,
     add_actions,
     appended_files,
+    bridge_can_read,
     delta_string,
     file_location,
     local_or_none,
+    log_schema,
     open_table,
 )
 from schemas.catalog import TableSpec
@@ -37,12 +39,16 @@ def pack_appended(lake: Lake, spec: TableSpec, read_versions: Sequence[int]) -> 
     its incremental readers have read), one group per range between consecutive versions and one
     after the greatest: a group is packed when a partition of it holds more than
     :data:`SMALL_TABLE_FILES` small files (below :data:`SMALL_FILE_BYTES`) still active. The
-    versions committed, in order; none for a table that is absent or not local, a range that cannot
-    be read as appends, or a commit that conflicted (another packing of the same files: the next run
+    versions committed, in order; none for a table that is absent, not local, not read exactly by
+    the bridge or with columns the catalog lacks, a range that cannot be read as appends, or a
+    commit that conflicted (another packing of the same files: the next run
     tries again)."""
     table_dir = local_or_none(str(lake.location(spec)))
     if table_dir is None or not read_versions or lake.version(spec) is None:
         return []
+    current = open_table(table_dir)
+    if not bridge_can_read(current) or set(log_schema(current).fieldNames()) != set(spec.column_names):
+        return []  # files it cannot read exactly, or columns the catalog does not know, are left as they are
     bounds = sorted(set(read_versions))
     committed = []
     for low, high in zip(bounds, [*bounds[1:], None], strict=True):
@@ -84,7 +90,8 @@ def _by_partition(files: pa.Table, spec: TableSpec) -> list[pa.Table]:
 def _rewrite(table_dir: str, spec: TableSpec, groups: Sequence[pa.Table], read_version: int) -> int | None:
     """Each group's rows written as one file per partition, committed in place of the group's files
     in one data-neutral commit; None when another commit removed one of them first (nothing is
-    committed, the files written are deleted)."""
+    committed, the files written are deleted). Files written for a commit that failed otherwise
+    stay: whether it landed cannot be told from here, and a file no commit names is never read."""
     writer = AppendLog(table_dir, spec)
     written: list[AddFile] = []
     removes: list[FileAction] = []
@@ -95,11 +102,17 @@ def _rewrite(table_dir: str, spec: TableSpec, groups: Sequence[pa.Table], read_v
                 values = {c: delta_string(group.column(f"partition.{c}")[index].as_py()) for c in spec.partition_by}
                 size = group.column("size_bytes")[index].as_py()
                 removes.append(FileAction(group.column("path")[index].as_py(), values, size, False))
-        return writer.rewrite(written, removes, read_version, {"rmqJob": "pack_appended"})
-    except BaseException as err:
-        for added in written:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(file_location(table_dir, added.path))
-        if isinstance(err, CommitConflictError):
-            return None
+    except BaseException:
+        _delete(table_dir, written)
         raise
+    try:
+        return writer.rewrite(written, removes, read_version, {"rmqJob": "pack_appended"})
+    except CommitConflictError:
+        _delete(table_dir, written)
+        return None
+
+
+def _delete(table_dir: str, written: Sequence[AddFile]) -> None:
+    for added in written:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(file_location(table_dir, added.path))
