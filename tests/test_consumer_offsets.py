@@ -404,6 +404,14 @@ def test_command_line_takes_the_driver_limit_and_refuses_a_negative_one() -> Non
         build_config(["--lake", "/l", "--as-of", "0", "--driver-rows", "-1"])
 
 
+def test_command_line_takes_the_move_on_share_and_refuses_a_negative_or_nan_one() -> None:
+    assert build_config(["--lake", "/l", "--as-of", "0"]).move_on_share == 0.5
+    assert build_config(["--lake", "/l", "--as-of", "0", "--move-on-share", "2"]).move_on_share == 2.0
+    for bad in ("-0.1", "nan"):
+        with pytest.raises(ValidationError, match="move_on_share"):
+            build_config(["--lake", "/l", "--as-of", "0", "--move-on-share", bad])
+
+
 # ---------------------------------------------------------------------------------------------
 # run() on real Delta tables
 # ---------------------------------------------------------------------------------------------

@@ -221,7 +221,7 @@ def _fold_and_write(
     lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], as_of: int, share: float
 ) -> tuple[int, int]:
     """The previous table moved on to ``as_of`` and written (version, greatest input time), reading
-    no more rows than the whole computation would (:class:`ReadBudget`, recorded in the run).
+    at most ``share`` of what the whole computation would (:class:`ReadBudget`, recorded in the run).
 
     Raises:
         CannotFold: why it cannot be, or would cost more (then nothing is written).
