@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 
 from jobs.lake import IncrementalReadError, Lake
@@ -89,10 +88,12 @@ def update_extract(
 
 
 def _write(lake: Lake, extract: TableSpec, df: DataFrame, app_id: str, latest: int, overwrite: bool) -> int:
-    kept_df = df.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        write = lake.overwrite if overwrite else lake.append
-        write(extract, kept_df, app_id, latest)
-        return kept_df.count()
-    finally:
-        kept_df.unpersist()
+    """Write ``df`` once (no cached copy: caching the bodies cost more than the write) and count the
+    rows the commit added from the Delta log's statistics; 0 when the application transaction
+    already held ``latest`` (another run wrote it)."""
+    write = lake.overwrite if overwrite else lake.append
+    version = write(extract, df, app_id, latest)
+    if version is None:
+        return 0
+    before = 0 if overwrite or version == 0 else lake.row_count(extract, version - 1)
+    return lake.row_count(extract, version) - before

@@ -19,6 +19,7 @@ Every other chain keeps its row and gets the new ``as_of``; its dead letters kee
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,7 @@ Original = tuple[str, int]
 
 OPEN_STATES = (SCHEDULED, DELIVERED)  # states a consumer offset or a later record moves on
 _HEX_DIGITS = "0123456789abcdefABCDEF"
+_HEX_SET = frozenset(_HEX_DIGITS)
 _ATTEMPT_FIELDS = ("broker_name", "topic", "commit_log_offset", "reconsume_times", "store_timestamp")
 
 
@@ -72,12 +74,12 @@ class Context:
 def chain_key(record: Mapping[str, Any]) -> ChainKey:
     """The chain of a ``retry_records`` row: its group and ``ORIGIN_MESSAGE_ID``, else its uniq key,
     else its message id (:func:`jobs.dlq.transforms.with_chain_key`)."""
-    origin = _first_set(record["origin_msg_id"], record["uniq_key"], record["msg_id"])
+    origin = record["origin_msg_id"]
+    if origin is None:
+        origin = record["uniq_key"]
+        if origin is None:
+            origin = record["msg_id"]
     return record["group"], origin
-
-
-def _first_set(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
 
 
 def host_prefixes(brokers: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
@@ -103,6 +105,9 @@ def origin_positions(origin_msg_id: str, hosts: Mapping[str, Sequence[str]]) -> 
 
 
 def _spark_hex(text: str) -> int | None:
+    if text and _HEX_SET.issuperset(text):  # the usual case: every character a hex digit
+        value = int(text, 16)
+        return value if value <= c.JAVA_LONG_MAX else None
     digits = text.strip(" ")
     negative = digits.startswith("-")
     value = 0
@@ -190,10 +195,7 @@ def _chains(key: ChainKey, records: Sequence[Mapping[str, Any]], context: Contex
     group, origin_msg_id = key
     latest = max(records, key=_latest_order)
     broker_name = min(records, key=lambda r: r["commit_log_offset"])["broker_name"]
-    retries = sorted(
-        (_attempt(r) for r in records if r["kind"] == RETRY),
-        key=lambda a: (a["reconsume_times"], a["store_timestamp"], a["commit_log_offset"], _nulls_first(a)),
-    )
+    retries = _by_reconsume_times([_attempt(r) for r in records if r["kind"] == RETRY])
     state = _state(latest, context.offsets.get((group, broker_name, latest["topic"], latest["queue_id"])))
     policy = context.policies.get((broker_name, group))
     max_times = policy if policy is not None else c.RETRY_MAX_TIMES
@@ -222,7 +224,28 @@ def _chains(key: ChainKey, records: Sequence[Mapping[str, Any]], context: Contex
 
 
 def _attempt(record: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: record[name] for name in _ATTEMPT_FIELDS}
+    return {
+        "broker_name": record["broker_name"],
+        "topic": record["topic"],
+        "commit_log_offset": record["commit_log_offset"],
+        "reconsume_times": record["reconsume_times"],
+        "store_timestamp": record["store_timestamp"],
+    }
+
+
+def _by_reconsume_times(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``attempts`` ordered by (reconsume times, store time, commit log offset), ties broken by
+    every field, nulls first (the Spark transform's ``array_sort``)."""
+    if len(attempts) < 2:
+        return attempts
+    attempts.sort(key=_attempt_order)
+    if any(_attempt_order(a) == _attempt_order(b) for a, b in itertools.pairwise(attempts)):
+        attempts.sort(key=lambda a: (*_attempt_order(a), _nulls_first(a)))
+    return attempts
+
+
+def _attempt_order(attempt: Mapping[str, Any]) -> tuple[int, int, int]:
+    return attempt["reconsume_times"], attempt["store_timestamp"], attempt["commit_log_offset"]
 
 
 def _nulls_first(attempt: Mapping[str, Any]) -> tuple[tuple[bool, Any], ...]:

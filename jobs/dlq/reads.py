@@ -63,8 +63,19 @@ class Outcome:
 
 
 def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> Outcome:
-    """Every chain of ``retry_records`` (at ``versions``) as of ``as_of``, on the driver."""
-    records = _rows(lake, RETRY_RECORDS, versions)
+    """Every chain of ``retry_records`` (at ``versions``) as of ``as_of``, on the driver. The records
+    enter :func:`jobs.dlq.fold.compute` without their bodies and properties (their row numbers
+    stand in): only the dead letters' are read into Python, after."""
+    version = versions.get(RETRY_RECORDS.name)
+    table = (
+        lake.read_rows(RETRY_RECORDS, version=version)
+        if version is not None
+        else RETRY_RECORDS.arrow_schema.empty_table()
+    )
+    records = table.drop_columns(list(_DEFERRED)).to_pylist()
+    for row, record in enumerate(records):
+        for column in _DEFERRED:
+            record[column] = row
     commits = _retry_commits(lake, versions)
     brokers = _brokers(lake, versions.get(BROKERS.name))
     hosts = _hosts(brokers)
@@ -77,9 +88,21 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
         _originals(lake, versions, brokers, _positions(keys, hosts)),
     )
     chains, dead = compute(records, context)
-    dead = with_redrive_states(dead, redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
+    dead = with_redrive_states(_with_deferred(dead, table), redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
     times = [r["store_timestamp"] for r in records] + [r["commit_timestamp"] for r in commits]
     return Outcome(chains, dead, max(times, default=-1))
+
+
+_DEFERRED = ("body", "properties")  # columns a dead letter copies from its record, read for those alone
+
+
+def _with_deferred(dead: list[dict[str, Any]], table: pa.Table) -> list[dict[str, Any]]:
+    """``dead`` with the values of :data:`_DEFERRED` of the rows of ``table`` their fields number."""
+    for column in _DEFERRED:
+        values = table.column(column).take(pa.array([row[column] for row in dead], pa.int64())).to_pylist()
+        for row, value in zip(dead, values, strict=True):
+            row[column] = value
+    return dead
 
 
 def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, int], as_of: int) -> Outcome:
