@@ -319,12 +319,12 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
 
 
 def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_records_it_left_for_a_later_one() -> None:
-    previous = Previous([], [], as_of=2_000, through=2_000, policies={})
+    previous = Previous([], as_of=2_000, through=2_000, policies={})
     check_foldable(previous, 2_000)
     with pytest.raises(CannotFold, match="before the previous run's"):
         check_foldable(previous, 1_999)
     with pytest.raises(CannotFold, match="stored after its as_of"):
-        check_foldable(Previous([], [], 2_000, 2_001, {}), 2_500)
+        check_foldable(Previous([], 2_000, 2_001, {}), 2_500)
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from broker_model.common import GroupQueueKey, RecordKey
 from broker_model.common import constants as c
 from jobs.dlq.transforms import (
@@ -324,15 +327,19 @@ def with_redrive_states(rows: Iterable[dict[str, Any]], states: Mapping[tuple[st
 
 @dataclass(frozen=True)
 class Previous:
-    """The run moved on: its ``retry_chains`` and ``dlq`` rows, its T, the greatest store time of
-    the retry records and commit time of the retry queue commits it had read, and the retry
-    limits it applied."""
+    """The run moved on: its chains (light rows: ``group``, ``origin_msg_id``, ``state``,
+    ``broker_name``, ``first_failure_timestamp`` and ``attempts`` holding at most the first), its
+    T, the greatest store time of the retry records and commit time of the retry queue commits it
+    had read, and the retry limits it applied. Its whole tables stay in Arrow (:func:`fold`)."""
 
     chains: list[dict[str, Any]]
-    dead_letters: list[dict[str, Any]]
     as_of: int
     through: int
     policies: Mapping[tuple[str, str], int | None]
+
+
+PREVIOUS_COLUMNS = ("group", "origin_msg_id", "state", "broker_name", "first_failure_timestamp")
+"""The columns of :attr:`Previous.chains` besides the first attempt."""
 
 
 def check_foldable(previous: Previous, as_of: int) -> None:
@@ -393,20 +400,39 @@ def _has_original(chain: Mapping[str, Any], hosts: Mapping[str, Sequence[str]]) 
 
 
 def fold(
-    previous: Previous,
+    previous_chains: pa.Table,
+    previous_dead: pa.Table,
     touched: set[ChainKey],
     records: Iterable[Mapping[str, Any]],
     context: Context,
-    redrives: Mapping[tuple[str, str], str],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The ``retry_chains`` and ``dlq`` rows as of ``context.as_of``: the previous rows of chains not
-    ``touched``, with the new T, and the touched chains computed from ``records`` (every record of
-    those chains; others are ignored)."""
-    kept_chains = [
-        {**chain, "as_of": context.as_of}
-        for chain in previous.chains
-        if (chain["group"], chain["origin_msg_id"]) not in touched
-    ]
-    kept_dead = [row for row in previous.dead_letters if (row["group"], row["origin_msg_id"]) not in touched]
+) -> tuple[pa.Table, list[dict[str, Any]], pa.Table]:
+    """The ``retry_chains`` and ``dlq`` tables as of ``context.as_of``: the previous rows of chains not
+    ``touched`` (kept in Arrow, with the new T), and the touched chains computed from ``records``
+    (every record of those chains; others are ignored). Returns the chains, the touched chains'
+    dead letters' rows (as :func:`compute` gives them, for the caller to complete) and the kept
+    dead letters (their redrive states as the previous run left them)."""
     chains, dead = compute((r for r in records if chain_key(r) in touched), context)
-    return kept_chains + chains, with_redrive_states(kept_dead + dead, redrives)
+    kept_chains = _without(previous_chains, touched)
+    as_of = pa.array([context.as_of] * kept_chains.num_rows, pa.int64())
+    kept_chains = kept_chains.set_column(kept_chains.schema.get_field_index("as_of"), "as_of", as_of)
+    computed = pa.Table.from_pylist(chains, schema=kept_chains.schema)
+    return pa.concat_tables([kept_chains, computed]), dead, _without(previous_dead, touched)
+
+
+def with_table_redrive_states(dead: pa.Table, states: Mapping[tuple[str, str], str]) -> pa.Table:
+    """``dead`` (``dlq`` rows in Arrow) with the ``redrive_state`` of each dead letter."""
+    pairs = zip(dead.column("broker_name").to_pylist(), dead.column("msg_id").to_pylist(), strict=True)
+    column = pa.array([states.get(pair) for pair in pairs], dead.schema.field("redrive_state").type)
+    return dead.set_column(dead.schema.get_field_index("redrive_state"), "redrive_state", column)
+
+
+def _without(table: pa.Table, touched: set[ChainKey]) -> pa.Table:
+    """The rows of ``table`` whose (group, origin_msg_id) is not in ``touched``."""
+    if not touched or not table.num_rows:
+        return table
+    keys = pc.binary_join_element_wise(table.column("group"), table.column("origin_msg_id"), _CHAIN_JOIN)
+    wanted = pa.array([f"{group}{_CHAIN_JOIN}{origin}" for group, origin in touched], pa.string())
+    return table.filter(pc.invert(pc.fill_null(pc.is_in(keys, value_set=wanted), False)))
+
+
+_CHAIN_JOIN = "\x00"  # in neither a group name nor a message id

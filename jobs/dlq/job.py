@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -276,11 +275,9 @@ def _compute_and_write(
 
 def _write_rows(lake: Lake, outcome: Outcome, dlq_version: int | None) -> dict[str, int]:
     """Overwrite ``retry_chains`` with the outcome's rows, and ``dlq`` unless ``dlq_version`` keeps it."""
-    chains_version = lake.overwrite_rows(
-        RETRY_CHAINS, pa.Table.from_pylist(outcome.chains, schema=RETRY_CHAINS.arrow_schema)
-    )
+    chains_version = lake.overwrite_rows(RETRY_CHAINS, outcome.chains)
     if dlq_version is None:
-        dlq_version = lake.overwrite_rows(DLQ, pa.Table.from_pylist(outcome.dead_letters, schema=DLQ.arrow_schema))
+        dlq_version = lake.overwrite_rows(DLQ, outcome.dead_letters)
     if chains_version is None or dlq_version is None:
         raise LakeError("an overwrite of retry_chains or dlq committed no version; run the job again")
     return {RETRY_CHAINS.name: chains_version, DLQ.name: dlq_version}

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from broker_model.common import GroupQueueKey, RecordKey
 from broker_model.common import constants as c
 from jobs.dlq.fold import (
+    PREVIOUS_COLUMNS,
     ChainKey,
     Context,
     Original,
@@ -30,6 +32,7 @@ from jobs.dlq.fold import (
     redrive_states,
     touched_chains,
     with_redrive_states,
+    with_table_redrive_states,
 )
 from jobs.dlq.transforms import RETRY
 from jobs.lake import IncrementalReadError, Lake
@@ -52,12 +55,13 @@ _RETRY_TOPICS = [("topic", ">=", c.RETRY_GROUP_TOPIC_PREFIX), ("topic", "<", c.R
 
 @dataclass(frozen=True)
 class Outcome:
-    """The rows a run writes, the greatest store or commit time of the retry records and retry
-    queue commits it read (-1 when none), and whether the ``dlq`` rows differ from the previous
-    run's (a moved-on run whose dead letters are the same leaves ``dlq`` as it is)."""
+    """The tables a run writes (``retry_chains`` and ``dlq`` rows), the greatest store or commit time
+    of the retry records and retry queue commits it read (-1 when none), and whether the ``dlq``
+    rows differ from the previous run's (a moved-on run whose dead letters are the same leaves
+    ``dlq`` as it is)."""
 
-    chains: list[dict[str, Any]]
-    dead_letters: list[dict[str, Any]]
+    chains: pa.Table
+    dead_letters: pa.Table
     through: int
     dead_letters_changed: bool = True
 
@@ -67,15 +71,9 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
     enter :func:`jobs.dlq.fold.compute` without their bodies and properties (their row numbers
     stand in): only the dead letters' are read into Python, after."""
     version = versions.get(RETRY_RECORDS.name)
-    table = (
-        lake.read_rows(RETRY_RECORDS, version=version)
-        if version is not None
-        else RETRY_RECORDS.arrow_schema.empty_table()
-    )
-    records = table.drop_columns(list(_DEFERRED)).to_pylist()
-    for row, record in enumerate(records):
-        for column in _DEFERRED:
-            record[column] = row
+    empty = RETRY_RECORDS.arrow_schema.empty_table()
+    table = lake.read_rows(RETRY_RECORDS, version=version) if version is not None else empty
+    records = _deferred_rows(table)
     commits = _retry_commits(lake, versions)
     brokers = _brokers(lake, versions.get(BROKERS.name))
     hosts = _hosts(brokers)
@@ -90,10 +88,24 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
     chains, dead = compute(records, context)
     dead = with_redrive_states(_with_deferred(dead, table), redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
     times = [r["store_timestamp"] for r in records] + [r["commit_timestamp"] for r in commits]
-    return Outcome(chains, dead, max(times, default=-1))
+    return Outcome(
+        pa.Table.from_pylist(chains, schema=RETRY_CHAINS.arrow_schema),
+        pa.Table.from_pylist(dead, schema=DLQ.arrow_schema),
+        max(times, default=-1),
+    )
 
 
 _DEFERRED = ("body", "properties")  # columns a dead letter copies from its record, read for those alone
+
+
+def _deferred_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """The rows of ``retry_records`` rows ``table`` in Python, their :data:`_DEFERRED` values
+    replaced by their row numbers (:func:`_with_deferred` reads them for the rows that need them)."""
+    records: list[dict[str, Any]] = table.drop_columns(list(_DEFERRED)).to_pylist()
+    for row, record in enumerate(records):
+        for column in _DEFERRED:
+            record[column] = row
+    return records
 
 
 def _with_deferred(dead: list[dict[str, Any]], table: pa.Table) -> list[dict[str, Any]]:
@@ -124,9 +136,10 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
     if not same_brokers and hosts != _hosts(_brokers(lake, before.get(BROKERS.name))):
         raise CannotFold("a broker's store host changed")
     outputs = previous_run["output_versions"]
+    previous_chains = lake.read_rows(RETRY_CHAINS, version=outputs[RETRY_CHAINS.name])
+    previous_dead = lake.read_rows(DLQ, version=outputs[DLQ.name])
     previous = Previous(
-        lake.read_rows(RETRY_CHAINS, version=outputs[RETRY_CHAINS.name]).to_pylist(),
-        lake.read_rows(DLQ, version=outputs[DLQ.name]).to_pylist(),
+        _light_chains(previous_chains),
         previous_as_of,
         through,
         policies_at(_rows(lake, SUBSCRIPTION_GROUP, before), previous_as_of),
@@ -148,16 +161,30 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
     policies = policies_at(_rows(lake, SUBSCRIPTION_GROUP, versions), as_of)
     backlog = _backlog(lake, versions[RETRY_RECORDS.name], {q: offsets[q] for q in moved if q in offsets})
     touched = touched_chains(previous, new, policies, backlog, hosts, as_of)
-    records = _chain_records(lake, versions[RETRY_RECORDS.name], touched, previous, new)
+    table = _chain_records(lake, versions[RETRY_RECORDS.name], touched, previous, new)
+    records = _deferred_rows(table)
     originals = _originals(lake, versions, brokers, _positions(touched, hosts))
     context = Context(as_of, policies, offsets, hosts, originals)
-    chains, dead = fold(previous, touched, records, context, redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
+    chains, dead, kept_dead = fold(previous_chains, previous_dead, touched, records, context)
+    computed = pa.Table.from_pylist(_with_deferred(dead, table), schema=previous_dead.schema)
+    states = redrive_states(_rows(lake, DLQ_REDRIVES, versions))
+    dead_letters = with_table_redrive_states(pa.concat_tables([kept_dead, computed]), states)
     times = [r["store_timestamp"] for r in new] + [r["commit_timestamp"] for r in new_commits]
-    return Outcome(chains, dead, max([through, *times]), _in_order(dead) != _in_order(previous.dead_letters))
+    changed = not _in_order(dead_letters).equals(_in_order(previous_dead))
+    return Outcome(chains, dead_letters, max([through, *times]), changed)
 
 
-def _in_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(rows, key=lambda r: (r["group"], r["broker_name"], r["msg_id"], r["reason"], r["origin_msg_id"]))
+def _in_order(dead: pa.Table) -> pa.Table:
+    keys = ("group", "broker_name", "msg_id", "reason", "origin_msg_id", "reconsume_times", "dlq_timestamp")
+    return dead.sort_by([(key, "ascending") for key in keys])
+
+
+def _light_chains(chains: pa.Table) -> list[dict[str, Any]]:
+    """:attr:`jobs.dlq.fold.Previous.chains` of a ``retry_chains`` table."""
+    light = chains.select(list(PREVIOUS_COLUMNS))
+    first = pc.list_slice(chains.column("attempts"), 0, 1)
+    rows: list[dict[str, Any]] = light.append_column("attempts", first).to_pylist()
+    return rows
 
 
 def _rows(
@@ -263,12 +290,13 @@ def _backlog(lake: Lake, version: int, offsets: Mapping[GroupQueueKey, int]) -> 
 
 def _chain_records(
     lake: Lake, version: int, touched: set[ChainKey], previous: Previous, new: Sequence[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
-    """Every row of ``retry_records`` (at ``version``) of the ``touched`` chains. None is stored
+) -> pa.Table:
+    """The rows of ``retry_records`` (at ``version``) that may belong to the ``touched`` chains: every
+    row of those chains, and rows of other chains that the filters cannot tell apart. None is stored
     before the earliest first failure of the touched chains the previous run had, nor, for chains
     it had not, before the earliest new record: that bound prunes the older files."""
     if not touched:
-        return []
+        return RETRY_RECORDS.arrow_schema.empty_table()
     first = [
         chain["first_failure_timestamp"]
         for chain in previous.chains
@@ -281,5 +309,4 @@ def _chain_records(
         [("store_timestamp", ">=", since), ("group", "in", groups), (column, "in", origins)]
         for column in ("origin_msg_id", "uniq_key", "msg_id")
     ]
-    rows = lake.read_rows(RETRY_RECORDS, filters=filters, version=version).to_pylist()
-    return [r for r in rows if chain_key(r) in touched]
+    return lake.read_rows(RETRY_RECORDS, filters=filters, version=version)
