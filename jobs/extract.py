@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 
 from jobs.lake import IncrementalReadError, Lake
 from schemas.catalog import COMMITLOG, TableSpec
-from schemas.errors import LakeError
+from schemas.errors import LakeError, ValidationError
 
 DRIVER_INCREMENT_BYTES = 256 << 20
 """An increment whose new commit log data files hold at most this many bytes (Parquet) is read on
@@ -79,8 +79,8 @@ def update_extract(
         try:
             if driver is not None and lake.appended_size(COMMITLOG, processed, latest) <= driver.max_bytes:
                 rows = driver.decode(lake.read_appended_rows(COMMITLOG, driver.columns, processed, latest))
-                lake.append_rows(extract, rows, app_id, latest)
-                return int(rows.num_rows)
+                written = lake.append_rows(extract, rows, app_id, latest)
+                return 0 if written is None else int(rows.num_rows)
             return _write(lake, extract, build(lake.read_appended(COMMITLOG, processed, latest)), app_id, latest, False)
         except IncrementalReadError as err:
             print(f"{app_id}: cannot read the new commit log rows alone ({err}); reading the whole commit log")
@@ -90,10 +90,14 @@ def update_extract(
 def _write(lake: Lake, extract: TableSpec, df: DataFrame, app_id: str, latest: int, overwrite: bool) -> int:
     """Write ``df`` once (no cached copy: caching the bodies cost more than the write) and count the
     rows the commit added from the Delta log's statistics; 0 when the application transaction
-    already held ``latest`` (another run wrote it)."""
+    already held ``latest`` (another run wrote it, nothing was written)."""
     write = lake.overwrite if overwrite else lake.append
     version = write(extract, df, app_id, latest)
     if version is None:
         return 0
-    before = 0 if overwrite or version == 0 else lake.row_count(extract, version - 1)
-    return lake.row_count(extract, version) - before
+    if overwrite or version == 0:
+        return lake.row_count(extract, version)
+    try:  # the rows of the commit's own add actions
+        return lake.appended_cost(extract, version - 1, version).rows
+    except (IncrementalReadError, ValidationError):
+        return lake.row_count(extract, version) - lake.row_count(extract, version - 1)

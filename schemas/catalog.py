@@ -307,8 +307,8 @@ RETRY_RECORDS = TableSpec(
         ("born_timestamp", pa.int64(), "producer's send time, epoch milliseconds", False),
         ("store_timestamp", pa.int64(), "store time of the record, epoch milliseconds", False),
         ("routed_by", pa.string(), "DLQ: the tool that dead-lettered it on the group's behalf, null for a consumer"),
-        ("body", pa.binary(), "DLQ: stored body bytes; null for other kinds"),
-        ("properties", _STRING_MAP, "DLQ: properties of the record; null for other kinds"),
+        ("body", pa.binary(), "RETRY and DLQ: stored body bytes; null for SCHEDULED"),
+        ("properties", _STRING_MAP, "RETRY and DLQ: properties of the record; null for SCHEDULED"),
     ),
 )
 

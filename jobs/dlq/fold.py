@@ -330,7 +330,8 @@ class Previous:
     """The run moved on: its chains (light rows: ``group``, ``origin_msg_id``, ``state``,
     ``broker_name``, ``first_failure_timestamp`` and ``attempts`` holding at most the first), its
     T, the greatest store time of the retry records and commit time of the retry queue commits it
-    had read, and the retry limits it applied. Its whole tables stay in Arrow (:func:`fold`)."""
+    had read, and the retry limits it applied. The caller passes its whole tables to :func:`fold`,
+    in Arrow."""
 
     chains: list[dict[str, Any]]
     as_of: int
@@ -435,4 +436,4 @@ def _without(table: pa.Table, touched: set[ChainKey]) -> pa.Table:
     return table.filter(pc.invert(pc.fill_null(pc.is_in(keys, value_set=wanted), False)))
 
 
-_CHAIN_JOIN = "\x00"  # in neither a group name nor a message id
+_CHAIN_JOIN = "\x00"  # in no group name ([%|a-zA-Z0-9_-]): group and id cannot run together

@@ -95,6 +95,7 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
     )
 
 
+_NEW_RECORD_COLUMNS = ["group", "origin_msg_id", "uniq_key", "msg_id", "store_timestamp"]  # what touches chains
 _DEFERRED = ("body", "properties")  # columns a dead letter copies from its record, read for those alone
 
 
@@ -147,7 +148,7 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
     check_foldable(previous, as_of)
     try:
         lake.appended_size(COMMITLOG, before[COMMITLOG.name], versions[COMMITLOG.name])
-        new = _appended(lake, RETRY_RECORDS, RETRY_RECORDS.column_names, before, versions).to_pylist()
+        new = _appended(lake, RETRY_RECORDS, _NEW_RECORD_COLUMNS, before, versions).to_pylist()
         new_commits = _retry_only(
             _appended(lake, CONSUMER_OFFSET_COMMITS, list(OFFSET_COMMIT_COLUMNS), before, versions)
         )
