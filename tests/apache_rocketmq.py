@@ -428,6 +428,20 @@ def parse_query_msg(text: str) -> dict[str, str]:
     return found
 
 
+def check_mqadmin(command: Sequence[str], output: str) -> None:
+    """Raise when the output of ``mqadmin command`` says it failed.
+
+    Raises:
+        HarnessError: the output holds ``... command failed``, an exception or ``[error]``.
+    """
+    if re.search(r"command failed|Exception:|\[error\]", output):
+        raise HarnessError(f"mqadmin {' '.join(command)} failed:\n{output[-4000:]}")
+
+
+NO_MESSAGE = "but no message"
+"""What ``queryMsgById`` prints for an id the broker's index does not hold (yet)."""
+
+
 def remove_body_file(found: Mapping[str, str]) -> None:
     """Remove the body file ``queryMsgById`` wrote (``/tmp/rocketmq/msgbodys/<id>``, a path fixed in
     its code) for the parsed message ``found``, and the two folders when they are left empty."""
@@ -1020,8 +1034,8 @@ class ApacheRocketMQ:
             for path in re.findall(r"^Message Body Path:\s*(\S+)", output, re.MULTILINE):
                 remove_body_file({"Message Body Path": path})
         for command, output in zip(commands, outputs, strict=True):
-            if check and re.search(r"command failed|Exception:|\[error\]", output):
-                raise HarnessError(f"mqadmin {' '.join(command)} failed:\n{output[-4000:]}")
+            if check:
+                check_mqadmin(command, output)
         return outputs
 
     def create(self, *specs: TopicSpec | GroupSpec) -> None:

@@ -69,9 +69,11 @@ from tests.apache_fixture import started_rocketmq
 from tests.apache_rocketmq import (
     BROKER_NAME,
     DEFAULT_DELAY_LEVELS,
+    NO_MESSAGE,
     ApacheRocketMQ,
     QueueProgress,
     QueueStatus,
+    check_mqadmin,
     parse_consumer_progress,
     parse_query_msg,
     parse_topic_status,
@@ -230,17 +232,23 @@ AdminView = tuple[dict[tuple[str, str | None], list[QueueProgress]], dict[str, l
 """consumerProgress per (group, topic), topicStatus per topic, queryMsgById of the dead letter."""
 
 
-def _admin_view(rocketmq: ApacheRocketMQ, poison_id: str) -> AdminView:
+def _admin_view(rocketmq: ApacheRocketMQ, poison_id: str) -> AdminView | None:
     """consumerProgress of :data:`PROGRESS`, topicStatus of every topic with a consume queue (and
     of :data:`EMPTY_TOPICS`) once the name server routes it, and queryMsgById of the dead letter,
-    in one admin JVM."""
+    in one admin JVM; None while the broker's index holds no dead letter of that id (the poison
+    message is still being retried, or its %DLQ% copy not yet indexed)."""
     topics = sorted({p.name for p in (rocketmq.store_dir / "consumequeue").iterdir()} | set(EMPTY_TOPICS))
     for topic in topics:  # a topic the broker made itself (a POP retry topic) is routed at its next registration
         rocketmq.wait_for_route(topic, deadline_s=90)
     commands = [["consumerProgress", "-g", g, *(["-t", t] if t else [])] for g, t in PROGRESS]
     commands += [["topicStatus", "-t", topic] for topic in topics]
     commands.append(["queryMsgById", "-t", "%DLQ%j-consumer", "-i", poison_id])
-    outputs = rocketmq.mqadmin_many(*commands)
+    outputs = rocketmq.mqadmin_many(*commands, check=False)
+    for command, output in zip(commands[:-1], outputs[:-1], strict=True):
+        check_mqadmin(command, output)
+    if NO_MESSAGE in outputs[-1]:
+        return None
+    check_mqadmin(commands[-1], outputs[-1])
     progress_outputs, status_outputs = outputs[: len(PROGRESS)], outputs[len(PROGRESS) : -1]
     progress = {key: parse_consumer_progress(out) for key, out in zip(PROGRESS, progress_outputs, strict=True)}
     status = {topic: parse_topic_status(out) for topic, out in zip(topics, status_outputs, strict=True)}
@@ -294,14 +302,18 @@ def _traffic(rocketmq: ApacheRocketMQ) -> tuple[Events, Events]:
 
 
 def _admin_view_once_consumed(rocketmq: ApacheRocketMQ, poison_id: str) -> AdminView:
-    """:func:`_admin_view` once every consuming group has committed to the end of its queues."""
+    """:func:`_admin_view` once every consuming group has committed to the end of its queues and
+    the poison message's dead letter is found by its id."""
     views: list[AdminView] = []
 
     def consumers_done() -> bool:
-        views[:] = [_admin_view(rocketmq, poison_id)]
-        return _consumers_done(views[0][0])
+        view = _admin_view(rocketmq, poison_id)
+        if view is None:
+            return False
+        views[:] = [view]
+        return _consumers_done(view[0])
 
-    wait_until(consumers_done, "the consumers' offsets at the end of their queues", deadline_s=180)
+    wait_until(consumers_done, "the consumers' offsets at the end of their queues and the dead letter", 180)
     return views[0]
 
 
