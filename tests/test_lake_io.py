@@ -728,3 +728,19 @@ def test_a_rewrite_of_appends_from_both_sides_of_a_readers_version_sends_it_back
         lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, ["offset"], versions[20])  # a reader inside the group
     offsets = lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, ["offset"], versions[1]).column("offset").to_pylist()
     assert sorted(offsets) == list(range(2, 40))
+
+
+def test_the_latest_version_is_known_when_a_log_cleanup_removed_the_commit_files_after_the_kept_one(
+    lake: Lake,
+) -> None:
+    # the snapshot of version 1 is kept by the first read; a log cleanup then removes the commit
+    # file of version 2, which a checkpoint holds
+    lake.append_rows(CONSUMER_OFFSET_COMMITS, _commit_rows(0, 1))
+    assert lake.read_rows(CONSUMER_OFFSET_COMMITS).num_rows == 1
+    newest = lake.append_rows(CONSUMER_OFFSET_COMMITS, _commit_rows(1, 2))
+    assert newest is not None and lake.version(CONSUMER_OFFSET_COMMITS) == newest
+    table_dir = lake.location(CONSUMER_OFFSET_COMMITS)
+    DeltaTable(str(table_dir)).create_checkpoint()
+    commit_path(table_dir, newest).unlink()
+    assert lake.version(CONSUMER_OFFSET_COMMITS) == newest
+    assert lake.read_rows(CONSUMER_OFFSET_COMMITS).num_rows == 3

@@ -90,6 +90,16 @@ def local_or_none(path: str) -> str | None:
 _MARK_BYTES = 4096
 
 
+def _checkpointed_after(table_dir: str, version: int) -> bool:
+    """Whether the log's last checkpoint is of a version after ``version``: then later commits
+    were made even when a log cleanup removed their commit files after checkpointing them."""
+    try:
+        last = json.loads((Path(table_dir) / "_delta_log" / "_last_checkpoint").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(last, dict) and isinstance(last.get("version"), int) and last["version"] > version
+
+
 def _commit_mark(table_dir: str, version: int) -> tuple[int, int, int, int, bytes] | None:
     """What identifies commit ``version`` of a table: its file's device, inode, size, change time
     and first bytes; None when the file is gone (log cleanup) or unreadable."""
@@ -147,7 +157,7 @@ class _Snapshots:
             kept = self._kept.get((table_dir, version)) if version is not None else None
         if version is None or kept is None:
             return None
-        if commit_path(table_dir, version + 1).exists():
+        if commit_path(table_dir, version + 1).exists() or _checkpointed_after(table_dir, version):
             return None
         return (version, kept[1]) if self._servable(table_dir, version, kept) else None
 
