@@ -315,11 +315,6 @@ def _dead_letter(
     }
 
 
-def with_redrive_states(rows: Iterable[dict[str, Any]], states: Mapping[tuple[str, str], str]) -> list[dict[str, Any]]:
-    """``rows`` of ``dlq`` with the ``redrive_state`` of their dead letter."""
-    return [{**row, "redrive_state": states.get((row["broker_name"], row["msg_id"]))} for row in rows]
-
-
 # ---------------------------------------------------------------------------------------------
 # Moving a previous run on
 # ---------------------------------------------------------------------------------------------
@@ -420,7 +415,7 @@ def fold(
     return pa.concat_tables([kept_chains, computed]), dead, _without(previous_dead, touched)
 
 
-def with_table_redrive_states(dead: pa.Table, states: Mapping[tuple[str, str], str]) -> pa.Table:
+def with_redrive_states(dead: pa.Table, states: Mapping[tuple[str, str], str]) -> pa.Table:
     """``dead`` (``dlq`` rows in Arrow) with the ``redrive_state`` of each dead letter."""
     pairs = zip(dead.column("broker_name").to_pylist(), dead.column("msg_id").to_pylist(), strict=True)
     column = pa.array([states.get(pair) for pair in pairs], dead.schema.field("redrive_state").type)

@@ -32,7 +32,6 @@ from jobs.dlq.fold import (
     redrive_states,
     touched_chains,
     with_redrive_states,
-    with_table_redrive_states,
 )
 from jobs.dlq.transforms import RETRY
 from jobs.lake import IncrementalReadError, Lake
@@ -86,11 +85,12 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
         _originals(lake, versions, brokers, _positions(keys, hosts)),
     )
     chains, dead = compute(records, context)
-    dead = with_redrive_states(_with_deferred(dead, table), redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
+    dead_letters = pa.Table.from_pylist(_with_deferred(dead, table), schema=DLQ.arrow_schema)
+    dead_letters = with_redrive_states(dead_letters, redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
     times = [r["store_timestamp"] for r in records] + [r["commit_timestamp"] for r in commits]
     return Outcome(
         pa.Table.from_pylist(chains, schema=RETRY_CHAINS.arrow_schema),
-        pa.Table.from_pylist(dead, schema=DLQ.arrow_schema),
+        dead_letters,
         max(times, default=-1),
     )
 
@@ -169,7 +169,7 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
     chains, dead, kept_dead = fold(previous_chains, previous_dead, touched, records, context)
     computed = pa.Table.from_pylist(_with_deferred(dead, table), schema=previous_dead.schema)
     states = redrive_states(_rows(lake, DLQ_REDRIVES, versions))
-    dead_letters = with_table_redrive_states(pa.concat_tables([kept_dead, computed]), states)
+    dead_letters = with_redrive_states(pa.concat_tables([kept_dead, computed]), states)
     times = [r["store_timestamp"] for r in new] + [r["commit_timestamp"] for r in new_commits]
     changed = not _in_order(dead_letters).equals(_in_order(previous_dead))
     return Outcome(chains, dead_letters, max([through, *times]), changed)

@@ -22,6 +22,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import Transaction
 
 from broker_model.store import CommitChange, FileAction, commit_path, latest_version, load_table, read_change
+from broker_model.store.delta_commits import log_dir
 from jobs.lake.engine import PartitionFilter
 from schemas.catalog import TableSpec
 from schemas.errors import LakeError, UnsupportedTableError, ValidationError
@@ -94,7 +95,7 @@ def _checkpointed_after(table_dir: str, version: int) -> bool:
     """Whether the log's last checkpoint is of a version after ``version``: then later commits
     were made even when a log cleanup removed their commit files after checkpointing them."""
     try:
-        last = json.loads((Path(table_dir) / "_delta_log" / "_last_checkpoint").read_text(encoding="utf-8"))
+        last = json.loads((log_dir(table_dir) / "_last_checkpoint").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(last, dict) and isinstance(last.get("version"), int) and last["version"] > version
