@@ -438,6 +438,13 @@ def check_mqadmin(command: Sequence[str], output: str) -> None:
         raise HarnessError(f"mqadmin {' '.join(command)} failed:\n{output[-4000:]}")
 
 
+UNSENT = re.compile(r"Remoting(SendRequest|Connect)Exception")
+"""An admin request that never reached its server (the client's channel failed to connect or to
+write, seen on a loaded machine): the command is run again, since the server did nothing."""
+
+UNSENT_TRIES = 3
+"""Runs of an admin command whose request :data:`UNSENT` matches, before its output is taken."""
+
 NO_MESSAGE = "but no message"
 """What ``queryMsgById`` prints for an id the broker's index does not hold (yet)."""
 
@@ -996,6 +1003,8 @@ class ApacheRocketMQ:
         """Run ``mqadmin ARGS -n <name server>`` (``MQAdminStartup``) and return its output (stdout
         then stderr); its logs go to the run's log folder.
 
+        A request that never reached its server (:data:`UNSENT`) is made again.
+
         Raises:
             HarnessError: with ``check``, it exited non-zero or printed a failure
                 (``... command failed``, an exception); the output is in the message.
@@ -1011,8 +1020,11 @@ class ApacheRocketMQ:
             self.namesrv_address,
             short_lived=True,
         )
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
-        output = done.stdout + done.stderr
+        for _ in range(UNSENT_TRIES):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+            output = done.stdout + done.stderr
+            if not UNSENT.search(output):
+                break
         failed = done.returncode != 0 or re.search(r"command failed|Exception:|\[error\]", output)
         if check and failed:
             raise HarnessError(f"mqadmin {' '.join(args)} failed (exit {done.returncode}):\n{output[-4000:]}")
@@ -1022,14 +1034,22 @@ class ApacheRocketMQ:
         """Run several admin commands (each ``mqadmin ARGS`` without ``-n``) in one JVM, the driver's
         ``mqadmin`` steps: the admin tool's own ``MQAdminStartup.main0``, without a JVM start per
         command (6-10 s each on a loaded machine). Their outputs, in order; the body files
-        ``queryMsgById`` writes are removed.
+        ``queryMsgById`` writes are removed. A command whose request never reached its server
+        (:data:`UNSENT`) is run again.
 
         Raises:
             HarnessError: with ``check``, a command printed a failure (``... command failed``, an
                 exception); its output is in the message.
         """
-        lines = self.driver(*(["mqadmin", *command] for command in commands))
-        outputs = [line["output"] for line in lines if line["event"] == "mqadmin"]
+        outputs: list[str] = [""] * len(commands)
+        pending = list(range(len(commands)))
+        for _ in range(UNSENT_TRIES):
+            lines = self.driver(*(["mqadmin", *commands[i]] for i in pending))
+            for i, line in zip(pending, (line for line in lines if line["event"] == "mqadmin"), strict=True):
+                outputs[i] = line["output"]
+            pending = [i for i in pending if UNSENT.search(outputs[i])]
+            if not pending:
+                break
         for output in outputs:  # queryMsgById's body files (see :meth:`query_msg_by_id`)
             for path in re.findall(r"^Message Body Path:\s*(\S+)", output, re.MULTILINE):
                 remove_body_file({"Message Body Path": path})
