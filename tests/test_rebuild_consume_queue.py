@@ -62,7 +62,7 @@ from schemas.catalog import (
     spark_schema,
 )
 from schemas.errors import LakeError
-from tests.builders import SEGMENT_SIZE, commitlog_frame, commitlog_record, laid_out
+from tests.builders import SEGMENT_SIZE, commitlog_frame, commitlog_record, commitlog_table, laid_out
 from tests.helpers import ENGINE, assert_frames_equal
 
 SEGMENT = SEGMENT_SIZE  # segment size of the hand-built logs (laid_out's default)
@@ -694,7 +694,8 @@ def test_new_rows_are_checked_against_their_context_and_old_rows_only_against_ne
 
 
 def _append_log(lake: Lake, spark: SparkSession, records: list[dict[str, Any]]) -> int:
-    version = lake.append(COMMITLOG, commitlog_frame(spark, records))
+    """Append ``records`` to the commit log from the driver, as a broker does; the new version."""
+    version = lake.append_rows(COMMITLOG, commitlog_table(records))
     assert version is not None
     return version
 
