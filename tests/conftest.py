@@ -65,7 +65,6 @@ def broker(tmp_path: Path, clock: ManualClock) -> Iterator[Broker]:
     started.shutdown()
 
 
-_HEAVY_MARKS = ("spark", "slow", "subprocess")
 # RMQ_TEST_SCOPE=all: on delta-spark, every Spark test, not only those marked both_engines
 SCOPE_ENV = "RMQ_TEST_SCOPE"
 
@@ -74,10 +73,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked for the other lake engine (``@pytest.mark.engine("bridge")``) are deselected:
     they check what only that engine does. On delta-spark, so are the tests without Spark (they do
     not depend on the engine, and the bridge run, which runs every test, has run them) and, unless
-    ``RMQ_TEST_SCOPE=all``, the Spark tests not marked ``both_engines``. Then modules with the most
-    Spark, slow or subprocess tests first: the two workers each take a whole module at a time, in
-    this order, so the long ones start early and the workers end together instead of one finishing
-    a long module alone."""
+    ``RMQ_TEST_SCOPE=all``, the Spark tests not marked ``both_engines``.
+
+    The two workers each take a whole module at a time, in xdist's order (the most tests first),
+    not this one: handing out the longest modules first ran the bridge pass slower (952 s against
+    910 s), its heavy modules contending for the two cores side by side."""
     every_spark_test = os.environ.get(SCOPE_ENV) == "all"
 
     def other_engine(item: pytest.Item) -> bool:
@@ -94,11 +94,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if other:
         config.hook.pytest_deselected(items=other)
         items[:] = [item for item in items if item not in other]
-    weight: dict[str, int] = {}
-    for item in items:
-        heavy = any(item.get_closest_marker(mark) is not None for mark in _HEAVY_MARKS)
-        weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0) + heavy
-    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])
 
 
 # CI sets this: a test skipped there is a check that did not run, so the run fails
