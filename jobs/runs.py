@@ -66,11 +66,18 @@ class ReadBudget:
                 f"computing whole: {self.whole}"
             )
 
+    def widen(self, cost: ReadCost) -> None:
+        """Count ``cost`` into what computing whole reads: a read known only once the new rows are
+        (the consume queue of a topic subscribed to for the first time)."""
+        self.whole += cost
+
     def record(self, job_run: JobRun) -> None:
         """Put what moving on read and what the whole computation would have read into the run's
-        record (``parameters``: ``read_rows``, ``read_files``, ``whole_rows``, ``whole_files``)."""
+        record (``parameters``: ``read_rows``, ``read_files``, ``read_commits``, ``whole_rows``,
+        ``whole_files``)."""
         job_run.parameters["read_rows"] = self.spent.rows
         job_run.parameters["read_files"] = self.spent.files
+        job_run.parameters["read_commits"] = self.spent.commits
         job_run.parameters["whole_rows"] = self.whole.rows
         job_run.parameters["whole_files"] = self.whole.files
 

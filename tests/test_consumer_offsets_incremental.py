@@ -204,15 +204,26 @@ def test_a_run_moves_on_while_that_reads_little_and_computes_whole_once_it_would
     # offsets the commit points at), computing whole all of Big
     _append(lake, [_cq_row(big, 50_000, 4_100)], [_commit("g2", big, 20, 4_200, "consumer")], [])
     run(spark, ConsumerOffsetsConfig(lake.root, 5_000, engine=ENGINE))
+    # 300 log commits that add no rows, then a commit: moving on would parse 301 commit files
+    # (weighed as 154,112 rows) before it knows its files; computing whole reads 50,016 rows in 18
+    # files (weighed as 123,744 rows), half of which moving on may read
+    for _ in range(300):
+        lake.append_rows(CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSET_COMMITS.arrow_schema.empty_table())
+    _append(lake, [], [_commit("g1", small, 6, 5_100, "consumer")], [])
+    run(spark, ConsumerOffsetsConfig(lake.root, 6_000, engine=ENGINE))
+    # a commit after it: moving on again
+    _append(lake, [], [_commit("g1", small, 6, 6_100, "consumer")], [])
+    run(spark, ConsumerOffsetsConfig(lake.root, 7_000, engine=ENGINE))
 
     plans = _plans(lake)
-    assert [plan for plan, *_ in plans] == ["whole", "moved on", "whole", "moved on"], plans
+    assert [plan for plan, *_ in plans] == ["whole", "moved on", "whole", "moved on", "whole", "moved on"], plans
     assert "more than 0.5 of computing whole" in plans[2][1] and "first time" in plans[2][1], plans[2]
-    for _, message, read, whole in (plans[1], plans[3]):
+    assert "with the log commits since the previous run: 0 rows in 0 files and 301 log commits" in plans[4][1]
+    for _, message, read, whole in (plans[1], plans[3], plans[5]):
         assert read is not None and whole is not None and read < whole, message
     assert plans[3][2] == 20_000 + 1 + 1 + 2  # Big's first file, the new row and commit, the previous 2 rows
     moved_on = canonical_rows(lake.read_rows(CONSUMER_OFFSETS))
-    run(spark, ConsumerOffsetsConfig(lake.root, 5_000, engine=ENGINE, full=True))
+    run(spark, ConsumerOffsetsConfig(lake.root, 7_000, engine=ENGINE, full=True))
     assert canonical_rows(lake.read_rows(CONSUMER_OFFSETS)) == moved_on
     rows = lake.read_rows(CONSUMER_OFFSETS).to_pylist()
     assert {(r["group"], r["topic"], r["consumer_offset"], r["broker_offset"]) for r in rows} >= {

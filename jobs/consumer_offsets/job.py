@@ -35,7 +35,7 @@ from jobs.consumer_offsets.transforms import (
     build_queue_bounds,
     union_empty_queues,
 )
-from jobs.lake import IncrementalReadError, Lake
+from jobs.lake import IncrementalReadError, Lake, ReadCost
 from jobs.rules import build_current_offsets
 from jobs.runs import (
     MOVE_ON_SHARE,
@@ -238,21 +238,30 @@ def _fold_and_write(
     commits_range = (before[CONSUMER_OFFSET_COMMITS.name], now[CONSUMER_OFFSET_COMMITS.name])
     cq_range = (before[CONSUME_QUEUE.name], now[CONSUME_QUEUE.name])
     cq_version = now[CONSUME_QUEUE.name]
-    try:
-        commits_cost = lake.appended_cost(CONSUMER_OFFSET_COMMITS, *commits_range)
-        commits = lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS, *commits_range)
-        cq_cost = lake.appended_cost(CONSUME_QUEUE, *cq_range)
-    except (IncrementalReadError, ValidationError) as err:
-        raise CannotFold(str(err)) from err
     previous = Previous(lake.read_rows(CONSUMER_OFFSETS, version=output_version).to_pylist(), previous_as_of, through)
-    check_foldable(previous, as_of, commits)
-    topics = {row["topic"] for row in previous.rows} | subscribed_topics(commits, as_of)
+    # what computing whole reads of the topics known so far; those the new commits subscribe to
+    # are added once they are read
+    topics = {row["topic"] for row in previous.rows}
     topics |= {RETRY_GROUP_TOPIC_PREFIX + row["group"] for row in previous.rows}
     whole = lake.read_cost(CONSUMER_OFFSET_COMMITS, now[CONSUMER_OFFSET_COMMITS.name]) + lake.read_cost(
         CONSUME_QUEUE, cq_version, {"topic": sorted(topics)}
     )
     budget = ReadBudget(whole, share)
     budget.spend("the previous table", lake.read_cost(CONSUMER_OFFSETS, output_version))
+    # the commits since the previous run are parsed before their files are known: a group that
+    # commits its offsets every few seconds leaves thousands between two nightly runs
+    log_commits = commits_range[1] - commits_range[0] + cq_range[1] - cq_range[0]
+    budget.spend("the log commits since the previous run", ReadCost(commits=max(log_commits, 0)))
+    try:
+        commits_cost = lake.appended_cost(CONSUMER_OFFSET_COMMITS, *commits_range)
+        commits = lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS, *commits_range)
+        cq_cost = lake.appended_cost(CONSUME_QUEUE, *cq_range)
+    except (IncrementalReadError, ValidationError) as err:
+        raise CannotFold(str(err)) from err
+    check_foldable(previous, as_of, commits)
+    first_topics = sorted(subscribed_topics(commits, as_of) - topics)
+    if first_topics:
+        budget.widen(lake.read_cost(CONSUME_QUEUE, cq_version, {"topic": first_topics}))
     budget.spend("the new offset commits", commits_cost)
     budget.spend("the new consume-queue rows", cq_cost)
     try:

@@ -21,24 +21,37 @@ offset commits (2,482 rows) read in 581 ms, 45 files of a consume queue (145,264
 about 1.6 ms a file and 0.4 µs a row."""
 
 
+COMMIT_ROWS = 512
+"""Rows that parsing one more commit file of a table's log costs as much as: the added files of
+1,980 commits of a commit log listed in 388 ms on 2 cores, about 0.2 ms a commit."""
+
+
 @dataclass(frozen=True)
 class ReadCost:
-    """The rows, data files and bytes a read goes through."""
+    """The rows, data files and bytes a read goes through, and the log commits it parses first."""
 
     rows: int = 0
     files: int = 0
     bytes: int = 0
+    commits: int = 0
 
     @property
     def weight(self) -> int:
-        """The rows, with each file counted as :data:`FILE_ROWS` more: what the read costs."""
-        return self.rows + FILE_ROWS * self.files
+        """The rows, with each file counted as :data:`FILE_ROWS` more and each commit as
+        :data:`COMMIT_ROWS` more: what the read costs."""
+        return self.rows + FILE_ROWS * self.files + COMMIT_ROWS * self.commits
 
     def __add__(self, other: ReadCost) -> ReadCost:
-        return ReadCost(self.rows + other.rows, self.files + other.files, self.bytes + other.bytes)
+        return ReadCost(
+            self.rows + other.rows,
+            self.files + other.files,
+            self.bytes + other.bytes,
+            self.commits + other.commits,
+        )
 
     def __str__(self) -> str:
-        return f"{self.rows:,} rows in {self.files:,} files"
+        text = f"{self.rows:,} rows in {self.files:,} files"
+        return f"{text} and {self.commits:,} log commits" if self.commits else text
 
 
 def files_cost(table_dir: str, actions: pa.Table) -> ReadCost:
