@@ -10,6 +10,7 @@ queue's floor is ``time_floor`` of ``benchmarks/consume_queue.py``.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -144,7 +145,7 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
             plan.scans += [(spec, tuple(spec.column_names)) for spec in small if lake.exists(spec)]
             plan.spark_writes += [(RETRY_CHAINS, None), (DLQ, None)]
         else:
-            plan.reads += [lambda spec=spec: lake.read_rows(spec) for spec in small]
+            plan.reads += [functools.partial(lake.read_rows, spec) for spec in small]
             plan.row_writes += [(RETRY_CHAINS, None), (DLQ, None)]
         return plan
     if name == "report":
@@ -158,7 +159,7 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
         ]
         return FloorPlan(
             scans=[(COMMITLOG, REPORT_LOG_COLUMNS), (CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)],
-            reads=[lambda spec=spec, columns=columns: lake.read_rows(spec, columns) for spec, columns in page_reads],
+            reads=[functools.partial(lake.read_rows, spec, columns) for spec, columns in page_reads],
             row_writes=[
                 (QUEUE_HOURS, (HOURS_APP_ID, log_version) if log_version is not None else None),
                 (COMMIT_HOURS, (HOURS_APP_ID, commits_version) if commits_version is not None else None),

@@ -57,11 +57,15 @@ def fmt(value: float | None, spec: str = ".1f") -> str:
 
 
 def growth_rows(measured: dict[int, list[Measured]]) -> list[dict[str, Any]]:
-    """Per (job, mode): the seconds at each size and the exponent of the power-law fit."""
+    """Per (job, mode) measured at every size (a ``full after`` row is not): the seconds at each
+    size and the exponent of the power-law fit."""
     sizes = sorted(measured)
     rows = []
     for job, mode in ((r.job, r.mode) for r in measured[sizes[0]]):
-        seconds = [next(r.seconds for r in measured[n] if (r.job, r.mode) == (job, mode)) for n in sizes]
+        found = [[r.seconds for r in measured[n] if (r.job, r.mode) == (job, mode)] for n in sizes]
+        if not all(found):
+            continue
+        seconds = [at_size[0] for at_size in found]
         rows.append({"job": job, "mode": mode, "seconds": seconds, "exponent": fit_exponent(sizes, seconds)})
     return rows
 
