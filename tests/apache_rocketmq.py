@@ -428,13 +428,18 @@ def parse_query_msg(text: str) -> dict[str, str]:
     return found
 
 
+FAILED = re.compile(r"command failed|Exception:|\[error\]")
+"""What the admin tool prints when a command failed: ``... command failed``, an exception or
+``[error]``."""
+
+
 def check_mqadmin(command: Sequence[str], output: str) -> None:
     """Raise when the output of ``mqadmin command`` says it failed.
 
     Raises:
-        HarnessError: the output holds ``... command failed``, an exception or ``[error]``.
+        HarnessError: the output holds :data:`FAILED`.
     """
-    if re.search(r"command failed|Exception:|\[error\]", output):
+    if FAILED.search(output):
         raise HarnessError(f"mqadmin {' '.join(command)} failed:\n{output[-4000:]}")
 
 
@@ -1025,7 +1030,7 @@ class ApacheRocketMQ:
             output = done.stdout + done.stderr
             if not UNSENT.search(output):
                 break
-        failed = done.returncode != 0 or re.search(r"command failed|Exception:|\[error\]", output)
+        failed = done.returncode != 0 or FAILED.search(output)
         if check and failed:
             raise HarnessError(f"mqadmin {' '.join(args)} failed (exit {done.returncode}):\n{output[-4000:]}")
         return output
