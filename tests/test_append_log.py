@@ -4,6 +4,7 @@ before it commits."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,7 +13,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from broker_model.store import AppendLog, ensure_table, retry_listing_gap
-from broker_model.store.delta_commits import commit_path
+from broker_model.store.delta_commits import commit_path, read_change, read_changes
 from schemas.catalog import TOPIC_CONFIG
 from schemas.errors import UnsupportedTableError
 
@@ -94,3 +95,48 @@ def test_a_delta_rs_call_refused_for_a_listing_gap_is_run_again_and_other_errors
     with pytest.raises(DeltaError, match="concurrent"):
         retry_listing_gap(conflict)
     assert len(other) == 1  # not a listing gap: not run again
+
+
+def _added(path: Path, after: int, last: int) -> list[list[str]]:
+    return [[a.log_path for a in change.added] if change else [] for change in read_changes(path, after, last)]
+
+
+def test_read_changes_parses_a_commit_once_and_not_a_table_written_again_in_the_same_directory(
+    tmp_path: Path,
+) -> None:
+    path = ensure_table(tmp_path, TOPIC_CONFIG)
+    log = AppendLog(path, TOPIC_CONFIG)
+    for n in range(3):
+        log.append(_rows("a", n))
+    first = _added(path, 0, 3)
+    assert [len(files) for files in first] == [1, 1, 1]
+    assert first == [[a.log_path for a in read_change(path, v).added] for v in (1, 2, 3)]  # type: ignore[union-attr]
+    # a commit file never changes once written, so a commit read before is not read again: this one,
+    # rewritten behind the log's back, still reads as it was
+    commit_path(path, 2).write_text(commit_path(path, 3).read_text())
+    assert _added(path, 0, 3) == first
+    # the table removed and written again in the same directory: its commits are read anew
+    shutil.rmtree(path)
+    path = ensure_table(tmp_path, TOPIC_CONFIG)
+    log = AppendLog(path, TOPIC_CONFIG)
+    for n in range(3):
+        log.append(_rows("b", n))
+    again = _added(path, 0, 3)
+    assert again == [[a.log_path for a in read_change(path, v).added] for v in (1, 2, 3)]  # type: ignore[union-attr]
+    assert not {f for files in again for f in files} & {f for files in first for f in files}
+    # without its first commit file (a log cleanup) the table cannot be told apart: nothing is reused
+    commit_path(path, 0).unlink()
+    commit_path(path, 2).write_text(commit_path(path, 3).read_text())
+    assert _added(path, 0, 3) == [again[0], again[2], again[2]]
+    commit_path(path, 3).unlink()
+    assert list(read_changes(path, 2, 3)) == [None]  # an absent commit file
+
+
+def test_a_commit_read_before_and_removed_since_is_absent(tmp_path: Path) -> None:
+    path = ensure_table(tmp_path, TOPIC_CONFIG)
+    log = AppendLog(path, TOPIC_CONFIG)
+    for n in range(3):
+        log.append(_rows("a", n))
+    assert None not in list(read_changes(path, 0, 3))
+    commit_path(path, 2).unlink()  # a log cleanup
+    assert [change is None for change in read_changes(path, 0, 3)] == [False, True, False]

@@ -15,6 +15,7 @@ from broker_model.store.delta_commits import (
     latest_version,
     load_table,
     read_change,
+    read_changes,
     retry_listing_gap,
 )
 from broker_model.store.delta_tables import append_rows, ensure_table, pack_small_files, read_table
@@ -68,6 +69,7 @@ __all__ = [
     "pack_small_files",
     "peek_header",
     "read_change",
+    "read_changes",
     "read_table",
     "record_length",
     "retry_listing_gap",

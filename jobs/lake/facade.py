@@ -17,7 +17,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake import Schema as DeltaSchema
 from deltalake.transaction import CommitProperties, Transaction
 
-from broker_model.store import load_table, pack_small_files, read_change, retry_listing_gap
+from broker_model.store import load_table, pack_small_files, read_changes, retry_listing_gap
 from jobs.lake.bridge import BridgeEngine, WrittenFiles, commit_data_files, scan_files, write_data_files
 from jobs.lake.conform import (
     check_catalog_schema,
@@ -497,7 +497,7 @@ class Lake:
         if later < version:
             return False
         table_dir = local_directory(self.location(_spec(name_or_spec)))
-        changes = (read_change(table_dir, v) for v in range(version + 1, later + 1))
+        changes = read_changes(table_dir, version, later)
         return all(change is not None and change.data_neutral for change in changes)
 
     def appended_size(self, name_or_spec: str | TableSpec, after_version: int, up_to_version: int | None = None) -> int:

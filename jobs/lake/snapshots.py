@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import Transaction
 
-from broker_model.store import CommitChange, FileAction, commit_path, latest_version, load_table, read_change
+from broker_model.store import CommitChange, FileAction, commit_path, latest_version, load_table, read_changes
 from broker_model.store.delta_commits import log_dir
 from jobs.lake.engine import PartitionFilter
 from schemas.catalog import TableSpec
@@ -281,8 +281,7 @@ def appended_files(table_dir: str, after_version: int, last_version: int, spec: 
         IncrementalReadError: see :meth:`Lake.read_appended`.
     """
     adds: dict[str, FileAction] = {}
-    for version in range(after_version + 1, last_version + 1):
-        change = read_change(table_dir, version)
+    for version, change in enumerate(read_changes(table_dir, after_version, last_version), after_version + 1):
         if change is None:
             raise IncrementalReadError(
                 f"the commit file {commit_path(table_dir, version)} is gone (log cleanup); the rows added "
