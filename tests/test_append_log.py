@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from broker_model.store import AppendLog, ensure_table, retry_listing_gap
+from broker_model.store import AppendLog, delta_commits, ensure_table, retry_listing_gap
 from broker_model.store.delta_commits import commit_path, read_change, read_changes
 from schemas.catalog import TOPIC_CONFIG
 from schemas.errors import UnsupportedTableError
@@ -140,3 +140,21 @@ def test_a_commit_read_before_and_removed_since_is_absent(tmp_path: Path) -> Non
     assert None not in list(read_changes(path, 0, 3))
     commit_path(path, 2).unlink()  # a log cleanup
     assert [change is None for change in read_changes(path, 0, 3)] == [False, True, False]
+
+
+def test_read_changes_keeps_the_commits_read_last_within_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(delta_commits._parsed, "limit", 4)  # two commits of one file each
+    path = ensure_table(tmp_path, TOPIC_CONFIG)
+    log = AppendLog(path, TOPIC_CONFIG)
+    for n in range(4):
+        log.append(_rows("a", n))
+    first = _added(path, 0, 4)
+    assert delta_commits._parsed.held == 4
+    # both rewritten behind the log's back: the oldest was dropped and reads anew, the last is kept
+    for version in (1, 4):
+        commit_path(path, version).write_text(commit_path(path, 2).read_text())
+    assert _added(path, 3, 4) == [first[3]]
+    assert _added(path, 0, 1) == [first[1]]
+    assert delta_commits._parsed.held == 4

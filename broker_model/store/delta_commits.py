@@ -207,9 +207,11 @@ def read_change(table_dir: str | Path, version: int) -> CommitChange | None:
     return None if actions is None else commit_change(version, actions)
 
 
-# Commits read_changes keeps parsed, the least recently read dropped first: a day of offset flushes
-# of a few brokers, which every incremental job of a nightly reads again (about 2 KB each).
-CACHED_CHANGES = 20_000
+# What read_changes keeps parsed, the least recently read dropped first, counted in file actions (a
+# commit counts one more): about 1.8 KB for a commit of one file, 0.7 KB more per file. A day of
+# offset flushes of a few brokers, which every incremental job of a nightly reads again, counts 2
+# per flush.
+CACHED_ACTIONS = 50_000
 
 
 class _ParsedCommits:
@@ -218,6 +220,7 @@ class _ParsedCommits:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.held = 0  # the weight of what is kept (_weight)
         self.lock = threading.Lock()
         self.changes: OrderedDict[tuple[str, int], CommitChange] = OrderedDict()
         self.origins: dict[str, bytes] = {}
@@ -232,7 +235,7 @@ class _ParsedCommits:
         with self.lock:
             if self.origins.get(table_dir) != origin:
                 for key in [k for k in self.changes if k[0] == table_dir]:
-                    del self.changes[key]
+                    self.held -= _weight(self.changes.pop(key))
                 self.origins[table_dir] = origin
         return True
 
@@ -245,24 +248,31 @@ class _ParsedCommits:
 
     def put(self, table_dir: str, change: CommitChange) -> None:
         with self.lock:
+            replaced = self.changes.pop((table_dir, change.version), None)
+            self.held -= _weight(replaced) if replaced is not None else 0
             self.changes[(table_dir, change.version)] = change
-            while len(self.changes) > self.limit:
-                self.changes.popitem(last=False)
+            self.held += _weight(change)
+            while self.held > self.limit and self.changes:
+                self.held -= _weight(self.changes.popitem(last=False)[1])
 
 
-_parsed = _ParsedCommits(CACHED_CHANGES)
+def _weight(change: CommitChange) -> int:
+    return 1 + len(change.added) + len(change.rewritten) + len(change.removed)
+
+
+_parsed = _ParsedCommits(CACHED_ACTIONS)
 
 
 def read_changes(table_dir: str | Path, after_version: int, last_version: int) -> Iterator[CommitChange | None]:
     """The :class:`CommitChange` of each commit ``after_version + 1 .. last_version``, oldest first,
     None for a commit whose file is absent.
 
-    A commit this process parsed before is not parsed again (the jobs of one nightly read the same
-    thousands of offset flushes): a Delta commit file never changes once written. The table is known
-    to be the same one by its first commit file, which holds the table's id (a table removed and
-    written again in the same directory has another); when that file is absent (a log cleanup),
-    every commit is parsed. A commit whose file a log cleanup removed is absent, parsed before or not
-    (one listing of the log tells).
+    A commit this process parsed before is not parsed again, within :data:`CACHED_ACTIONS` (the jobs
+    of one nightly read the same thousands of offset flushes): a Delta commit file never changes
+    once written. The table is known to be the same one by its first commit file, which holds the
+    table's id (a table removed and written again in the same directory has another); when that
+    file is absent (a log cleanup), every commit is parsed. A commit whose file a log cleanup
+    removed is absent, parsed before or not (one listing of the log tells).
     """
     directory = os.path.abspath(table_dir)
     reuse = _parsed.table(directory)
