@@ -10,6 +10,7 @@ gaps, one JSON file a version, named by the version in 20 digits.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -215,8 +216,8 @@ CACHED_ACTIONS = 50_000
 
 
 class _ParsedCommits:
-    """Parsed commits of the tables this process read, per table directory, with the table's first
-    commit file as it was when they were parsed."""
+    """Parsed commits of the tables this process read, per table directory, with the digest of the
+    table's first commit file as it was when they were parsed."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -229,7 +230,8 @@ class _ParsedCommits:
         """Whether commits of ``table_dir`` may be kept and reused: its first commit file is there
         (what was kept of another table in the same directory is dropped)."""
         try:
-            origin = commit_path(table_dir, 0).read_bytes()  # holds the table's id (metaData.id)
+            # it holds the table's id (metaData.id); its digest is kept
+            origin = hashlib.sha256(commit_path(table_dir, 0).read_bytes()).digest()
         except FileNotFoundError:
             return False
         with self.lock:
@@ -272,20 +274,21 @@ def read_changes(table_dir: str | Path, after_version: int, last_version: int) -
     once written. The table is known to be the same one by its first commit file, which holds the
     table's id (a table removed and written again in the same directory has another); when that
     file is absent (a log cleanup), every commit is parsed. A commit whose file a log cleanup
-    removed is absent, parsed before or not (one listing of the log tells).
+    removed is absent, parsed before or not (one listing of the log, made once a parsed commit is
+    found, tells).
     """
     directory = os.path.abspath(table_dir)
     reuse = _parsed.table(directory)
-    # a commit parsed before but since removed (log cleanup) is absent, as its file is: one listing
-    listed = set(os.listdir(log_dir(directory))) if reuse else set()
+    listed: set[str] | None = None  # the log's files, listed at the first commit found parsed
     for version in range(after_version + 1, last_version + 1):
-        change = None
-        if reuse:
+        change = _parsed.get(directory, version) if reuse else None
+        if change is not None:
+            # a commit parsed before but since removed (log cleanup) is absent, as its file is
+            listed = set(os.listdir(log_dir(directory))) if listed is None else listed
             if f"{version:020d}.json" not in listed:
                 yield None
                 continue
-            change = _parsed.get(directory, version)
-        if change is None:
+        else:
             change = read_change(directory, version)
             if change is not None and reuse:
                 _parsed.put(directory, change)
