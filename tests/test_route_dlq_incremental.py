@@ -24,7 +24,16 @@ from pyspark.sql import SparkSession
 from broker_model.common import constants as c
 from broker_model.common import create_msg_id, parse_host
 from jobs.dlq.decode import decode_retry_records
-from jobs.dlq.fold import Previous, check_foldable, origin_positions
+from jobs.dlq.fold import (
+    OPEN_STATES,
+    PREVIOUS_COLUMNS,
+    Previous,
+    check_foldable,
+    host_prefixes,
+    offsets_at,
+    origin_positions,
+    touched_chains,
+)
 from jobs.dlq.job import RouteDlqConfig, run
 from jobs.dlq.transforms import PROPERTY_ROUTED_BY, build_retry_records
 from jobs.lake import Lake
@@ -318,13 +327,103 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
     assert sum(h["operation"] == "OPTIMIZE" for h in history) >= 2
 
 
+def test_the_offset_of_a_queue_is_its_latest_commit_by_time_then_reset_then_offset() -> None:
+    # many commits of few queues in few milliseconds: ties of time, of time and source, of all three
+    rng = random.Random(9)
+    rows = [
+        {
+            "group": rng.choice(GROUPS),
+            "broker_name": rng.choice(list(HOSTS)),
+            "topic": "%RETRY%" + rng.choice(GROUPS),
+            "queue_id": 0,
+            "offset": rng.randrange(1_000),
+            "commit_timestamp": rng.randrange(1_000, 1_006),
+            "source": rng.choice(["client", "reset", "broker"]),
+        }
+        for _ in range(2_000)
+    ]
+    schema = pa.schema([CONSUMER_OFFSET_COMMITS.arrow_schema.field(name) for name in rows[0]])
+    table = pa.Table.from_pylist(rows, schema=schema)
+    for as_of in (999, 1_002, 1_005):
+        expected: dict[tuple[str, str, str, int], tuple[int, bool, int, str]] = {}
+        for row in rows:
+            if row["commit_timestamp"] <= as_of:
+                key = (row["group"], row["broker_name"], row["topic"], row["queue_id"])
+                order = (row["commit_timestamp"], row["source"] == "reset", row["offset"], row["source"])
+                expected[key] = max(expected.get(key, order), order)
+        assert offsets_at(table, as_of) == {key: order[2] for key, order in expected.items()}
+    assert len(offsets_at(table, 1_005)) == 8
+
+
+def test_the_previous_chains_sifted_in_arrow_are_those_the_rule_touches_one_by_one() -> None:
+    # chains whose first attempt spells their origin id, and every way of not doing so: another
+    # offset or broker, a retry first, no attempt, lowercase or odd hex, a short id, an unknown host
+    rng = random.Random(5)
+    hosts = host_prefixes(HOSTS.items())
+    prefix = {name: create_msg_id(parse_host(host), 0)[:-16] for name, host in HOSTS.items()}
+    origins = [
+        lambda b, o: prefix[b] + f"{o:016X}",
+        lambda b, o: prefix[b] + f"{o:016x}",
+        lambda b, o: prefix[b] + f"{o + 1:016X}",
+        lambda b, o: prefix["broker-b" if b == "broker-a" else "broker-a"] + f"{o:016X}",
+        lambda b, o: prefix[b] + f" {o:015X}",
+        lambda b, o: prefix[b] + "-" + f"{o:015X}",
+        lambda b, o: "0A000009" + "00002A9F" + f"{o:016X}",
+        lambda b, o: f"{o:X}",
+        lambda b, o: f"UNIQ{o}",
+    ]
+    field = RETRY_CHAINS.arrow_schema.field
+    schema = pa.schema([field(name) for name in (*PREVIOUS_COLUMNS, "attempts")])
+    rows = []
+    for i in range(3_000):
+        broker, offset = rng.choice(list(HOSTS)), rng.choice([0, 7, 1 << 40, rng.randrange(1 << 62)])
+        attempt = {"broker_name": broker, "commit_log_offset": offset, "reconsume_times": rng.choice([0, 0, 0, 1])}
+        rows.append(
+            {
+                "group": rng.choice(GROUPS),
+                "origin_msg_id": rng.choice(origins)(broker, offset),
+                "state": rng.choice(["CONSUMED", "CONSUMED", "DEAD", "SCHEDULED", "DELIVERED"]),
+                "broker_name": rng.choice([*HOSTS, None]),
+                "first_failure_timestamp": i,
+                "attempts": rng.choice([[attempt], [attempt], []]),
+            }
+        )
+    before = {("broker-a", "g-audit"): 2, ("broker-b", "g-stock"): 3}
+    now = {("broker-a", "g-audit"): 5, ("broker-b", "g-stock"): 3}
+    previous = Previous(pa.Table.from_pylist(rows, schema=schema), 0, 0, before)
+
+    def original_found(row: dict[str, Any]) -> bool:
+        positions = origin_positions(row["origin_msg_id"], hosts)
+        first = row["attempts"][0] if row["attempts"] else None
+        if not positions:
+            return True
+        return (
+            first is not None
+            and first["reconsume_times"] == 0
+            and (first["broker_name"], first["commit_log_offset"]) in positions
+        )
+
+    expected = {
+        (row["group"], row["origin_msg_id"])
+        for row in rows
+        if row["state"] in OPEN_STATES
+        or (row["broker_name"], row["group"]) == ("broker-a", "g-audit")
+        or not original_found(row)
+    }
+    touched = touched_chains(previous, [], now, [], hosts, as_of=0)
+    assert touched == expected
+    # every kind of chain was there: kept ones, and ones touched for each reason
+    assert 0 < len(touched) < len({(row["group"], row["origin_msg_id"]) for row in rows})
+    assert any(not original_found(row) and row["state"] not in OPEN_STATES for row in rows)
+
+
 def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_records_it_left_for_a_later_one() -> None:
-    previous = Previous([], as_of=2_000, through=2_000, policies={})
+    previous = Previous(pa.table({}), as_of=2_000, through=2_000, policies={})
     check_foldable(previous, 2_000)
     with pytest.raises(CannotFold, match="before the previous run's"):
         check_foldable(previous, 1_999)
     with pytest.raises(CannotFold, match="stored after its as_of"):
-        check_foldable(Previous([], 2_000, 2_001, {}), 2_500)
+        check_foldable(Previous(pa.table({}), 2_000, 2_001, {}), 2_500)
 
 
 @pytest.mark.parametrize(

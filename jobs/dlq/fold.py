@@ -137,19 +137,25 @@ def policies_at(rows: Iterable[Mapping[str, Any]], as_of: int) -> dict[tuple[str
     return {key: value for key, (_, value) in latest.items()}
 
 
-def offsets_at(rows: Iterable[Mapping[str, Any]], as_of: int) -> dict[GroupQueueKey, int]:
+def offsets_at(commits: pa.Table, as_of: int) -> dict[GroupQueueKey, int]:
     """The committed offset per (group, broker, topic, queue) of the latest commit at or before
-    ``as_of``, by the total order of :func:`jobs.rules.build_current_offsets`."""
-    latest: dict[GroupQueueKey, tuple[int, bool, int, str]] = {}
-    for row in rows:
-        if row["commit_timestamp"] > as_of:
-            continue
-        key = (row["group"], row["broker_name"], row["topic"], row["queue_id"])
-        order = (row["commit_timestamp"], row["source"] == "reset", row["offset"], row["source"])
-        seen = latest.get(key)
-        if seen is None or order > seen:
-            latest[key] = order
-    return {key: order[2] for key, order in latest.items()}
+    ``as_of``, by the total order of :func:`jobs.rules.build_current_offsets`, computed in Arrow
+    from ``consumer_offset_commits`` rows (:data:`OFFSET_ORDER`)."""
+    done = commits.filter(pc.less_equal(commits.column("commit_timestamp"), as_of))
+    if not done.num_rows:
+        return {}
+    keys = ["group", "broker_name", "topic", "queue_id"]
+    reset = pc.fill_null(pc.equal(done.column("source"), "reset"), False)
+    ordered = done.select([*keys, "commit_timestamp", "offset", "source"]).append_column("reset", reset)
+    ordered = ordered.sort_by([(key, "ascending") for key in (*keys, *OFFSET_ORDER)])
+    latest = ordered.group_by(keys, use_threads=False).aggregate([("offset", "last")])
+    columns = [latest.column(name).to_pylist() for name in (*keys, "offset_last")]
+    return {(group, broker, topic, queue): offset for group, broker, topic, queue, offset in zip(*columns, strict=True)}
+
+
+OFFSET_ORDER = ("commit_timestamp", "reset", "offset", "source")
+"""The order of a queue's commits, the latest last: commit time, then a reset after a client's
+commit of the same millisecond, then the greater offset (``reset``: whether ``source`` is "reset")."""
 
 
 def redrive_states(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], str]:
@@ -322,13 +328,13 @@ def _dead_letter(
 
 @dataclass(frozen=True)
 class Previous:
-    """The run moved on: its chains (light rows: ``group``, ``origin_msg_id``, ``state``,
+    """The run moved on: its chains (in Arrow, light rows: ``group``, ``origin_msg_id``, ``state``,
     ``broker_name``, ``first_failure_timestamp`` and ``attempts`` holding at most the first), its
     T, the greatest store time of the retry records and commit time of the retry queue commits it
     had read, and the retry limits it applied. The caller passes its whole tables to :func:`fold`,
     in Arrow."""
 
-    chains: list[dict[str, Any]]
+    chains: pa.Table
     as_of: int
     through: int
     policies: Mapping[tuple[str, str], int | None]
@@ -360,7 +366,8 @@ def touched_chains(
     hosts: Mapping[str, Sequence[str]],
     as_of: int,
 ) -> set[ChainKey]:
-    """The chains computed again (module docstring).
+    """The chains computed again (module docstring). The previous chains are sifted in Arrow: only
+    those whose original is not plainly their first attempt are looked at one by one.
 
     Args:
         previous: the run moved on.
@@ -375,13 +382,50 @@ def touched_chains(
     touched |= {chain_key(r) for r in backlog if r["store_timestamp"] <= as_of}
     every = policies.keys() | previous.policies.keys()
     changed = {key for key in every if policies.get(key) != previous.policies.get(key)}
-    for chain in previous.chains:
-        key = (chain["group"], chain["origin_msg_id"])
-        if chain["state"] in OPEN_STATES or (chain["broker_name"], chain["group"]) in changed:
-            touched.add(key)
-        elif not _has_original(chain, hosts):
-            touched.add(key)
+    chains = previous.chains
+    if not chains.num_rows:
+        return touched
+    again = pc.is_in(chains.column("state"), value_set=pa.array(OPEN_STATES, pa.string()))
+    if changed:
+        pairs = pc.binary_join_element_wise(chains.column("broker_name"), chains.column("group"), _CHAIN_JOIN)
+        wanted = pa.array([f"{broker}{_CHAIN_JOIN}{group}" for broker, group in changed], pa.string())
+        again = pc.or_(again, pc.is_in(pairs, value_set=wanted))
+    again = pc.fill_null(again, False)
+    touched |= _keys(chains.filter(again))
+    rest = chains.filter(pc.invert(again))
+    unsure = rest.filter(pc.invert(_plainly_found(rest, hosts)))
+    touched |= {
+        (chain["group"], chain["origin_msg_id"]) for chain in unsure.to_pylist() if not _has_original(chain, hosts)
+    }
     return touched
+
+
+def _keys(chains: pa.Table) -> set[ChainKey]:
+    return set(zip(chains.column("group").to_pylist(), chains.column("origin_msg_id").to_pylist(), strict=True))
+
+
+def _plainly_found(chains: pa.Table, hosts: Mapping[str, Sequence[str]]) -> pa.ChunkedArray:
+    """Per chain, whether its first attempt is the record its origin id names: a first failure
+    (reconsume times 0) whose broker's host prefix and commit log offset, in uppercase hex, spell the
+    origin id. Such a chain :func:`_has_original`; a chain where this is false may have one too."""
+    first = pc.list_element(
+        pc.if_else(pc.greater(pc.list_value_length(chains.column("attempts")), 0), chains.column("attempts"), None), 0
+    )
+    prefix_of = {broker: prefix for prefix, brokers in hosts.items() for broker in brokers}
+    brokers = pa.array(sorted(prefix_of), pa.string())
+    prefixes = pa.array([prefix_of[broker] for broker in brokers.to_pylist()], pa.string())
+    prefix = pc.take(prefixes, pc.index_in(pc.struct_field(first, "broker_name"), value_set=brokers))
+    offset = pc.struct_field(first, "commit_log_offset")
+    digits = [pc.bit_wise_and(pc.shift_right(offset, 4 * k), 15) for k in range(15, -1, -1)]
+    spelled = pc.binary_join_element_wise(prefix, *(pc.take(_UPPER_HEX, digit) for digit in digits), "")
+    plain = pc.and_(
+        pc.and_(pc.equal(chains.column("origin_msg_id"), spelled), pc.greater_equal(offset, 0)),
+        pc.equal(pc.struct_field(first, "reconsume_times"), 0),
+    )
+    return pc.fill_null(plain, False)
+
+
+_UPPER_HEX = pa.array(list("0123456789ABCDEF"), pa.string())
 
 
 def _has_original(chain: Mapping[str, Any], hosts: Mapping[str, Sequence[str]]) -> bool:
@@ -393,6 +437,14 @@ def _has_original(chain: Mapping[str, Any], hosts: Mapping[str, Sequence[str]]) 
     if first is None or first["reconsume_times"] != 0:
         return False
     return (first["broker_name"], first["commit_log_offset"]) in positions
+
+
+def first_failures(previous: Previous, touched: set[ChainKey]) -> list[int]:
+    """The first failure times of the ``touched`` chains the previous run had."""
+    if not touched or not previous.chains.num_rows:
+        return []
+    mine = previous.chains.filter(_in_chains(previous.chains, touched))
+    return [t for t in mine.column("first_failure_timestamp").to_pylist() if t is not None]
 
 
 def fold(
@@ -426,9 +478,14 @@ def _without(table: pa.Table, touched: set[ChainKey]) -> pa.Table:
     """The rows of ``table`` whose (group, origin_msg_id) is not in ``touched``."""
     if not touched or not table.num_rows:
         return table
-    keys = pc.binary_join_element_wise(table.column("group"), table.column("origin_msg_id"), _CHAIN_JOIN)
-    wanted = pa.array([f"{group}{_CHAIN_JOIN}{origin}" for group, origin in touched], pa.string())
-    return table.filter(pc.invert(pc.fill_null(pc.is_in(keys, value_set=wanted), False)))
+    return table.filter(pc.invert(_in_chains(table, touched)))
+
+
+def _in_chains(table: pa.Table, keys: set[ChainKey]) -> pa.ChunkedArray:
+    """Per row of ``table``, whether its (group, origin_msg_id) is one of ``keys``."""
+    joined = pc.binary_join_element_wise(table.column("group"), table.column("origin_msg_id"), _CHAIN_JOIN)
+    wanted = pa.array([f"{group}{_CHAIN_JOIN}{origin}" for group, origin in keys], pa.string())
+    return pc.fill_null(pc.is_in(joined, value_set=wanted), False)
 
 
 _CHAIN_JOIN = "\x00"  # in no group name ([%|a-zA-Z0-9_-]): group and id cannot run together

@@ -24,6 +24,7 @@ from jobs.dlq.fold import (
     chain_key,
     check_foldable,
     compute,
+    first_failures,
     fold,
     host_prefixes,
     offsets_at,
@@ -87,11 +88,11 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
     chains, dead = compute(records, context)
     dead_letters = pa.Table.from_pylist(_with_deferred(dead, table), schema=DLQ.arrow_schema)
     dead_letters = with_redrive_states(dead_letters, redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
-    times = [r["store_timestamp"] for r in records] + [r["commit_timestamp"] for r in commits]
+    times = [r["store_timestamp"] for r in records] + [_latest(commits)]
     return Outcome(
         pa.Table.from_pylist(chains, schema=RETRY_CHAINS.arrow_schema),
         dead_letters,
-        max(times, default=-1),
+        max(times),
     )
 
 
@@ -157,7 +158,9 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
     commits = _retry_commits(lake, versions)
     offsets = offsets_at(commits, as_of)
     moved = {
-        (r["group"], r["broker_name"], r["topic"], r["queue_id"]) for r in new_commits if r["commit_timestamp"] <= as_of
+        (r["group"], r["broker_name"], r["topic"], r["queue_id"])
+        for r in new_commits.to_pylist()
+        if r["commit_timestamp"] <= as_of
     }
     policies = policies_at(_rows(lake, SUBSCRIPTION_GROUP, versions), as_of)
     backlog = _backlog(lake, versions[RETRY_RECORDS.name], {q: offsets[q] for q in moved if q in offsets})
@@ -170,7 +173,7 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
     computed = pa.Table.from_pylist(_with_deferred(dead, table), schema=previous_dead.schema)
     states = redrive_states(_rows(lake, DLQ_REDRIVES, versions))
     dead_letters = with_redrive_states(pa.concat_tables([kept_dead, computed]), states)
-    times = [r["store_timestamp"] for r in new] + [r["commit_timestamp"] for r in new_commits]
+    times = [r["store_timestamp"] for r in new] + [_latest(new_commits)]
     changed = not _in_order(dead_letters).equals(_in_order(previous_dead))
     return Outcome(chains, dead_letters, max([through, *times]), changed)
 
@@ -180,12 +183,10 @@ def _in_order(dead: pa.Table) -> pa.Table:
     return dead.sort_by([(key, "ascending") for key in keys])
 
 
-def _light_chains(chains: pa.Table) -> list[dict[str, Any]]:
+def _light_chains(chains: pa.Table) -> pa.Table:
     """:attr:`jobs.dlq.fold.Previous.chains` of a ``retry_chains`` table."""
-    light = chains.select(list(PREVIOUS_COLUMNS))
     first = pc.list_slice(chains.column("attempts"), 0, 1)
-    rows: list[dict[str, Any]] = light.append_column("attempts", first).to_pylist()
-    return rows
+    return chains.select(list(PREVIOUS_COLUMNS)).append_column("attempts", first)
 
 
 def _rows(
@@ -207,18 +208,24 @@ def _appended(
     return lake.read_appended_rows(spec, columns, before[spec.name], now[spec.name])
 
 
-def _retry_only(commits: pa.Table) -> list[dict[str, Any]]:
-    return [r for r in commits.to_pylist() if r["topic"].startswith(c.RETRY_GROUP_TOPIC_PREFIX)]
+def _retry_only(commits: pa.Table) -> pa.Table:
+    return commits.filter(pc.starts_with(commits.column("topic"), c.RETRY_GROUP_TOPIC_PREFIX))
 
 
-def _retry_commits(lake: Lake, versions: Mapping[str, int]) -> list[dict[str, Any]]:
+def _retry_commits(lake: Lake, versions: Mapping[str, int]) -> pa.Table:
     """The offset commits of retry queues (``%RETRY%`` topics)."""
     version = versions.get(CONSUMER_OFFSET_COMMITS.name)
     if version is None:
-        return []
+        return CONSUMER_OFFSET_COMMITS.arrow_schema.empty_table().select(list(OFFSET_COMMIT_COLUMNS))
     return _retry_only(
         lake.read_rows(CONSUMER_OFFSET_COMMITS, list(OFFSET_COMMIT_COLUMNS), _RETRY_TOPICS, version=version)
     )
+
+
+def _latest(commits: pa.Table) -> int:
+    """The latest commit time of ``commits``, -1 when there is none."""
+    latest = pc.max(commits.column("commit_timestamp")).as_py()
+    return -1 if latest is None else int(latest)
 
 
 def _brokers(lake: Lake, version: int | None) -> dict[str, dict[str, Any]]:
@@ -298,12 +305,7 @@ def _chain_records(
     it had not, before the earliest new record: that bound prunes the older files."""
     if not touched:
         return RETRY_RECORDS.arrow_schema.empty_table()
-    first = [
-        chain["first_failure_timestamp"]
-        for chain in previous.chains
-        if (chain["group"], chain["origin_msg_id"]) in touched
-    ]
-    since = min(first + [r["store_timestamp"] for r in new], default=0)
+    since = min(first_failures(previous, touched) + [r["store_timestamp"] for r in new], default=0)
     groups = sorted({group for group, _ in touched})
     origins = sorted({origin for _, origin in touched})
     filters = [
