@@ -5,6 +5,7 @@ checked against.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from broker_model.store import ensure_table
 from broker_model.store.delta_commits import commit_path
 from jobs.lake import ENGINE_CONF, IncrementalReadError, Lake, detect_engine, pack_appended, resolve_engine
 from jobs.lake.bridge import commit_data_files, write_data_files
+from jobs.lake.snapshots import add_actions, files_that_may_match
 from schemas.catalog import (
     COMMITLOG,
     CONSUME_QUEUE,
@@ -28,7 +30,7 @@ from schemas.catalog import (
     spark_schema,
 )
 from schemas.errors import LakeError, ValidationError
-from tests.builders import commitlog_frame, commitlog_record
+from tests.builders import T0, commitlog_frame, commitlog_record, commitlog_table
 from tests.helpers import ENGINE, assert_frames_equal, canonical_rows, column_encodings
 
 pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
@@ -394,6 +396,61 @@ def test_a_partition_filter_reads_only_the_matching_files(lake: Lake, spark: Spa
     assert len(read_df.inputFiles()) == len(retry_files) < len(actions)
     assert {r.topic for r in read_df.select("topic").distinct().collect()} == {"%RETRY%group-a"}
     assert read_df.count() == 4
+
+
+def test_filtered_reads_give_what_delta_rs_gives_and_skip_files_that_cannot_match(lake: Lake) -> None:
+    # 24 appends of two brokers' segments: filters on partition columns, on integer statistics and
+    # on strings, in every operator, alone, together and as alternatives, against delta-rs's reading
+    rng = random.Random(3)
+    offset = {"broker-a": 0, "broker-b": 0}
+    for _ in range(24):
+        records = []
+        for _ in range(rng.randrange(1, 30)):
+            broker = rng.choice(list(offset))
+            records.append(
+                commitlog_record(
+                    broker_name=broker,
+                    topic=rng.choice(TOPICS),
+                    queue_id=rng.randrange(4),
+                    commit_log_offset=offset[broker],
+                    segment=offset[broker] - offset[broker] % 4_000,
+                    store_timestamp=T0 + offset[broker],
+                )
+            )
+            offset[broker] += rng.randrange(50, 150)
+        lake.append_rows(COMMITLOG, commitlog_table(records))
+    columns = ["broker_name", "segment", "topic", "queue_id", "commit_log_offset"]
+    some = lambda n: sorted(rng.sample(range(0, 12_000, 7), n))  # noqa: E731
+    filters: list[Any] = [
+        [("segment", "in", [0, 8_000]), ("commit_log_offset", "in", some(40))],
+        [("broker_name", "=", "broker-b"), ("commit_log_offset", ">=", 6_000)],
+        [("commit_log_offset", "<", 900), ("topic", "!=", "TopicA")],
+        [("segment", "not in", [0]), ("commit_log_offset", "<=", 5_000), ("queue_id", "=", 2)],
+        [[("broker_name", "=", "broker-a"), ("commit_log_offset", "in", some(10))], [("topic", ">=", "TopicA")]],
+        [("commit_log_offset", "=", 10**15)],
+        [("topic", "in", ["odd topic+=#é"]), ("store_timestamp", ">", T0 + 3_000)],
+        [("commit_log_offset", "in", [])],
+    ]
+    dt = DeltaTable(str(lake.location(COMMITLOG)))
+    actions = add_actions(dt)
+    lows, highs = (
+        actions.column("min.commit_log_offset").to_pylist(),
+        actions.column("max.commit_log_offset").to_pylist(),
+    )
+    filters += [  # the bounds of files themselves: a file holds its min and its max
+        [("commit_log_offset", "in", [highs[0], lows[1]])],
+        [("commit_log_offset", "=", highs[2])],
+        [("commit_log_offset", "<", lows[3] + 1), ("commit_log_offset", ">", highs[3] - 1)],
+        [("commit_log_offset", ">=", highs[4]), ("commit_log_offset", "<=", highs[4])],
+        [("commit_log_offset", "<=", lows[5]), ("commit_log_offset", ">=", lows[5])],
+    ]
+    for case in filters:
+        expected = canonical_rows(dt.to_pyarrow_table(columns=columns, filters=case))
+        assert canonical_rows(lake.read_rows(COMMITLOG, columns, case)) == expected, case
+    kept = files_that_may_match(actions, filters[0], COMMITLOG.partition_by)
+    assert 0 < kept.num_rows < actions.num_rows // 2
+    assert files_that_may_match(actions, filters[5], COMMITLOG.partition_by).num_rows == 0
+    assert files_that_may_match(actions, filters[2], ["segment"]).num_rows < actions.num_rows
 
 
 def test_a_filter_on_a_column_that_is_not_a_partition_column_is_refused(lake: Lake, spark: SparkSession) -> None:

@@ -20,16 +20,23 @@ from jobs.lake.snapshots import file_location
 from schemas.catalog import TableSpec
 
 
-def read_files(table_dir: str, files: pa.Table, spec: TableSpec, columns: Sequence[str]) -> pa.Table:
+def read_files(
+    table_dir: str,
+    files: pa.Table,
+    spec: TableSpec,
+    columns: Sequence[str],
+    row_filter: ds.Expression | None = None,
+) -> pa.Table:
     """``columns`` of the rows of ``files`` (the shape of :func:`~jobs.lake.snapshots.active_files`), read with pyarrow
     on the driver, in the order of ``files``; partition columns from the log's values, every column
     typed as the catalog says, and a column a file lacks (added to the table after the file was
-    written) as nulls. The files go through one dataset scan (:func:`scan_chunks`: they are opened
-    and decoded in pyarrow's threads, which costs far less per small file than a reader per file)."""
+    written) as nulls; only the rows ``row_filter`` keeps, when given. The files go through one
+    dataset scan (:func:`scan_chunks`: they are opened and decoded in pyarrow's threads, which costs
+    far less per small file than a reader per file)."""
     if files.num_rows == 0:
         return _read_schema(spec, columns, ()).empty_table()
     unknown_counts = files.append_column("num_records", pa.array(np.zeros(files.num_rows, np.int64)))
-    chunks = list(scan_chunks(table_dir, unknown_counts, spec, columns, (), 0))
+    chunks = list(scan_chunks(table_dir, unknown_counts, spec, columns, (), 0, row_filter))
     return pa.concat_tables(chunks) if len(chunks) > 1 else chunks[0]
 
 
@@ -81,12 +88,13 @@ def scan_chunks(
     columns: Sequence[str],
     dictionaries: Sequence[str],
     chunk_rows: int,
+    row_filter: ds.Expression | None = None,
 ) -> Iterator[pa.Table]:
     """``columns`` of the rows of ``files`` (the shape of :func:`~jobs.lake.snapshots.ordered_files`) as tables of
     consecutive files holding about ``chunk_rows`` rows together (a file is never split), each
     read by pyarrow's dataset scanner, several files at once in its threads: partition columns from
     the log's values, ``dictionaries`` as :meth:`Lake.iter_file_rows` says (one dictionary per
-    column and chunk)."""
+    column and chunk), only the rows ``row_filter`` keeps when given."""
     if files.num_rows == 0:  # a table without data files has no partition columns to read either
         return
     schema = spec.arrow_schema
@@ -111,7 +119,7 @@ def scan_chunks(
             filesystem=LocalFileSystem(),
             partitions=partitions,
         )
-        yield _typed_chunk(dataset.to_table(columns=list(columns), use_threads=True), target)
+        yield _typed_chunk(dataset.to_table(columns=list(columns), filter=row_filter, use_threads=True), target)
         start = end
 
 

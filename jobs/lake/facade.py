@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake import Schema as DeltaSchema
 from deltalake.transaction import CommitProperties, Transaction
@@ -40,8 +41,10 @@ from jobs.lake.snapshots import (
     appended_files,
     bridge_can_read,
     check_bridge_can_read,
+    conjunctions,
     file_statistic,
     files_around,
+    files_that_may_match,
     local_directory,
     local_or_none,
     log_schema,
@@ -210,8 +213,15 @@ class Lake:
         dt = open_table(path, version)  # the process's snapshot of that version
         check_catalog_schema(spec, log_schema(dt), path)
         table_dir = local_or_none(path)
-        if not filters and table_dir is not None and bridge_can_read(dt):
-            return read_files(table_dir, active_files(add_actions(dt), spec.partition_by), spec, names)
+        if table_dir is not None and bridge_can_read(dt):
+            actions = add_actions(dt)
+            if not filters:
+                return read_files(table_dir, active_files(actions, spec.partition_by), spec, names)
+            files = active_files(files_that_may_match(actions, filters, spec.partition_by), spec.partition_by)
+            used = [column for conjunction in conjunctions(filters) for column, _, _ in conjunction]
+            read = list(dict.fromkeys([*names, *used]))
+            rows = read_files(table_dir, files, spec, read, pq.filters_to_expression(list(filters)))
+            return rows.select(names)
         return dt.to_pyarrow_table(columns=names, filters=list(filters) if filters else None)
 
     def schema(self, name_or_spec: str | TableSpec) -> pa.Schema | None:

@@ -12,9 +12,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -260,6 +261,98 @@ def prune(files: pa.Table, partition_filter: PartitionFilter | None) -> pa.Table
             raise ValidationError(f"partition_filter[{column!r}]", values, f"not values of type {typed.type}") from err
         mask = pc.and_(mask, pc.fill_null(pc.is_in(typed, value_set=value_set, skip_nulls=False), False))
     return files.filter(mask)
+
+
+RowFilters = Sequence[tuple[str, str, Any]] | Sequence[Sequence[tuple[str, str, Any]]]
+"""Filters in disjunctive normal form as :meth:`jobs.lake.Lake.read_rows` takes them: a list of
+``(column, op, value)`` that every row must match, or a list of such lists, any of which it must."""
+
+
+def conjunctions(filters: RowFilters) -> Sequence[Sequence[tuple[str, str, Any]]]:
+    """``filters`` as a list of conjunctions (one when it is a list of terms)."""
+    if filters and isinstance(filters[0], tuple):
+        return [cast("Sequence[tuple[str, str, Any]]", filters)]
+    return cast("Sequence[Sequence[tuple[str, str, Any]]]", filters)
+
+
+def files_that_may_match(actions: pa.Table, filters: RowFilters, partition_by: Sequence[str]) -> pa.Table:
+    """The files of ``actions`` (:func:`add_actions`) that may hold a row matching ``filters``: a file
+    is left out only when its partition values, or the ``min``/``max`` statistics of an integer
+    column, show that no row of it can match (the rows are filtered after, as the filters say)."""
+    if actions.num_rows == 0 or not filters:
+        return actions
+    may = pa.array(np.zeros(actions.num_rows, bool))
+    for conjunction in conjunctions(filters):
+        every = pa.array(np.ones(actions.num_rows, bool))
+        for column, op, value in conjunction:
+            if column in partition_by:
+                term = _partition_term(actions, column, op, value)
+            else:
+                term = _statistics_term(actions, column, op, value)
+            every = pc.and_(every, term)
+        may = pc.or_(may, every)
+    return actions.filter(may)
+
+
+_COMPARE = {
+    "=": pc.equal,
+    "==": pc.equal,
+    "!=": pc.not_equal,
+    "<": pc.less,
+    "<=": pc.less_equal,
+    ">": pc.greater,
+    ">=": pc.greater_equal,
+}
+
+
+def _partition_term(actions: pa.Table, column: str, op: str, value: Any) -> pa.Array:
+    """Per file, whether its partition value may match ``column op value`` (a null value may)."""
+    name = f"partition.{column}"
+    unknown = pa.array(np.ones(actions.num_rows, bool))
+    if name not in actions.column_names:
+        return unknown
+    values = actions.column(name)
+    try:
+        if op in ("in", "not in"):
+            found = pc.is_in(values, value_set=pa.array(list(value), values.type))
+            term = found if op == "in" else pc.invert(found)
+        elif op in _COMPARE:
+            term = _COMPARE[op](values, pa.scalar(value, values.type))
+        else:
+            return unknown
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, OverflowError):
+        return unknown
+    return pc.fill_null(term, True).combine_chunks() if isinstance(term, pa.ChunkedArray) else pc.fill_null(term, True)
+
+
+def _statistics_term(actions: pa.Table, column: str, op: str, value: Any) -> pa.Array:
+    """Per file, whether the ``min``/``max`` statistics of integer ``column`` leave room for a row
+    matching ``column op value``; a file without them, another column type or operator, may."""
+    unknown = pa.array(np.ones(actions.num_rows, bool))
+    low_name, high_name = f"min.{column}", f"max.{column}"
+    if low_name not in actions.column_names or high_name not in actions.column_names:
+        return unknown
+    low, high = actions.column(low_name), actions.column(high_name)
+    if not (pa.types.is_integer(low.type) and pa.types.is_integer(high.type)):
+        return unknown
+    wanted = list(value) if op == "in" else [value]
+    if not wanted or any(type(v) is not int for v in wanted):
+        return unknown
+    lows = pc.fill_null(low.cast(pa.int64()), _INT64_MIN).to_numpy()
+    highs = pc.fill_null(high.cast(pa.int64()), _INT64_MAX).to_numpy()
+    if any(not _INT64_MIN <= v <= _INT64_MAX for v in wanted):
+        return unknown
+    if op in ("=", "==", "in"):
+        values = np.unique(np.array(wanted, np.int64))
+        first = np.searchsorted(values, lows, side="left")  # the least wanted value >= a file's min
+        inside = first < len(values)
+        inside[inside] = values[first[inside]] <= highs[inside]
+        return pa.array(inside)
+    bound = {"<": lows < value, "<=": lows <= value, ">": highs > value, ">=": highs >= value}.get(op)
+    return pa.array(bound) if bound is not None else unknown
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def delta_string(value: Any) -> str | None:
