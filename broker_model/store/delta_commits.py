@@ -10,7 +10,6 @@ gaps, one JSON file a version, named by the version in 20 digits.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -208,6 +207,26 @@ def read_change(table_dir: str | Path, version: int) -> CommitChange | None:
     return None if actions is None else commit_change(version, actions)
 
 
+CommitMark = tuple[int, int, int, int, bytes]
+"""What identifies a commit file: its device, inode, size, change time and first bytes."""
+
+# bytes of a commit file compared besides its identity: its first line, the commit info with its
+# time, without reading a compaction's megabytes of remove and add actions on every call
+_MARK_BYTES = 4096
+
+
+def commit_mark(table_dir: str | Path, version: int) -> CommitMark | None:
+    """The :data:`CommitMark` of commit ``version`` of a table; None when the file is gone (log
+    cleanup) or unreadable. A table removed and written again in the same directory has other
+    marks (another file, and its first commit holds another table id)."""
+    try:
+        with open(commit_path(table_dir, version), "rb") as handle:
+            status = os.fstat(handle.fileno())
+            return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, handle.read(_MARK_BYTES)
+    except OSError:
+        return None
+
+
 # What read_changes keeps parsed, the least recently read dropped first, counted in file actions (a
 # commit counts one more): about 1.8 KB for a commit of one file, 0.7 KB more per file. A day of
 # offset flushes of a few brokers, which every incremental job of a nightly reads again, counts 2
@@ -216,23 +235,21 @@ CACHED_ACTIONS = 50_000
 
 
 class _ParsedCommits:
-    """Parsed commits of the tables this process read, per table directory, with the digest of the
-    table's first commit file as it was when they were parsed."""
+    """Parsed commits of the tables this process read, per table directory, with the mark of the
+    table's first commit file as it was when they were parsed (:func:`commit_mark`)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0  # the weight of what is kept (_weight)
         self.lock = threading.Lock()
         self.changes: OrderedDict[tuple[str, int], CommitChange] = OrderedDict()
-        self.origins: dict[str, bytes] = {}
+        self.origins: dict[str, CommitMark] = {}
 
     def table(self, table_dir: str) -> bool:
         """Whether commits of ``table_dir`` may be kept and reused: its first commit file is there
         (what was kept of another table in the same directory is dropped)."""
-        try:
-            # it holds the table's id (metaData.id); its digest is kept
-            origin = hashlib.sha256(commit_path(table_dir, 0).read_bytes()).digest()
-        except FileNotFoundError:
+        origin = commit_mark(table_dir, 0)
+        if origin is None:
             return False
         with self.lock:
             if self.origins.get(table_dir) != origin:
@@ -271,11 +288,11 @@ def read_changes(table_dir: str | Path, after_version: int, last_version: int) -
 
     A commit this process parsed before is not parsed again, within :data:`CACHED_ACTIONS` (the jobs
     of one nightly read the same thousands of offset flushes): a Delta commit file never changes
-    once written. The table is known to be the same one by its first commit file, which holds the
-    table's id (a table removed and written again in the same directory has another); when that
-    file is absent (a log cleanup), every commit is parsed. A commit whose file a log cleanup
-    removed is absent, parsed before or not (one listing of the log, made once a parsed commit is
-    found, tells).
+    once written. The table is known to be the same one by the :func:`commit_mark` of its first
+    commit file, the mark the jobs check their table snapshots by (a table removed and written again
+    in the same directory has another file, holding another table id); when that file is absent (a
+    log cleanup), every commit is parsed. A commit whose file a log cleanup removed is absent,
+    parsed before or not (one listing of the log, made once a parsed commit is found, tells).
     """
     directory = os.path.abspath(table_dir)
     reuse = _parsed.table(directory)

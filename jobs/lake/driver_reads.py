@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from pyarrow.fs import LocalFileSystem
 
 from broker_model.store.delta_files import partition_expression
-from jobs.lake.snapshots import file_location
+from jobs.lake.snapshots import RowFilters, active_files, conjunctions, file_location, files_that_may_match
 from schemas.catalog import TableSpec
 
 
@@ -38,6 +38,20 @@ def read_files(
     unknown_counts = files.append_column("num_records", pa.array(np.zeros(files.num_rows, np.int64)))
     chunks = list(scan_chunks(table_dir, unknown_counts, spec, columns, (), 0, row_filter))
     return pa.concat_tables(chunks) if len(chunks) > 1 else chunks[0]
+
+
+def read_matching(
+    table_dir: str, actions: pa.Table, spec: TableSpec, columns: Sequence[str], filters: RowFilters
+) -> pa.Table:
+    """``columns`` of the rows of the files of ``actions`` (:func:`~jobs.lake.snapshots.add_actions`)
+    that match ``filters``, as :func:`read_files` reads them: the files that cannot match are left
+    out first (:func:`~jobs.lake.snapshots.files_that_may_match`, in Arrow over the log's actions,
+    where delta-rs's reader builds a dataset fragment for every file), the rest scanned with the
+    filters (``pyarrow.parquet.filters_to_expression``, as delta-rs reads them)."""
+    files = active_files(files_that_may_match(actions, filters, spec.partition_by), spec.partition_by)
+    used = [column for conjunction in conjunctions(filters) for column, _, _ in conjunction]
+    read = list(dict.fromkeys([*columns, *used]))
+    return read_files(table_dir, files, spec, read, pq.filters_to_expression(list(filters))).select(list(columns))
 
 
 class FileReader:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake import Schema as DeltaSchema
 from deltalake.transaction import CommitProperties, Transaction
@@ -30,21 +29,20 @@ from jobs.lake.conform import (
 )
 from jobs.lake.costs import ReadCost, files_cost, overlapping
 from jobs.lake.delta_spark import DeltaSparkEngine
-from jobs.lake.driver_reads import FileReader, read_files, scan_chunks
+from jobs.lake.driver_reads import FileReader, read_files, read_matching, scan_chunks
 from jobs.lake.engine import LakeEngine, PartitionFilter, PartitionValues, TableWrite, WriteMode
 from jobs.lake.session import resolve_engine
 from jobs.lake.snapshots import (
     IncrementalReadError,
+    RowFilters,
     active_files,
     add_actions,
     already_committed,
     appended_files,
     bridge_can_read,
     check_bridge_can_read,
-    conjunctions,
     file_statistic,
     files_around,
-    files_that_may_match,
     local_directory,
     local_or_none,
     log_schema,
@@ -193,7 +191,7 @@ class Lake:
         self,
         name_or_spec: str | TableSpec,
         columns: Sequence[str] | None = None,
-        filters: Sequence[tuple[str, str, Any]] | Sequence[Sequence[tuple[str, str, Any]]] | None = None,
+        filters: RowFilters | None = None,
         version: int | None = None,
     ) -> pa.Table:
         """The rows of a catalog table (at ``version``; None: the latest) read on the driver for
@@ -215,13 +213,9 @@ class Lake:
         table_dir = local_or_none(path)
         if table_dir is not None and bridge_can_read(dt):
             actions = add_actions(dt)
-            if not filters:
-                return read_files(table_dir, active_files(actions, spec.partition_by), spec, names)
-            files = active_files(files_that_may_match(actions, filters, spec.partition_by), spec.partition_by)
-            used = [column for conjunction in conjunctions(filters) for column, _, _ in conjunction]
-            read = list(dict.fromkeys([*names, *used]))
-            rows = read_files(table_dir, files, spec, read, pq.filters_to_expression(list(filters)))
-            return rows.select(names)
+            if filters:
+                return read_matching(table_dir, actions, spec, names, filters)
+            return read_files(table_dir, active_files(actions, spec.partition_by), spec, names)
         return dt.to_pyarrow_table(columns=names, filters=list(filters) if filters else None)
 
     def schema(self, name_or_spec: str | TableSpec) -> pa.Schema | None:

@@ -23,7 +23,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import Transaction
 
 from broker_model.store import CommitChange, FileAction, commit_path, latest_version, load_table, read_changes
-from broker_model.store.delta_commits import log_dir
+from broker_model.store.delta_commits import commit_mark, log_dir
 from jobs.lake.engine import PartitionFilter
 from schemas.catalog import TableSpec
 from schemas.errors import LakeError, UnsupportedTableError, ValidationError
@@ -87,11 +87,6 @@ def local_or_none(path: str) -> str | None:
         return None
 
 
-# bytes of a commit file compared besides its identity: its first line, the commit info with its
-# time, without reading a compaction's megabytes of remove and add actions on every open
-_MARK_BYTES = 4096
-
-
 def _checkpointed_after(table_dir: str, version: int) -> bool:
     """Whether the log's last checkpoint is of a version after ``version``: then later commits
     were made even when a log cleanup removed their commit files after checkpointing them."""
@@ -100,17 +95,6 @@ def _checkpointed_after(table_dir: str, version: int) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(last, dict) and isinstance(last.get("version"), int) and last["version"] > version
-
-
-def _commit_mark(table_dir: str, version: int) -> tuple[int, int, int, int, bytes] | None:
-    """What identifies commit ``version`` of a table: its file's device, inode, size, change time
-    and first bytes; None when the file is gone (log cleanup) or unreadable."""
-    try:
-        with open(commit_path(table_dir, version), "rb") as handle:
-            status = os.fstat(handle.fileno())
-            return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, handle.read(_MARK_BYTES)
-    except OSError:
-        return None
 
 
 class _Snapshots:
@@ -166,11 +150,11 @@ class _Snapshots:
     @staticmethod
     def _servable(table_dir: str, version: int, kept: tuple[tuple[int, int, int, int, bytes], DeltaTable]) -> bool:
         # not moved to another version by a caller, and commit ``version`` is still the file it was
-        return kept[1].version() == version and _commit_mark(table_dir, version) == kept[0]
+        return kept[1].version() == version and commit_mark(table_dir, version) == kept[0]
 
     def keep(self, table_dir: str, dt: DeltaTable, latest: bool) -> None:
         version = dt.version()
-        mark = _commit_mark(table_dir, version)
+        mark = commit_mark(table_dir, version)
         if mark is None:  # loaded from a checkpoint whose commit file is gone: nothing to check it by
             return
         with self._lock:
@@ -322,7 +306,7 @@ def _partition_term(actions: pa.Table, column: str, op: str, value: Any) -> pa.A
             return unknown
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, OverflowError):
         return unknown
-    return pc.fill_null(term, True).combine_chunks() if isinstance(term, pa.ChunkedArray) else pc.fill_null(term, True)
+    return pc.fill_null(term, True)
 
 
 def _statistics_term(actions: pa.Table, column: str, op: str, value: Any) -> pa.Array:
@@ -336,20 +320,21 @@ def _statistics_term(actions: pa.Table, column: str, op: str, value: Any) -> pa.
     if not (pa.types.is_integer(low.type) and pa.types.is_integer(high.type)):
         return unknown
     wanted = list(value) if op == "in" else [value]
-    if not wanted or any(type(v) is not int for v in wanted):
+    if not wanted or any(type(v) is not int or not _INT64_MIN <= v <= _INT64_MAX for v in wanted):
         return unknown
-    lows = pc.fill_null(low.cast(pa.int64()), _INT64_MIN).to_numpy()
+    lows = pc.fill_null(low.cast(pa.int64()), _INT64_MIN).to_numpy()  # no statistic: no bound
     highs = pc.fill_null(high.cast(pa.int64()), _INT64_MAX).to_numpy()
-    if any(not _INT64_MIN <= v <= _INT64_MAX for v in wanted):
-        return unknown
     if op in ("=", "==", "in"):
         values = np.unique(np.array(wanted, np.int64))
         first = np.searchsorted(values, lows, side="left")  # the least wanted value >= a file's min
         inside = first < len(values)
         inside[inside] = values[first[inside]] <= highs[inside]
         return pa.array(inside)
-    bound = {"<": lows < value, "<=": lows <= value, ">": highs > value, ">=": highs >= value}.get(op)
-    return pa.array(bound) if bound is not None else unknown
+    if op in ("<", "<="):
+        return pa.array(np.less(lows, value) if op == "<" else np.less_equal(lows, value))
+    if op in (">", ">="):
+        return pa.array(np.greater(highs, value) if op == ">" else np.greater_equal(highs, value))
+    return unknown
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
