@@ -106,6 +106,7 @@ def _write_users_lake(lake: Path, messages: int, seed: int) -> dict[str, Any]:
         "bulk_seconds": 0.0,
         "segment_size": segment_size(messages),
         "offset_commit_rows": offset_commit_rows(lake),
+        "workload_seconds": report.seconds,
     }
 
 
@@ -187,6 +188,7 @@ def append_increment(lake: Path, messages: int, seed: int, shape: str = "benchma
             "transactions": dict(report.transactions),
             "offset_commits": offset_commit_rows(lake) - before,
             "seconds": round(time.perf_counter() - started, 2),
+            "workload_seconds": report.seconds,
         }
     write_messages(lake, new, seed + 1, first_key=messages)
     report = run_workload(

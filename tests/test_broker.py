@@ -48,6 +48,7 @@ def test_differential_workload_matches_independent_recomputation(tmp_path: Path)
     rows = {name: read_log(tmp_path, name) for name in ("broker-a", "broker-b")}
 
     assert report.messages == messages
+    assert list(report.seconds) == ["sends", "consumers", "shutdown"]
     for name, log in rows.items():
         assert check_log(log, SEGMENT) == [], name
         assert len({r["segment"] for r in log}) > 20, "rollover must happen often with 16 KiB segments"

@@ -320,6 +320,10 @@ def test_the_retry_workload_writes_retries_delays_and_dead_letters(tmp_path: Pat
             assert done == report.by_topic[plan.topic], plan.group
             assert report.retries[f"{plan.group}.dlq"] > 0, plan.group
     assert report.retries["bc-inventory-retry.dropped"] > 0
+    # where the run's time went: the phases that ran, in order (no consumer groups, no transactions)
+    assert list(report.seconds) == ["sends", "retries", "shutdown"]
+    assert all(seconds >= 0 for seconds in report.seconds.values())
+    assert "seconds {'sends': " in report.summary()
     rows = [row for name in ("broker-a", "broker-b") for row in read_log(tmp_path, name)]
     for name in ("broker-a", "broker-b"):
         assert check_log(read_log(tmp_path, name), c.DEFAULT_SEGMENT_SIZE) == [], name

@@ -11,6 +11,7 @@ import functools
 import json
 import random
 import threading
+import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -75,6 +76,8 @@ class WorkloadReport:
     transactions: Counter[str] = field(default_factory=Counter)
     last_check: int = 0  # time (ms) of the last transaction check round
     retries: Counter[str] = field(default_factory=Counter)  # push consumer figures and dead letters
+    # wall seconds per phase, in the order they ran (:data:`PHASES`): where a run's time went
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
         """A one-paragraph human summary."""
@@ -83,7 +86,14 @@ class WorkloadReport:
             f"brokers {dict(sorted(self.by_broker.items()))}; topics {dict(sorted(self.by_topic.items()))}; "
             f"consumed {dict(sorted(self.consumed.items()))}; transactions {dict(sorted(self.transactions.items()))}"
             + (f"; retries {dict(sorted(self.retries.items()))}" if self.retries else "")
+            + (f"; seconds {self.seconds}" if self.seconds else "")
         )
+
+
+# the phases of a workload run, in order: producer threads sending the plan; consumer groups
+# pulling and committing; transactions with their check rounds; push consumers failing into
+# retries and dead letters; the last flush and the brokers' shutdown
+PHASES = ("sends", "consumers", "transactions", "retries", "shutdown")
 
 
 def plan_sends(messages: int, seed: int) -> list[PlannedSend]:
@@ -244,6 +254,14 @@ def run_workload(
             _merge(report, local)
 
     workers = [threading.Thread(target=work, args=(i,), name=f"workload-{i}") for i in range(threads)]
+    phase_started = time.perf_counter()
+
+    def phase_ends(phase: str) -> None:
+        nonlocal phase_started
+        now = time.perf_counter()
+        report.seconds[phase] = round(now - phase_started, 2)
+        phase_started = now
+
     try:
         for worker in workers:
             worker.start()
@@ -251,17 +269,22 @@ def run_workload(
             worker.join()
         for broker in started:
             broker.flush()
+        phase_ends("sends")
         if consumers and not errors:
             report.consumed = run_consumers(started, seed, lake / "_clients")
+            phase_ends("consumers")
         if transactions and not errors:
             report.transactions, report.last_check = run_transactions(started, transactions, seed)
+            phase_ends("transactions")
         if isinstance(clock, SimulatedClock) and not errors:
             report.retries = run_retries(started, seed, lake / "_clients", clock)
+            phase_ends("retries")
         for broker in started:
             broker.flush()
     finally:
         for broker in started:
             broker.shutdown()
+    phase_ends("shutdown")
     if errors:
         raise errors[0]
     return report
