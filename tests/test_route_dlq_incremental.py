@@ -13,6 +13,7 @@ the step's T, which makes the next run compute every chain again.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from broker_model.common import constants as c
 from broker_model.common import create_msg_id, parse_host
@@ -27,15 +29,25 @@ from jobs.dlq.decode import decode_retry_records
 from jobs.dlq.fold import (
     OPEN_STATES,
     PREVIOUS_COLUMNS,
+    Context,
     Previous,
     check_foldable,
+    compute,
     host_prefixes,
     offsets_at,
     origin_positions,
     touched_chains,
 )
 from jobs.dlq.job import RouteDlqConfig, run
-from jobs.dlq.transforms import PROPERTY_ROUTED_BY, build_retry_records
+from jobs.dlq.transforms import (
+    PROPERTY_ROUTED_BY,
+    build_dlq,
+    build_origin_hosts,
+    build_origins,
+    build_retry_chains,
+    build_retry_records,
+    with_chain_key,
+)
 from jobs.lake import Lake
 from jobs.runs import CannotFold
 from schemas.catalog import (
@@ -48,6 +60,7 @@ from schemas.catalog import (
     RETRY_CHAINS,
     RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
+    spark_schema,
 )
 from tests.builders import commitlog_frame, commitlog_record, commitlog_table
 from tests.helpers import ENGINE, canonical_rows, seeds
@@ -586,3 +599,134 @@ def test_a_broker_restarted_on_another_host_makes_the_run_compute_every_chain(
     assert states == [["CONSUMED"], ["CONSUMED"]]  # not open: only the host check makes it computed again
     assert _messages(chained)[-1] == "computed in full: a broker's store host changed"
     assert [len(a) for a in chained.read_rows(RETRY_CHAINS).column("attempts").to_pylist()] == [1]
+
+
+@pytest.mark.parametrize("seed", seeds(5, 6, 7))
+def test_the_driver_computes_every_chain_as_the_spark_transforms_do(spark: SparkSession, seed: int) -> None:
+    # chains keyed by origin id, by uniq key alone and by msg id alone; two brokers sharing a store
+    # host, so that an origin id names a record on each (two chain rows); originals found, missing
+    # or not offset ids at all; every kind, limits per broker, retry queues consumed or not, records
+    # after T, dead letters routed by a tool or by reconsume times, chains exhausted but delivered
+    r = random.Random(seed)
+    shared, alone = "10.0.0.7:10911", "10.0.0.8:10911"
+    hosts = {"broker-a": shared, "broker-b": shared, "broker-c": alone}
+    prefixes = {name: create_msg_id(parse_host(host), 0)[:-16] for name, host in hosts.items()}
+    as_of, offsets = 5_000, iter(r.sample(range(1, 10_000_000), 5_000))  # distinct commit log offsets
+    records: list[dict[str, Any]] = []
+    originals: list[dict[str, Any]] = []
+    for n in range(120):
+        group = r.choice(GROUPS)
+        named = r.choice(["broker-a", "broker-c", None])
+        origin_offset = next(offsets)
+        origin = None if named is None else f"{prefixes[named]}{origin_offset:016X}"
+        for broker in ("broker-a", "broker-b") if named == "broker-a" else (named,) if named else ():
+            if r.random() < 0.7:  # else the original is not in the log
+                originals.append(
+                    {
+                        "broker_name": broker,
+                        "commit_log_offset": origin_offset,
+                        "topic": "T",
+                        "store_timestamp": r.randint(1, 100),
+                    }
+                )
+        uniq_key = r.choice([f"U{n:04d}", None])
+        for _ in range(r.randint(1, 6)):
+            kind = r.choices(["SCHEDULED", "RETRY", "DLQ"], [3, 4, 1])[0]
+            broker = r.choice(list(hosts))
+            records.append(
+                {
+                    "kind": kind,
+                    "group": group,
+                    "broker_name": broker,
+                    "topic": {"SCHEDULED": "SCHEDULE_TOPIC_XXXX", "RETRY": f"%RETRY%{group}", "DLQ": f"%DLQ%{group}"}[
+                        kind
+                    ],
+                    "queue_id": r.randint(0, 1),
+                    "queue_offset": r.randint(0, 9),
+                    "commit_log_offset": next(offsets),
+                    "msg_id": f"M{len(records):05d}",
+                    "uniq_key": uniq_key,
+                    "keys": r.choice(["k1", "k2", None]),
+                    "origin_msg_id": origin if origin is not None or r.random() < 0.5 else None,
+                    "origin_topic": r.choice(["T", "T2", None]),
+                    "reconsume_times": r.randint(0, 4),
+                    "born_timestamp": 1,
+                    "store_timestamp": r.randint(100, 6_000),
+                    "routed_by": "tool" if kind == "DLQ" and r.random() < 0.3 else None,
+                    "body": b"body %d" % len(records),
+                    "properties": [("K", str(len(records)))] if kind != "SCHEDULED" else None,
+                }
+            )
+    table = pa.Table.from_pylist(records, schema=RETRY_RECORDS.arrow_schema)
+    limits = {(broker, group): r.choice([2, 3, None]) for broker in hosts for group in GROUPS}
+    committed = {
+        (group, broker, f"%RETRY%{group}", q): r.randint(0, 10) for group in GROUPS for broker in hosts for q in (0, 1)
+    }
+    found: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for row in originals:
+        found.setdefault((row["broker_name"], row["commit_log_offset"]), []).append(
+            (row["topic"], row["store_timestamp"])
+        )
+    context = Context(
+        as_of,
+        {key: limit for key, limit in limits.items() if limit is not None},
+        committed,
+        host_prefixes(hosts.items()),
+        found,
+    )
+    numbered = table.drop_columns(["body", "properties"]).append_column(
+        "row", pa.array(range(table.num_rows), pa.int64())
+    )
+    chains, dead = compute(numbered, context)
+    for letter in dead:
+        letter["body"], letter["properties"] = (table.column(c)[letter["body"]].as_py() for c in ("body", "properties"))
+
+    as_rows = [{**row, "properties": row["properties"] and dict(row["properties"])} for row in records]
+    records_df = spark.createDataFrame(as_rows, spark_schema(RETRY_RECORDS))
+    policies_df = spark.createDataFrame(
+        [(b, g, limit) for (b, g), limit in limits.items() if limit is not None],
+        "broker_name string, group string, retry_max_times int",
+    )
+    offsets_df = spark.createDataFrame(
+        [(g, b, t, q, o) for (g, b, t, q), o in committed.items()],
+        "group string, broker_name string, topic string, queue_id int, consumer_offset long",
+    )
+    keys_df = (
+        with_chain_key(records_df.where(F.col("store_timestamp") <= as_of)).select("group", "origin_msg_id").distinct()
+    )
+    originals_df = spark.createDataFrame(
+        [(o["broker_name"], o["commit_log_offset"], o["topic"], o["store_timestamp"]) for o in originals],
+        "broker_name string, commit_log_offset long, topic string, store_timestamp long",
+    )
+    origins_df = build_origins(originals_df, keys_df, build_origin_hosts(list(hosts.items()), spark))
+    chains_df = build_retry_chains(records_df, policies_df, offsets_df, origins_df, as_of)
+    redrives_df = spark.createDataFrame([], spark_schema(DLQ_REDRIVES))
+    dlq_df = build_dlq(records_df, chains_df, redrives_df, as_of)
+
+    expected_chains = pa.Table.from_pylist(
+        [row.asDict(recursive=True) for row in chains_df.collect()], RETRY_CHAINS.arrow_schema
+    )
+    expected_dead = pa.Table.from_pylist([row.asDict(recursive=True) for row in dlq_df.collect()], DLQ.arrow_schema)
+    assert canonical_rows(chains) == canonical_rows(expected_chains)
+    # a pending dead letter of a chain with two rows takes either row's attempts in Spark (the
+    # window's rows tie); the driver takes the first's
+    copies = Counter((row["group"], row["origin_msg_id"]) for row in chains.to_pylist())
+    attempts_of = {}
+    for row in chains.to_pylist():
+        attempts_of.setdefault((row["group"], row["origin_msg_id"]), []).append(row["attempts"])
+
+    def settled(rows: list[dict[str, Any]]) -> pa.Table:
+        for row in rows:
+            key = (row["group"], row["origin_msg_id"])
+            if row["reason"] == "POLICY_NOT_WRITTEN" and copies[key] > 1:
+                assert row["attempts"] in attempts_of[key]
+                row["attempts"] = None
+        return pa.Table.from_pylist(rows, DLQ.arrow_schema)
+
+    assert canonical_rows(settled(dead)) == canonical_rows(settled(expected_dead.to_pylist()))
+    # the cases the seeds must reach
+    rows = chains.to_pylist()
+    assert sum(bool(row["attempts"]) and row["attempts"][0]["reconsume_times"] == 0 for row in rows) > 5
+    assert len(rows) > len({(row["group"], row["origin_msg_id"]) for row in rows}), "no chain with two originals"
+    assert {row["state"] for row in rows} >= {"SCHEDULED", "DELIVERED", "CONSUMED", "DEAD"}
+    assert {row["reason"] for row in dead} >= {"POLICY", "MAX_RECONSUME_TIMES", "POLICY_NOT_WRITTEN"}

@@ -19,11 +19,11 @@ Every other chain keeps its row and gets the new ``as_of``; its dead letters kee
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -43,6 +43,7 @@ from jobs.dlq.transforms import (
     SCHEDULED,
 )
 from jobs.runs import CannotFold
+from schemas.catalog import RETRY_CHAINS
 
 ChainKey = tuple[str, str]
 """(group, origin_msg_id): a retry chain."""
@@ -52,7 +53,6 @@ Original = tuple[str, int]
 OPEN_STATES = (SCHEDULED, DELIVERED)  # states a consumer offset or a later record moves on
 _HEX_DIGITS = "0123456789abcdefABCDEF"
 _HEX_SET = frozenset(_HEX_DIGITS)
-_ATTEMPT_FIELDS = ("broker_name", "topic", "commit_log_offset", "reconsume_times", "store_timestamp")
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,23 @@ class Context:
     offsets: Mapping[GroupQueueKey, int]
     hosts: Mapping[str, Sequence[str]]
     originals: Mapping[RecordKey, Sequence[Original]]
+
+
+def chain_keys(records: pa.Table, as_of: int) -> set[ChainKey]:
+    """The chains of the ``retry_records`` rows ``records`` stored at or before ``as_of``."""
+    done = records.filter(pc.less_equal(records.column("store_timestamp"), as_of))
+    origin = pc.coalesce(done.column("origin_msg_id"), done.column("uniq_key"), done.column("msg_id"))
+    return set(zip(done.column("group").to_pylist(), origin.to_pylist(), strict=True))
+
+
+def of_chains(records: pa.Table, keys: set[ChainKey]) -> pa.Table:
+    """The ``retry_records`` rows ``records`` of the chains ``keys``."""
+    if not keys or not records.num_rows:
+        return records.slice(0, 0)
+    origin = pc.coalesce(records.column("origin_msg_id"), records.column("uniq_key"), records.column("msg_id"))
+    joined = pc.binary_join_element_wise(records.column("group"), origin, _CHAIN_JOIN)
+    wanted = pa.array([f"{group}{_CHAIN_JOIN}{origin}" for group, origin in keys], pa.string())
+    return records.filter(pc.fill_null(pc.is_in(joined, value_set=wanted), False))
 
 
 def chain_key(record: Mapping[str, Any]) -> ChainKey:
@@ -170,134 +187,209 @@ def redrive_states(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], s
     return {key: state for key, (_, state) in latest.items()}
 
 
-def compute(
-    records: Iterable[Mapping[str, Any]], context: Context
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The ``retry_chains`` rows and the ``dlq`` rows (``redrive_state`` left unset) of the chains
+def compute(records: pa.Table, context: Context) -> tuple[pa.Table, list[dict[str, Any]]]:
+    """The ``retry_chains`` table and the ``dlq`` rows (``redrive_state`` left unset) of the chains
     of ``records``, which must hold every record of those chains (any store time: later ones are
-    left out)."""
-    by_chain: dict[ChainKey, list[Mapping[str, Any]]] = {}
-    for record in records:
-        if record["store_timestamp"] <= context.as_of:
-            by_chain.setdefault(chain_key(record), []).append(record)
-    chains: list[dict[str, Any]] = []
-    dead: list[dict[str, Any]] = []
-    for key, chain_records in by_chain.items():
-        for copy, chain in enumerate(_chains(key, chain_records, context)):
-            chains.append(chain)
-            dead += _dead_letters(chain, chain_records, pending=copy == 0)
-    return chains, dead
+    left out), computed in Arrow as :func:`jobs.dlq.transforms.build_retry_chains` and
+    :func:`~jobs.dlq.transforms.build_dlq` compute them.
 
-
-def _latest_order(record: Mapping[str, Any]) -> tuple[int, int, int, int]:
-    return (
-        record["reconsume_times"],
-        KIND_RANK[record["kind"]],
-        record["store_timestamp"],
-        record["commit_log_offset"],
+    ``records`` are ``retry_records`` rows without ``body`` and ``properties``, with a ``row``
+    column instead: a dead letter's ``body`` and ``properties`` are its record's ``row``, for the
+    caller to read (dead letters are few, bodies large)."""
+    done = records.filter(pc.less_equal(records.column("store_timestamp"), context.as_of))
+    if not done.num_rows:
+        return RETRY_CHAINS.arrow_schema.empty_table(), []
+    ranks = pc.take(
+        pa.array(list(KIND_RANK.values()), pa.int8()),
+        pc.index_in(done.column("kind"), value_set=pa.array(list(KIND_RANK), pa.string())),
     )
-
-
-def _chains(key: ChainKey, records: Sequence[Mapping[str, Any]], context: Context) -> list[dict[str, Any]]:
-    """The rows of one chain: one, or one per original record when several brokers share the
-    origin id's host prefix and both hold a record at its offset (as the Spark join gives)."""
-    group, origin_msg_id = key
-    latest = max(records, key=_latest_order)
-    broker_name = min(records, key=lambda r: r["commit_log_offset"])["broker_name"]
-    retries = _by_reconsume_times([_attempt(r) for r in records if r["kind"] == RETRY])
-    state = _state(latest, context.offsets.get((group, broker_name, latest["topic"], latest["queue_id"])))
-    policy = context.policies.get((broker_name, group))
-    max_times = policy if policy is not None else c.RETRY_MAX_TIMES
-    row = {
-        "group": group,
-        "origin_msg_id": origin_msg_id,
-        "uniq_key": _least(r["uniq_key"] for r in records),
-        "keys": _least(r["keys"] for r in records),
-        "origin_topic": _least(r["origin_topic"] for r in records),
-        "broker_name": broker_name,
-        "attempts": retries,
-        "last_reconsume_times": latest["reconsume_times"],
-        "first_failure_timestamp": min(r["store_timestamp"] for r in records),
-        "last_timestamp": latest["store_timestamp"],
-        "state": state,
-        "max_reconsume_times": max_times,
-        "exhausted": state in OPEN_STATES and latest["reconsume_times"] >= max_times,
-        "as_of": context.as_of,
-    }
-    originals = [
-        dict(zip(_ATTEMPT_FIELDS, (broker, topic, offset, 0, at), strict=True))
-        for broker, offset in origin_positions(origin_msg_id, context.hosts)
-        for topic, at in context.originals.get((broker, offset), ())
+    origin = pc.coalesce(done.column("origin_msg_id"), done.column("uniq_key"), done.column("msg_id"))
+    keyed = done.append_column("origin", origin).append_column("rank", ranks)
+    keyed = keyed.append_column("position", pa.array(np.arange(done.num_rows, dtype=np.int64)))
+    # a chain's records together, its latest last: the greatest (reconsume times, rank, store time,
+    # commit log offset), the first record of the table among equals
+    ordered = keyed.sort_by(
+        [(key, "ascending") for key in (*_CHAIN, "reconsume_times", "rank", "store_timestamp", "commit_log_offset")]
+        + [("position", "descending")]
+    )
+    starts = _starts(ordered)
+    chain_of = np.repeat(np.arange(len(starts), dtype=np.int64), np.diff(np.append(starts, ordered.num_rows)))
+    ordered = ordered.append_column("chain", pa.array(chain_of))
+    lasts = np.append(starts[1:], ordered.num_rows) - 1
+    latest = ordered.select(["kind", "topic", "queue_id", "queue_offset", "reconsume_times", "store_timestamp"])
+    latest = latest.take(pa.array(lasts)).to_pydict()
+    first = ordered.select(list(_CHAIN)).take(pa.array(starts))
+    least = ordered.group_by("chain", use_threads=False).aggregate(
+        [("uniq_key", "min"), ("keys", "min"), ("origin_topic", "min"), ("store_timestamp", "min")]
+    )
+    # the broker of the record with the least commit log offset (the first of the table among equals)
+    by_offset = ordered.sort_by([("chain", "ascending"), ("commit_log_offset", "ascending"), ("position", "ascending")])
+    brokers = by_offset.column("broker_name").take(pa.array(starts)).to_pylist()
+    retries = ordered.filter(pc.equal(ordered.column("kind"), RETRY)).sort_by(
+        [("chain", "ascending")] + [(key, "ascending") for key in (*_ATTEMPT_ORDER, "broker_name", "topic")]
+    )
+    groups, origins = first.column("group").to_pylist(), first.column("origin").to_pylist()
+    chains = len(starts)
+    states, limits = [], []
+    for i in range(chains):
+        kind = latest["kind"][i]
+        if kind == DEAD_LETTER:
+            state = DEAD
+        elif kind == SCHEDULED:
+            state = SCHEDULED
+        else:
+            offset = context.offsets.get((groups[i], brokers[i], latest["topic"][i], latest["queue_id"][i]))
+            state = CONSUMED if offset is not None and offset > latest["queue_offset"][i] else DELIVERED
+        states.append(state)
+        policy = context.policies.get((brokers[i], groups[i]))
+        limits.append(policy if policy is not None else c.RETRY_MAX_TIMES)
+    exhausted = [
+        state in OPEN_STATES and times >= limit
+        for state, times, limit in zip(states, latest["reconsume_times"], limits, strict=True)
     ]
-    return [{**row, "attempts": [origin, *retries]} for origin in originals] or [row]
+    # one row per original record found (several brokers may share the origin id's host prefix), else one
+    copies_of, found = [], []
+    for i, origin_msg_id in enumerate(origins):
+        originals = [
+            (broker, topic, offset, 0, at)
+            for broker, offset in origin_positions(origin_msg_id, context.hosts)
+            for topic, at in context.originals.get((broker, offset), ())
+        ]
+        copies_of.append(max(len(originals), 1))
+        found += [(i, original) for original in originals]
+    row_chain = np.repeat(np.arange(chains, dtype=np.int64), copies_of)
+    first_row = np.concatenate(([0], np.cumsum(copies_of)[:-1])).astype(np.int64)
+    with_original = np.zeros(len(row_chain), dtype=np.int64)
+    original_rows = np.array([first_row[i] for i, _ in found], dtype=np.int64)
+    original_rows += _copy_numbers(found)
+    with_original[original_rows] = 1
+    attempts = _attempts(retries, chains, row_chain, with_original, [original for _, original in found])
+    take = pa.array(row_chain)
+    table = pa.table(
+        {
+            "group": pc.take(first.column("group"), take),
+            "origin_msg_id": pc.take(first.column("origin"), take),
+            "uniq_key": pc.take(least.column("uniq_key_min"), take),
+            "keys": pc.take(least.column("keys_min"), take),
+            "origin_topic": pc.take(least.column("origin_topic_min"), take),
+            "broker_name": pc.take(pa.array(brokers, pa.string()), take),
+            "attempts": attempts,
+            "last_reconsume_times": pc.take(pa.array(latest["reconsume_times"], pa.int32()), take),
+            "first_failure_timestamp": pc.take(least.column("store_timestamp_min"), take),
+            "last_timestamp": pc.take(pa.array(latest["store_timestamp"], pa.int64()), take),
+            "state": pc.take(pa.array(states, pa.string()), take),
+            "max_reconsume_times": pc.take(pa.array(limits, pa.int32()), take),
+            "exhausted": pc.take(pa.array(exhausted, pa.bool_()), take),
+            "as_of": pa.array(np.full(len(row_chain), context.as_of, dtype=np.int64)),
+        },
+        schema=RETRY_CHAINS.arrow_schema,
+    )
+    return table, _dead_letters(table, ordered, retries, first_row, copies_of)
 
 
-def _attempt(record: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "broker_name": record["broker_name"],
-        "topic": record["topic"],
-        "commit_log_offset": record["commit_log_offset"],
-        "reconsume_times": record["reconsume_times"],
-        "store_timestamp": record["store_timestamp"],
-    }
+_CHAIN = ("group", "origin")
+_ATTEMPT_ORDER = ("reconsume_times", "store_timestamp", "commit_log_offset")
+_ATTEMPT = RETRY_CHAINS.arrow_schema.field("attempts").type.value_type
 
 
-def _by_reconsume_times(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``attempts`` ordered by (reconsume times, store time, commit log offset), ties broken by
-    every field, nulls first (the Spark transform's ``array_sort``)."""
-    if len(attempts) < 2:
-        return attempts
-    attempts.sort(key=_attempt_order)
-    if any(_attempt_order(a) == _attempt_order(b) for a, b in itertools.pairwise(attempts)):
-        attempts.sort(key=lambda a: (*_attempt_order(a), _nulls_first(a)))
-    return attempts
+def _starts(ordered: pa.Table) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The first row of each chain of ``ordered`` (sorted by chain)."""
+    if ordered.num_rows < 2:
+        return np.zeros(ordered.num_rows, dtype=np.int64)
+    group, origin = (ordered.column(key) for key in _CHAIN)
+    changed = pc.or_(
+        pc.not_equal(group.slice(1), group.slice(0, ordered.num_rows - 1)),
+        pc.not_equal(origin.slice(1), origin.slice(0, ordered.num_rows - 1)),
+    )
+    after = np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1
+    return np.concatenate(([0], after)).astype(np.int64)
 
 
-def _attempt_order(attempt: Mapping[str, Any]) -> tuple[int, int, int]:
-    return attempt["reconsume_times"], attempt["store_timestamp"], attempt["commit_log_offset"]
+def _copy_numbers(found: Sequence[tuple[int, Any]]) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """For each found original (in chain order), which of its chain's originals it is: 0, 1, ..."""
+    numbers = np.zeros(len(found), dtype=np.int64)
+    for k in range(1, len(found)):
+        if found[k][0] == found[k - 1][0]:
+            numbers[k] = numbers[k - 1] + 1
+    return numbers
 
 
-def _nulls_first(attempt: Mapping[str, Any]) -> tuple[tuple[bool, Any], ...]:
-    return tuple((attempt[name] is not None, attempt[name]) for name in _ATTEMPT_FIELDS)
-
-
-def _least(values: Iterable[str | None]) -> str | None:
-    present = [v for v in values if v is not None]
-    return min(present) if present else None
-
-
-def _state(latest: Mapping[str, Any], consumer_offset: int | None) -> str:
-    if latest["kind"] == DEAD_LETTER:
-        return DEAD
-    if latest["kind"] == SCHEDULED:
-        return SCHEDULED
-    return CONSUMED if consumer_offset is not None and consumer_offset > latest["queue_offset"] else DELIVERED
+def _attempts(
+    retries: pa.Table,
+    chains: int,
+    row_chain: np.ndarray[Any, np.dtype[np.int64]],
+    with_original: np.ndarray[Any, np.dtype[np.int64]],
+    originals: Sequence[tuple[str, str, int, int, int]],
+) -> pa.ListArray:
+    """Each chain row's ``attempts``: its original (when found), then its chain's RETRY records in
+    attempt order (``retries``, sorted by chain and that order)."""
+    counts = np.bincount(retries.column("chain").to_numpy(), minlength=chains).astype(np.int64)
+    retry_first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    lengths = with_original + counts[row_chain]
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+    # the values: every row's original (numbered after the retries), then its chain's retries
+    shift = np.repeat(retry_first[row_chain] - offsets[:-1] - with_original, lengths)
+    index = np.arange(int(offsets[-1]), dtype=np.int64) + shift
+    original_at = offsets[:-1][with_original == 1]
+    index[original_at] = retries.num_rows + np.arange(len(originals), dtype=np.int64)
+    fields = [field.name for field in _ATTEMPT]
+    stored = pa.StructArray.from_arrays(
+        [retries.column(name).combine_chunks().cast(_ATTEMPT.field(name).type) for name in fields],
+        fields=list(_ATTEMPT),
+    )
+    found = pa.array([dict(zip(fields, original, strict=True)) for original in originals], _ATTEMPT)
+    values = pa.concat_arrays([stored, found]).take(pa.array(index))
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 
 
 def _dead_letters(
-    chain: Mapping[str, Any], records: Sequence[Mapping[str, Any]], pending: bool
+    chains: pa.Table,
+    ordered: pa.Table,
+    retries: pa.Table,
+    first_row: np.ndarray[Any, np.dtype[np.int64]],
+    copies_of: Sequence[int],
 ) -> list[dict[str, Any]]:
-    """The ``dlq`` rows of a chain row: one per DLQ record, and with ``pending`` one
-    ``POLICY_NOT_WRITTEN`` row for an exhausted DELIVERED chain (its latest retry record), which
-    the Spark window gives once per chain however many rows it has
+    """The ``dlq`` rows of the chains: one per DLQ record and chain row, and one
+    ``POLICY_NOT_WRITTEN`` row for each exhausted DELIVERED chain (its latest retry record, with its
+    first row's attempts), which the Spark window gives once per chain however many rows it has
     (:func:`jobs.dlq.transforms.build_dlq`)."""
-    rows = []
-    for record in records:
-        if record["kind"] != DEAD_LETTER:
-            continue
-        if record["routed_by"] is not None:
-            reason = POLICY
-        elif record["reconsume_times"] - 1 >= chain["max_reconsume_times"]:
-            reason = MAX_RECONSUME_TIMES
-        else:
-            reason = CONSUMER_REQUESTED
-        rows.append(_dead_letter(chain, record, reason, record["store_timestamp"]))
-    if pending and chain["exhausted"] and chain["state"] == DELIVERED:
-        retries = [r for r in records if r["kind"] == RETRY]
-        if retries:
-            latest = max(retries, key=lambda r: (r["reconsume_times"], r["store_timestamp"], r["commit_log_offset"]))
-            rows.append(_dead_letter(chain, latest, POLICY_NOT_WRITTEN, None))
-    return rows
+    columns = ["chain", "broker_name", "msg_id", "uniq_key", "origin_topic", "reconsume_times", "store_timestamp"]
+    dead = ordered.filter(pc.equal(ordered.column("kind"), DEAD_LETTER)).select([*columns, "routed_by", "row"])
+    pending = pc.and_(chains.column("exhausted"), pc.equal(chains.column("state"), DELIVERED))
+    pending_chains = {int(first_row[i]) for i in range(len(first_row))} & set(
+        np.flatnonzero(pending.to_numpy(zero_copy_only=False)).tolist()
+    )
+    wanted = {
+        int(row)
+        for record in dead.column("chain").to_pylist()
+        for row in range(first_row[record], first_row[record] + copies_of[record])
+    } | pending_chains
+    rows = dict(zip(sorted(wanted), chains.take(pa.array(sorted(wanted), pa.int64())).to_pylist(), strict=True))
+    letters = []
+    for record in dead.to_pylist():
+        for row in range(first_row[record["chain"]], first_row[record["chain"]] + copies_of[record["chain"]]):
+            chain = rows[int(row)]
+            if record["routed_by"] is not None:
+                reason = POLICY
+            elif record["reconsume_times"] - 1 >= chain["max_reconsume_times"]:
+                reason = MAX_RECONSUME_TIMES
+            else:
+                reason = CONSUMER_REQUESTED
+            letters.append(_dead_letter(chain, record, reason, record["store_timestamp"]))
+    if pending_chains:
+        chain_of_row = {int(first_row[i]): i for i in range(len(first_row))}
+        candidates = retries.filter(
+            pc.is_in(retries.column("chain"), value_set=pa.array([chain_of_row[r] for r in pending_chains], pa.int64()))
+        ).select([*columns, "commit_log_offset", "position", "row"])
+        latest: dict[int, dict[str, Any]] = {}
+        for record in candidates.to_pylist():  # the greatest attempt order, the first of the table among equals
+            seen = latest.get(record["chain"])
+            order = (*(record[key] for key in _ATTEMPT_ORDER), -record["position"])
+            if seen is None or order > (*(seen[key] for key in _ATTEMPT_ORDER), -seen["position"]):
+                latest[record["chain"]] = record
+        for chain_index, record in sorted(latest.items()):
+            letters.append(_dead_letter(rows[int(first_row[chain_index])], record, POLICY_NOT_WRITTEN, None))
+    return letters
 
 
 def _dead_letter(
@@ -313,8 +405,8 @@ def _dead_letter(
         "reconsume_times": record["reconsume_times"],
         "first_failure_timestamp": chain["first_failure_timestamp"],
         "dlq_timestamp": dlq_timestamp,
-        "body": record["body"],
-        "properties": record["properties"],
+        "body": record["row"],
+        "properties": record["row"],
         "attempts": chain["attempts"],
         "reason": reason,
         "redrive_state": None,
@@ -451,7 +543,7 @@ def fold(
     previous_chains: pa.Table,
     previous_dead: pa.Table,
     touched: set[ChainKey],
-    records: Iterable[Mapping[str, Any]],
+    records: pa.Table,
     context: Context,
 ) -> tuple[pa.Table, list[dict[str, Any]], pa.Table]:
     """The ``retry_chains`` and ``dlq`` tables as of ``context.as_of``: the previous rows of chains not
@@ -459,12 +551,11 @@ def fold(
     (every record of those chains; others are ignored). Returns the chains, the touched chains'
     dead letters' rows (as :func:`compute` gives them, for the caller to complete) and the kept
     dead letters (their redrive states as the previous run left them)."""
-    chains, dead = compute((r for r in records if chain_key(r) in touched), context)
+    computed, dead = compute(of_chains(records, touched), context)
     kept_chains = _without(previous_chains, touched)
     as_of = pa.array([context.as_of] * kept_chains.num_rows, pa.int64())
     kept_chains = kept_chains.set_column(kept_chains.schema.get_field_index("as_of"), "as_of", as_of)
-    computed = pa.Table.from_pylist(chains, schema=kept_chains.schema)
-    return pa.concat_tables([kept_chains, computed]), dead, _without(previous_dead, touched)
+    return pa.concat_tables([kept_chains, computed.cast(kept_chains.schema)]), dead, _without(previous_dead, touched)
 
 
 def with_redrive_states(dead: pa.Table, states: Mapping[tuple[str, str], str]) -> pa.Table:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -21,7 +22,7 @@ from jobs.dlq.fold import (
     Context,
     Original,
     Previous,
-    chain_key,
+    chain_keys,
     check_foldable,
     compute,
     first_failures,
@@ -73,11 +74,11 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
     version = versions.get(RETRY_RECORDS.name)
     empty = RETRY_RECORDS.arrow_schema.empty_table()
     table = lake.read_rows(RETRY_RECORDS, version=version) if version is not None else empty
-    records = _deferred_rows(table)
+    records = _numbered(table)
     commits = _retry_commits(lake, versions)
     brokers = _brokers(lake, versions.get(BROKERS.name))
     hosts = _hosts(brokers)
-    keys = {chain_key(r) for r in records if r["store_timestamp"] <= as_of}
+    keys = chain_keys(records, as_of)
     context = Context(
         as_of,
         policies_at(_rows(lake, SUBSCRIPTION_GROUP, versions), as_of),
@@ -88,26 +89,19 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
     chains, dead = compute(records, context)
     dead_letters = pa.Table.from_pylist(_with_deferred(dead, table), schema=DLQ.arrow_schema)
     dead_letters = with_redrive_states(dead_letters, redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
-    times = [r["store_timestamp"] for r in records] + [_latest(commits)]
-    return Outcome(
-        pa.Table.from_pylist(chains, schema=RETRY_CHAINS.arrow_schema),
-        dead_letters,
-        max(times),
-    )
+    newest = pc.max(table.column("store_timestamp")).as_py()
+    return Outcome(chains, dead_letters, max(-1 if newest is None else newest, _latest(commits)))
 
 
 _NEW_RECORD_COLUMNS = ["group", "origin_msg_id", "uniq_key", "msg_id", "store_timestamp"]  # what touches chains
 _DEFERRED = ("body", "properties")  # columns a dead letter copies from its record, read for those alone
 
 
-def _deferred_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """The rows of ``retry_records`` rows ``table`` in Python, their :data:`_DEFERRED` values
-    replaced by their row numbers (:func:`_with_deferred` reads them for the rows that need them)."""
-    records: list[dict[str, Any]] = table.drop_columns(list(_DEFERRED)).to_pylist()
-    for row, record in enumerate(records):
-        for column in _DEFERRED:
-            record[column] = row
-    return records
+def _numbered(table: pa.Table) -> pa.Table:
+    """``retry_records`` rows ``table`` without its :data:`_DEFERRED` columns, with a ``row`` column
+    numbering its rows instead (:func:`_with_deferred` reads them for the rows that need them)."""
+    rows = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    return table.drop_columns(list(_DEFERRED)).append_column("row", rows)
 
 
 def _with_deferred(dead: list[dict[str, Any]], table: pa.Table) -> list[dict[str, Any]]:
@@ -166,7 +160,7 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
     backlog = _backlog(lake, versions[RETRY_RECORDS.name], {q: offsets[q] for q in moved if q in offsets})
     touched = touched_chains(previous, new, policies, backlog, hosts, as_of)
     table = _chain_records(lake, versions[RETRY_RECORDS.name], touched, previous, new)
-    records = _deferred_rows(table)
+    records = _numbered(table)
     originals = _originals(lake, versions, brokers, _positions(touched, hosts))
     context = Context(as_of, policies, offsets, hosts, originals)
     chains, dead, kept_dead = fold(previous_chains, previous_dead, touched, records, context)
