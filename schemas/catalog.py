@@ -272,7 +272,8 @@ TRANSACTION_RECORDS = TableSpec(
     ),
 )
 
-_ATTEMPT = pa.struct(
+# one delivery attempt of a retry chain: the original (reconsume times 0) or a retry
+ATTEMPT = pa.struct(
     [
         pa.field("broker_name", pa.string()),
         pa.field("topic", pa.string()),
@@ -324,7 +325,7 @@ RETRY_CHAINS = TableSpec(
         ("keys", pa.string(), "KEYS property"),
         ("origin_topic", pa.string(), "topic the message was first sent to"),
         ("broker_name", pa.string(), "broker holding the retries", False),
-        ("attempts", pa.list_(_ATTEMPT), "the original and every delivered retry, oldest first"),
+        ("attempts", pa.list_(ATTEMPT), "the original and every delivered retry, oldest first"),
         ("last_reconsume_times", pa.int32(), "reconsume times of the latest send-back record", False),
         ("first_failure_timestamp", pa.int64(), "store time (ms) of the first send-back record", False),
         ("last_timestamp", pa.int64(), "store time (ms) of the latest send-back record", False),
@@ -352,7 +353,7 @@ DLQ = TableSpec(
         ("dlq_timestamp", pa.int64(), "store time (ms) of the dead letter record"),
         ("body", pa.binary(), "stored body bytes"),
         ("properties", _STRING_MAP, "properties of the dead letter record"),
-        ("attempts", pa.list_(_ATTEMPT), "every stored delivery attempt, oldest first"),
+        ("attempts", pa.list_(ATTEMPT), "every stored delivery attempt, oldest first"),
         ("reason", pa.string(), "why it is dead: max reconsume times, negative delay level, policy"),
         ("redrive_state", pa.string(), "null, or the latest redrive of this dead letter"),
     ),

@@ -43,7 +43,7 @@ from jobs.dlq.transforms import (
     SCHEDULED,
 )
 from jobs.runs import CannotFold
-from schemas.catalog import RETRY_CHAINS
+from schemas.catalog import ATTEMPT, RETRY_CHAINS
 
 ChainKey = tuple[str, str]
 """(group, origin_msg_id): a retry chain."""
@@ -289,7 +289,6 @@ def compute(records: pa.Table, context: Context) -> tuple[pa.Table, list[dict[st
 
 _CHAIN = ("group", "origin")
 _ATTEMPT_ORDER = ("reconsume_times", "store_timestamp", "commit_log_offset")
-_ATTEMPT = RETRY_CHAINS.arrow_schema.field("attempts").type.value_type
 
 
 def _starts(ordered: pa.Table) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -332,12 +331,12 @@ def _attempts(
     index = np.arange(int(offsets[-1]), dtype=np.int64) + shift
     original_at = offsets[:-1][with_original == 1]
     index[original_at] = retries.num_rows + np.arange(len(originals), dtype=np.int64)
-    fields = [field.name for field in _ATTEMPT]
+    fields = [field.name for field in ATTEMPT]
     stored = pa.StructArray.from_arrays(
-        [retries.column(name).combine_chunks().cast(_ATTEMPT.field(name).type) for name in fields],
-        fields=list(_ATTEMPT),
+        [retries.column(name).combine_chunks().cast(ATTEMPT.field(name).type) for name in fields],
+        fields=list(ATTEMPT),
     )
-    found = pa.array([dict(zip(fields, original, strict=True)) for original in originals], _ATTEMPT)
+    found = pa.array([dict(zip(fields, original, strict=True)) for original in originals], ATTEMPT)
     values = pa.concat_arrays([stored, found]).take(pa.array(index))
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 
