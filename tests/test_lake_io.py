@@ -709,6 +709,28 @@ def test_a_kept_snapshot_is_served_until_a_commit_follows_it_and_never_for_a_tab
     assert open_table(table_dir, 1).to_pyarrow_table(columns=["run_id"]).column("run_id").to_pylist() == ["run-5"]
 
 
+def test_the_kept_snapshots_restored_are_those_kept_then_and_later_loads_are_forgotten(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from jobs.lake import restore_snapshots, snapshot_state
+    from jobs.lake.snapshots import open_table
+    from schemas.catalog import JOB_RUNS
+
+    lake = Lake(spark, tmp_path / "lake", ENGINE)
+    table_dir = str(lake.location(JOB_RUNS))
+    lake.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(0)], schema=JOB_RUNS.arrow_schema))
+    first = open_table(table_dir)
+    before = snapshot_state()
+    lake.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(1)], schema=JOB_RUNS.arrow_schema))
+    second = open_table(table_dir)
+    assert open_table(table_dir, 2) is second
+    restore_snapshots(before)
+    assert open_table(table_dir, 1) is first  # kept then, kept now
+    reloaded = open_table(table_dir, 2)  # loaded after the state was taken: loaded again
+    assert reloaded is not second and reloaded.version() == 2
+    assert open_table(table_dir) is reloaded
+
+
 def test_small_files_piling_up_in_a_table_appended_row_by_row_are_packed_with_every_row_kept(
     spark: SparkSession, tmp_path: Path
 ) -> None:

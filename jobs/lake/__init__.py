@@ -28,7 +28,7 @@ from jobs.lake.session import (
     resolve_engine,
     stop_spark,
 )
-from jobs.lake.snapshots import IncrementalReadError, open_table
+from jobs.lake.snapshots import IncrementalReadError, SnapshotState, open_table, restore_snapshots, snapshot_state
 
 __all__ = [
     "DELTA_CONF",
@@ -38,6 +38,7 @@ __all__ = [
     "IncrementalReadError",
     "Lake",
     "ReadCost",
+    "SnapshotState",
     "WrittenFile",
     "WrittenFiles",
     "build_session",
@@ -50,5 +51,7 @@ __all__ = [
     "pack_appended",
     "plan_compaction",
     "resolve_engine",
+    "restore_snapshots",
+    "snapshot_state",
     "stop_spark",
 ]

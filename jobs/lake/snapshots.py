@@ -11,6 +11,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
@@ -167,8 +168,38 @@ class _Snapshots:
                 if self._latest.get(dropped_dir) == dropped:
                     del self._latest[dropped_dir]
 
+    def state(self) -> SnapshotState:
+        """What is kept now (:func:`snapshot_state`)."""
+        with self._lock:
+            return SnapshotState(OrderedDict(self._kept), dict(self._latest))
+
+    def restore(self, state: SnapshotState) -> None:
+        """Keep exactly what ``state`` kept (:func:`restore_snapshots`)."""
+        with self._lock:
+            self._kept = OrderedDict(state.kept)
+            self._latest = dict(state.latest)
+
+
+@dataclass(frozen=True)
+class SnapshotState:
+    """The snapshots a process kept at one moment (the snapshots themselves are never changed)."""
+
+    kept: OrderedDict[tuple[str, int], tuple[tuple[int, int, int, int, bytes], DeltaTable]]
+    latest: dict[str, int]
+
 
 _SNAPSHOTS = _Snapshots()
+
+
+def snapshot_state() -> SnapshotState:
+    """The snapshots this process keeps now: for a measurement that times two runs from the same
+    start (e.g. a full run against the incremental run it replaces), :func:`restore_snapshots`."""
+    return _SNAPSHOTS.state()
+
+
+def restore_snapshots(state: SnapshotState) -> None:
+    """Keep exactly the snapshots of ``state``: the tables loaded since are loaded again when read."""
+    _SNAPSHOTS.restore(state)
 
 
 def already_committed(dt: DeltaTable, txn: Transaction) -> bool:
