@@ -709,6 +709,27 @@ def test_a_kept_snapshot_is_served_until_a_commit_follows_it_and_never_for_a_tab
     assert open_table(table_dir, 1).to_pyarrow_table(columns=["run_id"]).column("run_id").to_pylist() == ["run-5"]
 
 
+def test_a_table_is_there_as_delta_rs_says_with_its_first_commit_gone_after_a_checkpoint(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from jobs.lake.snapshots import is_table
+    from schemas.catalog import JOB_RUNS
+
+    lake = Lake(spark, tmp_path / "lake", ENGINE)
+    table_dir = lake.location(JOB_RUNS)
+    assert not is_table(str(table_dir)) and not DeltaTable.is_deltatable(str(table_dir))
+    (table_dir / "_delta_log").mkdir(parents=True)  # a log with no commit yet
+    assert not is_table(str(table_dir)) and not DeltaTable.is_deltatable(str(table_dir))
+    for i in range(3):
+        lake.append_rows(JOB_RUNS, pa.Table.from_pylist([_run_row(i)], schema=JOB_RUNS.arrow_schema))
+    assert is_table(str(table_dir)) and lake.exists(JOB_RUNS)
+    DeltaTable(str(table_dir)).create_checkpoint()
+    (table_dir / "_delta_log" / f"{0:020d}.json").unlink()  # a log cleanup's work
+    assert is_table(str(table_dir)) and DeltaTable.is_deltatable(str(table_dir))
+    (table_dir / "_delta_log" / "_last_checkpoint").unlink()  # found by listing the log
+    assert is_table(str(table_dir)) and DeltaTable.is_deltatable(str(table_dir))
+
+
 def test_the_kept_snapshots_restored_are_those_kept_then_and_later_loads_are_forgotten(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -32,6 +32,7 @@ from jobs.lake.snapshots import (
     check_bridge_can_read,
     delta_string,
     file_location,
+    is_table,
     local_directory,
     log_schema,
     open_table,
@@ -106,7 +107,7 @@ class BridgeEngine:
         return scan_files(self.spark, table_dir, schema, partition_by, files)
 
     def exists(self, path: str) -> bool:
-        return DeltaTable.is_deltatable(local_directory(path))
+        return is_table(local_directory(path))
 
     def version(self, path: str) -> int:
         # the kept snapshot's version, or the newest commit or checkpoint file of the log: a probe

@@ -43,6 +43,7 @@ from jobs.lake.snapshots import (
     check_bridge_can_read,
     file_statistic,
     files_around,
+    is_table,
     local_directory,
     local_or_none,
     log_schema,
@@ -206,7 +207,7 @@ class Lake:
         _check_version(version)
         names = list(columns) if columns is not None else list(spec.column_names)
         path = str(self.location(spec))
-        if not DeltaTable.is_deltatable(path):
+        if not is_table(path):
             return spec.arrow_schema.empty_table().select(names)
         dt = open_table(path, version)  # the process's snapshot of that version
         check_catalog_schema(spec, log_schema(dt), path)
@@ -221,7 +222,7 @@ class Lake:
     def schema(self, name_or_spec: str | TableSpec) -> pa.Schema | None:
         """The Arrow schema the table's Delta log declares, None when there is no table."""
         path = str(self.location(name_or_spec))
-        return pa.schema(open_table(path).schema().to_arrow()) if DeltaTable.is_deltatable(path) else None
+        return pa.schema(open_table(path).schema().to_arrow()) if is_table(path) else None
 
     def newest_value(
         self, name_or_spec: str | TableSpec, column: str, version: int | None = None, strict: bool = False
@@ -232,7 +233,7 @@ class Lake:
         hold rows lacks it, so that a value returned bounds every row."""
         _check_version(version)
         path = str(self.location(name_or_spec))
-        if not DeltaTable.is_deltatable(path):
+        if not is_table(path):
             return None
         actions = add_actions(open_table(path, version))
         name = f"max.{column}"
@@ -253,7 +254,7 @@ class Lake:
         _check_version(version)
         spec = _spec(name_or_spec)
         path = str(self.location(spec))
-        if not DeltaTable.is_deltatable(path):
+        if not is_table(path):
             return 0
         actions = add_actions(open_table(path, version))
         if not actions.num_rows:
@@ -283,7 +284,7 @@ class Lake:
         check_partition_filter(partition_filter, list(spec.partition_by), spec.name)
         check_column_names(spec, "ranges", list(ranges or {}), spec.data_columns)
         table_dir = local_directory(self.location(spec))
-        if not DeltaTable.is_deltatable(table_dir):
+        if not is_table(table_dir):
             return ReadCost()
         actions = add_actions(open_table(table_dir, version))
         if partition_filter and actions.num_rows:
@@ -315,7 +316,7 @@ class Lake:
             raise LakeError("staged writes need the bridge engine; with delta-spark write each batch with append")
         spec = _spec(name_or_spec)
         table_dir = local_directory(self.location(spec))
-        if not DeltaTable.is_deltatable(table_dir):
+        if not is_table(table_dir):
             create_table(table_dir, spec)
         check_bridge_can_read(open_table(table_dir), table_dir)
         return write_data_files(df, table_dir, [stage_by])
@@ -378,7 +379,7 @@ class Lake:
             if not column.nullable and conformed.column(column.name).null_count:
                 raise ValidationError(column.name, None, f"is NOT NULL in {spec.name!r}")
         path = str(self.location(spec))
-        if not DeltaTable.is_deltatable(path):
+        if not is_table(path):
             create_table(path, spec)
         dt = open_table(path)
         check_catalog_schema(spec, log_schema(dt), path)
@@ -415,7 +416,7 @@ class Lake:
             table_dir = local_directory(self.location(name_or_spec))
         except LakeError:  # delta-spark on remote storage: Delta's own OPTIMIZE is the tool there
             return None
-        if not DeltaTable.is_deltatable(table_dir):
+        if not is_table(table_dir):
             return None
         _check_version(version)
         return pack_small_files(table_dir, files_up_to=version)
@@ -432,7 +433,7 @@ class Lake:
         """
         spec = _spec(name_or_spec)
         path = str(self.location(spec))
-        if not DeltaTable.is_deltatable(path):
+        if not is_table(path):
             return None
         present = set(log_schema(open_table(path)).fieldNames())
         missing = [column for column in spec.columns if column.name not in present]
@@ -462,7 +463,7 @@ class Lake:
         Read from the log with delta-rs for both engines (delta-spark has no public API for it).
         """
         path = str(self.location(name_or_spec))
-        return open_table(path).transaction_version(app_id) if DeltaTable.is_deltatable(path) else None
+        return open_table(path).transaction_version(app_id) if is_table(path) else None
 
     def read_appended(
         self, name_or_spec: str | TableSpec, after_version: int, up_to_version: int | None = None
@@ -615,7 +616,7 @@ class Lake:
         if strings:
             raise ValidationError("dictionaries", strings, "are not string columns", "name string columns only")
         table_dir = local_directory(self.location(spec))
-        if not DeltaTable.is_deltatable(table_dir):
+        if not is_table(table_dir):
             return None
         dt = open_table(table_dir, version)
         check_bridge_can_read(dt, table_dir)

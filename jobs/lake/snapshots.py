@@ -80,6 +80,20 @@ def table_version(table_dir: str) -> int:
     return latest if latest is not None else latest_version(table_dir)
 
 
+def is_table(path: str) -> bool:
+    """Whether a Delta table is at ``path``. For a local directory: its first commit or its last
+    checkpoint's pointer probed, else its log listed; delta-rs's check lists the whole log, which
+    for a table of thousands of commits (offset commits, one per broker flush) costs milliseconds
+    each time a job asks. Elsewhere, delta-rs's check."""
+    table_dir = local_or_none(path)
+    if table_dir is None:
+        return bool(DeltaTable.is_deltatable(path))
+    logs = log_dir(table_dir)
+    if (logs / f"{0:020d}.json").is_file() or (logs / "_last_checkpoint").is_file():
+        return True
+    return latest_version(table_dir) >= 0
+
+
 def local_or_none(path: str) -> str | None:
     """The local directory of ``path`` (:func:`local_directory`), None where it is not local."""
     try:
