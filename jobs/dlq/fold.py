@@ -78,7 +78,8 @@ def chain_keys(records: pa.Table, as_of: int) -> set[ChainKey]:
     """The chains of the ``retry_records`` rows ``records`` stored at or before ``as_of``."""
     done = records.filter(pc.less_equal(records.column("store_timestamp"), as_of))
     origin = pc.coalesce(done.column("origin_msg_id"), done.column("uniq_key"), done.column("msg_id"))
-    return set(zip(done.column("group").to_pylist(), origin.to_pylist(), strict=True))
+    pairs = pa.table({"group": done.column("group"), "origin": origin}).group_by(["group", "origin"]).aggregate([])
+    return set(zip(pairs.column("group").to_pylist(), pairs.column("origin").to_pylist(), strict=True))
 
 
 def of_chains(records: pa.Table, keys: set[ChainKey]) -> pa.Table:
@@ -223,10 +224,16 @@ def compute(records: pa.Table, context: Context) -> tuple[pa.Table, list[dict[st
         [("uniq_key", "min"), ("keys", "min"), ("origin_topic", "min"), ("store_timestamp", "min")]
     )
     # the broker of the record with the least commit log offset (the first of the table among equals)
-    by_offset = ordered.sort_by([("chain", "ascending"), ("commit_log_offset", "ascending"), ("position", "ascending")])
-    brokers = by_offset.column("broker_name").take(pa.array(starts)).to_pylist()
-    retries = ordered.filter(pc.equal(ordered.column("kind"), RETRY)).sort_by(
-        [("chain", "ascending")] + [(key, "ascending") for key in (*_ATTEMPT_ORDER, "broker_name", "topic")]
+    by_offset = pc.sort_indices(
+        ordered.select(["chain", "commit_log_offset", "position"]),
+        [("chain", "ascending"), ("commit_log_offset", "ascending"), ("position", "ascending")],
+    )
+    brokers = ordered.column("broker_name").take(by_offset.take(pa.array(starts))).to_pylist()
+    retry_columns = ["chain", *ATTEMPT.names, "msg_id", "uniq_key", "origin_topic", "position", "row"]
+    retries = (
+        ordered.filter(pc.equal(ordered.column("kind"), RETRY))
+        .select(retry_columns)
+        .sort_by([("chain", "ascending")] + [(key, "ascending") for key in (*_ATTEMPT_ORDER, "broker_name", "topic")])
     )
     groups, origins = first.column("group").to_pylist(), first.column("origin").to_pylist()
     chains = len(starts)

@@ -268,11 +268,11 @@ def _originals(
     if not filters:
         return {}
     columns = ["broker_name", "commit_log_offset", "topic", "store_timestamp"]
+    rows = lake.read_rows(COMMITLOG, columns, filters, version=version)
     found: dict[RecordKey, list[Original]] = {}
-    for row in lake.read_rows(COMMITLOG, columns, filters, version=version).to_pylist():
-        position = (row["broker_name"], row["commit_log_offset"])
-        if position in positions:
-            found.setdefault(position, []).append((row["topic"], row["store_timestamp"]))
+    for broker, offset, topic, stored in zip(*(rows.column(name).to_pylist() for name in columns), strict=True):
+        if (broker, offset) in positions:
+            found.setdefault((broker, offset), []).append((topic, stored))
     return found
 
 
