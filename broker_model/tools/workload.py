@@ -312,8 +312,9 @@ CONSUMER_GROUPS = (
 def run_consumers(brokers: Sequence[Broker], seed: int, offset_dir: Path) -> Counter[str]:
     """Let every group of :data:`CONSUMER_GROUPS` pull and commit at random points.
 
-    Per queue a group reads up to a random stopping point (some queues not at all), committing
-    its offset every few pulls; clustering offsets go to the brokers, broadcasting ones to local
+    Per queue a group reads from its committed offset (the first offset on a new lake) up to a
+    random share of what it has not consumed yet (some queues not at all), committing its offset
+    every few pulls; clustering offsets go to the brokers, broadcasting ones to local
     files under ``offset_dir``. Returns messages consumed per group.
     """
     rng = random.Random(seed + 1)
@@ -336,9 +337,13 @@ def run_consumers(brokers: Sequence[Broker], seed: int, offset_dir: Path) -> Cou
 
 
 def _consume_queue(consumer: PullConsumer, queue: MessageQueue, tag_expression: str, rng: random.Random) -> int:
+    """Consume ``queue`` from the group's committed offset (the first on a new lake) up to a
+    random share of what it has not consumed yet; the messages consumed."""
     broker = consumer.brokers[queue.broker_name]
-    stop = int(broker.max_offset(queue.topic, queue.queue_id) * rng.choice((0.0, 0.3, 0.6, 0.9, 1.0)))
-    offset, consumed = 0, 0
+    offset = max(consumer.read_offset(queue), 0)  # -1: none committed yet
+    end = broker.max_offset(queue.topic, queue.queue_id)
+    stop = offset + int((end - offset) * rng.choice((0.0, 0.3, 0.6, 0.9, 1.0)))
+    consumed = 0
     while offset < stop:
         result = consumer.pull(queue, offset, max_nums=rng.randint(1, 32), tag_expression=tag_expression)
         if result.status is not PullStatus.FOUND and result.status is not PullStatus.NO_MATCHED_MSG:
