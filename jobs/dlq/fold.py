@@ -77,7 +77,7 @@ class Context:
 def chain_keys(records: pa.Table, as_of: int) -> set[ChainKey]:
     """The chains of the ``retry_records`` rows ``records`` stored at or before ``as_of``."""
     done = records.filter(pc.less_equal(records.column("store_timestamp"), as_of))
-    origin = pc.coalesce(done.column("origin_msg_id"), done.column("uniq_key"), done.column("msg_id"))
+    origin = _origins(done)
     pairs = pa.table({"group": done.column("group"), "origin": origin}).group_by(["group", "origin"]).aggregate([])
     return set(zip(pairs.column("group").to_pylist(), pairs.column("origin").to_pylist(), strict=True))
 
@@ -86,10 +86,14 @@ def of_chains(records: pa.Table, keys: set[ChainKey]) -> pa.Table:
     """The ``retry_records`` rows ``records`` of the chains ``keys``."""
     if not keys or not records.num_rows:
         return records.slice(0, 0)
-    origin = pc.coalesce(records.column("origin_msg_id"), records.column("uniq_key"), records.column("msg_id"))
-    joined = pc.binary_join_element_wise(records.column("group"), origin, _CHAIN_JOIN)
+    joined = pc.binary_join_element_wise(records.column("group"), _origins(records), _CHAIN_JOIN)
     wanted = pa.array([f"{group}{_CHAIN_JOIN}{origin}" for group, origin in keys], pa.string())
     return records.filter(pc.fill_null(pc.is_in(joined, value_set=wanted), False))
+
+
+def _origins(records: pa.Table) -> pa.ChunkedArray:
+    """The origin id of each chain of ``records`` (:func:`chain_key`, column-wise)."""
+    return pc.coalesce(records.column("origin_msg_id"), records.column("uniq_key"), records.column("msg_id"))
 
 
 def chain_key(record: Mapping[str, Any]) -> ChainKey:
@@ -204,7 +208,7 @@ def compute(records: pa.Table, context: Context) -> tuple[pa.Table, list[dict[st
         pa.array(list(KIND_RANK.values()), pa.int8()),
         pc.index_in(done.column("kind"), value_set=pa.array(list(KIND_RANK), pa.string())),
     )
-    origin = pc.coalesce(done.column("origin_msg_id"), done.column("uniq_key"), done.column("msg_id"))
+    origin = _origins(done)
     keyed = done.append_column("origin", origin).append_column("rank", ranks)
     keyed = keyed.append_column("position", pa.array(np.arange(done.num_rows, dtype=np.int64)))
     # a chain's records together, its latest last: the greatest (reconsume times, rank, store time,
@@ -255,22 +259,21 @@ def compute(records: pa.Table, context: Context) -> tuple[pa.Table, list[dict[st
         for state, times, limit in zip(states, latest["reconsume_times"], limits, strict=True)
     ]
     # one row per original record found (several brokers may share the origin id's host prefix), else one
-    copies_of, found = [], []
-    for i, origin_msg_id in enumerate(origins):
+    found_per_chain, found = [], []
+    for origin_msg_id in origins:
         originals = [
             (broker, topic, offset, 0, at)
             for broker, offset in origin_positions(origin_msg_id, context.hosts)
             for topic, at in context.originals.get((broker, offset), ())
         ]
-        copies_of.append(max(len(originals), 1))
-        found += [(i, original) for original in originals]
+        found_per_chain.append(len(originals))
+        found += originals
+    copies_of = [max(n, 1) for n in found_per_chain]
     row_chain = np.repeat(np.arange(chains, dtype=np.int64), copies_of)
     first_row = np.concatenate(([0], np.cumsum(copies_of)[:-1])).astype(np.int64)
-    with_original = np.zeros(len(row_chain), dtype=np.int64)
-    original_rows = np.array([first_row[i] for i, _ in found], dtype=np.int64)
-    original_rows += _copy_numbers(found)
-    with_original[original_rows] = 1
-    attempts = _attempts(retries, chains, row_chain, with_original, [original for _, original in found])
+    # a chain with originals has one row per original, each with it; a chain without, one row without
+    with_original = np.repeat(np.array(found_per_chain, dtype=np.int64) > 0, copies_of).astype(np.int64)
+    attempts = _attempts(retries, chains, row_chain, with_original, found)
     take = pa.array(row_chain)
     table = pa.table(
         {
@@ -309,15 +312,6 @@ def _starts(ordered: pa.Table) -> np.ndarray[Any, np.dtype[np.int64]]:
     )
     after = np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1
     return np.concatenate(([0], after)).astype(np.int64)
-
-
-def _copy_numbers(found: Sequence[tuple[int, Any]]) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """For each found original (in chain order), which of its chain's originals it is: 0, 1, ..."""
-    numbers = np.zeros(len(found), dtype=np.int64)
-    for k in range(1, len(found)):
-        if found[k][0] == found[k - 1][0]:
-            numbers[k] = numbers[k - 1] + 1
-    return numbers
 
 
 def _attempts(
@@ -362,14 +356,13 @@ def _dead_letters(
     columns = ["chain", "broker_name", "msg_id", "uniq_key", "origin_topic", "reconsume_times", "store_timestamp"]
     dead = ordered.filter(pc.equal(ordered.column("kind"), DEAD_LETTER)).select([*columns, "routed_by", "row"])
     pending = pc.and_(chains.column("exhausted"), pc.equal(chains.column("state"), DELIVERED))
-    pending_chains = {int(first_row[i]) for i in range(len(first_row))} & set(
-        np.flatnonzero(pending.to_numpy(zero_copy_only=False)).tolist()
-    )
+    # the chains (by index) whose first row is pending: the row their pending dead letter takes
+    pending_chains = np.flatnonzero(pending.to_numpy(zero_copy_only=False)[first_row]).tolist()
     wanted = {
         int(row)
         for record in dead.column("chain").to_pylist()
         for row in range(first_row[record], first_row[record] + copies_of[record])
-    } | pending_chains
+    } | {int(first_row[i]) for i in pending_chains}
     rows = dict(zip(sorted(wanted), chains.take(pa.array(sorted(wanted), pa.int64())).to_pylist(), strict=True))
     letters = []
     for record in dead.to_pylist():
@@ -383,9 +376,8 @@ def _dead_letters(
                 reason = CONSUMER_REQUESTED
             letters.append(_dead_letter(chain, record, reason, record["store_timestamp"]))
     if pending_chains:
-        chain_of_row = {int(first_row[i]): i for i in range(len(first_row))}
         candidates = retries.filter(
-            pc.is_in(retries.column("chain"), value_set=pa.array([chain_of_row[r] for r in pending_chains], pa.int64()))
+            pc.is_in(retries.column("chain"), value_set=pa.array(pending_chains, pa.int64()))
         ).select([*columns, "commit_log_offset", "position", "row"])
         latest: dict[int, dict[str, Any]] = {}
         for record in candidates.to_pylist():  # the greatest attempt order, the first of the table among equals
