@@ -103,7 +103,7 @@ import shutil
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -458,9 +458,11 @@ def _bench(
     increment = append_increment(lake, messages, seed, written.get("shape", "benchmark"))
     print(f"increment written: {json.dumps(increment)}", flush=True)
     as_of = now_ms()
-    rows += _incremental_runs(spark, lake, root, logs, engine, processed, {r.job: r.seconds for r in rows}, as_of)
+    full = {r.job: r.seconds for r in rows}
+    incremental, starts = _incremental_runs(spark, lake, root, logs, engine, processed, full, as_of)
+    rows += incremental
     rows += _reruns(spark, lake, root, logs, engine, as_of)
-    rows += _full_after(spark, lake, root, logs, engine, as_of, rows)
+    rows += _full_after(spark, lake, root, logs, engine, as_of, rows, starts)
     for row in rows:
         row.spark_seconds, row.stages = spark_time(spark, f"{row.job}:{row.mode}")
     spark.stop()
@@ -545,22 +547,19 @@ def _incremental_runs(
     processed: int,
     full: dict[str, float],
     as_of: int,
-) -> list[Measured]:
-    """Every job once after the increment, in the nightly's order and at one T, as the nightly runs them."""
+) -> tuple[list[Measured], dict[str, SnapshotState]]:
+    """Every job once after the increment, in the nightly's order and at one T, as the nightly runs
+    them; and the Delta snapshots the process kept when each run started, from which the job's full
+    run after the increment starts (a log the incremental run read is not read again for free)."""
     rows: list[Measured] = []
+    starts: dict[str, SnapshotState] = {}
     for name in JOBS:
         print(f"incremental: {name}", flush=True)
-        STARTS[name] = snapshot_state()
+        starts[name] = snapshot_state()
         row = time_job(spark, name, "incremental", job_call(name, lake, False, as_of, root, processed, engine), logs)
         row.notes = f"{row.status}; {row.seconds / full[name]:.0%} of full"
         rows.append(row)
-    return rows
-
-
-# the Delta snapshots the process kept when each job's incremental run started: its full run
-# after the increment starts from the same (a table's log read by the incremental run is not
-# read again for free)
-STARTS: dict[str, SnapshotState] = {}
+    return rows, starts
 
 
 def _reruns(spark: SparkSession, lake: Path, root: Path, logs: Path, engine: str, as_of: int) -> list[Measured]:
@@ -575,13 +574,20 @@ def _reruns(spark: SparkSession, lake: Path, root: Path, logs: Path, engine: str
 
 
 def _full_after(
-    spark: SparkSession, lake: Path, root: Path, logs: Path, engine: str, as_of: int, rows: Sequence[Measured]
+    spark: SparkSession,
+    lake: Path,
+    root: Path,
+    logs: Path,
+    engine: str,
+    as_of: int,
+    rows: Sequence[Measured],
+    starts: Mapping[str, SnapshotState],
 ) -> list[Measured]:
     """Once the reruns are done, a full run on the lake with the increment of every job whose
     incremental run took longer than its full run on the lake before it: whether the incremental
     run cost more than computing the same lake from scratch (the job's tables are removed first,
     so that the run computes them), with the Delta snapshots the process kept when the incremental
-    run started (:data:`STARTS`)."""
+    run started (``starts``)."""
     full = {r.job: r.seconds for r in rows if r.mode == "full"}
     slower = [r for r in rows if r.mode == "incremental" and r.seconds > full[r.job]]
     again: list[Measured] = []
@@ -590,7 +596,7 @@ def _full_after(
         for spec in JOB_OUTPUTS[incremental.job]:
             shutil.rmtree(lake / spec.path, ignore_errors=True)
         call = job_call(incremental.job, lake, True, as_of, root, None, engine)
-        restore_snapshots(STARTS[incremental.job])
+        restore_snapshots(starts[incremental.job])
         row = time_job(spark, incremental.job, "full after", call, logs)
         share = f"{incremental.seconds / row.seconds:.0%}"
         row.notes = f"{row.status}; the lake with the increment: the incremental run took {share} of this"

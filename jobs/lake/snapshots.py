@@ -89,7 +89,7 @@ def is_table(path: str) -> bool:
     if table_dir is None:
         return bool(DeltaTable.is_deltatable(path))
     logs = log_dir(table_dir)
-    if (logs / f"{0:020d}.json").is_file() or (logs / "_last_checkpoint").is_file():
+    if commit_path(table_dir, 0).is_file() or (logs / "_last_checkpoint").is_file():
         return True
     return latest_version(table_dir) >= 0
 
