@@ -60,6 +60,25 @@ def test_differential_workload_matches_independent_recomputation(tmp_path: Path)
     )
 
 
+def test_a_second_workload_on_a_lake_consumes_from_where_its_groups_committed(tmp_path: Path) -> None:
+    def latest(rows: list[dict[str, object]]) -> dict[tuple[object, ...], object]:
+        ordered = sorted(rows, key=lambda r: (r["commit_timestamp"], r["offset"]))  # type: ignore[arg-type,return-value]
+        return {(r["group"], r["broker_name"], r["topic"], r["queue_id"]): r["offset"] for r in ordered}
+
+    commits = tmp_path / "consumer_offset_commits"
+    run_workload(tmp_path, 3_000, 3, brokers=2, threads=2)
+    first = DeltaTable(str(commits)).to_pyarrow_table().to_pylist()
+    before = latest([r for r in first if r["source"] != "reset"])
+    run_workload(tmp_path, 300, 4, brokers=2, threads=2)
+    new = [r for r in DeltaTable(str(commits)).to_pyarrow_table().to_pylist() if r not in first]
+    clustering = [r for r in new if (r["group"], r["broker_name"], r["topic"], r["queue_id"]) in before]
+    assert len(clustering) > 10  # the groups committed again on queues they had committed before
+    # no group went back to the first offset: each commit is at or after the queue's last one before
+    for row in clustering:
+        key = (row["group"], row["broker_name"], row["topic"], row["queue_id"])
+        assert row["offset"] >= before[key], (key, row["offset"], before[key])  # type: ignore[operator]
+
+
 def _content(row: dict[str, object]) -> tuple[object, ...]:
     props = row["properties"]
     assert isinstance(props, dict)

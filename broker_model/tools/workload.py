@@ -76,7 +76,10 @@ class WorkloadReport:
     transactions: Counter[str] = field(default_factory=Counter)
     last_check: int = 0  # time (ms) of the last transaction check round
     retries: Counter[str] = field(default_factory=Counter)  # push consumer figures and dead letters
-    # wall seconds per phase, in the order they ran (:data:`PHASES`): where a run's time went
+    # wall seconds per phase, in the order they ran: where a run's time went. The phases: sends
+    # (producer threads sending the plan), consumers (groups pulling and committing), transactions
+    # (with their check rounds), retries (push consumers failing into retries and dead letters),
+    # shutdown (the last flush and the brokers' stop)
     seconds: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -88,12 +91,6 @@ class WorkloadReport:
             + (f"; retries {dict(sorted(self.retries.items()))}" if self.retries else "")
             + (f"; seconds {self.seconds}" if self.seconds else "")
         )
-
-
-# the phases of a workload run, in order: producer threads sending the plan; consumer groups
-# pulling and committing; transactions with their check rounds; push consumers failing into
-# retries and dead letters; the last flush and the brokers' shutdown
-PHASES = ("sends", "consumers", "transactions", "retries", "shutdown")
 
 
 def plan_sends(messages: int, seed: int) -> list[PlannedSend]:
