@@ -62,7 +62,7 @@ def test_differential_workload_matches_independent_recomputation(tmp_path: Path)
 
 def test_a_second_workload_on_a_lake_consumes_from_where_its_groups_committed(tmp_path: Path) -> None:
     def latest(rows: list[dict[str, object]]) -> dict[tuple[object, ...], object]:
-        ordered = sorted(rows, key=lambda r: (r["commit_timestamp"], r["offset"]))  # type: ignore[arg-type,return-value]
+        ordered = sorted(rows, key=lambda r: (r["commit_timestamp"], r["offset"]))
         return {(r["group"], r["broker_name"], r["topic"], r["queue_id"]): r["offset"] for r in ordered}
 
     commits = tmp_path / "consumer_offset_commits"
@@ -76,7 +76,7 @@ def test_a_second_workload_on_a_lake_consumes_from_where_its_groups_committed(tm
     # no group went back to the first offset: each commit is at or after the queue's last one before
     for row in clustering:
         key = (row["group"], row["broker_name"], row["topic"], row["queue_id"])
-        assert row["offset"] >= before[key], (key, row["offset"], before[key])  # type: ignore[operator]
+        assert row["offset"] >= before[key], (key, row["offset"], before[key])
 
 
 def _content(row: dict[str, object]) -> tuple[object, ...]:
