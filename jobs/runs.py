@@ -48,10 +48,13 @@ class ReadBudget:
     of the moving on is :meth:`spend`-ed before it is made; the one that would pass the limit stops
     it with :class:`CannotFold`, and the run computes whole, saying why."""
 
-    def __init__(self, whole: ReadCost, share: float = MOVE_ON_SHARE) -> None:
+    def __init__(self, whole: ReadCost, share: float = MOVE_ON_SHARE, *, at_most: bool = False) -> None:
+        """``at_most``: ``whole`` bounds what computing whole reads from above (a check made before
+        the reads that tell exactly), and the refusal says so."""
         self.whole = whole
         self.share = share
         self.spent = ReadCost()
+        self.whole_name = "the most computing whole can read" if at_most else "computing whole"
 
     def spend(self, what: str, cost: ReadCost) -> None:
         """Count ``cost`` (a read named ``what``) before it is made.
@@ -63,7 +66,7 @@ class ReadBudget:
         if self.spent.weight > self.share * self.whole.weight:
             raise CannotFold(
                 f"moving on would read {self.spent} (with {what}: {cost}), more than {self.share:g} of "
-                f"computing whole: {self.whole}"
+                f"{self.whole_name}: {self.whole}"
             )
 
     def widen(self, cost: ReadCost) -> None:

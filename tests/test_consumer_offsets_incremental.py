@@ -219,6 +219,8 @@ def test_a_run_moves_on_while_that_reads_little_and_computes_whole_once_it_would
     assert [plan for plan, *_ in plans] == ["whole", "moved on", "whole", "moved on", "whole", "moved on"], plans
     assert "more than 0.5 of computing whole" in plans[2][1] and "first time" in plans[2][1], plans[2]
     assert "with the log commits since the previous run: 0 rows in 0 files and 301 log commits" in plans[4][1]
+    # refused before the previous table or the new commits were read: against an upper bound
+    assert "of the most computing whole can read" in plans[4][1], plans[4]
     for _, message, read, whole in (plans[1], plans[3], plans[5]):
         assert read is not None and whole is not None and read < whole, message
     assert plans[3][2] == 20_000 + 1 + 1 + 2  # Big's first file, the new row and commit, the previous 2 rows

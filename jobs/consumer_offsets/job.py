@@ -238,32 +238,42 @@ def _fold_and_write(
     commits_range = (before[CONSUMER_OFFSET_COMMITS.name], now[CONSUMER_OFFSET_COMMITS.name])
     cq_range = (before[CONSUME_QUEUE.name], now[CONSUME_QUEUE.name])
     cq_version = now[CONSUME_QUEUE.name]
+    commits_whole = lake.read_cost(CONSUMER_OFFSET_COMMITS, now[CONSUMER_OFFSET_COMMITS.name])
+    # first, before anything is read, the reads against the most computing whole can read (every
+    # topic's consume queue): a run that cannot move on pays for little more than its log
+    bound = ReadBudget(commits_whole + lake.read_cost(CONSUME_QUEUE, cq_version), share, at_most=True)
+    reads = [("the previous table", lake.read_cost(CONSUMER_OFFSETS, output_version))]
+    # the commits since the previous run are parsed before their files are known: a group that
+    # commits its offsets every few seconds leaves thousands between two nightly runs
+    log_commits = commits_range[1] - commits_range[0] + cq_range[1] - cq_range[0]
+    reads.append(("the log commits since the previous run", ReadCost(commits=max(log_commits, 0))))
+    for what, cost in reads:
+        bound.spend(what, cost)
+    try:
+        reads.append(("the new offset commits", lake.appended_cost(CONSUMER_OFFSET_COMMITS, *commits_range)))
+        reads.append(("the new consume-queue rows", lake.appended_cost(CONSUME_QUEUE, *cq_range)))
+    except (IncrementalReadError, ValidationError) as err:
+        raise CannotFold(str(err)) from err
+    for what, cost in reads[2:]:
+        bound.spend(what, cost)
     previous = Previous(lake.read_rows(CONSUMER_OFFSETS, version=output_version).to_pylist(), previous_as_of, through)
     # what computing whole reads of the topics known so far; those the new commits subscribe to
     # are added once they are read
     topics = {row["topic"] for row in previous.rows}
     topics |= {RETRY_GROUP_TOPIC_PREFIX + row["group"] for row in previous.rows}
-    whole = lake.read_cost(CONSUMER_OFFSET_COMMITS, now[CONSUMER_OFFSET_COMMITS.name]) + lake.read_cost(
-        CONSUME_QUEUE, cq_version, {"topic": sorted(topics)}
-    )
-    budget = ReadBudget(whole, share)
-    budget.spend("the previous table", lake.read_cost(CONSUMER_OFFSETS, output_version))
-    # the commits since the previous run are parsed before their files are known: a group that
-    # commits its offsets every few seconds leaves thousands between two nightly runs
-    log_commits = commits_range[1] - commits_range[0] + cq_range[1] - cq_range[0]
-    budget.spend("the log commits since the previous run", ReadCost(commits=max(log_commits, 0)))
+    budget = ReadBudget(commits_whole + lake.read_cost(CONSUME_QUEUE, cq_version, {"topic": sorted(topics)}), share)
+    for what, cost in reads[:2]:
+        budget.spend(what, cost)
     try:
-        commits_cost = lake.appended_cost(CONSUMER_OFFSET_COMMITS, *commits_range)
         commits = lake.read_appended_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS, *commits_range)
-        cq_cost = lake.appended_cost(CONSUME_QUEUE, *cq_range)
     except (IncrementalReadError, ValidationError) as err:
         raise CannotFold(str(err)) from err
     check_foldable(previous, as_of, commits)
     first_topics = sorted(subscribed_topics(commits, as_of) - topics)
     if first_topics:
         budget.widen(lake.read_cost(CONSUME_QUEUE, cq_version, {"topic": first_topics}))
-    budget.spend("the new offset commits", commits_cost)
-    budget.spend("the new consume-queue rows", cq_cost)
+    for what, cost in reads[2:]:
+        budget.spend(what, cost)
     try:
         cq_rows = lake.read_appended_rows(CONSUME_QUEUE, CQ_ROW_COLUMNS, *cq_range)
     except (IncrementalReadError, ValidationError) as err:
