@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from broker_model.store.delta_tables import SMALL_FILE_BYTES, SMALL_TABLE_FILES
+from jobs import hours
 from jobs.compact_commitlog import CompactConfig
 from jobs.consumer_offsets.fold import CQ_ROW_COLUMNS, subscribed_topics
 from jobs.consumer_offsets.job import DRIVER_ROWS as OFFSETS_DRIVER_ROWS
@@ -59,8 +60,6 @@ from schemas.catalog import (
     TRANSACTION_STATE,
     TableSpec,
 )
-
-REPORT_LOG_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "sys_flag", "store_timestamp", "store_size")
 
 
 def touched(df: DataFrame, columns: Sequence[str]) -> Column:
@@ -157,16 +156,24 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
             (CONSUME_QUEUE_INTEGRITY, None),
             (JOB_RUNS, ["job", "status", "started_timestamp", "duration_ms", "message", "run_id"]),
         ]
-        return FloorPlan(
-            scans=[(COMMITLOG, REPORT_LOG_COLUMNS), (CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)],
-            reads=[functools.partial(lake.read_rows, spec, columns) for spec, columns in page_reads],
-            row_writes=[
-                (QUEUE_HOURS, (HOURS_APP_ID, log_version) if log_version is not None else None),
-                (COMMIT_HOURS, (HOURS_APP_ID, commits_version) if commits_version is not None else None),
-            ],
-            files=pages,
-        )
+        plan = FloorPlan(reads=[functools.partial(lake.read_rows, spec, columns) for spec, columns in page_reads])
+        for spec, columns in ((COMMITLOG, hours.LOG_COLUMNS), (CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)):
+            if lake.exists(spec) and lake.row_count(spec) <= hours.DRIVER_ROWS:  # as jobs.hours builds a summary
+                plan.reads.append(functools.partial(_count_chunks, lake, spec, columns))
+            else:
+                plan.scans.append((spec, columns))
+        plan.row_writes = [
+            (QUEUE_HOURS, (HOURS_APP_ID, log_version) if log_version is not None else None),
+            (COMMIT_HOURS, (HOURS_APP_ID, commits_version) if commits_version is not None else None),
+        ]
+        plan.files = pages
+        return plan
     raise ValueError(f"no floor plan for {name}")
+
+
+def _count_chunks(lake: Lake, spec: TableSpec, columns: Sequence[str]) -> int:
+    """Rows of ``columns`` of the whole table read on the driver in chunks, as :mod:`jobs.hours` reads them."""
+    return sum(t.num_rows for t in lake.iter_row_chunks(spec, columns, dictionaries=("broker_name", "topic")))
 
 
 def time_scan_floor(

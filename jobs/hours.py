@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from broker_model.common import QUEUE_KEY, uninterpreted_topic
 from broker_model.common import rules as record_rules
+from broker_model.common.rules import dispatched_mask
 from jobs.extract import DRIVER_INCREMENT_BYTES
 from jobs.lake import IncrementalReadError, Lake
 from jobs.rules import is_dispatched
@@ -33,7 +36,10 @@ APP_ID = "report"  # application transaction of both tables: the version of thei
 HOUR_MS = 3_600_000
 QUEUE_HOUR = (*QUEUE_KEY, "hour")  # the key of queue_hours
 COMMIT_HOUR = ("group", *QUEUE_KEY, "hour")  # the key of commit_hours
-_LOG_COLUMNS = [*QUEUE_KEY, "queue_offset", "sys_flag", "store_timestamp", "store_size"]
+# source rows up to which a summary built from a whole source is aggregated on the driver, a chunk
+# of files at a time (memory holds one chunk and the summary), else with Spark
+DRIVER_ROWS = 50_000_000
+LOG_COLUMNS = (*QUEUE_KEY, "queue_offset", "sys_flag", "store_timestamp", "store_size")
 
 Row = dict[str, Any]
 
@@ -43,10 +49,11 @@ def hour_of(epoch_ms: int) -> int:
     return epoch_ms - epoch_ms % HOUR_MS
 
 
-def update(lake: Lake) -> dict[str, int]:
+def update(lake: Lake, driver_rows: int = DRIVER_ROWS) -> dict[str, int]:
     """Bring ``queue_hours`` and ``commit_hours`` up to the latest versions of ``commitlog`` and
     ``consumer_offset_commits``; the versions of the summaries (a summary of an absent source is
-    left absent).
+    left absent). A summary built from a whole source is aggregated on the driver, chunk by chunk,
+    while the source holds at most ``driver_rows`` rows, else with Spark.
 
     Raises:
         LakeError: a summary was built from a later version of its source than the latest one
@@ -57,14 +64,18 @@ def update(lake: Lake) -> dict[str, int]:
         (QUEUE_HOURS, COMMITLOG, _fold_log),
         (COMMIT_HOURS, CONSUMER_OFFSET_COMMITS, _fold_commits),
     ):
-        version = _update(lake, target, source, fold)
+        version = _update(lake, target, source, fold, driver_rows)
         if version is not None:
             versions[target.name] = version
     return versions
 
 
 def _update(
-    lake: Lake, target: TableSpec, source: TableSpec, fold: Callable[[dict[tuple[Any, ...], Row], Iterable[Row]], None]
+    lake: Lake,
+    target: TableSpec,
+    source: TableSpec,
+    fold: Callable[[dict[tuple[Any, ...], Row], Iterable[Row]], None],
+    driver_rows: int,
 ) -> int | None:
     latest = lake.version(source)
     if latest is None:
@@ -77,7 +88,7 @@ def _update(
             f"{target.name} was built from {source.name} version {done}, after its latest version {latest}: "
             f"{source.name} was replaced; delete {lake.location(target)}"
         )
-    columns = _LOG_COLUMNS if source is COMMITLOG else list(OFFSET_COMMIT_COLUMNS)
+    columns = list(LOG_COLUMNS) if source is COMMITLOG else list(OFFSET_COMMIT_COLUMNS)
     summary: dict[tuple[Any, ...], Row] | None = None
     if done is not None:
         try:
@@ -87,7 +98,7 @@ def _update(
         except IncrementalReadError:
             summary = None
     if summary is None:
-        summary = _keyed(target, _whole(lake, source, latest))
+        summary = _keyed(target, _whole(lake, source, latest, driver_rows))
     rows = pa.Table.from_pylist(list(summary.values()), schema=target.arrow_schema)
     version = lake.overwrite_rows(target, rows, app_id=APP_ID, app_version=latest)
     return version if version is not None else lake.version(target)
@@ -98,11 +109,104 @@ def _keyed(spec: TableSpec, rows: Iterable[Row]) -> dict[tuple[Any, ...], Row]:
     return {tuple(row[k] for k in key): row for row in rows}
 
 
-def _whole(lake: Lake, source: TableSpec, version: int) -> list[Row]:
-    """The summary rows of a whole source version, aggregated with Spark."""
+def _whole(lake: Lake, source: TableSpec, version: int, driver_rows: int) -> list[Row]:
+    """The summary rows of a whole source version: on the driver while it holds at most
+    ``driver_rows`` rows, else aggregated with Spark."""
+    if lake.row_count(source, version) <= driver_rows:
+        columns = list(LOG_COLUMNS) if source is COMMITLOG else list(OFFSET_COMMIT_COLUMNS)
+        chunks = lake.iter_row_chunks(source, columns, version, dictionaries=("broker_name", "topic"))
+        summarize = summarize_log if source is COMMITLOG else summarize_commits
+        rows: list[Row] = summarize([summarize([chunk]) for chunk in chunks]).to_pylist()
+        return rows
     df = lake.read(source, version=version)
     built = build_queue_hours(df) if source is COMMITLOG else build_commit_hours(df)
     return [row.asDict() for row in built.collect()]
+
+
+def _hour_column(epoch_ms: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The start of the UTC hour of each value (:func:`hour_of`: a floored remainder, as Spark's ``pmod``)."""
+    remainder = pc.subtract(epoch_ms, pc.multiply(pc.divide(epoch_ms, HOUR_MS), HOUR_MS))
+    floored = pc.if_else(pc.less(remainder, 0), pc.add(remainder, HOUR_MS), remainder)
+    return pc.subtract(epoch_ms, floored)
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary columns decoded."""
+    return table.cast(
+        pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in table.schema])
+    )
+
+
+def summarize_log(parts: Sequence[pa.Table]) -> pa.Table:
+    """``queue_hours`` rows (as :func:`build_queue_hours`) of commit log rows (``broker_name``,
+    ``topic``, ``queue_id``, ``queue_offset``, ``sys_flag``, ``store_timestamp``, ``store_size``),
+    or of ``queue_hours`` rows that summed parts of a log: the summaries of parts add up."""
+    if not parts:
+        return QUEUE_HOURS.arrow_schema.empty_table()
+    table = pa.concat_tables([_plain(part) for part in parts], promote_options="permissive")
+    if "messages" not in table.column_names:  # log rows: one message each
+        times = table.column("store_timestamp")
+        ends = pc.if_else(
+            dispatched_mask(table.column("sys_flag")),
+            pc.add(table.column("queue_offset"), 1),
+            pa.scalar(None, pa.int64()),
+        )
+        table = pa.table(
+            {
+                **{k: table.column(k) for k in QUEUE_KEY},
+                "hour": _hour_column(times),
+                "messages": pa.array(np.ones(table.num_rows, np.int64)),
+                "bytes": table.column("store_size").cast(pa.int64()),
+                "end_offset": ends,
+                "first_store_timestamp": times,
+                "last_store_timestamp": times,
+            }
+        )
+    summed = table.group_by(list(QUEUE_HOUR)).aggregate(
+        [
+            ("messages", "sum"),
+            ("bytes", "sum"),
+            ("end_offset", "max"),
+            ("first_store_timestamp", "min"),
+            ("last_store_timestamp", "max"),
+        ]
+    )
+    return pa.table(
+        [summed.column(n) for n in (*QUEUE_HOUR, "messages_sum", "bytes_sum", "end_offset_max")]
+        + [summed.column("first_store_timestamp_min"), summed.column("last_store_timestamp_max")],
+        schema=QUEUE_HOURS.arrow_schema,
+    )
+
+
+def summarize_commits(parts: Sequence[pa.Table]) -> pa.Table:
+    """``commit_hours`` rows (as :func:`build_commit_hours`) of offset commits, or of ``commit_hours``
+    rows of parts of them: the latest of the parts' latest is the latest."""
+    if not parts:
+        return COMMIT_HOURS.arrow_schema.empty_table()
+    table = pa.concat_tables([_plain(part) for part in parts], promote_options="permissive")
+    if "hour" not in table.column_names:  # offset commits
+        times = table.column("commit_timestamp")
+        table = pa.table(
+            {
+                "group": table.column("group"),
+                **{k: table.column(k) for k in QUEUE_KEY},
+                "hour": _hour_column(times),
+                "commit_timestamp": times,
+                "is_reset": pc.equal(table.column("source"), "reset"),
+                "offset": table.column("offset"),
+            }
+        )
+    order = [(k, "ascending") for k in (*COMMIT_HOUR, "commit_timestamp", "is_reset", "offset")]
+    latest = (
+        table.sort_by(order)
+        .group_by(list(COMMIT_HOUR), use_threads=False)
+        .aggregate([("commit_timestamp", "last"), ("is_reset", "last"), ("offset", "last")])
+    )
+    return pa.table(
+        [latest.column(n) for n in COMMIT_HOUR]
+        + [latest.column(f"{n}_last") for n in ("commit_timestamp", "is_reset", "offset")],
+        schema=COMMIT_HOURS.arrow_schema,
+    )
 
 
 def build_queue_hours(commitlog_df: DataFrame) -> DataFrame:

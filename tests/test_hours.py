@@ -104,16 +104,56 @@ def test_summaries_folded_step_by_step_equal_the_ones_built_from_the_whole_table
         records, commits = story.records(hour, 40), story.commits(hour, 12)
         _append(folded, records, commits)
         versions = hours.update(folded)
-        whole = Lake(spark, tmp_path / f"whole-{hour}", ENGINE)
-        whole.append_rows(COMMITLOG, folded.read_rows(COMMITLOG))
-        whole.append_rows(CONSUMER_OFFSET_COMMITS, folded.read_rows(CONSUMER_OFFSET_COMMITS))
-        hours.update(whole)  # no summary yet: built from the whole tables with Spark
+        # no summary yet: built from the whole tables, on the driver and with Spark
+        whole, with_spark = (
+            Lake(spark, tmp_path / f"whole-{hour}", ENGINE),
+            Lake(spark, tmp_path / f"spark-{hour}", ENGINE),
+        )
+        for lake in (whole, with_spark):
+            lake.append_rows(COMMITLOG, folded.read_rows(COMMITLOG))
+            lake.append_rows(CONSUMER_OFFSET_COMMITS, folded.read_rows(CONSUMER_OFFSET_COMMITS))
+        hours.update(whole)
+        hours.update(with_spark, driver_rows=0)
         for spec in (QUEUE_HOURS, COMMIT_HOURS):
-            assert canonical_rows(folded.read_rows(spec)) == canonical_rows(whole.read_rows(spec)), f"hour {hour}"
+            expected = canonical_rows(with_spark.read_rows(spec))
+            assert canonical_rows(folded.read_rows(spec)) == expected, f"hour {hour}"
+            assert canonical_rows(whole.read_rows(spec)) == expected, f"hour {hour}"
         assert hours.update(folded) == versions  # nothing new: nothing written
     assert folded.transaction_version(QUEUE_HOURS, hours.APP_ID) == folded.version(COMMITLOG)
     rows = folded.read_rows(QUEUE_HOURS).to_pylist()
     assert sum(r["messages"] for r in rows) == 200 and any(r["end_offset"] is None for r in rows)
+
+
+@pytest.mark.parametrize("seed", [2, 7])
+def test_summaries_of_parts_add_up_to_the_summary_of_the_whole(seed: int) -> None:
+    story = _Story(seed)
+    records = [story.records(hour, 60) for hour in range(4)]
+    commits = [story.commits(hour, 20) for hour in range(4)]
+    log_parts = [commitlog_table(part).select(hours.LOG_COLUMNS) for part in records]
+    commit_parts = [pa.Table.from_pylist(part, schema=CONSUMER_OFFSET_COMMITS.arrow_schema) for part in commits]
+    whole_log = hours.summarize_log([pa.concat_tables(log_parts)])
+    whole_commits = hours.summarize_commits([pa.concat_tables(commit_parts)])
+
+    assert canonical_rows(hours.summarize_log([hours.summarize_log([p]) for p in log_parts])) == canonical_rows(
+        whole_log
+    )
+    folded = hours.summarize_commits([hours.summarize_commits([p]) for p in commit_parts])
+    assert canonical_rows(folded) == canonical_rows(whole_commits)
+    # the Python folds of the incremental runs agree
+    summary: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for part in records:
+        hours._fold_log(summary, part)
+    assert canonical_rows(pa.Table.from_pylist(list(summary.values()), schema=QUEUE_HOURS.arrow_schema)) == (
+        canonical_rows(whole_log)
+    )
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for part in commits:
+        hours._fold_commits(latest, part)
+    assert canonical_rows(pa.Table.from_pylist(list(latest.values()), schema=COMMIT_HOURS.arrow_schema)) == (
+        canonical_rows(whole_commits)
+    )
+    assert sum(whole_log.column("messages").to_pylist()) == 240
+    assert hours.summarize_log([]).num_rows == 0 and hours.summarize_commits([]).num_rows == 0
 
 
 def test_a_summary_is_built_again_when_its_source_lost_rows(spark: SparkSession, tmp_path: Path) -> None:
