@@ -26,6 +26,7 @@ class Measured:
     peer: float | None = None
     notes: str = ""
     status: str = ""
+    message: str = ""  # the job's job_runs message
     row_counts: dict[str, int] | None = None
     stages: list[dict[str, Any]] | None = None
     spark_seconds: float | None = None
@@ -82,7 +83,10 @@ def fit_exponent(sizes: Sequence[int], seconds: Sequence[float]) -> float:
 def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int], engine: str) -> None:
     """Seconds per size and the fitted exponent of every job and mode on ``engine``."""
     header = f"{'job':<22}{'mode':<12}" + "".join(f"{n:>12,}" for n in sizes) + f"{'exponent':>10}"
-    print(f"\ngrowth over {', '.join(f'{n:,}' for n in sizes)} bulk messages, engine {engine} (seconds)")
+    print(
+        f"\ngrowth over {', '.join(f'{n:,}' for n in sizes)} messages (the bulk, or the users' shape's "
+        f"whole mix), engine {engine} (seconds)"
+    )
     print(header)
     print("-" * len(header))
     for row in growth:

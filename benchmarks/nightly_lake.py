@@ -1,7 +1,11 @@
 """The lake of ``benchmarks/run_all.py`` in one of two shapes (:data:`SHAPES`), on an empty lake
 (:func:`write_lake`), or written once for both engines with what it holds beside it
 (:func:`write_source`) and copied for each (:func:`copy_lake`); and the increment written into it
-before the incremental runs (:func:`append_increment`).
+before the incremental runs (:func:`append_increment`). Written alone, to run on copies later:
+
+    python benchmarks/nightly_lake.py DIR --messages N [--shape benchmark|users] [--seed 1]
+
+then ``python benchmarks/run_all.py --lake DIR`` (once per lake: several give the growth over them).
 
 - ``benchmark``: the feature traffic (the nightly demo's workload), then ``messages`` bulk messages
   sent in batches of 1,000 through two brokers;
@@ -15,9 +19,12 @@ before the incremental runs (:func:`append_increment`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +161,13 @@ def read_lake_facts(source: Path) -> dict[str, Any]:
     return facts
 
 
+def lake_size(facts: dict[str, Any]) -> int:
+    """The messages a kept lake was written with (:func:`read_lake_facts`): its bulk, or in the users'
+    shape its whole mix."""
+    key = "feature_messages" if facts.get("shape", "benchmark") == "users" else "bulk_messages"
+    return int(facts[key])
+
+
 def copy_lake(source: Path, lake: Path) -> dict[str, Any]:
     """Replace ``lake`` with a copy of the lake :func:`write_source` wrote in ``source``; what it holds."""
     started = time.perf_counter()
@@ -221,3 +235,21 @@ def commit_offsets(lake: Path) -> int:
     finally:
         for broker in brokers:
             broker.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write a lake once, to run ``run_all.py --lake DIR`` on copies of it later."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("dir", type=Path, help="where the lake (DIR/lake) and what it holds (DIR/lake.json) go")
+    parser.add_argument("--messages", type=int, required=True, help="bulk messages, or the users' shape's whole mix")
+    parser.add_argument("--shape", choices=SHAPES, default="benchmark")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.messages <= 0:
+        parser.error(f"--messages {args.messages}: give a positive number of messages")
+    write_source(args.dir.resolve(), args.messages, args.seed, args.shape)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

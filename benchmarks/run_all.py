@@ -1,6 +1,6 @@
 """Every job of the nightly pipeline, full and incremental, against its floor and a DuckDB peer.
 
-    python benchmarks/run_all.py [--messages 2000000 | --large | --sizes N,N,... | --lake DIR]
+    python benchmarks/run_all.py [--messages 2000000 | --large | --sizes N,N,... | --lake DIR [--lake DIR ...]]
                                  [--engine bridge|delta-spark|both] [--seed 1] [--keep DIR]
                                  [--json PATH] [--perturb-peer JOB]
 
@@ -18,7 +18,9 @@ and transactions; only the times the brokers stamp differ). Each child prints it
 one table puts both side by side: per job, each engine's full seconds, floor, DuckDB peer and
 incremental seconds, the ratios delta-spark/bridge of the full and incremental seconds, and the
 nightly's totals. With ``--sizes``, the same per size, then each engine's growth. ``--lake DIR``
-runs one engine on a copy of such a kept source lake.
+runs one engine on a copy of such a kept source lake, or of one ``benchmarks/nightly_lake.py``
+wrote; ``--lake`` once per size runs on a copy of each, then prints the growth over them (writing
+a 2M users' lake takes longer than every job on it, so the lakes are written once).
 
 **The lake.** (1) The feature traffic, first and on an empty lake: :func:`run_workload` of
 :data:`FEATURE_MESSAGES` messages with its consumer groups (pulls and offset commits),
@@ -120,6 +122,7 @@ from nightly_lake import (
     append_increment,
     copy_lake,
     describe,
+    lake_size,
     read_lake_facts,
     write_lake,
 )
@@ -243,7 +246,9 @@ def time_job(spark: SparkSession, name: str, mode: str, call: JobCall, logs: Pat
     (logs / f"{name}-{mode}.txt").write_text(buffer.getvalue())
     if job_run.status not in ("SUCCEEDED", "NOOP"):
         raise RuntimeError(f"{name} ({mode}) ended {job_run.status}: {job_run.message}")
-    return Measured(name, mode, seconds, status=job_run.status, row_counts=dict(job_run.row_counts))
+    return Measured(
+        name, mode, seconds, status=job_run.status, message=job_run.message or "", row_counts=dict(job_run.row_counts)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,10 +315,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     size.add_argument(
         "--lake",
         type=Path,
+        action="append",
         default=None,
         metavar="DIR",
         help=f"run on a copy of the lake an --engine {BOTH} run wrote (DIR/lake, with DIR/{LAKE_FACTS} saying what "
-        f"it holds; its bulk size and seed count) instead of writing one: with --keep, <work dir>/source",
+        f"it holds; its bulk size and seed count) instead of writing one: with --keep, <work dir>/source; or one "
+        f"that nightly_lake.py wrote; given once per size (at least two sizes), the growth over those lakes",
     )
     parser.add_argument(
         "--engine",
@@ -342,12 +349,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "differs is caught: the run then ends with exit status 1); one of %(choices)s",
     )
     args = parser.parse_args(argv)
-    source = args.lake.resolve() if args.lake else None
-    if source is not None and not ((source / "lake").is_dir() and (source / LAKE_FACTS).is_file()):
-        parser.error(
-            f"--lake {args.lake}: no lake/ and {LAKE_FACTS} there; give the directory 'source' that a run "
-            f"with --engine {BOTH} --keep DIR leaves in DIR"
-        )
+    sources = [path.resolve() for path in args.lake or []]
+    for source in sources:
+        if not ((source / "lake").is_dir() and (source / LAKE_FACTS).is_file()):
+            parser.error(
+                f"--lake {source}: no lake/ and {LAKE_FACTS} there; give the directory 'source' that a run "
+                f"with --engine {BOTH} --keep DIR leaves in DIR, or one that nightly_lake.py wrote"
+            )
+    if len(sources) > 1:
+        sized = sorted((lake_size(read_lake_facts(source)), source) for source in sources)
+        if len({messages for messages, _ in sized}) < len(sized):
+            parser.error(f"--lake: two of the lakes hold the same number of messages: {sized}")
+        if args.engine == BOTH:
+            parser.error(f"--lake given {len(sources)} times runs one engine: --engine bridge or delta-spark")
+    source = sources[0] if len(sources) == 1 else None
     facts = read_lake_facts(source) if source else {}
     messages = facts.get("bulk_messages", LARGE_MESSAGES if args.large else args.messages)
     seed = facts.get("seed", args.seed)  # a run on a copy writes the increment every copy gets
@@ -361,8 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return growth_both(root, args.sizes, seed, json_path, args.perturb_peer, shape)
         if args.engine == BOTH:
             return both(root, messages, seed, json_path, args.perturb_peer, source, shape)[0]
+        if len(sources) > 1:
+            runs = [(messages, source) for messages, source in sized]
+            return _growth(root, runs, seed, json_path, args.engine, args.perturb_peer, shape)
         if args.sizes:
-            return _growth(root, args.sizes, seed, json_path, args.engine, args.perturb_peer, shape)
+            runs = [(messages, None) for messages in args.sizes]
+            return _growth(root, runs, seed, json_path, args.engine, args.perturb_peer, shape)
         return exit_status(_bench(root, messages, seed, json_path, args.engine, args.perturb_peer, source, shape))
     finally:
         if args.keep is None:  # the figures and the jobs' stdout stay, next to where the lakes were
@@ -406,23 +425,29 @@ def exit_status(rows: Sequence[Measured]) -> int:
 
 def _growth(
     root: Path,
-    sizes: Sequence[int],
+    runs: Sequence[tuple[int, Path | None]],
     seed: int,
     json_path: Path,
     engine: str,
     perturb: str | None = None,
     shape: str = "benchmark",
 ) -> int:
-    """One run per size on ``engine``, then the growth table; the figures of every size go to ``json_path``."""
+    """One run per size on ``engine`` (``runs``: the size, and the kept lake to copy or None to
+    write one), then the growth table; the figures of every size go to ``json_path``."""
     measured: dict[int, list[Measured]] = {}
-    for messages in sizes:
-        print(f"\n=== {messages:,} bulk messages ===", flush=True)
+    for messages, source in runs:
+        print(f"\n=== {messages:,} messages ===", flush=True)
         figures = json_path.with_suffix(f".{messages}.json")
-        measured[messages] = _bench(root / f"size-{messages}", messages, seed, figures, engine, perturb, None, shape)
+        facts = read_lake_facts(source) if source else {}
+        lake_seed, lake_shape = int(facts.get("seed", seed)), str(facts.get("shape", shape))
+        measured[messages] = _bench(
+            root / f"size-{messages}", messages, lake_seed, figures, engine, perturb, source, lake_shape
+        )
+    sizes = [messages for messages, _ in runs]
     growth = growth_rows(measured)
     print_growth(growth, sizes, engine)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    summary = {"engine": engine, "sizes": list(sizes), "growth": growth, "machine": machine()}
+    summary = {"engine": engine, "sizes": sizes, "growth": growth, "machine": machine()}
     json_path.write_text(json.dumps(summary, indent=2))
     print(f"\nfigures: {json_path}")
     return exit_status([row for rows in measured.values() for row in rows])
@@ -512,6 +537,9 @@ def _full_runs(
                 f"{len(bins)} bins, {sum(len(b.files) for b in bins)} files; floor: those files and the "
                 f"{len(commit_files)} offset-commit files the job packs, read and written with Arrow, no commit"
             )
+        elif name == "report":  # the plots' drawing is work no floor does, whatever the lake's size
+            notes.append(row.message.removeprefix("report written; "))
+            row.floor = time_scan_floor(spark, name, lake, floor_root, as_of, pages, engine)
         elif name == "rebuild_consume_queue":
             spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
             row.floor = time_floor(spark, lake, floor_root, engine)

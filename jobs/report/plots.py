@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,7 @@ class PlotCache:
         self.known: dict[str, dict[str, str]] = known if isinstance(known, dict) else {}
         self.drawn: dict[str, dict[str, str]] = {}
         self.read_back: set[str] = set()
+        self.drawing_seconds = 0.0  # spent drawing the plots that changed
 
     def draw(self, name: str, plot: Plot, rows: Sequence[Mapping[str, Any]]) -> tuple[str, bytes]:
         """``(name, PNG bytes)`` of ``plot`` over ``rows``."""
@@ -81,7 +83,9 @@ class PlotCache:
                 self.drawn[name] = cached
                 self.read_back.add(name)
                 return name, png
+        started = time.perf_counter()
         png = plot(rows)
+        self.drawing_seconds += time.perf_counter() - started
         self.drawn[name] = {"inputs": inputs, "png": hashlib.sha256(png).hexdigest()}
         self.read_back.discard(name)
         return name, png
