@@ -95,7 +95,7 @@ def fold(
     known_topics = _subscribed_topics(current)
 
     current.update(_latest_commits(new_commits.filter(pc.field("commit_timestamp") <= as_of)))
-    new_rows = new_cq_rows.filter(pc.field("store_timestamp") <= as_of)
+    new_rows = stored_by(new_cq_rows, as_of)
     new_times = _earliest_times(new_rows)
     for queue, (low, high) in _queue_bounds(new_rows).items():
         if queue in bounds:
@@ -106,7 +106,7 @@ def fold(
     read_whole: dict[tuple[QueueKey, int], int] = {}
     first_topics = _subscribed_topics(current) - known_topics
     if first_topics:
-        whole = read_topics(first_topics).filter(pc.field("store_timestamp") <= as_of)
+        whole = stored_by(read_topics(first_topics), as_of)
         bounds.update(_queue_bounds(whole))
         read_whole = _earliest_times(whole)
     _add_empty_queues(bounds, configured)
@@ -171,7 +171,7 @@ def compute(
     highs: dict[QueueKey, int] = {}
     times: dict[tuple[QueueKey, int], int] = {}
     for chunk in [cq_rows] if isinstance(cq_rows, pa.Table) else cq_rows:
-        rows = chunk.filter(pc.field("store_timestamp") <= as_of)
+        rows = stored_by(chunk, as_of)
         if not rows.num_rows:
             continue
         for queue, (low, high) in _queue_bounds(rows).items():
@@ -197,6 +197,15 @@ def compute(
 
     listed = sorted(_listed(current, bounds))
     return [_row(key, current.get(key), bounds.get(key[1:]), time_at, as_of) for key in listed]
+
+
+def stored_by(rows: pa.Table, as_of: int) -> pa.Table:
+    """The consume-queue ``rows`` stored at or before ``as_of``: ``rows`` themselves when all are (a
+    nightly's T is after every row: no copy of the columns)."""
+    newest = pc.max(rows.column("store_timestamp")).as_py() if rows.num_rows else None
+    if newest is not None and newest <= as_of:
+        return rows
+    return rows.filter(pc.field("store_timestamp") <= as_of)
 
 
 def configured_queues(topic_config: pa.Table, as_of: int) -> set[QueueKey]:
