@@ -358,6 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     if len(sources) > 1:
         sized = sorted((lake_size(read_lake_facts(source)), source) for source in sources)
+        shapes = {str(read_lake_facts(source).get("shape", "benchmark")) for source in sources}
+        if len(shapes) > 1:
+            parser.error(f"--lake: lakes of shapes {sorted(shapes)}; the growth is over lakes of one shape")
         if len({messages for messages, _ in sized}) < len(sized):
             parser.error(f"--lake: two of the lakes hold the same number of messages: {sized}")
         if args.engine == BOTH:
@@ -538,7 +541,7 @@ def _full_runs(
                 f"{len(commit_files)} offset-commit files the job packs, read and written with Arrow, no commit"
             )
         elif name == "report":  # the plots' drawing is work no floor does, whatever the lake's size
-            notes.append(row.message.removeprefix("report written; "))
+            notes.append(row.message)
             row.floor = time_scan_floor(spark, name, lake, floor_root, as_of, pages, engine)
         elif name == "rebuild_consume_queue":
             spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")

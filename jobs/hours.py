@@ -116,7 +116,10 @@ def _whole(lake: Lake, source: TableSpec, version: int, driver_rows: int) -> lis
         columns = list(LOG_COLUMNS) if source is COMMITLOG else list(OFFSET_COMMIT_COLUMNS)
         chunks = lake.iter_row_chunks(source, columns, version, dictionaries=("broker_name", "topic"))
         summarize = summarize_log if source is COMMITLOG else summarize_commits
-        rows: list[Row] = summarize([summarize([chunk]) for chunk in chunks]).to_pylist()
+        summary = summarize([])
+        for chunk in chunks:  # the summary so far and one chunk's: they add up (summarize_log)
+            summary = summarize([summary, summarize([chunk])])
+        rows: list[Row] = summary.to_pylist()
         return rows
     df = lake.read(source, version=version)
     built = build_queue_hours(df) if source is COMMITLOG else build_commit_hours(df)
@@ -197,6 +200,7 @@ def summarize_commits(parts: Sequence[pa.Table]) -> pa.Table:
             }
         )
     order = [(k, "ascending") for k in (*COMMIT_HOUR, "commit_timestamp", "is_reset", "offset")]
+    # "last" skips nulls: right because commit_hours' columns hold none
     latest = (
         table.sort_by(order)
         .group_by(list(COMMIT_HOUR), use_threads=False)

@@ -177,7 +177,7 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSessi
 
 
 def test_a_run_moves_on_while_that_reads_little_and_computes_whole_once_it_would_read_more(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lake = Lake(spark, tmp_path / "lake", ENGINE)
     small, big = ("broker-a", "Small", 0), ("broker-a", "Big", 0)
@@ -210,7 +210,22 @@ def test_a_run_moves_on_while_that_reads_little_and_computes_whole_once_it_would
     for _ in range(300):
         lake.append_rows(CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSET_COMMITS.arrow_schema.empty_table())
     _append(lake, [], [_commit("g1", small, 6, 5_100, "consumer")], [])
+    previous_table = lake.version(CONSUMER_OFFSETS)
+    reads: list[tuple[str, Any]] = []  # the reads this run makes, recorded on their way to the lake
+    for method in ("read_rows", "read_appended_rows"):
+        real = getattr(Lake, method)
+
+        def spy(self: Lake, spec: Any, *args: Any, _real: Any = real, _name: str = method, **kwargs: Any) -> Any:
+            reads.append((_name, getattr(spec, "name", spec), kwargs.get("version")))
+            return _real(self, spec, *args, **kwargs)
+
+        monkeypatch.setattr(Lake, method, spy)
     run(spark, ConsumerOffsetsConfig(lake.root, 6_000, engine=ENGINE))
+    monkeypatch.undo()
+    # refused before it read the previous table or any new row: the whole computation's reads only
+    assert ("read_rows", CONSUMER_OFFSETS.name, previous_table) not in reads, reads
+    assert not [r for r in reads if r[0] == "read_appended_rows"], reads
+    assert ("read_rows", CONSUMER_OFFSET_COMMITS.name, lake.version(CONSUMER_OFFSET_COMMITS)) in reads, reads
     # a commit after it: moving on again
     _append(lake, [], [_commit("g1", small, 6, 6_100, "consumer")], [])
     run(spark, ConsumerOffsetsConfig(lake.root, 7_000, engine=ENGINE))

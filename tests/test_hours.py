@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
@@ -127,9 +128,12 @@ def test_summaries_folded_step_by_step_equal_the_ones_built_from_the_whole_table
 @pytest.mark.parametrize("seed", [2, 7])
 def test_summaries_of_parts_add_up_to_the_summary_of_the_whole(seed: int) -> None:
     story = _Story(seed)
-    records = [story.records(hour, 60) for hour in range(4)]
-    commits = [story.commits(hour, 20) for hour in range(4)]
-    log_parts = [commitlog_table(part).select(hours.LOG_COLUMNS) for part in records]
+    # every hour's rows dealt over three parts: a queue's hour, and a group's, is in several parts
+    every_record = [r for hour in range(4) for r in story.records(hour, 60)]
+    every_commit = [r for hour in range(4) for r in story.commits(hour, 20)]
+    records = [every_record[i::3] for i in range(3)]
+    commits = [every_commit[i::3] for i in range(3)]
+    log_parts = [commitlog_table(part).select(list(hours.LOG_COLUMNS)) for part in records]
     commit_parts = [pa.Table.from_pylist(part, schema=CONSUMER_OFFSET_COMMITS.arrow_schema) for part in commits]
     whole_log = hours.summarize_log([pa.concat_tables(log_parts)])
     whole_commits = hours.summarize_commits([pa.concat_tables(commit_parts)])
@@ -139,6 +143,18 @@ def test_summaries_of_parts_add_up_to_the_summary_of_the_whole(seed: int) -> Non
     )
     folded = hours.summarize_commits([hours.summarize_commits([p]) for p in commit_parts])
     assert canonical_rows(folded) == canonical_rows(whole_commits)
+    # as a whole source is read: chunks with dictionary-encoded strings, added to the summary so far
+    for summarize, parts, whole in (
+        (hours.summarize_log, log_parts, whole_log),
+        (hours.summarize_commits, commit_parts, whole_commits),
+    ):
+        so_far = summarize([])
+        for part in parts:
+            encoded = part.set_column(
+                part.schema.get_field_index("topic"), "topic", pc.dictionary_encode(part["topic"])
+            )
+            so_far = summarize([so_far, summarize([encoded])])
+        assert canonical_rows(so_far) == canonical_rows(whole)
     # the Python folds of the incremental runs agree
     summary: dict[tuple[Any, ...], dict[str, Any]] = {}
     for part in records:

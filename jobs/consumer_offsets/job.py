@@ -240,7 +240,9 @@ def _fold_and_write(
     cq_version = now[CONSUME_QUEUE.name]
     commits_whole = lake.read_cost(CONSUMER_OFFSET_COMMITS, now[CONSUMER_OFFSET_COMMITS.name])
     # first, before anything is read, the reads against the most computing whole can read (every
-    # topic's consume queue): a run that cannot move on pays for little more than its log
+    # topic's consume queue): a run that cannot move on pays for little more than its log. A bound:
+    # consume_queue is partitioned by topic, so the topics computing whole reads (known, then
+    # first subscribed) are files of it, never more than all of them
     bound = ReadBudget(commits_whole + lake.read_cost(CONSUME_QUEUE, cq_version), share, at_most=True)
     reads = [("the previous table", lake.read_cost(CONSUMER_OFFSETS, output_version))]
     # the commits since the previous run are parsed before their files are known: a group that
