@@ -158,7 +158,7 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
         ]
         plan = FloorPlan(reads=[functools.partial(lake.read_rows, spec, columns) for spec, columns in page_reads])
         for spec, columns in ((COMMITLOG, hours.LOG_COLUMNS), (CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)):
-            if lake.exists(spec) and lake.row_count(spec) <= hours.DRIVER_ROWS:  # as jobs.hours builds a summary
+            if lake.exists(spec) and lake.row_count(spec) <= hours.DRIVER_SOURCE_ROWS:  # as jobs.hours builds a summary
                 plan.reads.append(functools.partial(_count_chunks, lake, spec, columns))
             else:
                 plan.scans.append((spec, columns))

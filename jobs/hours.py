@@ -38,7 +38,7 @@ QUEUE_HOUR = (*QUEUE_KEY, "hour")  # the key of queue_hours
 COMMIT_HOUR = ("group", *QUEUE_KEY, "hour")  # the key of commit_hours
 # source rows up to which a summary built from a whole source is aggregated on the driver, a chunk
 # of files at a time (memory holds one chunk and the summary), else with Spark
-DRIVER_ROWS = 50_000_000
+DRIVER_SOURCE_ROWS = 50_000_000
 LOG_COLUMNS = (*QUEUE_KEY, "queue_offset", "sys_flag", "store_timestamp", "store_size")
 
 Row = dict[str, Any]
@@ -49,7 +49,7 @@ def hour_of(epoch_ms: int) -> int:
     return epoch_ms - epoch_ms % HOUR_MS
 
 
-def update(lake: Lake, driver_rows: int = DRIVER_ROWS) -> dict[str, int]:
+def update(lake: Lake, driver_rows: int = DRIVER_SOURCE_ROWS) -> dict[str, int]:
     """Bring ``queue_hours`` and ``commit_hours`` up to the latest versions of ``commitlog`` and
     ``consumer_offset_commits``; the versions of the summaries (a summary of an absent source is
     left absent). A summary built from a whole source is aggregated on the driver, chunk by chunk,
