@@ -4,6 +4,7 @@ before it commits."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -158,3 +159,23 @@ def test_read_changes_keeps_the_commits_read_last_within_its_bound(
     assert _added(path, 3, 4) == [first[3]]
     assert _added(path, 0, 1) == [first[1]]
     assert delta_commits._parsed.held == 4
+
+
+def test_the_checkpoint_interval_doubles_as_the_active_files_double(tmp_path: Path) -> None:
+    # an interval of 1 commit: it doubles at 2 x 50 active files, again at 200, at 400
+    path = ensure_table(tmp_path, TOPIC_CONFIG)
+    writer = AppendLog(path, TOPIC_CONFIG, fsync=False, checkpoint_interval=1)
+    for n in range(520):
+        writer.append(_rows("a", n))  # a file a commit, as a broker's commits before a compaction
+        writer.wait_for_checkpoint()
+    log = path / "_delta_log"
+    checkpoints = sorted(int(p.name[:20]) for p in log.glob("*.checkpoint.parquet"))
+    gaps = {version: later - version for version, later in itertools.pairwise(checkpoints)}
+    # every commit until a checkpoint counts 100 files, then every 2nd, 4th and 8th version
+    assert all(gap == 1 for version, gap in gaps.items() if version < 99), gaps
+    assert {gaps[v] for v in gaps if 110 <= v < 190} == {2}, gaps
+    assert {gaps[v] for v in gaps if 210 <= v < 390} == {4}, gaps
+    assert {gaps[v] for v in gaps if 410 <= v < 500} == {8}, gaps
+    assert len(checkpoints) < 100 + 50 + 50 + 20, len(checkpoints)
+    table = DeltaTable(str(path))
+    assert table.version() == 520 and len(table.to_pyarrow_table()) == 520
