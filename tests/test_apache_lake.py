@@ -341,21 +341,26 @@ def observed(rocketmq: ApacheRocketMQ, spark: SparkSession, tmp_path_factory: py
     broker stops cleanly (it stays stopped for the reset written for real)."""
     lake = tmp_path_factory.mktemp("apache-lake-lake") / "lake"
     follow = [sys.executable, "-m", "broker_model", "ingest-store", "--lake", str(lake), "--broker-name", BROKER]
-    follower = subprocess.Popen(
-        [*follow, "--follow", "--interval", "1", str(rocketmq.store_dir)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        java, python = _traffic(rocketmq)
-        poison_id = next(e["msgId"] for e in _by(java, "sent", key=POISON))
-        progress, status, dead_letter = _admin_view_once_consumed(rocketmq, poison_id)
-        store_end = _wait_for_the_lake(lake, rocketmq.store_dir, progress)
-    finally:
-        follower.terminate()
-        output, _ = follower.communicate(timeout=120)
+    # the follower's output goes to a file: into a pipe read only at its end, a follower that ran
+    # long enough to print more than the pipe holds would block on its next line, never catching up
+    log_path = lake.parent / "follower.log"
+    with log_path.open("w") as log:
+        follower = subprocess.Popen(
+            [*follow, "--follow", "--interval", "1", str(rocketmq.store_dir)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            java, python = _traffic(rocketmq)
+            poison_id = next(e["msgId"] for e in _by(java, "sent", key=POISON))
+            progress, status, dead_letter = _admin_view_once_consumed(rocketmq, poison_id)
+            store_end = _wait_for_the_lake(lake, rocketmq.store_dir, progress)
+        finally:
+            follower.terminate()
+            follower.wait(timeout=120)
+    output = log_path.read_text()
     refused = _refused_reset(rocketmq, lake)  # while the broker still runs
     out = tmp_path_factory.mktemp("apache-lake-report")
     with ThreadPoolExecutor(1) as stopper:  # the clean stop takes 13-25 s: beside the nightly
