@@ -329,7 +329,8 @@ def _wait_for_the_lake(lake: Path, store_dir: Path, progress: dict[tuple[str, st
         rows = [(group, row) for (group, _), rows in progress.items() for row in rows]
         return all(latest.get((group, row.topic, row.queue_id), 0) == row.consumer_offset for group, row in rows)
 
-    wait_until(_every(0.5, caught_up), "the follower's lake at the broker's offsets and log end", 120)
+    # alone the follower catches up within seconds; in a whole pass on 2 cores it once had not in 120 s
+    wait_until(_every(0.5, caught_up), "the follower's lake at the broker's offsets and log end", 300)
     return ingested_end(lake, BROKER) or 0
 
 
