@@ -157,11 +157,11 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
             (JOB_RUNS, ["job", "status", "started_timestamp", "duration_ms", "message", "run_id"]),
         ]
         plan = FloorPlan(reads=[functools.partial(lake.read_rows, spec, columns) for spec, columns in page_reads])
-        for spec, columns in ((COMMITLOG, hours.LOG_COLUMNS), (CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)):
-            if lake.exists(spec) and lake.row_count(spec) <= hours.DRIVER_SOURCE_ROWS:  # as jobs.hours builds a summary
-                plan.reads.append(functools.partial(_count_chunks, lake, spec, columns))
+        for spec in (COMMITLOG, CONSUMER_OFFSET_COMMITS):  # read as jobs.hours reads them for a summary
+            if lake.exists(spec) and hours.on_driver(lake, spec):
+                plan.reads.append(functools.partial(_count_chunks, lake, spec))
             else:
-                plan.scans.append((spec, columns))
+                plan.scans.append((spec, tuple(hours.source_columns(spec))))
         plan.row_writes = [
             (QUEUE_HOURS, (HOURS_APP_ID, log_version) if log_version is not None else None),
             (COMMIT_HOURS, (HOURS_APP_ID, commits_version) if commits_version is not None else None),
@@ -171,9 +171,9 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
     raise ValueError(f"no floor plan for {name}")
 
 
-def _count_chunks(lake: Lake, spec: TableSpec, columns: Sequence[str]) -> int:
-    """Rows of ``columns`` of the whole table read on the driver in chunks, as :mod:`jobs.hours` reads them."""
-    return sum(t.num_rows for t in lake.iter_row_chunks(spec, columns, dictionaries=("broker_name", "topic")))
+def _count_chunks(lake: Lake, spec: TableSpec) -> int:
+    """Rows of the whole table read on the driver in chunks, as :mod:`jobs.hours` reads them."""
+    return sum(t.num_rows for t in hours.source_chunks(lake, spec))
 
 
 def time_scan_floor(

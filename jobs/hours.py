@@ -7,7 +7,7 @@ table's application transaction. See docs/jobs.md (report) and docs/tables.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -88,7 +88,7 @@ def _update(
             f"{target.name} was built from {source.name} version {done}, after its latest version {latest}: "
             f"{source.name} was replaced; delete {lake.location(target)}"
         )
-    columns = list(LOG_COLUMNS) if source is COMMITLOG else list(OFFSET_COMMIT_COLUMNS)
+    columns = source_columns(source)
     summary: dict[tuple[Any, ...], Row] | None = None
     if done is not None:
         try:
@@ -112,18 +112,31 @@ def _keyed(spec: TableSpec, rows: Iterable[Row]) -> dict[tuple[Any, ...], Row]:
 def _whole(lake: Lake, source: TableSpec, version: int, driver_rows: int) -> list[Row]:
     """The summary rows of a whole source version: on the driver while it holds at most
     ``driver_rows`` rows, else aggregated with Spark."""
-    if lake.row_count(source, version) <= driver_rows:
-        columns = list(LOG_COLUMNS) if source is COMMITLOG else list(OFFSET_COMMIT_COLUMNS)
-        chunks = lake.iter_row_chunks(source, columns, version, dictionaries=("broker_name", "topic"))
+    if on_driver(lake, source, version, driver_rows):
         summarize = summarize_log if source is COMMITLOG else summarize_commits
         summary = summarize([])
-        for chunk in chunks:  # the summary so far and one chunk's: they add up (summarize_log)
+        for chunk in source_chunks(lake, source, version):  # the sum so far and one chunk's add up
             summary = summarize([summary, summarize([chunk])])
         rows: list[Row] = summary.to_pylist()
         return rows
     df = lake.read(source, version=version)
     built = build_queue_hours(df) if source is COMMITLOG else build_commit_hours(df)
     return [row.asDict() for row in built.collect()]
+
+
+def source_columns(source: TableSpec) -> list[str]:
+    """The columns of ``commitlog`` or ``consumer_offset_commits`` a summary is built from."""
+    return list(LOG_COLUMNS) if source is COMMITLOG else list(OFFSET_COMMIT_COLUMNS)
+
+
+def on_driver(lake: Lake, source: TableSpec, version: int | None = None, driver_rows: int = DRIVER_SOURCE_ROWS) -> bool:
+    """Whether a summary of the whole ``source`` (at ``version``) is built on the driver (else with Spark)."""
+    return lake.row_count(source, version) <= driver_rows
+
+
+def source_chunks(lake: Lake, source: TableSpec, version: int | None = None) -> Iterator[pa.Table]:
+    """The summarized columns of the whole ``source``, read on the driver a chunk of files at a time."""
+    return lake.iter_row_chunks(source, source_columns(source), version, dictionaries=("broker_name", "topic"))
 
 
 def _hour_column(epoch_ms: pa.ChunkedArray) -> pa.ChunkedArray:
