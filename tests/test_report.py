@@ -179,11 +179,14 @@ def test_a_report_at_a_new_time_reuses_the_plots_of_unchanged_rows(spark: SparkS
 
     lake_root, out, as_of = tmp_path / "lake", tmp_path / "report", 1_795_000_000_000
     run_workload(lake_root, 300, seed=3, consumers=True)
-    assert run(spark, ReportConfig(lake_root, as_of, out, engine=ENGINE)).status == "SUCCEEDED"
+    first = run(spark, ReportConfig(lake_root, as_of, out, engine=ENGINE))
+    assert first.status == "SUCCEEDED"
     drawn = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*.png")}
     assert drawn
+    assert f"; {len(drawn)} plots drawn in " in (first.message or ""), first.message  # what the drawing took
 
-    assert run(spark, ReportConfig(lake_root, as_of + 1, out, engine=ENGINE)).status == "SUCCEEDED"
+    again = run(spark, ReportConfig(lake_root, as_of + 1, out, engine=ENGINE))
+    assert again.status == "SUCCEEDED" and "; 0 plots drawn in 0.00 s" in (again.message or ""), again.message
     assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*.png")} == drawn
     page = (out / "report.html").read_text(encoding="utf-8")
     assert page.count('src="data:image/png;base64,') == len(drawn)

@@ -1,0 +1,38 @@
+"""``benchmarks/run_all.py --lake DIR``, given once per size, runs on kept lakes of one shape and of
+distinct sizes, and refuses others (exit status 2, the reason named)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _kept_lake(root: Path, name: str, shape: str, messages: int) -> Path:
+    source = root / name
+    (source / "lake").mkdir(parents=True)
+    size = {"feature_messages": messages, "bulk_messages": 0} if shape == "users" else {"bulk_messages": messages}
+    (source / "lake.json").write_text(json.dumps({"shape": shape, "seed": 1, "feature_messages": 20_000, **size}))
+    return source
+
+
+@pytest.mark.parametrize(
+    ("lakes", "refusal"),
+    [
+        ((("a", "users", 1000), ("b", "benchmark", 2000)), "lakes of shapes ['benchmark', 'users']"),
+        ((("a", "users", 1000), ("b", "users", 1000)), "two of the lakes hold the same number of messages"),
+        ((("a", "users", 1000), ("missing", None, 0)), "no lake/ and lake.json there"),
+    ],
+)
+def test_kept_lakes_of_two_shapes_or_one_size_are_refused(
+    tmp_path: Path, lakes: tuple[tuple[str, str | None, int], ...], refusal: str
+) -> None:
+    paths = [_kept_lake(tmp_path, n, s, m) if s else tmp_path / n for n, s, m in lakes]
+    command = [sys.executable, "benchmarks/run_all.py", *[a for p in paths for a in ("--lake", str(p))]]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and refusal in done.stderr, done.stderr
