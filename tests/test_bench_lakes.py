@@ -36,3 +36,16 @@ def test_kept_lakes_of_two_shapes_or_one_size_are_refused(
     command = [sys.executable, "benchmarks/run_all.py", *[a for p in paths for a in ("--lake", str(p))]]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and refusal in done.stderr, done.stderr
+
+
+def test_nightly_lake_writes_a_kept_lake_that_says_what_it_holds(tmp_path: Path) -> None:
+    kept = tmp_path / "kept"
+    command = [sys.executable, "benchmarks/nightly_lake.py", str(kept), "--messages", "300", "--shape", "users"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    facts = json.loads((kept / "lake.json").read_text())
+    assert (facts["shape"], facts["feature_messages"], facts["seed"]) == ("users", 300, 1)
+    assert (kept / "lake" / "commitlog" / "_delta_log").is_dir() and facts["offset_commit_rows"] > 0
+
+    refused = subprocess.run([*command[:3], "--messages", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--messages 0" in refused.stderr, refused.stderr
