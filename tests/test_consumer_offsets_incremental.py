@@ -212,7 +212,7 @@ def test_a_run_moves_on_while_that_reads_little_and_computes_whole_once_it_would
     _append(lake, [], [_commit("g1", small, 6, 5_100, "consumer")], [])
     previous_table = lake.version(CONSUMER_OFFSETS)
     reads: list[tuple[str, Any]] = []  # the reads this run makes, recorded on their way to the lake
-    for method in ("read_rows", "read_appended_rows"):
+    for method in ("read_rows", "read_appended_rows", "read_cost"):
         real = getattr(Lake, method)
 
         def spy(self: Lake, spec: Any, *args: Any, _real: Any = real, _name: str = method, **kwargs: Any) -> Any:
@@ -222,8 +222,10 @@ def test_a_run_moves_on_while_that_reads_little_and_computes_whole_once_it_would
         monkeypatch.setattr(Lake, method, spy)
     run(spark, ConsumerOffsetsConfig(lake.root, 6_000, engine=ENGINE))
     monkeypatch.undo()
-    # refused before it read the previous table or any new row: the whole computation's reads only
+    # refused before it read the previous table or any new row, or loaded the previous table's log
+    # to count its files: the whole computation's reads only
     assert ("read_rows", CONSUMER_OFFSETS.name, previous_table) not in reads, reads
+    assert not [r for r in reads if r[:2] == ("read_cost", CONSUMER_OFFSETS.name)], reads
     assert not [r for r in reads if r[0] == "read_appended_rows"], reads
     assert ("read_rows", CONSUMER_OFFSET_COMMITS.name, lake.version(CONSUMER_OFFSET_COMMITS)) in reads, reads
     # a commit after it: moving on again

@@ -130,12 +130,13 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
         reusable = can_reuse(lake, previous, job_run.input_versions, [CONSUMER_OFFSETS.name], parameters)
         version = lake.version(CONSUMER_OFFSETS) if reusable else None
         through: int | None = None
+        written: pa.Table | None = None  # the rows a run wrote from the driver, not read back
         if version is not None and previous is not None:
             job_run.conclude("NOOP", "inputs and as_of unchanged, nothing written")
             through = previous["parameters"].get("through")
         if version is None and not config.full and previous is not None:
             try:
-                version, through = _fold_and_write(lake, job_run, previous, config.as_of, config.move_on_share)
+                version, through, written = _fold_and_write(lake, job_run, previous, config.as_of, config.move_on_share)
                 job_run.parameters["plan"] = "moved on"
                 job_run.conclude("SUCCEEDED", job_run.message)
             except CannotFold as why:
@@ -143,26 +144,31 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
                 job_run.message = f"computed in full: {why}"
         if version is None:
             job_run.parameters["plan"] = "whole"
-            version, through = _compute_and_write(lake, job_run, config.as_of, config.driver_rows)
+            version, through, written = _compute_and_write(lake, job_run, config.as_of, config.driver_rows)
             job_run.conclude("SUCCEEDED", job_run.message or "consumer_offsets overwritten")
         if through is not None:
             job_run.parameters["through"] = through
-        offsets = lake.read_rows(CONSUMER_OFFSETS, version=version)
+        offsets = written if written is not None else lake.read_rows(CONSUMER_OFFSETS, version=version)
         job_run.output_versions[CONSUMER_OFFSETS.name] = version
         job_run.row_counts[CONSUMER_OFFSETS.name] = offsets.num_rows
         print("\n".join(format_progress(_progress_rows(offsets, config.groups), config.as_of, config.groups)))
     return job_run
 
 
-def _compute_and_write(lake: Lake, job_run: JobRun, as_of: int, driver_rows: int) -> tuple[int, int | None]:
+def _compute_and_write(
+    lake: Lake, job_run: JobRun, as_of: int, driver_rows: int
+) -> tuple[int, int | None, pa.Table | None]:
     """Read the inputs at the recorded versions, compute (on the driver while they hold at most
-    ``driver_rows`` rows, else with Spark), overwrite; the committed version and the greatest input
-    time (from the Delta statistics; None when they cannot bound every row)."""
+    ``driver_rows`` rows, else with Spark), overwrite; the committed version, the greatest input
+    time (from the Delta statistics; None when they cannot bound every row) and the rows written
+    from the driver (None from Spark)."""
     for spec in INPUTS:
         counted = job_run.input_versions.get(spec.name)
         job_run.row_counts[spec.name] = lake.row_count(spec, counted) if counted is not None else 0
+    written = None
     if sum(job_run.row_counts[spec.name] for spec in INPUTS) <= driver_rows:
-        version = _compute_on_driver(lake, job_run.input_versions, as_of)
+        written = _compute_on_driver(lake, job_run.input_versions, as_of)
+        version = lake.overwrite_rows(CONSUMER_OFFSETS, written)
     else:
         commits_df = read_or_empty(lake, CONSUMER_OFFSET_COMMITS, job_run.input_versions)
         queue_df = read_or_empty(lake, CONSUME_QUEUE, job_run.input_versions)
@@ -173,12 +179,12 @@ def _compute_and_write(lake: Lake, job_run: JobRun, as_of: int, driver_rows: int
         version = lake.overwrite(CONSUMER_OFFSETS, offsets_df)
     if version is None:
         raise LakeError(f"the overwrite of {lake.location(CONSUMER_OFFSETS)} committed no version; run the job again")
-    return version, _newest_input_time(lake, job_run.input_versions)
+    return version, _newest_input_time(lake, job_run.input_versions), written
 
 
-def _compute_on_driver(lake: Lake, versions: Mapping[str, int], as_of: int) -> int | None:
+def _compute_on_driver(lake: Lake, versions: Mapping[str, int], as_of: int) -> pa.Table:
     """:func:`~jobs.consumer_offsets.fold.compute` of every commit and of the consume-queue rows of
-    the subscribed topics (partitions of other topics are not read), overwritten from the driver."""
+    the subscribed topics (partitions of other topics are not read), for the driver to write."""
     commits_version, cq_version = versions.get(CONSUMER_OFFSET_COMMITS.name), versions.get(CONSUME_QUEUE.name)
     commits = (
         lake.read_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS, version=commits_version)
@@ -192,7 +198,7 @@ def _compute_on_driver(lake: Lake, versions: Mapping[str, int], as_of: int) -> i
         else iter(())
     )
     rows = compute(as_of, commits, cq_chunks, configured_queues(_topic_config(lake, versions), as_of))
-    return lake.overwrite_rows(CONSUMER_OFFSETS, pa.Table.from_pylist(rows, schema=CONSUMER_OFFSETS.arrow_schema))
+    return pa.Table.from_pylist(rows, schema=CONSUMER_OFFSETS.arrow_schema)
 
 
 def _topic_config(lake: Lake, versions: Mapping[str, int]) -> pa.Table:
@@ -219,9 +225,10 @@ def _newest_input_time(lake: Lake, versions: Mapping[str, int]) -> int | None:
 
 def _fold_and_write(
     lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], as_of: int, share: float
-) -> tuple[int, int]:
-    """The previous table moved on to ``as_of`` and written (version, greatest input time), reading
-    at most ``share`` of what the whole computation would (:class:`ReadBudget`, recorded in the run).
+) -> tuple[int, int, pa.Table]:
+    """The previous table moved on to ``as_of`` and written (version, greatest input time, the rows),
+    reading at most ``share`` of what the whole computation would (:class:`ReadBudget`, recorded in
+    the run).
 
     Raises:
         CannotFold: why it cannot be, or would cost more (then nothing is written).
@@ -244,13 +251,17 @@ def _fold_and_write(
     # consume_queue is partitioned by topic, so the topics computing whole reads (known, then
     # first subscribed) are files of it, never more than all of them
     bound = ReadBudget(commits_whole + lake.read_cost(CONSUME_QUEUE, cq_version), share, at_most=True)
-    reads = [("the previous table", lake.read_cost(CONSUMER_OFFSETS, output_version))]
+    # the previous table as its run counted it, at least one file: its log is loaded (a snapshot the
+    # whole computation never needs) only once moving on is still the cheaper
+    previous_rows = previous_run["row_counts"].get(CONSUMER_OFFSETS.name)
+    reads = [("the previous table", ReadCost(rows=previous_rows or 0, files=1 if previous_rows else 0))]
     # the commits since the previous run are parsed before their files are known: a group that
     # commits its offsets every few seconds leaves thousands between two nightly runs
     log_commits = commits_range[1] - commits_range[0] + cq_range[1] - cq_range[0]
     reads.append(("the log commits since the previous run", ReadCost(commits=max(log_commits, 0))))
     for what, cost in reads:
         bound.spend(what, cost)
+    reads[0] = ("the previous table", lake.read_cost(CONSUMER_OFFSETS, output_version))
     try:
         reads.append(("the new offset commits", lake.appended_cost(CONSUMER_OFFSET_COMMITS, *commits_range)))
         reads.append(("the new consume-queue rows", lake.appended_cost(CONSUME_QUEUE, *cq_range)))
@@ -293,7 +304,8 @@ def _fold_and_write(
 
     configured = configured_queues(_topic_config(lake, now), as_of)  # whole: the queues that may be empty at as_of
     rows = fold(previous, as_of, commits, cq_rows, read_topics, lookup, configured)
-    version = lake.overwrite_rows(CONSUMER_OFFSETS, pa.Table.from_pylist(rows, schema=CONSUMER_OFFSETS.arrow_schema))
+    written = pa.Table.from_pylist(rows, schema=CONSUMER_OFFSETS.arrow_schema)
+    version = lake.overwrite_rows(CONSUMER_OFFSETS, written)
     if version is None:
         raise LakeError(f"the overwrite of {lake.location(CONSUMER_OFFSETS)} committed no version; run the job again")
     budget.record(job_run)
@@ -301,7 +313,7 @@ def _fold_and_write(
     job_run.row_counts[f"new {CONSUMER_OFFSET_COMMITS.name}"] = commits.num_rows
     job_run.row_counts[f"new {CONSUME_QUEUE.name}"] = cq_rows.num_rows
     newest = latest_time((commits, "commit_timestamp"), (cq_rows, "store_timestamp"))
-    return version, max(through, newest if newest is not None else through)
+    return version, max(through, newest if newest is not None else through), written
 
 
 def cq_row_times(
