@@ -49,6 +49,7 @@ from schemas.catalog import (
     RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
 )
+from schemas.errors import LakeError
 
 # the topics of retry queues sort between these: every commit of another topic is pruned by statistics
 _RETRY_TOPICS = [("topic", ">=", c.RETRY_GROUP_TOPIC_PREFIX), ("topic", "<", c.RETRY_GROUP_TOPIC_PREFIX[:-1] + "&")]
@@ -69,11 +70,11 @@ class Outcome:
 
 def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> Outcome:
     """Every chain of ``retry_records`` (at ``versions``) as of ``as_of``, on the driver. The records
-    enter :func:`jobs.dlq.fold.compute` without their bodies and properties (their row numbers
-    stand in): only the dead letters' are read into Python, after."""
+    are read and enter :func:`jobs.dlq.fold.compute` without their bodies and properties (their row
+    numbers stand in): only the dead letters' are read, after (:func:`_with_deferred`)."""
     version = versions.get(RETRY_RECORDS.name)
-    empty = RETRY_RECORDS.arrow_schema.empty_table()
-    table = lake.read_rows(RETRY_RECORDS, version=version) if version is not None else empty
+    empty = RETRY_RECORDS.arrow_schema.empty_table().select(_KEPT)
+    table = lake.read_rows(RETRY_RECORDS, _KEPT, version=version) if version is not None else empty
     records = _numbered(table)
     commits = _retry_commits(lake, versions)
     brokers = _brokers(lake, versions.get(BROKERS.name))
@@ -87,7 +88,7 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
         _originals(lake, versions, brokers, _positions(keys, hosts)),
     )
     chains, dead = compute(records, context)
-    dead_letters = pa.Table.from_pylist(_with_deferred(dead, table), schema=DLQ.arrow_schema)
+    dead_letters = pa.Table.from_pylist(_with_deferred(lake, version, dead, table), schema=DLQ.arrow_schema)
     dead_letters = with_redrive_states(dead_letters, redrive_states(_rows(lake, DLQ_REDRIVES, versions)))
     newest = pc.max(table.column("store_timestamp")).as_py()
     return Outcome(chains, dead_letters, max(-1 if newest is None else newest, _latest(commits)))
@@ -95,19 +96,56 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
 
 _NEW_RECORD_COLUMNS = ["group", "origin_msg_id", "uniq_key", "msg_id", "store_timestamp"]  # what touches chains
 _DEFERRED = ("body", "properties")  # columns a dead letter copies from its record, read for those alone
+_KEPT = [name for name in RETRY_RECORDS.column_names if name not in _DEFERRED]  # the columns chains are built of
+_RECORD = ["broker_name", "commit_log_offset"]  # a record of a broker's commit log, and so of retry_records
 
 
 def _numbered(table: pa.Table) -> pa.Table:
-    """``retry_records`` rows ``table`` without its :data:`_DEFERRED` columns, with a ``row`` column
-    numbering its rows instead (:func:`_with_deferred` reads them for the rows that need them)."""
-    rows = pa.array(np.arange(table.num_rows, dtype=np.int64))
-    return table.drop_columns(list(_DEFERRED)).append_column("row", rows)
+    """``retry_records`` rows ``table`` (the :data:`_KEPT` columns) with a ``row`` column numbering its
+    rows (where a dead letter's :data:`_DEFERRED` values will go, :func:`_with_deferred`)."""
+    return table.append_column("row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
 
 
-def _with_deferred(dead: list[dict[str, Any]], table: pa.Table) -> list[dict[str, Any]]:
-    """``dead`` with the values of :data:`_DEFERRED` of the rows of ``table`` their fields number."""
+def _records(table: pa.Table) -> list[tuple[str, int]]:
+    """The (broker, commit log offset) of each row of ``table``."""
+    brokers, offsets = (table.column(name).to_pylist() for name in _RECORD)
+    return list(zip(brokers, offsets, strict=True))
+
+
+def _with_deferred(
+    lake: Lake, version: int | None, dead: list[dict[str, Any]], table: pa.Table
+) -> list[dict[str, Any]]:
+    """``dead`` with the values of :data:`_DEFERRED` of the records of ``table`` (``retry_records`` at
+    ``version``, read without them) that their fields number, read for those records alone: by
+    their partition (``kind``; most are the DLQ records, a partition of their own), broker and
+    commit log offset.
+
+    Raises:
+        LakeError: a record is no longer in ``retry_records`` at ``version``.
+    """
+    if not dead or version is None:
+        return dead
+    numbered = sorted({row[_DEFERRED[0]] for row in dead})
+    keys = table.select(["kind", *_RECORD]).take(pa.array(numbered, pa.int64()))
+    kinds, wanted = keys.column("kind").to_pylist(), _records(keys)
+    offsets: dict[tuple[str, str], list[int]] = {}
+    for kind, (broker, offset) in zip(kinds, wanted, strict=True):
+        offsets.setdefault((kind, broker), []).append(offset)
+    filters: list[list[tuple[str, str, Any]]] = [
+        [("kind", "=", kind), ("broker_name", "=", broker), ("commit_log_offset", "in", sorted(found))]
+        for (kind, broker), found in sorted(offsets.items())
+    ]
+    read = lake.read_rows(RETRY_RECORDS, [*_RECORD, *_DEFERRED], filters, version)
+    by_record = {key: i for i, key in enumerate(_records(read))}
+    missing = [key for key in wanted if key not in by_record]
+    if missing:
+        raise LakeError(
+            f"the retry record of broker {missing[0][0]} at commit log offset {missing[0][1]} is gone from "
+            f"retry_records version {version}; run route_dlq again"
+        )
+    position = dict(zip(numbered, (by_record[key] for key in wanted), strict=True))
     for column in _DEFERRED:
-        values = table.column(column).take(pa.array([row[column] for row in dead], pa.int64())).to_pylist()
+        values = read.column(column).take(pa.array([position[row[column]] for row in dead], pa.int64())).to_pylist()
         for row, value in zip(dead, values, strict=True):
             row[column] = value
     return dead
@@ -164,7 +202,9 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
     originals = _originals(lake, versions, brokers, _positions(touched, hosts))
     context = Context(as_of, policies, offsets, hosts, originals)
     chains, dead, kept_dead = fold(previous_chains, previous_dead, touched, records, context)
-    computed = pa.Table.from_pylist(_with_deferred(dead, table), schema=previous_dead.schema)
+    computed = pa.Table.from_pylist(
+        _with_deferred(lake, versions[RETRY_RECORDS.name], dead, table), schema=previous_dead.schema
+    )
     states = redrive_states(_rows(lake, DLQ_REDRIVES, versions))
     dead_letters = with_redrive_states(pa.concat_tables([kept_dead, computed]), states)
     times = [r["store_timestamp"] for r in new] + [_latest(new_commits)]
@@ -298,7 +338,7 @@ def _chain_records(
     before the earliest first failure of the touched chains the previous run had, nor, for chains
     it had not, before the earliest new record: that bound prunes the older files."""
     if not touched:
-        return RETRY_RECORDS.arrow_schema.empty_table()
+        return RETRY_RECORDS.arrow_schema.empty_table().select(_KEPT)
     since = min(first_failures(previous, touched) + [r["store_timestamp"] for r in new], default=0)
     groups = sorted({group for group, _ in touched})
     origins = sorted({origin for _, origin in touched})
@@ -306,4 +346,4 @@ def _chain_records(
         [("store_timestamp", ">=", since), ("group", "in", groups), (column, "in", origins)]
         for column in ("origin_msg_id", "uniq_key", "msg_id")
     ]
-    return lake.read_rows(RETRY_RECORDS, filters=filters, version=version)
+    return lake.read_rows(RETRY_RECORDS, _KEPT, filters, version)
