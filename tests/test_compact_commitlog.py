@@ -447,7 +447,8 @@ def test_the_offset_commits_are_packed_in_groups_no_reader_splits_and_the_reader
     try:
         commit(0, 20)
         first = consumer_offsets(
-            spark, ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine=ENGINE, move_on_share=every_time)
+            spark,
+            ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine=ENGINE, move_on_share=every_time, move_on_from=0),
         )
         read = first.input_versions[CONSUMER_OFFSET_COMMITS.name]
         wait_until(lambda: _now_ms() > first.parameters["as_of"], "a clock after that run's T")  # later commits
@@ -474,7 +475,7 @@ def test_the_offset_commits_are_packed_in_groups_no_reader_splits_and_the_reader
     assert len(_file_names(DeltaTable(commits_dir))) == 2
 
     moved_on = consumer_offsets(
-        spark, ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine=ENGINE, move_on_share=every_time)
+        spark, ConsumerOffsetsConfig(lake_root, _now_ms() + 1, engine=ENGINE, move_on_share=every_time, move_on_from=0)
     )
     # the packed file of the later commits read as those appends: only what came after the first run
     assert moved_on.row_counts.get(f"new {CONSUMER_OFFSET_COMMITS.name}") == 20, moved_on.message

@@ -26,6 +26,7 @@ from jobs.consumer_offsets import (
 )
 from jobs.lake import Lake
 from jobs.rules import build_current_offsets
+from jobs.runs import MOVE_ON_FROM
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, TOPIC_CONFIG, spark_schema
 from schemas.errors import ValidationError
 from tests.helpers import ENGINE, assert_frames_equal
@@ -410,6 +411,19 @@ def test_command_line_takes_the_move_on_share_and_refuses_a_negative_or_nan_one(
     for bad in ("-0.1", "nan"):
         with pytest.raises(ValidationError, match="move_on_share"):
             build_config(["--lake", "/l", "--as-of", "0", "--move-on-share", bad])
+
+
+def test_command_line_takes_the_size_moving_on_starts_at_and_refuses_a_negative_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert build_config(["--lake", "/l", "--as-of", "0"]).move_on_from == MOVE_ON_FROM == 4_000_000
+    assert build_config(["--lake", "/l", "--as-of", "0", "--move-on-from", "0"]).move_on_from == 0
+    with pytest.raises(SystemExit) as exit_info:
+        build_config(["--lake", "/l", "--as-of", "0", "--move-on-from", "-1"])
+    assert exit_info.value.code == 2
+    assert "--move-on-from: -1 is below 0" in capsys.readouterr().err
+    with pytest.raises(ValidationError, match="move_on_from"):
+        ConsumerOffsetsConfig(Path("/l"), 0, move_on_from=-1)
 
 
 # ---------------------------------------------------------------------------------------------

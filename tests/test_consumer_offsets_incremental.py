@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 from broker_model.common import RETRY_GROUP_TOPIC_PREFIX
 from jobs.consumer_offsets import ConsumerOffsetsConfig, Previous, check_foldable, run
 from jobs.lake import Lake
-from jobs.runs import CannotFold
+from jobs.runs import MOVE_ON_FROM, CannotFold
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS, TOPIC_CONFIG
 from tests.helpers import ENGINE, canonical_rows, seeds
 
@@ -139,11 +139,14 @@ def _append(
 
 
 def _plans(lake: Lake) -> list[tuple[str, str, int | None, int | None]]:
-    """Per run in order: (plan, message, rows read by moving on, rows computing whole would read)."""
+    """Per run that computed, in order: (plan, message, rows read by moving on, rows computing whole
+    would read); a run with nothing to compute (NOOP) records no plan."""
     runs = lake.read_rows(JOB_RUNS, ["started_timestamp", "run_id", "message", "parameters"]).to_pylist()
     plans = []
     for run_row in sorted(runs, key=lambda r: (r["started_timestamp"], r["run_id"])):
         parameters = {name: json.loads(value) for name, value in run_row["parameters"]}
+        if "plan" not in parameters:
+            continue
         plan = parameters["plan"]
         plans.append((plan, run_row["message"], parameters.get("read_rows"), parameters.get("whole_rows")))
     return plans
@@ -161,7 +164,7 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSessi
             _append(lake, cq_rows, commits, configs)
 
         # moving on taken whenever it is exact, whatever it reads: the chain checks that it is exact
-        run(spark, ConsumerOffsetsConfig(chained.root, as_of, engine=ENGINE, move_on_share=math.inf))
+        run(spark, ConsumerOffsetsConfig(chained.root, as_of, engine=ENGINE, move_on_share=math.inf, move_on_from=0))
         run(spark, ConsumerOffsetsConfig(whole.root, as_of, engine=ENGINE, full=True, driver_rows=0))  # Spark
         run(spark, ConsumerOffsetsConfig(driver.root, as_of, engine=ENGINE, full=True))
 
@@ -189,21 +192,21 @@ def test_a_run_moves_on_while_that_reads_little_and_computes_whole_once_it_would
             [],
         )
     _append(lake, [_cq_row(big, o, 1_000) for o in range(20_000)], [], [])
-    run(spark, ConsumerOffsetsConfig(lake.root, 2_000, engine=ENGINE))
+    run(spark, ConsumerOffsetsConfig(lake.root, 2_000, engine=ENGINE, move_on_from=0))
     # a row and a commit on the topic the group reads: moving on reads 3 small files, computing
     # whole the 12 files of the commits and of Small
     _append(lake, [_cq_row(small, 5, 2_100)], [_commit("g1", small, 6, 2_200, "consumer")], [])
-    run(spark, ConsumerOffsetsConfig(lake.root, 3_000, engine=ENGINE))
+    run(spark, ConsumerOffsetsConfig(lake.root, 3_000, engine=ENGINE, move_on_from=0))
     # 30,000 more rows on Big and a group reading it for the first time: moving on would read the
     # new rows and then the whole of Big; computing whole reads Big once, with Small and the commits
     _append(
         lake, [_cq_row(big, o, 3_100) for o in range(20_000, 50_000)], [_commit("g2", big, 10, 3_200, "consumer")], []
     )
-    run(spark, ConsumerOffsetsConfig(lake.root, 4_000, engine=ENGINE))
+    run(spark, ConsumerOffsetsConfig(lake.root, 4_000, engine=ENGINE, move_on_from=0))
     # a row and a commit on Big again: moving on reads the new files and Big's first file (the
     # offsets the commit points at), computing whole all of Big
     _append(lake, [_cq_row(big, 50_000, 4_100)], [_commit("g2", big, 20, 4_200, "consumer")], [])
-    run(spark, ConsumerOffsetsConfig(lake.root, 5_000, engine=ENGINE))
+    run(spark, ConsumerOffsetsConfig(lake.root, 5_000, engine=ENGINE, move_on_from=0))
     # 300 log commits that add no rows, then a commit: moving on would parse 301 commit files
     # (weighed as 154,112 rows) before it knows its files; computing whole reads 50,016 rows in 18
     # files (weighed as 123,744 rows), half of which moving on may read
@@ -220,7 +223,7 @@ def test_a_run_moves_on_while_that_reads_little_and_computes_whole_once_it_would
             return _real(self, spec, *args, **kwargs)
 
         monkeypatch.setattr(Lake, method, spy)
-    run(spark, ConsumerOffsetsConfig(lake.root, 6_000, engine=ENGINE))
+    run(spark, ConsumerOffsetsConfig(lake.root, 6_000, engine=ENGINE, move_on_from=0))
     monkeypatch.undo()
     # refused before it read the previous table or any new row, or loaded the previous table's log
     # to count its files: the whole computation's reads only
@@ -230,7 +233,7 @@ def test_a_run_moves_on_while_that_reads_little_and_computes_whole_once_it_would
     assert ("read_rows", CONSUMER_OFFSET_COMMITS.name, lake.version(CONSUMER_OFFSET_COMMITS)) in reads, reads
     # a commit after it: moving on again
     _append(lake, [], [_commit("g1", small, 6, 6_100, "consumer")], [])
-    run(spark, ConsumerOffsetsConfig(lake.root, 7_000, engine=ENGINE))
+    run(spark, ConsumerOffsetsConfig(lake.root, 7_000, engine=ENGINE, move_on_from=0))
 
     plans = _plans(lake)
     assert [plan for plan, *_ in plans] == ["whole", "moved on", "whole", "moved on", "whole", "moved on"], plans
@@ -242,13 +245,25 @@ def test_a_run_moves_on_while_that_reads_little_and_computes_whole_once_it_would
         assert read is not None and whole is not None and read < whole, message
     assert plans[3][2] == 20_000 + 1 + 1 + 2  # Big's first file, the new row and commit, the previous 2 rows
     moved_on = canonical_rows(lake.read_rows(CONSUMER_OFFSETS))
-    run(spark, ConsumerOffsetsConfig(lake.root, 7_000, engine=ENGINE, full=True))
+    run(spark, ConsumerOffsetsConfig(lake.root, 7_000, engine=ENGINE, move_on_from=0, full=True))
     assert canonical_rows(lake.read_rows(CONSUMER_OFFSETS)) == moved_on
     rows = lake.read_rows(CONSUMER_OFFSETS).to_pylist()
     assert {(r["group"], r["topic"], r["consumer_offset"], r["broker_offset"]) for r in rows} >= {
         ("g1", "Small", 6, 6),
         ("g2", "Big", 20, 50_001),
     }
+    # by default a lake whose whole computation reads this little is computed whole, before any read
+    _append(lake, [], [_commit("g1", small, 6, 7_100, "consumer")], [])
+    run(spark, ConsumerOffsetsConfig(lake.root, 8_000, engine=ENGINE))
+    _append(lake, [], [_commit("g1", small, 6, 8_100, "consumer")], [])
+    run(spark, ConsumerOffsetsConfig(lake.root, 9_000, engine=ENGINE, move_on_from=200_000))
+    _append(lake, [], [_commit("g1", small, 6, 9_100, "consumer")], [])
+    run(spark, ConsumerOffsetsConfig(lake.root, 10_000, engine=ENGINE, move_on_from=100_000))
+    plans = _plans(lake)[-3:]
+    assert [plan for plan, *_ in plans] == ["whole", "whole", "moved on"], plans
+    assert f"less than the {MOVE_ON_FROM:,} from which moving on is worth its fixed costs" in plans[0][1], plans[0]
+    # computing whole reads about 50,000 rows in 20 files here, weighed as about 130,000 rows
+    assert "rows), less than the 200,000 from which" in plans[1][1], plans[1]
 
 
 def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_rows_it_left_for_a_later_one() -> None:

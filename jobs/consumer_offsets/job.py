@@ -38,6 +38,7 @@ from jobs.consumer_offsets.transforms import (
 from jobs.lake import IncrementalReadError, Lake, ReadCost
 from jobs.rules import build_current_offsets
 from jobs.runs import (
+    MOVE_ON_FROM,
     MOVE_ON_SHARE,
     CannotFold,
     JobRun,
@@ -82,9 +83,11 @@ class ConsumerOffsetsConfig:
             and ``consume_queue`` hold at most this many rows together, >= 0 (0: always Spark).
         move_on_share: move the previous table on only while that reads at most this share of
             what computing whole reads (:class:`jobs.runs.ReadBudget`), >= 0.
+        move_on_from: try moving on only when computing whole reads at least this
+            (:attr:`ReadCost.weight`, :data:`jobs.runs.MOVE_ON_FROM`), >= 0.
 
     Raises:
-        ValidationError: ``driver_rows`` or ``move_on_share`` below 0.
+        ValidationError: ``driver_rows``, ``move_on_share`` or ``move_on_from`` below 0.
     """
 
     lake: Path
@@ -94,12 +97,15 @@ class ConsumerOffsetsConfig:
     full: bool = False
     driver_rows: int = DRIVER_ROWS
     move_on_share: float = MOVE_ON_SHARE
+    move_on_from: int = MOVE_ON_FROM
 
     def __post_init__(self) -> None:
         if self.driver_rows < 0:
             raise ValidationError("driver_rows", self.driver_rows, "is below 0", "pass a value >= 0")
         if not self.move_on_share >= 0:
             raise ValidationError("move_on_share", self.move_on_share, "is not a number >= 0", "pass a value >= 0")
+        if self.move_on_from < 0:
+            raise ValidationError("move_on_from", self.move_on_from, "is below 0", "pass a value >= 0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,7 +142,7 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
             through = previous["parameters"].get("through")
         if version is None and not config.full and previous is not None:
             try:
-                version, through, written = _fold_and_write(lake, job_run, previous, config.as_of, config.move_on_share)
+                version, through, written = _fold_and_write(lake, job_run, previous, config)
                 job_run.parameters["plan"] = "moved on"
                 job_run.conclude("SUCCEEDED", job_run.message)
             except CannotFold as why:
@@ -224,11 +230,12 @@ def _newest_input_time(lake: Lake, versions: Mapping[str, int]) -> int | None:
 
 
 def _fold_and_write(
-    lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], as_of: int, share: float
+    lake: Lake, job_run: JobRun, previous_run: Mapping[str, Any], config: ConsumerOffsetsConfig
 ) -> tuple[int, int, pa.Table]:
-    """The previous table moved on to ``as_of`` and written (version, greatest input time, the rows),
-    reading at most ``share`` of what the whole computation would (:class:`ReadBudget`, recorded in
-    the run).
+    """The previous table moved on to ``config.as_of`` and written (version, greatest input time, the
+    rows), reading at most ``config.move_on_share`` of what the whole computation would
+    (:class:`ReadBudget`, recorded in the run), and only when that reads at least
+    ``config.move_on_from``.
 
     Raises:
         CannotFold: why it cannot be, or would cost more (then nothing is written).
@@ -250,7 +257,9 @@ def _fold_and_write(
     # topic's consume queue): a run that cannot move on pays for little more than its log. A bound:
     # consume_queue is partitioned by topic, so the topics computing whole reads (known, then
     # first subscribed) are files of it, never more than all of them
+    as_of, share = config.as_of, config.move_on_share
     bound = ReadBudget(commits_whole + lake.read_cost(CONSUME_QUEUE, cq_version), share, at_most=True)
+    bound.require(config.move_on_from)
     # the previous table as its run counted it, at least one file: its log is loaded (a snapshot the
     # whole computation never needs) only once moving on is still the cheaper
     previous_rows = previous_run["row_counts"].get(CONSUMER_OFFSETS.name)
@@ -275,6 +284,7 @@ def _fold_and_write(
     topics = {row["topic"] for row in previous.rows}
     topics |= {RETRY_GROUP_TOPIC_PREFIX + row["group"] for row in previous.rows}
     budget = ReadBudget(commits_whole + lake.read_cost(CONSUME_QUEUE, cq_version, {"topic": sorted(topics)}), share)
+    budget.require(config.move_on_from)
     for what, cost in reads[:2]:
         budget.spend(what, cost)
     try:
@@ -429,7 +439,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="move the previous table on only while that reads at most this share of what computing whole "
         "reads (rows, each file counted as 4,096 rows; default %(default)s)",
     )
+    parser.add_argument(
+        "--move-on-from",
+        type=_non_negative,
+        default=MOVE_ON_FROM,
+        help="try moving the previous table on only when computing whole reads at least this many rows (each "
+        "file counted as 4,096 rows; default %(default)s)",
+    )
     return parser
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0")
+    return value
 
 
 def build_config(argv: Sequence[str] | None = None) -> ConsumerOffsetsConfig:
@@ -444,7 +468,14 @@ def build_config(argv: Sequence[str] | None = None) -> ConsumerOffsetsConfig:
     as_of = as_of_of(args.as_of)
     groups = tuple(dict.fromkeys(args.group))
     return ConsumerOffsetsConfig(
-        Path(args.lake), as_of, groups, args.engine, args.full, args.driver_rows, args.move_on_share
+        Path(args.lake),
+        as_of,
+        groups,
+        args.engine,
+        args.full,
+        args.driver_rows,
+        args.move_on_share,
+        args.move_on_from,
     )
 
 
