@@ -249,6 +249,12 @@ def _fold_and_write(
         raise CannotFold("the previous run recorded no as_of and through")
     if output_version != lake.version(CONSUMER_OFFSETS):
         raise CannotFold("the previous run left no table to move on")
+    recorded = _recorded_whole_rows(previous_run)
+    if recorded is not None and recorded < config.move_on_from:  # known before any log is loaded
+        raise CannotFold(
+            f"computing whole read {recorded:,} rows at the previous run, less than the {config.move_on_from:,} "
+            "from which moving on is worth its fixed costs"
+        )
     commits_range = (before[CONSUMER_OFFSET_COMMITS.name], now[CONSUMER_OFFSET_COMMITS.name])
     cq_range = (before[CONSUME_QUEUE.name], now[CONSUME_QUEUE.name])
     cq_version = now[CONSUME_QUEUE.name]
@@ -324,6 +330,17 @@ def _fold_and_write(
     job_run.row_counts[f"new {CONSUME_QUEUE.name}"] = cq_rows.num_rows
     newest = latest_time((commits, "commit_timestamp"), (cq_rows, "store_timestamp"))
     return version, max(through, newest if newest is not None else through), written
+
+
+def _recorded_whole_rows(previous_run: Mapping[str, Any]) -> int | None:
+    """The rows computing whole read, or would have read, at ``previous_run``: the ``whole_rows`` a
+    run that moved on recorded, else the input rows a run that computed whole counted; None when
+    it recorded neither."""
+    whole = previous_run["parameters"].get("whole_rows")
+    if whole is not None:
+        return int(whole)
+    counts = [previous_run["row_counts"].get(spec.name) for spec in INPUTS]
+    return sum(counts) if all(count is not None for count in counts) else None
 
 
 def cq_row_times(
