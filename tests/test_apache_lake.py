@@ -195,7 +195,7 @@ PYTHON_STEPS = (
     ["send", "PyFifo", "fifo", "3", "pf"],
     ["send", "PyTimer", "timer", "2", "pt", "2"],
     ["send", "PyTx", "transaction", "1", "px"],
-    ["receive", "py-group", "PyNormal", "4", "pn-1", "2"],  # pn-1 comes back through the POP retry topic
+    ["receive", "py-group", "PyNormal", "4", "pn-1"],  # pn-1 comes back through the POP retry topic
     ["receive", "py-fifo", "PyFifo", "6"],
     ["receive", "py-group", "PyTimer", "2"],
     ["receive", "py-group", "PyTx", "2"],
