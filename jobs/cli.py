@@ -69,6 +69,14 @@ def add_driver_limit(parser: argparse.ArgumentParser, option: str, default: int,
     )
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse ``type``: an integer 0 or more (argparse names the option and exits 2 otherwise)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0")
+    return value
+
+
 def as_of_of(text: str | None) -> int:
     """The epoch ms of an ``--as-of`` value, the current time when it is None.
 

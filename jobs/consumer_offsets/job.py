@@ -17,7 +17,16 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from broker_model.common import RETRY_GROUP_TOPIC_PREFIX, QueueKey
-from jobs.cli import add_as_of, add_driver_limit, as_of_of, iso_utc, job_parser, run_spark_job, text_table
+from jobs.cli import (
+    add_as_of,
+    add_driver_limit,
+    as_of_of,
+    iso_utc,
+    job_parser,
+    non_negative_int,
+    run_spark_job,
+    text_table,
+)
 from jobs.consumer_offsets.fold import (
     CQ_ROW_COLUMNS,
     Previous,
@@ -458,19 +467,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--move-on-from",
-        type=_non_negative,
+        type=non_negative_int,
         default=MOVE_ON_FROM,
         help="try moving the previous table on only when computing whole reads at least this many rows (each "
         "file counted as 4,096 rows; default %(default)s)",
     )
     return parser
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is below 0")
-    return value
 
 
 def build_config(argv: Sequence[str] | None = None) -> ConsumerOffsetsConfig:

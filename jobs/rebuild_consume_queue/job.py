@@ -21,7 +21,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from broker_model.common import QUEUE_KEY
-from jobs.cli import job_parser
+from jobs.cli import job_parser, non_negative_int
 from jobs.extract import DRIVER_INCREMENT_BYTES
 from jobs.lake import IncrementalReadError, Lake, build_session
 from jobs.log_chains import CHAIN_COLUMNS, Chains, segment_sizes
@@ -500,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--driver-limit-mb",
-        type=_non_negative,
+        type=non_negative_int,
         default=DRIVER_INCREMENT_BYTES >> 20,
         help="an increment whose new commit log files hold at most this many MiB is checked and "
         "written on the driver, without Spark, when it is clean (0: always Spark; default: "
@@ -522,13 +522,6 @@ def build_parser() -> argparse.ArgumentParser:
         "the broker was last ingested from)",
     )
     return parser
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"--driver-limit-mb must be 0 or more, not {value}")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
