@@ -317,14 +317,14 @@ def _admin_view_once_consumed(rocketmq: ApacheRocketMQ, poison_id: str) -> Admin
     return views[0]
 
 
-def _settled_view(rocketmq: ApacheRocketMQ, poison_id: str, lake: Path) -> tuple[*AdminView, int]:
+def _settled_view(rocketmq: ApacheRocketMQ, poison_id: str, lake: Path, log_path: Path) -> tuple[*AdminView, int]:
     """The admin view once the consumers are done, the lake caught up with it, and the broker still
     showing the same offsets after that (its own services, the POP revive and the transaction
     checks, may store records after a view is taken: the lake then holds them and that view not);
     with the lake's end."""
     view = _admin_view_once_consumed(rocketmq, poison_id)
     for _ in range(5):
-        store_end = _wait_for_the_lake(lake, rocketmq.store_dir, view[0])
+        store_end = _wait_for_the_lake(lake, rocketmq.store_dir, view[0], log_path)
         again = _admin_view_once_consumed(rocketmq, poison_id)
         if _offsets(again) == _offsets(view):
             return (*view, store_end)
@@ -343,20 +343,35 @@ def _offsets(view: AdminView) -> list[object]:
     return sorted([*groups, *topics], key=repr)
 
 
-def _wait_for_the_lake(lake: Path, store_dir: Path, progress: dict[tuple[str, str | None], list[QueueProgress]]) -> int:
+def _wait_for_the_lake(
+    lake: Path, store_dir: Path, progress: dict[tuple[str, str | None], list[QueueProgress]], log_path: Path
+) -> int:
     """Wait until the follower's lake holds every offset of ``progress`` and the store no record
-    after the lake's end; that end."""
+    after the lake's end; that end. Failing, it names what still differed and shows the follower's
+    last lines."""
+    behind: list[str] = []
 
     def caught_up() -> bool:
         end = ingested_end(lake, BROKER)
-        if end is None or _records_after(store_dir, end):
-            return False
+        after = 0 if end is None else _records_after(store_dir, end)
         latest = _latest_offsets(lake)
         rows = [(group, row) for (group, _), rows in progress.items() for row in rows]
-        return all(latest.get((group, row.topic, row.queue_id), 0) == row.consumer_offset for group, row in rows)
+        behind[:] = [
+            f"{group} {row.topic}:{row.queue_id} lake {latest.get((group, row.topic, row.queue_id))} "
+            f"broker {row.consumer_offset}"
+            for group, row in rows
+            if latest.get((group, row.topic, row.queue_id), 0) != row.consumer_offset
+        ]
+        if end is None or after:
+            behind.insert(0, f"lake end {end}, {after} store records after it")
+        return not behind
 
-    # alone the follower catches up within seconds; in a whole pass on 2 cores it once had not in 120 s
-    wait_until(_every(0.5, caught_up), "the follower's lake at the broker's offsets and log end", 300)
+    def why() -> str:
+        tail = log_path.read_text().splitlines()[-15:]
+        return "; ".join(behind[:20]) + "\nthe follower's last lines:\n" + "\n".join(tail)
+
+    # alone the follower catches up within seconds; in a whole pass on 2 cores it once had not in 300 s
+    wait_until(_every(0.5, caught_up), "the follower's lake at the broker's offsets and log end", 300, why)
     return ingested_end(lake, BROKER) or 0
 
 
@@ -382,7 +397,7 @@ def observed(rocketmq: ApacheRocketMQ, spark: SparkSession, tmp_path_factory: py
         try:
             java, python = _traffic(rocketmq)
             poison_id = next(e["msgId"] for e in _by(java, "sent", key=POISON))
-            progress, status, dead_letter, store_end = _settled_view(rocketmq, poison_id, lake)
+            progress, status, dead_letter, store_end = _settled_view(rocketmq, poison_id, lake, log_path)
         finally:
             follower.terminate()
             follower.wait(timeout=120)
