@@ -36,6 +36,7 @@ from jobs.dlq.fold import (
     host_prefixes,
     offsets_at,
     origin_positions,
+    origin_positions_of,
     touched_chains,
 )
 from jobs.dlq.job import RouteDlqConfig, run
@@ -469,6 +470,38 @@ def test_an_origin_id_names_the_offset_sparks_conv_reads(tail: str, offset: int 
     hosts = {prefix: ["broker-a"]}
     assert origin_positions(prefix + tail, hosts) == ([("broker-a", offset)] if offset is not None else [])
     assert origin_positions(tail, hosts) == []
+
+
+def test_origin_ids_column_wise_name_the_positions_they_name_one_by_one() -> None:
+    hosts = {create_msg_id(parse_host(host), 0)[:-16]: [name] for name, host in HOSTS.items()}
+    hosts[create_msg_id(parse_host("10.0.0.9:10911"), 0)[:-16]] = ["broker-x", "broker-y"]  # one host, two names
+    prefixes, rng = sorted(hosts), random.Random(5)
+    tails = [
+        "00000000000001g1",
+        " 00000000000001f",
+        "-000000000000000",
+        "8000000000000000",
+        "00000000000\u00e9\u00e90001",
+    ]
+    ids = [
+        rng.choice(
+            [
+                None,
+                rng.choice(tails),
+                rng.choice(prefixes) + rng.choice(tails),
+                "0A0B0C0D" + f"{rng.randrange(1 << 63):016X}",  # no broker's prefix
+                rng.choice(prefixes) + f"{rng.randrange(1 << 64):016x}",
+            ]
+        )
+        for _ in range(4_000)
+    ]
+    table = origin_positions_of(pa.array(ids, pa.string()), hosts)
+    columns = (table.column(name).to_pylist() for name in ("row", "broker_name", "commit_log_offset"))
+    expected = [(i, *p) for i, origin in enumerate(ids) if origin is not None for p in origin_positions(origin, hosts)]
+    assert list(zip(*columns, strict=True)) == expected
+    # every kind of id was there: named by one broker, by two, and by none
+    assert {broker for _, broker, _ in expected} == {*HOSTS, "broker-x", "broker-y"}
+    assert len({i for i, *_ in expected}) < sum(origin is not None for origin in ids)
 
 
 def _chained_against_spark(

@@ -74,24 +74,16 @@ class Context:
     originals: Mapping[RecordKey, Sequence[Original]]
 
 
-def chain_keys(records: pa.Table, as_of: int) -> set[ChainKey]:
-    """The chains of the ``retry_records`` rows ``records`` stored at or before ``as_of``."""
-    done = records.filter(pc.less_equal(records.column("store_timestamp"), as_of))
-    origin = _origins(done)
-    pairs = pa.table({"group": done.column("group"), "origin": origin}).group_by(["group", "origin"]).aggregate([])
-    return set(zip(pairs.column("group").to_pylist(), pairs.column("origin").to_pylist(), strict=True))
-
-
 def of_chains(records: pa.Table, keys: set[ChainKey]) -> pa.Table:
     """The ``retry_records`` rows ``records`` of the chains ``keys``."""
     if not keys or not records.num_rows:
         return records.slice(0, 0)
-    joined = pc.binary_join_element_wise(records.column("group"), _origins(records), _CHAIN_JOIN)
+    joined = pc.binary_join_element_wise(records.column("group"), origins_of(records), _CHAIN_JOIN)
     wanted = pa.array([f"{group}{_CHAIN_JOIN}{origin}" for group, origin in keys], pa.string())
     return records.filter(pc.fill_null(pc.is_in(joined, value_set=wanted), False))
 
 
-def _origins(records: pa.Table) -> pa.ChunkedArray:
+def origins_of(records: pa.Table) -> pa.ChunkedArray:
     """The origin id of each chain of ``records`` (:func:`chain_key`, column-wise)."""
     return pc.coalesce(records.column("origin_msg_id"), records.column("uniq_key"), records.column("msg_id"))
 
@@ -127,6 +119,62 @@ def origin_positions(origin_msg_id: str, hosts: Mapping[str, Sequence[str]]) -> 
     brokers = hosts.get(origin_msg_id[:-16], ())
     offset = _spark_hex(origin_msg_id[-16:])
     return [(broker, offset) for broker in brokers] if offset is not None else []
+
+
+def origin_positions_of(origins: pa.Array | pa.ChunkedArray, hosts: Mapping[str, Sequence[str]]) -> pa.Table:
+    """:func:`origin_positions` of each of ``origins``, column-wise: a table of ``row`` (the index in
+    ``origins``), ``broker_name`` and ``commit_log_offset``, in the order of ``origins`` and of each
+    one's positions. Ids whose last 16 characters are 16 hex digits (every id a broker writes) are
+    read in NumPy; the others one by one."""
+    ids = origins.combine_chunks() if isinstance(origins, pa.ChunkedArray) else origins
+    prefixes = pa.array(list(hosts), pa.string())
+    long = pc.fill_null(pc.greater(pc.utf8_length(ids), 16), False)
+    rows = np.flatnonzero(long.to_numpy(zero_copy_only=False))
+    known = pc.index_in(pc.utf8_slice_codeunits(ids.take(pa.array(rows)), 0, -16), value_set=prefixes)
+    rows, prefix = rows[known.is_valid().to_numpy(zero_copy_only=False)], known.drop_null().to_numpy()
+    tails = pc.utf8_slice_codeunits(ids.take(pa.array(rows)), -16).cast(pa.binary())
+    offsets = np.full(len(rows), -1, dtype=np.int64)
+    ascii = np.flatnonzero(pc.equal(pc.binary_length(tails), 16).to_numpy(zero_copy_only=False))
+    digits = _NIBBLE[_bytes_of(tails.take(pa.array(ascii)))]
+    hex_only = (digits < 16).all(axis=1)
+    fits = hex_only & (digits[:, 0] < 8)  # at most a long; the other 16 hex digits name no offset
+    packed = np.ascontiguousarray((digits[fits, 0::2] << 4) | digits[fits, 1::2])  # 8 bytes, big-endian
+    offsets[ascii[fits]] = packed.view(">u8").ravel().astype(np.int64)
+    slow = np.ones(len(rows), dtype=bool)
+    slow[ascii[hex_only]] = False
+    for i in np.flatnonzero(slow):
+        value = _spark_hex(tails[int(i)].as_py().decode())
+        offsets[i] = -1 if value is None else value
+    named = offsets >= 0
+    rows, prefix, offsets = rows[named], prefix[named], offsets[named]
+    # each id once per broker of its prefix: the brokers of every prefix one after the other
+    per_prefix = np.array([len(hosts[key]) for key in prefixes.to_pylist()], dtype=np.int64)
+    brokers = pa.array([broker for key in prefixes.to_pylist() for broker in hosts[key]], pa.string())
+    counts = per_prefix[prefix]
+    ends = np.cumsum(counts)
+    nth = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - counts, counts)
+    which = np.repeat((np.cumsum(per_prefix) - per_prefix)[prefix], counts) + nth
+    return pa.table(
+        {
+            "row": pa.array(np.repeat(rows, counts)),
+            "broker_name": brokers.take(pa.array(which)),
+            "commit_log_offset": pa.array(np.repeat(offsets, counts)),
+        }
+    )
+
+
+def _bytes_of(texts: pa.Array) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """The bytes of binary values of 16 bytes each, one row per value."""
+    if not len(texts):
+        return np.zeros((0, 16), dtype=np.uint8)
+    start = int(np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset])
+    data = np.frombuffer(texts.buffers()[2], dtype=np.uint8)[start : start + 16 * len(texts)]
+    return data.reshape(-1, 16)
+
+
+_NIBBLE = np.full(256, 255, dtype=np.uint8)
+for _value, _char in enumerate("0123456789abcdef"):
+    _NIBBLE[ord(_char)] = _NIBBLE[ord(_char.upper())] = _value
 
 
 def _spark_hex(text: str) -> int | None:
@@ -208,7 +256,7 @@ def compute(records: pa.Table, context: Context) -> tuple[pa.Table, list[dict[st
         pa.array(list(KIND_RANK.values()), pa.int8()),
         pc.index_in(done.column("kind"), value_set=pa.array(list(KIND_RANK), pa.string())),
     )
-    origin = _origins(done)
+    origin = origins_of(done)
     keyed = done.append_column("origin", origin).append_column("rank", ranks)
     keyed = keyed.append_column("position", pa.array(np.arange(done.num_rows, dtype=np.int64)))
     # a chain's records together, its latest last: the greatest (reconsume times, rank, store time,
@@ -222,7 +270,7 @@ def compute(records: pa.Table, context: Context) -> tuple[pa.Table, list[dict[st
     ordered = ordered.append_column("chain", pa.array(chain_of))
     lasts = np.append(starts[1:], ordered.num_rows) - 1
     latest = ordered.select(["kind", "topic", "queue_id", "queue_offset", "reconsume_times", "store_timestamp"])
-    latest = latest.take(pa.array(lasts)).to_pydict()
+    latest = latest.take(pa.array(lasts))
     first = ordered.select(list(_CHAIN)).take(pa.array(starts))
     least = ordered.group_by("chain", use_threads=False).aggregate(
         [("uniq_key", "min"), ("keys", "min"), ("origin_topic", "min"), ("store_timestamp", "min")]
@@ -232,42 +280,28 @@ def compute(records: pa.Table, context: Context) -> tuple[pa.Table, list[dict[st
         ordered.select(["chain", "commit_log_offset", "position"]),
         [("chain", "ascending"), ("commit_log_offset", "ascending"), ("position", "ascending")],
     )
-    brokers = ordered.column("broker_name").take(by_offset.take(pa.array(starts))).to_pylist()
+    brokers = ordered.column("broker_name").take(by_offset.take(pa.array(starts)))
     retry_columns = ["chain", *ATTEMPT.names, "msg_id", "uniq_key", "origin_topic", "position", "row"]
     retries = (
         ordered.filter(pc.equal(ordered.column("kind"), RETRY))
         .select(retry_columns)
         .sort_by([("chain", "ascending")] + [(key, "ascending") for key in (*_ATTEMPT_ORDER, "broker_name", "topic")])
     )
-    groups, origins = first.column("group").to_pylist(), first.column("origin").to_pylist()
     chains = len(starts)
-    states, limits = [], []
-    for i in range(chains):
-        kind = latest["kind"][i]
-        if kind == DEAD_LETTER:
-            state = DEAD
-        elif kind == SCHEDULED:
-            state = SCHEDULED
-        else:
-            offset = context.offsets.get((groups[i], brokers[i], latest["topic"][i], latest["queue_id"][i]))
-            state = CONSUMED if offset is not None and offset > latest["queue_offset"][i] else DELIVERED
-        states.append(state)
-        policy = context.policies.get((brokers[i], groups[i]))
-        limits.append(policy if policy is not None else c.RETRY_MAX_TIMES)
-    exhausted = [
-        state in OPEN_STATES and times >= limit
-        for state, times, limit in zip(states, latest["reconsume_times"], limits, strict=True)
-    ]
+    states, limits = _states(latest, first.column("group"), brokers, context)
+    exhausted = pc.and_(
+        pc.is_in(states, value_set=pa.array(OPEN_STATES, pa.string())),
+        pc.greater_equal(latest.column("reconsume_times"), limits),
+    )
     # one row per original record found (several brokers may share the origin id's host prefix), else one
-    found_per_chain, found = [], []
-    for origin_msg_id in origins:
-        originals = [
-            (broker, topic, offset, 0, at)
-            for broker, offset in origin_positions(origin_msg_id, context.hosts)
-            for topic, at in context.originals.get((broker, offset), ())
-        ]
-        found_per_chain.append(len(originals))
-        found += originals
+    positions = origin_positions_of(first.column("origin"), context.hosts)
+    found_of, found = [], []
+    columns = (positions.column(name).to_pylist() for name in positions.column_names)
+    for chain, broker, offset in zip(*columns, strict=True):
+        for topic, at in context.originals.get((broker, offset), ()):
+            found_of.append(chain)
+            found.append((broker, topic, offset, 0, at))
+    found_per_chain = np.bincount(np.array(found_of, dtype=np.int64), minlength=chains).tolist()
     copies_of = [max(n, 1) for n in found_per_chain]
     row_chain = np.repeat(np.arange(chains, dtype=np.int64), copies_of)
     first_row = np.concatenate(([0], np.cumsum(copies_of)[:-1])).astype(np.int64)
@@ -282,19 +316,68 @@ def compute(records: pa.Table, context: Context) -> tuple[pa.Table, list[dict[st
             "uniq_key": pc.take(least.column("uniq_key_min"), take),
             "keys": pc.take(least.column("keys_min"), take),
             "origin_topic": pc.take(least.column("origin_topic_min"), take),
-            "broker_name": pc.take(pa.array(brokers, pa.string()), take),
+            "broker_name": pc.take(brokers, take),
             "attempts": attempts,
-            "last_reconsume_times": pc.take(pa.array(latest["reconsume_times"], pa.int32()), take),
+            "last_reconsume_times": pc.take(latest.column("reconsume_times"), take),
             "first_failure_timestamp": pc.take(least.column("store_timestamp_min"), take),
-            "last_timestamp": pc.take(pa.array(latest["store_timestamp"], pa.int64()), take),
-            "state": pc.take(pa.array(states, pa.string()), take),
-            "max_reconsume_times": pc.take(pa.array(limits, pa.int32()), take),
-            "exhausted": pc.take(pa.array(exhausted, pa.bool_()), take),
+            "last_timestamp": pc.take(latest.column("store_timestamp"), take),
+            "state": pc.take(states, take),
+            "max_reconsume_times": pc.take(limits, take),
+            "exhausted": pc.take(exhausted, take),
             "as_of": pa.array(np.full(len(row_chain), context.as_of, dtype=np.int64)),
         },
         schema=RETRY_CHAINS.arrow_schema,
     )
     return table, _dead_letters(table, ordered, retries, first_row, copies_of)
+
+
+def _states(
+    latest: pa.Table, groups: pa.ChunkedArray, brokers: pa.ChunkedArray, context: Context
+) -> tuple[pa.Array, pa.Array]:
+    """Each chain's state and retry limit, from its latest record (``latest``, one row per chain),
+    group and broker: DEAD after a DLQ record, SCHEDULED after a SCHEDULED one, else CONSUMED when its
+    group's offset in the latest record's queue passed it, else DELIVERED; the limit is the
+    broker's policy for the group, RocketMQ's default without one."""
+    n = latest.num_rows
+    keys = pa.table(
+        {
+            "group": groups,
+            "broker_name": brokers,
+            "topic": latest.column("topic"),
+            "queue_id": latest.column("queue_id"),
+            "chain": pa.array(np.arange(n, dtype=np.int64)),
+        }
+    )
+    queues = list(context.offsets)
+    offsets = pa.table(
+        {
+            "group": pa.array([queue[0] for queue in queues], pa.string()),
+            "broker_name": pa.array([queue[1] for queue in queues], pa.string()),
+            "topic": pa.array([queue[2] for queue in queues], pa.string()),
+            "queue_id": pa.array([queue[3] for queue in queues], pa.int32()),
+            "offset": pa.array([context.offsets[queue] for queue in queues], pa.int64()),
+        }
+    )
+    found = keys.join(offsets, ["group", "broker_name", "topic", "queue_id"], use_threads=False).sort_by("chain")
+    consumed = pc.fill_null(pc.greater(found.column("offset"), latest.column("queue_offset")), False)
+    kind = latest.column("kind")
+    states = pc.case_when(
+        pc.make_struct(pc.equal(kind, DEAD_LETTER), pc.equal(kind, SCHEDULED), consumed),
+        DEAD,
+        SCHEDULED,
+        CONSUMED,
+        DELIVERED,
+    )
+    given = [(broker, group, limit) for (broker, group), limit in context.policies.items() if limit is not None]
+    policies = pa.table(
+        {
+            "broker_name": pa.array([broker for broker, _, _ in given], pa.string()),
+            "group": pa.array([group for _, group, _ in given], pa.string()),
+            "limit": pa.array([limit for _, _, limit in given], pa.int32()),
+        }
+    )
+    limits = keys.join(policies, ["broker_name", "group"], use_threads=False).sort_by("chain").column("limit")
+    return states, pc.fill_null(limits, c.RETRY_MAX_TIMES).combine_chunks()
 
 
 _CHAIN = ("group", "origin")

@@ -6,7 +6,7 @@ See docs/jobs.md (route_dlq incremental).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,14 +22,14 @@ from jobs.dlq.fold import (
     Context,
     Original,
     Previous,
-    chain_keys,
     check_foldable,
     compute,
     first_failures,
     fold,
     host_prefixes,
     offsets_at,
-    origin_positions,
+    origin_positions_of,
+    origins_of,
     policies_at,
     redrive_states,
     touched_chains,
@@ -79,13 +79,13 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
     commits = _retry_commits(lake, versions)
     brokers = _brokers(lake, versions.get(BROKERS.name))
     hosts = _hosts(brokers)
-    keys = chain_keys(records, as_of)
+    origins = pc.unique(origins_of(records.filter(pc.less_equal(records.column("store_timestamp"), as_of))))
     context = Context(
         as_of,
         policies_at(_rows(lake, SUBSCRIPTION_GROUP, versions), as_of),
         offsets_at(commits, as_of),
         hosts,
-        _originals(lake, versions, brokers, _positions(keys, hosts)),
+        _originals(lake, versions, brokers, _positions(origins, hosts)),
     )
     chains, dead = compute(records, context)
     dead_letters = pa.Table.from_pylist(_with_deferred(lake, version, dead, table), schema=DLQ.arrow_schema)
@@ -199,7 +199,7 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
     touched = touched_chains(previous, new, policies, backlog, hosts, as_of)
     table = _chain_records(lake, versions[RETRY_RECORDS.name], touched, previous, new)
     records = _numbered(table)
-    originals = _originals(lake, versions, brokers, _positions(touched, hosts))
+    originals = _originals(lake, versions, brokers, _positions(pa.array([o for _, o in touched], pa.string()), hosts))
     context = Context(as_of, policies, offsets, hosts, originals)
     chains, dead, kept_dead = fold(previous_chains, previous_dead, touched, records, context)
     computed = pa.Table.from_pylist(
@@ -280,8 +280,10 @@ def _hosts(brokers: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
     return host_prefixes((name, row["store_host"]) for name, row in brokers.items())
 
 
-def _positions(keys: Iterable[ChainKey], hosts: Mapping[str, Sequence[str]]) -> set[RecordKey]:
-    return {position for _, origin in keys for position in origin_positions(origin, hosts)}
+def _positions(origins: pa.Array | pa.ChunkedArray, hosts: Mapping[str, Sequence[str]]) -> set[RecordKey]:
+    """The (broker, commit log offset) pairs the chains' ``origins`` name."""
+    table = origin_positions_of(origins, hosts)
+    return set(zip(table.column("broker_name").to_pylist(), table.column("commit_log_offset").to_pylist(), strict=True))
 
 
 def _originals(
