@@ -103,7 +103,7 @@ SCOPE_ENV = "RMQ_TEST_SCOPE"
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked for the other lake engine (``@pytest.mark.engine("bridge")``) are deselected:
     they check what only that engine does. On delta-spark, so are the tests without Spark (they do
-    not depend on the engine, and the bridge run, which runs every test, has run them) and, unless
+    not depend on the engine, and the bridge run has run them) and, unless
     ``RMQ_TEST_SCOPE=all``, the Spark tests not marked ``both_engines``.
 
     The two workers each take a whole module at a time, in xdist's order (the most tests first),

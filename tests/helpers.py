@@ -25,11 +25,20 @@ the Delta jars with Ivy, see :func:`jobs.lake.session.delta_package`). A variabl
 
 
 def seeds(first: int, *more: int) -> list[Any]:
-    """The seeds of a seeded differential: every seed on the bridge pass, the first alone on the
-    delta-spark pass, which runs the same job code through another engine (one seed proves the
-    engine; more seeds prove the job, which the bridge pass has done), so that the engine matrix
-    fits CI's time."""
-    return [first, *(pytest.param(seed, marks=pytest.mark.engine("bridge")) for seed in more)]
+    """The seeds of a seeded differential, split between the lake engines: the first on the
+    delta-spark pass, the others on the bridge pass. Each pass runs the same job code on stories of
+    its own (one seed proves the engine; the seeds of both passes together prove the job), so that
+    the engine matrix fits CI's time."""
+    return [
+        pytest.param(first, marks=pytest.mark.engine("delta-spark")),
+        *(pytest.param(seed, marks=pytest.mark.engine("bridge")) for seed in more),
+    ]
+
+
+DRIVER_LAKE = ENGINE == "bridge"
+"""Whether a chain differential keeps its third lake, computed in full on the driver at every step:
+on the bridge pass. On delta-spark its chained lake computes in full on the driver at its first step
+and after each step of late rows, and the bridge pass compares every step's."""
 
 
 def assert_frames_equal(actual_df: DataFrame, expected_df: DataFrame) -> None:

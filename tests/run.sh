@@ -30,7 +30,8 @@ fi
 "$venv/bin/ruff" format --check .
 "$venv/bin/mypy" --strict broker_model schemas jobs
 # The suite runs once per lake engine (RMQ_TEST_ENGINES, both by default): on the bridge every test,
-# on delta-spark the Spark tests marked both_engines (RMQ_TEST_SCOPE=all: every Spark test); the
+# on delta-spark the Spark tests marked both_engines (RMQ_TEST_SCOPE=all: every Spark test), a
+# seeded differential's first seed on delta-spark and its others on the bridge; the
 # slowest tests of each run are listed at its end. The Delta jars
 # are fetched from Maven Central into Ivy's cache once, before the workers' sessions start.
 engines="${RMQ_TEST_ENGINES:-bridge delta-spark}"

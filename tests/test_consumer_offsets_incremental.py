@@ -27,7 +27,7 @@ from jobs.consumer_offsets import ConsumerOffsetsConfig, Previous, check_foldabl
 from jobs.lake import Lake
 from jobs.runs import MOVE_ON_FROM, CannotFold
 from schemas.catalog import CONSUME_QUEUE, CONSUMER_OFFSET_COMMITS, CONSUMER_OFFSETS, JOB_RUNS, TOPIC_CONFIG
-from tests.helpers import ENGINE, canonical_rows, seeds
+from tests.helpers import DRIVER_LAKE, ENGINE, canonical_rows, seeds
 
 pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
@@ -157,20 +157,22 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(spark: SparkSessi
     story = _Story(seed)
     chained, whole = Lake(spark, tmp_path / "chained", ENGINE), Lake(spark, tmp_path / "whole", ENGINE)
     driver = Lake(spark, tmp_path / "driver", ENGINE)
+    lakes = (chained, whole, driver) if DRIVER_LAKE else (chained, whole)
     late_steps = {3, 6}
     for step in range(8):
         cq_rows, commits, configs, as_of = story.step(late=step in late_steps)
-        for lake in (chained, whole, driver):
+        for lake in lakes:
             _append(lake, cq_rows, commits, configs)
 
         # moving on taken whenever it is exact, whatever it reads: the chain checks that it is exact
         run(spark, ConsumerOffsetsConfig(chained.root, as_of, engine=ENGINE, move_on_share=math.inf, move_on_from=0))
         run(spark, ConsumerOffsetsConfig(whole.root, as_of, engine=ENGINE, full=True, driver_rows=0))  # Spark
-        run(spark, ConsumerOffsetsConfig(driver.root, as_of, engine=ENGINE, full=True))
+        if DRIVER_LAKE:
+            run(spark, ConsumerOffsetsConfig(driver.root, as_of, engine=ENGINE, full=True))
 
         expected = canonical_rows(whole.read_rows(CONSUMER_OFFSETS))
-        assert canonical_rows(chained.read_rows(CONSUMER_OFFSETS)) == expected, f"step {step}"
-        assert canonical_rows(driver.read_rows(CONSUMER_OFFSETS)) == expected, f"step {step}"
+        for lake in lakes:
+            assert canonical_rows(lake.read_rows(CONSUMER_OFFSETS)) == expected, f"step {step}"
 
     moved_on = [i for i, (plan, message, *_) in enumerate(_plans(chained)) if plan == "moved on"]
     # the first run and the run after each step with late rows compute from the whole inputs

@@ -29,7 +29,7 @@ from jobs.resolve_transactions.fold import COUNTED, Previous, check_foldable
 from jobs.runs import CannotFold
 from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE
 from tests.builders import commitlog_record, commitlog_table
-from tests.helpers import ENGINE, canonical_rows, seeds
+from tests.helpers import DRIVER_LAKE, ENGINE, canonical_rows, seeds
 
 pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
@@ -185,22 +185,24 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
     story = _Story(seed)
     chained, whole = Lake(spark, tmp_path / "chained", ENGINE), Lake(spark, tmp_path / "whole", ENGINE)
     driver = Lake(spark, tmp_path / "driver", ENGINE)
+    lakes = (chained, whole, driver) if DRIVER_LAKE else (chained, whole)
     late_steps = {4}
     steps = 9
     seen_states: set[str] = set()
     for step in range(steps):
         rows, as_of = story.step(late=step in late_steps)
-        for lake in (chained, whole, driver):
+        for lake in lakes:
             lake.append_rows(COMMITLOG, commitlog_table(rows))
         run(spark, ResolveTransactionsConfig(chained.root, as_of, engine=ENGINE, **SETTINGS))
         run(spark, ResolveTransactionsConfig(whole.root, as_of, **WITH_SPARK))
-        run(spark, ResolveTransactionsConfig(driver.root, as_of, **ON_THE_DRIVER))
+        if DRIVER_LAKE:
+            run(spark, ResolveTransactionsConfig(driver.root, as_of, **ON_THE_DRIVER))
 
         expected = canonical_rows(whole.read_rows(TRANSACTION_STATE))
-        assert canonical_rows(chained.read_rows(TRANSACTION_STATE)) == expected, f"step {step}"
-        assert canonical_rows(driver.read_rows(TRANSACTION_STATE)) == expected, f"step {step}"
-        counts = [dict(_runs(lake)[-1]["row_counts"]) for lake in (chained, driver, whole)]
-        assert [{k: n[k] for k in COUNTED} for n in counts] == [{k: counts[2][k] for k in COUNTED}] * 3
+        counts = [{k: dict(_runs(whole)[-1]["row_counts"])[k] for k in COUNTED}]
+        for lake in lakes:
+            assert canonical_rows(lake.read_rows(TRANSACTION_STATE)) == expected, f"step {step}"
+            assert [{k: dict(_runs(lake)[-1]["row_counts"])[k] for k in COUNTED}] == counts, f"step {step}"
         seen_states |= set(whole.read_rows(TRANSACTION_STATE).column("state").to_pylist())
 
     moved_on = [i for i, r in enumerate(_runs(chained)) if r["message"].endswith("moved on by the new records")]

@@ -64,7 +64,7 @@ from schemas.catalog import (
     spark_schema,
 )
 from tests.builders import commitlog_frame, commitlog_record, commitlog_table
-from tests.helpers import ENGINE, canonical_rows, seeds
+from tests.helpers import DRIVER_LAKE, ENGINE, canonical_rows, seeds
 
 pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
@@ -304,7 +304,8 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
     # the records' files are packed after almost every run: a run still moves on from the last one
     monkeypatch.setattr("broker_model.store.delta_tables.SMALL_TABLE_FILES", 2)
     story = _Story(seed)
-    lakes = {name: Lake(spark, tmp_path / name, ENGINE) for name in ("chained", "whole", "driver")}
+    names = ("chained", "whole", "driver") if DRIVER_LAKE else ("chained", "whole")
+    lakes = {name: Lake(spark, tmp_path / name, ENGINE) for name in names}
     limits = [
         {**story._limit(1_000), "broker_name": b, "group": g, "retry_max_times": 2} for b in HOSTS for g in GROUPS
     ]
@@ -329,11 +330,12 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
             _append(lake, rows)
         run(spark, RouteDlqConfig(lakes["chained"].root, as_of, engine=ENGINE))
         run(spark, RouteDlqConfig(lakes["whole"].root, as_of, **WITH_SPARK))
-        run(spark, RouteDlqConfig(lakes["driver"].root, as_of, **ON_THE_DRIVER))
+        if DRIVER_LAKE:
+            run(spark, RouteDlqConfig(lakes["driver"].root, as_of, **ON_THE_DRIVER))
         for spec in (RETRY_CHAINS, DLQ):
             expected = canonical_rows(lakes["whole"].read_rows(spec))
-            assert canonical_rows(lakes["chained"].read_rows(spec)) == expected, f"{spec.name} at step {step}"
-            assert canonical_rows(lakes["driver"].read_rows(spec)) == expected, f"{spec.name} at step {step}"
+            for name, lake in lakes.items():
+                assert canonical_rows(lake.read_rows(spec)) == expected, f"{spec.name} of {name} at step {step}"
         chains = lakes["whole"].read_rows(RETRY_CHAINS).to_pylist()
         dead = lakes["whole"].read_rows(DLQ).to_pylist()
         seen["state"] |= {r["state"] for r in chains}
