@@ -119,20 +119,14 @@ def column_encodings(table_dir: Path) -> tuple[set[str], set[str]]:
 WAIT_DEADLINE_S = 60.0  # generous: a loaded machine is slow, and the wait ends at the condition anyway
 
 
-def wait_until(
-    condition: Callable[[], bool],
-    what: str,
-    deadline_s: float = WAIT_DEADLINE_S,
-    why: Callable[[], str] | None = None,
-) -> None:
+def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = WAIT_DEADLINE_S) -> None:
     """Return as soon as ``condition()`` holds (checked every few milliseconds); fail naming
-    ``what`` once ``deadline_s`` has passed without it, with ``why()`` (what still stood in the way)
-    when given. Tests wait on conditions, never on fixed sleeps, and assert behaviour rather than
-    speed."""
+    ``what`` once ``deadline_s`` has passed without it. Tests wait on conditions, never on fixed
+    sleeps, and assert behaviour rather than speed."""
     deadline = time.monotonic() + deadline_s
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"waited {deadline_s} s for {what}" + (f": {why()}" if why else ""))
+            raise AssertionError(f"waited {deadline_s} s for {what}")
         time.sleep(0.005)
 
 
