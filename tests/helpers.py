@@ -119,15 +119,23 @@ def column_encodings(table_dir: Path) -> tuple[set[str], set[str]]:
 WAIT_DEADLINE_S = 60.0  # generous: a loaded machine is slow, and the wait ends at the condition anyway
 
 
-def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = WAIT_DEADLINE_S) -> None:
-    """Return as soon as ``condition()`` holds (checked every few milliseconds); fail naming
-    ``what`` once ``deadline_s`` has passed without it. Tests wait on conditions, never on fixed
-    sleeps, and assert behaviour rather than speed."""
-    deadline = time.monotonic() + deadline_s
+def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``condition()`` held within ``seconds`` (checked every few milliseconds); True as
+    soon as it holds."""
+    deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"waited {deadline_s} s for {what}")
+            return False
         time.sleep(0.005)
+    return True
+
+
+def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = WAIT_DEADLINE_S) -> None:
+    """Return as soon as ``condition()`` holds (:func:`wait_for`); fail naming ``what`` once
+    ``deadline_s`` has passed without it. Tests wait on conditions, never on fixed sleeps, and
+    assert behaviour rather than speed."""
+    if not wait_for(condition, deadline_s):
+        raise AssertionError(f"waited {deadline_s} s for {what}")
 
 
 def job_statuses(lake: Any) -> list[tuple[str, str]]:

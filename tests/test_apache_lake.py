@@ -78,7 +78,7 @@ from tests.apache_rocketmq import (
     parse_query_msg,
     parse_topic_status,
 )
-from tests.helpers import ENGINE, wait_until
+from tests.helpers import ENGINE, wait_for, wait_until
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.apache, pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
@@ -317,6 +317,12 @@ def _admin_view_once_consumed(rocketmq: ApacheRocketMQ, poison_id: str) -> Admin
     return views[0]
 
 
+# alone the follower catches up within seconds; in a whole pass on 2 cores the admin view it was
+# compared with once fell behind the broker's own revive offset for 300 s
+LAKE_DEADLINE_S = 300
+VIEW_PATIENCE_S = 30  # then the view is taken again
+
+
 def _settled_view(rocketmq: ApacheRocketMQ, poison_id: str, lake: Path, log_path: Path) -> tuple[*AdminView, int]:
     """The admin view once the consumers are done, the lake caught up with it, and the broker still
     showing the same offsets after that; with the lake's end. The broker's own services (the POP
@@ -338,11 +344,6 @@ def _settled_view(rocketmq: ApacheRocketMQ, poison_id: str, lake: Path, log_path
                 f"{'; '.join(reached.behind[:20]) or 'the broker moved on'}\nthe follower's last lines:\n{tail}"
             )
         view = again
-
-
-# alone the follower catches up within seconds; in a whole pass on 2 cores it once had not in 120 s
-LAKE_DEADLINE_S = 300
-VIEW_PATIENCE_S = 30  # then the view is taken again
 
 
 def _offsets(view: AdminView) -> list[object]:
@@ -387,12 +388,8 @@ def _wait_for_the_lake(
             behind.insert(0, f"lake end {end}, {after} store records after it")
         return not behind
 
-    check = _every(0.5, caught_up)
-    give_up = time.monotonic() + patience_s
-    while not check():
-        if time.monotonic() > give_up:
-            return Reached(None, behind)
-        time.sleep(0.05)
+    if not wait_for(_every(0.5, caught_up), patience_s):
+        return Reached(None, behind)
     return Reached(ingested_end(lake, BROKER) or 0, [])
 
 

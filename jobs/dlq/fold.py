@@ -134,14 +134,14 @@ def origin_positions_of(origins: pa.Array | pa.ChunkedArray, hosts: Mapping[str,
     rows, prefix = rows[known.is_valid().to_numpy(zero_copy_only=False)], known.drop_null().to_numpy()
     tails = pc.utf8_slice_codeunits(ids.take(pa.array(rows)), -16).cast(pa.binary())
     offsets = np.full(len(rows), -1, dtype=np.int64)
-    ascii = np.flatnonzero(pc.equal(pc.binary_length(tails), 16).to_numpy(zero_copy_only=False))
-    digits = _NIBBLE[_bytes_of(tails.take(pa.array(ascii)))]
+    sixteen = np.flatnonzero(pc.equal(pc.binary_length(tails), 16).to_numpy(zero_copy_only=False))  # ASCII tails
+    digits = _NIBBLE[_bytes_of(tails.take(pa.array(sixteen)))]
     hex_only = (digits < 16).all(axis=1)
     fits = hex_only & (digits[:, 0] < 8)  # at most a long; the other 16 hex digits name no offset
     packed = np.ascontiguousarray((digits[fits, 0::2] << 4) | digits[fits, 1::2])  # 8 bytes, big-endian
-    offsets[ascii[fits]] = packed.view(">u8").ravel().astype(np.int64)
+    offsets[sixteen[fits]] = packed.view(">u8").ravel().astype(np.int64)
     slow = np.ones(len(rows), dtype=bool)
-    slow[ascii[hex_only]] = False
+    slow[sixteen[hex_only]] = False
     for i in np.flatnonzero(slow):
         value = _spark_hex(tails[int(i)].as_py().decode())
         offsets[i] = -1 if value is None else value
@@ -172,9 +172,10 @@ def _bytes_of(texts: pa.Array) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return data.reshape(-1, 16)
 
 
-_NIBBLE = np.full(256, 255, dtype=np.uint8)
-for _value, _char in enumerate("0123456789abcdef"):
-    _NIBBLE[ord(_char)] = _NIBBLE[ord(_char.upper())] = _value
+_NIBBLE = np.full(256, 255, dtype=np.uint8)  # a byte's hex digit value, 255 for any other byte
+_NIBBLE[np.frombuffer(b"0123456789abcdef", np.uint8)] = _NIBBLE[np.frombuffer(b"0123456789ABCDEF", np.uint8)] = (
+    np.arange(16, dtype=np.uint8)
+)
 
 
 def _spark_hex(text: str) -> int | None:
