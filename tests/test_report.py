@@ -148,29 +148,53 @@ def test_a_plot_is_drawn_again_only_when_its_rows_its_drawing_or_its_file_change
 
     def bars(rows: Sequence[Mapping[str, Any]]) -> bytes:
         calls.append(len(rows))
-        return f"png of {len(rows)} rows".encode()
+        return f"plot of {len(rows)} rows".encode()
 
     def report(rows: list[dict[str, Any]], plot: Callable[[Sequence[Mapping[str, Any]]], bytes] = bars) -> bytes:
         plots = PlotCache(tmp_path)
-        name, png = plots.draw("bars.png", plot, rows)
-        write_report(tmp_path, "<html></html>", [Section("s", plots=[(name, png)])], plots)
-        return png
+        name, drawn = plots.draw("bars.svg", plot, rows)
+        write_report(tmp_path, "<html></html>", [Section("s", plots=[(name, drawn)])], plots)
+        return drawn
 
-    assert report([{"a": 1}]) == b"png of 1 rows" and calls == [1]
-    written = (tmp_path / "bars.png").stat().st_mtime_ns
-    assert report([{"a": 1}]) == b"png of 1 rows" and calls == [1]  # read back, file left as it was
-    assert (tmp_path / "bars.png").stat().st_mtime_ns == written
-    assert report([{"a": 1}, {"a": 2}]) == b"png of 2 rows" and calls == [1, 2]  # new rows
-    (tmp_path / "bars.png").write_bytes(b"edited")
-    assert report([{"a": 1}, {"a": 2}]) == b"png of 2 rows" and calls == [1, 2, 2]  # the file changed
-    assert (tmp_path / "bars.png").read_bytes() == b"png of 2 rows"
+    assert report([{"a": 1}]) == b"plot of 1 rows" and calls == [1]
+    written = (tmp_path / "bars.svg").stat().st_mtime_ns
+    assert report([{"a": 1}]) == b"plot of 1 rows" and calls == [1]  # read back, file left as it was
+    assert (tmp_path / "bars.svg").stat().st_mtime_ns == written
+    assert report([{"a": 1}, {"a": 2}]) == b"plot of 2 rows" and calls == [1, 2]  # new rows
+    (tmp_path / "bars.svg").write_bytes(b"edited")
+    assert report([{"a": 1}, {"a": 2}]) == b"plot of 2 rows" and calls == [1, 2, 2]  # the file changed
+    assert (tmp_path / "bars.svg").read_bytes() == b"plot of 2 rows"
 
     def other(rows: Sequence[Mapping[str, Any]]) -> bytes:
         return b"other drawing"
 
     assert report([{"a": 1}, {"a": 2}], other) == b"other drawing"  # another drawing of the same rows
     (tmp_path / PLOTS_FILE).write_text("not json", encoding="utf-8")
-    assert report([{"a": 1}, {"a": 2}]) == b"png of 2 rows" and calls == [1, 2, 2, 2]
+    assert report([{"a": 1}, {"a": 2}]) == b"plot of 2 rows" and calls == [1, 2, 2, 2]
+
+
+def test_a_report_removes_the_plot_files_of_the_previous_report_it_does_not_have(tmp_path: Path) -> None:
+    def bars(rows: Sequence[Mapping[str, Any]]) -> bytes:
+        return b"<svg/>"
+
+    def report(*names: str) -> None:
+        plots = PlotCache(tmp_path)
+        drawn = [plots.draw(name, bars, [{"a": 1}]) for name in names]
+        write_report(tmp_path, "<html></html>", [Section("s", plots=drawn)], plots)
+
+    (tmp_path / "lag.png").write_bytes(b"an older report's plot")  # recorded as a plot of the last report
+    (tmp_path / "notes.txt").write_text("the user's", encoding="utf-8")  # not a plot: left alone
+    (tmp_path / PLOTS_FILE).write_text('{"lag.png": {"inputs": "x", "png": "y"}, "../x": {}}', encoding="utf-8")
+    report("lag.svg", "dead_letters.svg")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "dead_letters.svg",
+        "lag.svg",
+        "notes.txt",
+        PLOTS_FILE,
+        "report.html",
+    ]
+    report("lag.svg")  # the dead letters' section has no plot this time
+    assert not (tmp_path / "dead_letters.svg").exists() and (tmp_path / "lag.svg").read_bytes() == b"<svg/>"
 
 
 @pytest.mark.both_engines
@@ -181,15 +205,15 @@ def test_a_report_at_a_new_time_reuses_the_plots_of_unchanged_rows(spark: SparkS
     run_workload(lake_root, 300, seed=3, consumers=True)
     first = run(spark, ReportConfig(lake_root, as_of, out, engine=ENGINE))
     assert first.status == "SUCCEEDED"
-    drawn = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*.png")}
+    drawn = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*.svg")}
     assert drawn
     assert f"; {len(drawn)} plots drawn in " in (first.message or ""), first.message  # what the drawing took
 
     again = run(spark, ReportConfig(lake_root, as_of + 1, out, engine=ENGINE))
     assert again.status == "SUCCEEDED" and "; 0 plots drawn in 0.00 s" in (again.message or ""), again.message
-    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*.png")} == drawn
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*.svg")} == drawn
     page = (out / "report.html").read_text(encoding="utf-8")
-    assert page.count('src="data:image/png;base64,') == len(drawn)
+    assert page.count('src="data:image/svg+xml;base64,') == len(drawn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,10 +271,10 @@ def test_the_report_of_a_broker_workload_renders_with_its_plots_in_chromium(
     out = tmp_path / "report"
     job_run = run(spark, ReportConfig(lake_root, now, out, engine=ENGINE))
 
-    plots = sorted(p.name for p in out.glob("*.png"))
-    assert plots == ["lag_over_time.png", "lag_per_queue.png", "topic_traffic.png", "transaction_outcomes.png"]
+    plots = sorted(p.name for p in out.glob("*.svg"))
+    assert plots == ["lag_over_time.svg", "lag_per_queue.svg", "topic_traffic.svg", "transaction_outcomes.svg"]
     page = (out / "report.html").read_text(encoding="utf-8")
-    assert job_run.row_counts["plots"] == 4 and page.count('src="data:image/png;base64,') == 4
+    assert job_run.row_counts["plots"] == 4 and page.count('src="data:image/svg+xml;base64,') == 4
     assert "Dead letters per group and day" in page and "no data yet: the table(s) dlq" in page
 
     probe = tmp_path / "probe.html"  # the page as written, plus a script reporting each image's width

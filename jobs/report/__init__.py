@@ -1,4 +1,4 @@
-"""The ``report`` job: one self-contained HTML page with PNG plots about the lake (see
+"""The ``report`` job: one self-contained HTML page with SVG plots about the lake (see
 :mod:`jobs.report.job` and docs/jobs.md).
 
 Besides the job package's roles (docs/jobs.md, "How a job package is laid out"): ``rows`` (the

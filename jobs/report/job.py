@@ -1,4 +1,4 @@
-"""The ``report`` job: one self-contained HTML page with PNG plots about the lake (lag, dead letters,
+"""The ``report`` job: one self-contained HTML page with SVG plots about the lake (lag, dead letters,
 transactions, traffic, what ingested RocketMQ stores hold that the lake does not read, integrity,
 runs), each section from the latest version of its tables, the log
 and the offset commits through their hourly summaries (:mod:`jobs.hours`); a table not there yet
@@ -133,7 +133,7 @@ def _lag_section(lake: Lake, versions: Mapping[str, int], plots: PlotCache) -> S
     return Section(
         title,
         note,
-        [plots.draw("lag_per_queue.png", plot_lag_per_queue, queues)],
+        [plots.draw("lag_per_queue.svg", plot_lag_per_queue, queues)],
         [
             _table(groups, ["group", "lag", "queues"]),
             _table(queues, ["group", *QUEUE_KEY, "consumer_offset", "broker_offset", "diff"]),
@@ -163,7 +163,7 @@ def _lag_history_section(lake: Lake, versions: Mapping[str, int], samples: int, 
     return Section(
         title,
         note,
-        [plots.draw("lag_over_time.png", plot_lag_over_time, rows)],
+        [plots.draw("lag_over_time.svg", plot_lag_over_time, rows)],
         [_table(rows, ["group", "sample", "as_of", "lag"])],
     )
 
@@ -179,7 +179,7 @@ def _traffic_section(lake: Lake, versions: Mapping[str, int], plots: PlotCache) 
     return Section(
         title,
         note,
-        [plots.draw("topic_traffic.png", plot_topic_traffic, rows)],
+        [plots.draw("topic_traffic.svg", plot_topic_traffic, rows)],
         [_table(rows, ["topic", "hour", "messages", "bytes"])],
     )
 
@@ -290,7 +290,7 @@ def build_sections(lake: Lake, versions: Mapping[str, int], samples: int, plots:
             DLQ,
             ["group", "dlq_timestamp"],
             dead_letters_per_day,
-            ("dead_letters.png", plot_dead_letters),
+            ("dead_letters.svg", plot_dead_letters),
             plots,
         ),
         _simple_section(
@@ -300,7 +300,7 @@ def build_sections(lake: Lake, versions: Mapping[str, int], samples: int, plots:
             TRANSACTION_STATE,
             ["state", "anomaly"],
             transaction_outcomes,
-            ("transaction_outcomes.png", plot_transaction_outcomes),
+            ("transaction_outcomes.svg", plot_transaction_outcomes),
             plots,
         ),
         _traffic_section(lake, versions, plots),
@@ -312,14 +312,17 @@ def build_sections(lake: Lake, versions: Mapping[str, int], samples: int, plots:
 
 
 def write_report(out_dir: Path, page: str, sections: Sequence[Section], plots: PlotCache) -> Path:
-    """Write ``report.html``, every plot as a PNG file (those read back are left as they are) and
-    ``plots.json`` into ``out_dir``; the page's path."""
+    """Write ``report.html``, every plot as an SVG file (those read back are left as they are) and
+    ``plots.json`` into ``out_dir``, and remove the plot files of the previous report that this one
+    does not have; the page's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / PLOTS_FILE).unlink(missing_ok=True)  # a run that stops here draws every plot next time
     for section in sections:
-        for name, png in section.plots:
+        for name, drawn in section.plots:
             if name not in plots.read_back:
-                (out_dir / name).write_bytes(png)
+                (out_dir / name).write_bytes(drawn)
+    for name in plots.stale():
+        (out_dir / name).unlink(missing_ok=True)
     path = out_dir / "report.html"
     path.write_text(page, encoding="utf-8")
     plots.save()

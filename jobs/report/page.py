@@ -20,7 +20,7 @@ class Table:
 
 @dataclass
 class Section:
-    """A section of the page: a title, a note, plots (file name, PNG bytes) and tables."""
+    """A section of the page: a title, a note, plots (file name, SVG bytes) and tables."""
 
     title: str
     note: str = ""
@@ -40,7 +40,7 @@ p.note { color: #555; } p.empty { color: #a00; }
 
 
 def render_html(title: str, subtitle: str, sections: Sequence[Section]) -> str:
-    """The whole page: plots embedded as ``data:image/png;base64`` URIs, every text escaped."""
+    """The whole page: plots embedded as ``data:image/svg+xml;base64`` URIs, every text escaped."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -52,11 +52,10 @@ def render_html(title: str, subtitle: str, sections: Sequence[Section]) -> str:
         if section.note:
             css = "empty" if not section.plots and not section.tables else "note"
             parts.append(f"<p class='{css}'>{html.escape(section.note)}</p>")
-        for name, png in section.plots:
-            data = base64.b64encode(png).decode("ascii")
-            parts.append(
-                f'<img alt="{html.escape(name)}" data-file="{html.escape(name)}" src="data:image/png;base64,{data}">'
-            )
+        for name, drawn in section.plots:
+            data = base64.b64encode(drawn).decode("ascii")
+            label = html.escape(name)
+            parts.append(f'<img alt="{label}" data-file="{label}" src="data:image/svg+xml;base64,{data}">')
         parts.extend(_table_html(table) for table in section.tables)
         parts.append("</section>")
     parts.append("</body></html>")
