@@ -28,6 +28,7 @@ from broker_model.common import create_msg_id, parse_host
 from jobs.dlq.decode import decode_retry_records
 from jobs.dlq.fold import (
     OPEN_STATES,
+    ORIGINAL_COLUMNS,
     PREVIOUS_COLUMNS,
     Context,
     Previous,
@@ -710,11 +711,11 @@ def test_the_driver_computes_every_chain_as_the_spark_transforms_do(spark: Spark
     committed = {
         (group, broker, f"%RETRY%{group}", q): r.randint(0, 10) for group in GROUPS for broker in hosts for q in (0, 1)
     }
-    found: dict[tuple[str, int], list[tuple[str, int]]] = {}
-    for row in originals:
-        found.setdefault((row["broker_name"], row["commit_log_offset"]), []).append(
-            (row["topic"], row["store_timestamp"])
-        )
+    schema = COMMITLOG.arrow_schema
+    found = pa.Table.from_pylist(
+        [{name: row[name] for name in ORIGINAL_COLUMNS} for row in originals],
+        schema=pa.schema([schema.field(name) for name in ORIGINAL_COLUMNS]),
+    )
     context = Context(
         as_of,
         {key: limit for key, limit in limits.items() if limit is not None},

@@ -47,8 +47,8 @@ from schemas.catalog import ATTEMPT, RETRY_CHAINS
 
 ChainKey = tuple[str, str]
 """(group, origin_msg_id): a retry chain."""
-Original = tuple[str, int]
-"""(topic, store time) of a chain's original record."""
+ORIGINAL_COLUMNS = ("broker_name", "commit_log_offset", "topic", "store_timestamp")
+"""A chain's original record: where it is in the commit log, its topic and its store time."""
 
 OPEN_STATES = (SCHEDULED, DELIVERED)  # states a consumer offset or a later record moves on
 _HEX_DIGITS = "0123456789abcdefABCDEF"
@@ -64,14 +64,14 @@ class Context:
         policies: ``retry_max_times`` per (broker, group) as of T (:func:`policies_at`).
         offsets: the consumer offset per retry queue as of T (:func:`offsets_at`).
         hosts: the broker names per host prefix of offset message ids (:func:`host_prefixes`).
-        originals: the original records found, per position.
+        originals: the original records found (:data:`ORIGINAL_COLUMNS`), in the order read.
     """
 
     as_of: int
     policies: Mapping[tuple[str, str], int | None]
     offsets: Mapping[GroupQueueKey, int]
     hosts: Mapping[str, Sequence[str]]
-    originals: Mapping[RecordKey, Sequence[Original]]
+    originals: pa.Table
 
 
 def of_chains(records: pa.Table, keys: set[ChainKey]) -> pa.Table:
@@ -295,14 +295,8 @@ def compute(records: pa.Table, context: Context) -> tuple[pa.Table, list[dict[st
         pc.greater_equal(latest.column("reconsume_times"), limits),
     )
     # one row per original record found (several brokers may share the origin id's host prefix), else one
-    positions = origin_positions_of(first.column("origin"), context.hosts)
-    found_of, found = [], []
-    columns = (positions.column(name).to_pylist() for name in positions.column_names)
-    for chain, broker, offset in zip(*columns, strict=True):
-        for topic, at in context.originals.get((broker, offset), ()):
-            found_of.append(chain)
-            found.append((broker, topic, offset, 0, at))
-    found_per_chain = np.bincount(np.array(found_of, dtype=np.int64), minlength=chains).tolist()
+    found = _found_originals(origin_positions_of(first.column("origin"), context.hosts), context.originals)
+    found_per_chain = np.bincount(found.column("row").to_numpy(), minlength=chains).tolist()
     copies_of = [max(n, 1) for n in found_per_chain]
     row_chain = np.repeat(np.arange(chains, dtype=np.int64), copies_of)
     first_row = np.concatenate(([0], np.cumsum(copies_of)[:-1])).astype(np.int64)
@@ -398,15 +392,29 @@ def _starts(ordered: pa.Table) -> np.ndarray[Any, np.dtype[np.int64]]:
     return np.concatenate(([0], after)).astype(np.int64)
 
 
+def _found_originals(positions: pa.Table, originals: pa.Table) -> pa.Table:
+    """The original records at the chains' ``positions`` (:func:`origin_positions_of` of their
+    origins: ``row`` the chain), one row per record found: ``row``, then the record's
+    :data:`ORIGINAL_COLUMNS`; in the order of the positions, then of ``originals``."""
+    key = ["broker_name", "commit_log_offset"]
+    numbered = positions.append_column("_position", pa.array(np.arange(positions.num_rows, dtype=np.int64)))
+    read = originals.append_column("_read", pa.array(np.arange(originals.num_rows, dtype=np.int64)))
+    found = numbered.join(read, key, join_type="inner", use_threads=False).sort_by(
+        [("_position", "ascending"), ("_read", "ascending")]
+    )
+    return found.select(["row", *ORIGINAL_COLUMNS])
+
+
 def _attempts(
     retries: pa.Table,
     chains: int,
     row_chain: np.ndarray[Any, np.dtype[np.int64]],
     with_original: np.ndarray[Any, np.dtype[np.int64]],
-    originals: Sequence[tuple[str, str, int, int, int]],
+    originals: pa.Table,
 ) -> pa.ListArray:
-    """Each chain row's ``attempts``: its original (when found), then its chain's RETRY records in
-    attempt order (``retries``, sorted by chain and that order)."""
+    """Each chain row's ``attempts``: its original (when found: ``originals``, :func:`_found_originals`,
+    in the order of the rows), then its chain's RETRY records in attempt order (``retries``, sorted
+    by chain and that order)."""
     counts = np.bincount(retries.column("chain").to_numpy(), minlength=chains).astype(np.int64)
     retry_first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
     lengths = with_original + counts[row_chain]
@@ -421,7 +429,12 @@ def _attempts(
         [retries.column(name).combine_chunks().cast(ATTEMPT.field(name).type) for name in fields],
         fields=list(ATTEMPT),
     )
-    found = pa.array([dict(zip(fields, original, strict=True)) for original in originals], ATTEMPT)
+    first = originals.append_column(  # an original is the first attempt
+        "reconsume_times", pa.array(np.zeros(originals.num_rows, dtype=np.int32), ATTEMPT.field("reconsume_times").type)
+    )
+    found = pa.StructArray.from_arrays(
+        [first.column(name).combine_chunks().cast(ATTEMPT.field(name).type) for name in fields], fields=list(ATTEMPT)
+    )
     values = pa.concat_arrays([stored, found]).take(pa.array(index))
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 

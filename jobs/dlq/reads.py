@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 from broker_model.common import GroupQueueKey, RecordKey
 from broker_model.common import constants as c
 from jobs.dlq.fold import (
+    ORIGINAL_COLUMNS,
     PREVIOUS_COLUMNS,
     ChainKey,
     Context,
-    Original,
     Previous,
     check_foldable,
     compute,
@@ -288,12 +288,13 @@ def _positions(origins: pa.Array | pa.ChunkedArray, hosts: Mapping[str, Sequence
 
 def _originals(
     lake: Lake, versions: Mapping[str, int], brokers: Mapping[str, Mapping[str, Any]], positions: set[RecordKey]
-) -> dict[RecordKey, list[Original]]:
-    """The commit log records (topic, store time) at ``positions``, reading only the segments
-    that can hold them (segment sizes from :func:`_brokers`)."""
+) -> pa.Table:
+    """The commit log records at ``positions`` (:data:`jobs.dlq.fold.ORIGINAL_COLUMNS`), reading
+    only the segments that can hold them (segment sizes from :func:`_brokers`)."""
     version = versions.get(COMMITLOG.name)
+    none = COMMITLOG.arrow_schema.empty_table().select(list(ORIGINAL_COLUMNS))
     if version is None or not positions:
-        return {}
+        return none
     sizes = {name: row["segment_size"] for name, row in brokers.items()}
     by_broker: dict[str, set[int]] = {}
     for broker, offset in positions:
@@ -308,14 +309,8 @@ def _originals(
         for broker, offsets in sorted(by_broker.items())
     ]
     if not filters:
-        return {}
-    columns = ["broker_name", "commit_log_offset", "topic", "store_timestamp"]
-    rows = lake.read_rows(COMMITLOG, columns, filters, version=version)
-    found: dict[RecordKey, list[Original]] = {}
-    for broker, offset, topic, stored in zip(*(rows.column(name).to_pylist() for name in columns), strict=True):
-        if (broker, offset) in positions:
-            found.setdefault((broker, offset), []).append((topic, stored))
-    return found
+        return none
+    return lake.read_rows(COMMITLOG, list(ORIGINAL_COLUMNS), filters, version=version)  # the rows matching alone
 
 
 def _backlog(lake: Lake, version: int, offsets: Mapping[GroupQueueKey, int]) -> list[dict[str, Any]]:
