@@ -27,7 +27,7 @@ from broker_model.common import default_lake
 from broker_model.store import latest_version
 from jobs import dlq
 from jobs.cli import iso_in_zone
-from jobs.lake import DELTA_CONF, ENGINES, Lake, build_session, delta_package
+from jobs.lake import DELTA_CONF, ENGINES, Lake, build_session, with_delta_jars
 from schemas.catalog import TABLES
 from schemas.errors import ValidationError
 
@@ -78,8 +78,7 @@ def start(lake_root: Path, engine: str, master: str, time_zone: str) -> dict[str
         raise ValidationError("lake", str(lake_root), "is not a directory", "pass the lake root with --lake")
     iso_in_zone(0, time_zone)  # the zone the helpers print in: refused here, not at the first print
     conf = {
-        **DELTA_CONF,
-        "spark.jars.packages": delta_package(),
+        **with_delta_jars(DELTA_CONF),  # Delta's classes whatever the engine: the shell's spark.read.format("delta")
         "spark.sql.session.timeZone": time_zone,
         "spark.sql.warehouse.dir": str((lake_root / "_locks" / "shell-warehouse").resolve()),
         "spark.ui.showConsoleProgress": "false",

@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from broker_model.broker import Broker, BrokerConfig
-from jobs.lake import build_session, delta_package
+from jobs.lake import build_session
 from tests.helpers import ENGINE, ManualClock
 
 # local[2], 2 shuffle partitions, UI off; UTC and ANSI come from build_session.
@@ -58,11 +58,10 @@ os.environ[SUBMIT_OPTS_ENV] = " ".join(filter(None, (_SESSION_SUBMIT_OPTS, SHORT
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """The Spark session of the whole run, on :data:`tests.helpers.ENGINE` (bridge unless
-    ``RMQ_TEST_ENGINE=delta-spark``, which adds the Delta jars: Ivy fetches them on first use, then
-    finds them in its cache)."""
+    ``RMQ_TEST_ENGINE=delta-spark``, which adds the Delta jars: Ivy fetches them on first use, the
+    next starts take the jars it resolved, :func:`jobs.lake.session.with_delta_jars`)."""
     conf = {**TEST_SPARK_CONF, **INTERPRETED_CONF}
     if ENGINE == "delta-spark":
-        conf["spark.jars.packages"] = delta_package()
         conf[DYNAMIC_PRUNING] = "false"
     processes_opts = os.environ[SUBMIT_OPTS_ENV]
     # the session's JVM starts with what the run was given, and on the bridge with C1 alone

@@ -27,6 +27,7 @@ from jobs.lake.session import (
     detect_engine,
     resolve_engine,
     stop_spark,
+    with_delta_jars,
 )
 from jobs.lake.snapshots import IncrementalReadError, SnapshotState, open_table, restore_snapshots, snapshot_state
 
@@ -54,4 +55,5 @@ __all__ = [
     "restore_snapshots",
     "snapshot_state",
     "stop_spark",
+    "with_delta_jars",
 ]

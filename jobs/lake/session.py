@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schemas.catalog import PLAIN_ENCODED_COLUMNS
@@ -90,14 +91,73 @@ def delta_package() -> str:
     return f"io.delta:delta-spark_{spark_major_minor}_{DELTA_SCALA_VERSION}:{delta_version}"
 
 
-def _with_delta_jars(conf: dict[str, str]) -> dict[str, str]:
-    """``conf`` with :func:`delta_package` among ``spark.jars.packages``, unless it already names a
-    Delta jar there or in ``spark.jars``: Spark fetches it (and what it needs) from Maven Central
-    with Ivy when the JVM starts, and keeps it in Ivy's cache for the next start."""
+# Ivy's settings: given any of them (in the confs or in PYSPARK_SUBMIT_ARGS), the Delta jars are
+# resolved by Ivy as they say, never taken from the record of a resolution with Ivy's defaults
+IVY_SETTINGS = ("spark.jars.ivy", "spark.jars.ivySettings", "spark.jars.repositories", "spark.jars.excludes")
+SUBMIT_ARGS_ENV = "PYSPARK_SUBMIT_ARGS"
+CACHE_HOME_ENV = "XDG_CACHE_HOME"
+
+
+def delta_jars_record() -> Path:
+    """Where the jars Ivy resolved for :func:`delta_package` with its default settings are listed:
+    ``rmq-lake/<package>.jars`` in the user's cache directory (``$XDG_CACHE_HOME``, else ``~/.cache``)."""
+    cache = os.environ.get(CACHE_HOME_ENV) or str(Path.home() / ".cache")
+    return Path(cache) / "rmq-lake" / f"{delta_package().replace(':', '_')}.jars"
+
+
+def _ivy_is_configured(conf: dict[str, str]) -> bool:
+    submit_args = os.environ.get(SUBMIT_ARGS_ENV, "")
+    return any(key in conf or key in submit_args for key in IVY_SETTINGS) or "--repositories" in submit_args
+
+
+def recorded_delta_jars() -> list[str]:
+    """The jars of :func:`delta_jars_record`, when it lists the Delta jar and every file it lists is
+    there; else none (no record yet, or Ivy's cache was cleared since)."""
+    try:
+        jars = delta_jars_record().read_text(encoding="utf-8").split()
+    except OSError:
+        return []
+    if not any("delta-spark_" in Path(jar).name for jar in jars) or not all(Path(jar).is_file() for jar in jars):
+        return []
+    return jars
+
+
+def with_delta_jars(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with the Delta jars, unless it already names a Delta jar in ``spark.jars.packages``
+    or ``spark.jars``: the jars an earlier start had Ivy resolve (:func:`recorded_delta_jars`) in
+    ``spark.jars`` while Ivy has its default settings, which saves the resolution (about 4 s at every
+    JVM start); else :func:`delta_package` among ``spark.jars.packages``, for Ivy to fetch from its
+    cache or Maven Central when the JVM starts."""
     if any("delta-spark" in conf.get(key, "") for key in ("spark.jars.packages", "spark.jars")):
         return conf
+    recorded = [] if _ivy_is_configured(conf) else recorded_delta_jars()
+    if recorded:
+        jars = [jar for jar in conf.get("spark.jars", "").split(",") if jar]
+        return {**conf, "spark.jars": ",".join([*jars, *recorded])}
     packages = [p for p in conf.get("spark.jars.packages", "").split(",") if p]
     return {**conf, "spark.jars.packages": ",".join([*packages, delta_package()])}
+
+
+def record_delta_jars(spark: SparkSession, conf: dict[str, str]) -> None:
+    """After a start whose Delta jars Ivy resolved with its default settings (``conf`` as
+    :func:`with_delta_jars` gave it), list the jars it resolved (Spark puts them in ``spark.jars``)
+    in :func:`delta_jars_record`, written whole or not at all; a cache that cannot be written
+    only costs the next start its resolution."""
+    packages = conf.get("spark.jars.packages", "")
+    if "delta-spark" not in packages or delta_package() not in packages or _ivy_is_configured(conf):
+        return
+    resolved = spark.sparkContext.getConf().get("spark.jars", "") or ""
+    jars = [jar.removeprefix("file://") for jar in resolved.split(",") if jar]
+    if not any("delta-spark_" in Path(jar).name for jar in jars) or not all(Path(jar).is_file() for jar in jars):
+        return
+    record = delta_jars_record()
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        written = record.with_name(f"{record.name}.{os.getpid()}")
+        written.write_text("\n".join(jars) + "\n", encoding="utf-8")
+        written.replace(record)
+    except OSError:
+        return
 
 
 def build_session(
@@ -135,7 +195,7 @@ def build_session(
     chosen = _explicit_engine(engine, extra.get(ENGINE_CONF))
     conf = {**BASE_CONF, **(DELTA_CONF if chosen == "delta-spark" else {}), **extra}
     if chosen == "delta-spark":
-        conf = _with_delta_jars(conf)
+        conf = with_delta_jars(conf)
     if chosen != "auto":
         conf[ENGINE_CONF] = chosen
     builder = SparkSession.builder.appName(app_name)
@@ -149,10 +209,12 @@ def build_session(
         if chosen != "delta-spark" or "JAVA_GATEWAY_EXITED" not in str(err):
             raise
         raise LakeError(
-            f"Spark did not start with the Delta jars ({conf['spark.jars.packages']}): Ivy could not fetch "
+            f"Spark did not start with the Delta jars ({conf.get('spark.jars.packages') or conf.get('spark.jars')}): "
+            "Ivy could not fetch "
             "them (its messages are above); let the machine reach Maven Central once, or name local jars "
             "in spark.jars, or use the bridge engine (--engine bridge)"
         ) from err
+    record_delta_jars(spark, conf)
     if chosen == "delta-spark":
         _require_delta_classes(spark)
         _size_delta_snapshots(spark)
