@@ -18,7 +18,7 @@ from pyspark.sql.types import StructField, StructType
 
 from broker_model.store import ensure_table
 from broker_model.store.delta_commits import commit_path
-from jobs.lake import ENGINE_CONF, IncrementalReadError, Lake, detect_engine, pack_appended, resolve_engine
+from jobs.lake import ENGINE_CONF, IncrementalReadError, Lake, detect_engine, pack_appended, resolve_engine, session
 from jobs.lake.bridge import commit_data_files, write_data_files
 from jobs.lake.snapshots import add_actions, files_that_may_match
 from schemas.catalog import (
@@ -603,6 +603,7 @@ def test_a_table_that_differs_from_the_catalog_is_refused(lake: Lake, spark: Spa
 @pytest.mark.engine("bridge")
 def test_without_delta_jars_the_engine_is_the_bridge(spark: SparkSession) -> None:
     assert detect_engine(spark) == "bridge"
+    assert session._DETECTED[spark.sparkContext] == "bridge"  # looked up once per Spark context
     assert resolve_engine(spark, "auto") == "bridge"
     assert spark.conf.get("spark.sql.ansi.enabled") == "true"
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
@@ -612,6 +613,7 @@ def test_without_delta_jars_the_engine_is_the_bridge(spark: SparkSession) -> Non
 @pytest.mark.engine("delta-spark")
 def test_with_delta_jars_auto_is_delta_spark(spark: SparkSession) -> None:
     assert detect_engine(spark) == "delta-spark"
+    assert session._DETECTED[spark.sparkContext] == "delta-spark"
     assert resolve_engine(spark, "auto") == "delta-spark"
     assert resolve_engine(spark, "bridge") == "bridge"
     assert spark.conf.get(ENGINE_CONF) == "delta-spark"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ from schemas.catalog import PLAIN_ENCODED_COLUMNS
 from schemas.errors import LakeError, ValidationError
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 ENGINES = ("auto", "bridge", "delta-spark")
@@ -282,11 +284,17 @@ def resolve_engine(spark: SparkSession, engine: str = "auto") -> str:
     return chosen
 
 
+# the engine detected per Spark context: its classpath is set when it starts, and a lookup that fails
+# costs tens of milliseconds (the JVM's exception crosses the gateway) at every Lake a job opens
+_DETECTED: weakref.WeakKeyDictionary[SparkContext, str] = weakref.WeakKeyDictionary()
+
+
 def detect_engine(spark: SparkSession) -> str:
     """``"delta-spark"`` if the JVM can load ``io.delta.tables.DeltaTable``, else ``"bridge"``.
 
     The class is looked up through the context class loader, which sees ``--packages`` and
-    ``spark.jars`` jars. Deterministic for a given classpath; starts no Spark job.
+    ``spark.jars`` jars, once per Spark context. Deterministic for a given classpath; starts no
+    Spark job.
 
     Raises:
         LakeError: ``spark`` has no JVM gateway (Spark Connect); set ``spark.rmq.lake.engine`` instead.
@@ -299,12 +307,18 @@ def detect_engine(spark: SparkSession) -> str:
             "cannot detect the lake engine on a session without a JVM gateway (Spark Connect); "
             f"set the Spark conf {ENGINE_CONF} to 'bridge' or 'delta-spark'"
         )
+    context = spark.sparkContext
+    known = _DETECTED.get(context)
+    if known is not None:
+        return known
     loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
     try:
         jvm.java.lang.Class.forName(DELTA_CLASS, False, loader)
+        detected = "delta-spark"
     except Py4JError:
-        return "bridge"
-    return "delta-spark"
+        detected = "bridge"
+    _DETECTED[context] = detected
+    return detected
 
 
 def _explicit_engine(engine: str, conf_value: str | None) -> str:
