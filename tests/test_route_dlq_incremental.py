@@ -27,8 +27,8 @@ from broker_model.common import constants as c
 from broker_model.common import create_msg_id, parse_host
 from jobs.dlq.decode import decode_retry_records
 from jobs.dlq.fold import (
+    CHAIN_ORIGINAL_COLUMNS,
     OPEN_STATES,
-    ORIGINAL_COLUMNS,
     PREVIOUS_COLUMNS,
     Context,
     Previous,
@@ -713,8 +713,8 @@ def test_the_driver_computes_every_chain_as_the_spark_transforms_do(spark: Spark
     }
     schema = COMMITLOG.arrow_schema
     found = pa.Table.from_pylist(
-        [{name: row[name] for name in ORIGINAL_COLUMNS} for row in originals],
-        schema=pa.schema([schema.field(name) for name in ORIGINAL_COLUMNS]),
+        [{name: row[name] for name in CHAIN_ORIGINAL_COLUMNS} for row in originals],
+        schema=pa.schema([schema.field(name) for name in CHAIN_ORIGINAL_COLUMNS]),
     )
     context = Context(
         as_of,

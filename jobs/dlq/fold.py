@@ -47,7 +47,7 @@ from schemas.catalog import ATTEMPT, RETRY_CHAINS
 
 ChainKey = tuple[str, str]
 """(group, origin_msg_id): a retry chain."""
-ORIGINAL_COLUMNS = ("broker_name", "commit_log_offset", "topic", "store_timestamp")
+CHAIN_ORIGINAL_COLUMNS = ("broker_name", "commit_log_offset", "topic", "store_timestamp")
 """A chain's original record: where it is in the commit log, its topic and its store time."""
 
 OPEN_STATES = (SCHEDULED, DELIVERED)  # states a consumer offset or a later record moves on
@@ -64,7 +64,7 @@ class Context:
         policies: ``retry_max_times`` per (broker, group) as of T (:func:`policies_at`).
         offsets: the consumer offset per retry queue as of T (:func:`offsets_at`).
         hosts: the broker names per host prefix of offset message ids (:func:`host_prefixes`).
-        originals: the original records found (:data:`ORIGINAL_COLUMNS`), in the order read.
+        originals: the original records found (:data:`CHAIN_ORIGINAL_COLUMNS`), in the order read.
     """
 
     as_of: int
@@ -395,14 +395,14 @@ def _starts(ordered: pa.Table) -> np.ndarray[Any, np.dtype[np.int64]]:
 def _found_originals(positions: pa.Table, originals: pa.Table) -> pa.Table:
     """The original records at the chains' ``positions`` (:func:`origin_positions_of` of their
     origins: ``row`` the chain), one row per record found: ``row``, then the record's
-    :data:`ORIGINAL_COLUMNS`; in the order of the positions, then of ``originals``."""
+    :data:`CHAIN_ORIGINAL_COLUMNS`; in the order of the positions, then of ``originals``."""
     key = ["broker_name", "commit_log_offset"]
     numbered = positions.append_column("_position", pa.array(np.arange(positions.num_rows, dtype=np.int64)))
     read = originals.append_column("_read", pa.array(np.arange(originals.num_rows, dtype=np.int64)))
     found = numbered.join(read, key, join_type="inner", use_threads=False).sort_by(
         [("_position", "ascending"), ("_read", "ascending")]
     )
-    return found.select(["row", *ORIGINAL_COLUMNS])
+    return found.select(["row", *CHAIN_ORIGINAL_COLUMNS])
 
 
 def _attempts(

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from broker_model.common import GroupQueueKey, RecordKey
 from broker_model.common import constants as c
 from jobs.dlq.fold import (
-    ORIGINAL_COLUMNS,
+    CHAIN_ORIGINAL_COLUMNS,
     PREVIOUS_COLUMNS,
     ChainKey,
     Context,
@@ -289,10 +289,10 @@ def _positions(origins: pa.Array | pa.ChunkedArray, hosts: Mapping[str, Sequence
 def _originals(
     lake: Lake, versions: Mapping[str, int], brokers: Mapping[str, Mapping[str, Any]], positions: set[RecordKey]
 ) -> pa.Table:
-    """The commit log records at ``positions`` (:data:`jobs.dlq.fold.ORIGINAL_COLUMNS`), reading
+    """The commit log records at ``positions`` (:data:`jobs.dlq.fold.CHAIN_ORIGINAL_COLUMNS`), reading
     only the segments that can hold them (segment sizes from :func:`_brokers`)."""
     version = versions.get(COMMITLOG.name)
-    none = COMMITLOG.arrow_schema.empty_table().select(list(ORIGINAL_COLUMNS))
+    none = COMMITLOG.arrow_schema.empty_table().select(list(CHAIN_ORIGINAL_COLUMNS))
     if version is None or not positions:
         return none
     sizes = {name: row["segment_size"] for name, row in brokers.items()}
@@ -310,7 +310,7 @@ def _originals(
     ]
     if not filters:
         return none
-    return lake.read_rows(COMMITLOG, list(ORIGINAL_COLUMNS), filters, version=version)  # the rows matching alone
+    return lake.read_rows(COMMITLOG, list(CHAIN_ORIGINAL_COLUMNS), filters, version=version)  # the rows matching alone
 
 
 def _backlog(lake: Lake, version: int, offsets: Mapping[GroupQueueKey, int]) -> list[dict[str, Any]]:
