@@ -1,13 +1,14 @@
 """The hourly summaries of the lake that the report and the nightly draw from instead of scanning the
 log: ``queue_hours`` (records, bytes and the dispatched end offset of every queue per hour of store
 time) and ``commit_hours`` (each group's latest offset commit of every queue per hour of commit
-time). Each run folds in only the rows its source gained since the version recorded as the
-table's application transaction. See docs/jobs.md (report) and docs/tables.md.
+time). Each run adds the rows its source gained since the version recorded as the table's
+application transaction, or builds the summary from the whole source when that reads less. See
+docs/jobs.md (report) and docs/tables.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,11 +18,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from broker_model.common import QUEUE_KEY, uninterpreted_topic
-from broker_model.common import rules as record_rules
 from broker_model.common.rules import dispatched_mask
 from jobs.extract import DRIVER_INCREMENT_BYTES
-from jobs.lake import IncrementalReadError, Lake
+from jobs.lake import IncrementalReadError, Lake, ReadCost
 from jobs.rules import is_dispatched
+from jobs.runs import CannotFold, ReadBudget
 from schemas.catalog import (
     COMMIT_HOURS,
     COMMITLOG,
@@ -44,39 +45,28 @@ LOG_COLUMNS = (*QUEUE_KEY, "queue_offset", "sys_flag", "store_timestamp", "store
 Row = dict[str, Any]
 
 
-def hour_of(epoch_ms: int) -> int:
-    """The start (epoch ms) of the UTC hour holding ``epoch_ms``."""
-    return epoch_ms - epoch_ms % HOUR_MS
-
-
-def update(lake: Lake, driver_rows: int = DRIVER_SOURCE_ROWS) -> dict[str, int]:
+def update(lake: Lake, driver_rows: int = DRIVER_SOURCE_ROWS, choices: dict[str, str] | None = None) -> dict[str, int]:
     """Bring ``queue_hours`` and ``commit_hours`` up to the latest versions of ``commitlog`` and
     ``consumer_offset_commits``; the versions of the summaries (a summary of an absent source is
-    left absent). A summary built from a whole source is aggregated on the driver, chunk by chunk,
-    while the source holds at most ``driver_rows`` rows, else with Spark.
+    left absent). Each summary is moved on by the rows its source gained while that reads at most
+    :data:`jobs.runs.MOVE_ON_SHARE` of what building it from the whole source reads (by
+    :attr:`ReadCost.weight`, the log commits to parse counted), else built whole: on the driver,
+    chunk by chunk, while the source holds at most ``driver_rows`` rows, else with Spark.
+    ``choices`` receives, per summary written, how it was built and why.
 
     Raises:
         LakeError: a summary was built from a later version of its source than the latest one
             (the source was replaced; delete the summary).
     """
     versions = {}
-    for target, source, fold in (
-        (QUEUE_HOURS, COMMITLOG, _fold_log),
-        (COMMIT_HOURS, CONSUMER_OFFSET_COMMITS, _fold_commits),
-    ):
-        version = _update(lake, target, source, fold, driver_rows)
+    for target, source in ((QUEUE_HOURS, COMMITLOG), (COMMIT_HOURS, CONSUMER_OFFSET_COMMITS)):
+        version = _update(lake, target, source, driver_rows, choices if choices is not None else {})
         if version is not None:
             versions[target.name] = version
     return versions
 
 
-def _update(
-    lake: Lake,
-    target: TableSpec,
-    source: TableSpec,
-    fold: Callable[[dict[tuple[Any, ...], Row], Iterable[Row]], None],
-    driver_rows: int,
-) -> int | None:
+def _update(lake: Lake, target: TableSpec, source: TableSpec, driver_rows: int, choices: dict[str, str]) -> int | None:
     latest = lake.version(source)
     if latest is None:
         return lake.version(target)
@@ -88,40 +78,56 @@ def _update(
             f"{target.name} was built from {source.name} version {done}, after its latest version {latest}: "
             f"{source.name} was replaced; delete {lake.location(target)}"
         )
-    columns = source_columns(source)
-    summary: dict[tuple[Any, ...], Row] | None = None
-    if done is not None:
+    summary: pa.Table | None = None
+    if done is None:
+        choices[target.name] = "built whole: no summary yet"
+    else:
         try:
-            if lake.appended_size(source, done, latest) <= DRIVER_INCREMENT_BYTES:
-                summary = _keyed(target, lake.read_rows(target).to_pylist())
-                fold(summary, lake.read_appended_rows(source, columns, done, latest).to_pylist())
-        except IncrementalReadError:
-            summary = None
+            summary, choices[target.name] = _moved_on(lake, target, source, done, latest)
+        except (CannotFold, IncrementalReadError) as why:
+            choices[target.name] = f"built whole: {why}"
     if summary is None:
-        summary = _keyed(target, _whole(lake, source, latest, driver_rows))
-    rows = pa.Table.from_pylist(list(summary.values()), schema=target.arrow_schema)
-    version = lake.overwrite_rows(target, rows, app_id=APP_ID, app_version=latest)
+        summary = _whole(lake, source, latest, driver_rows)
+    version = lake.overwrite_rows(target, summary, app_id=APP_ID, app_version=latest)
     return version if version is not None else lake.version(target)
 
 
-def _keyed(spec: TableSpec, rows: Iterable[Row]) -> dict[tuple[Any, ...], Row]:
-    key = COMMIT_HOUR if spec is COMMIT_HOURS else QUEUE_HOUR
-    return {tuple(row[k] for k in key): row for row in rows}
+def _moved_on(lake: Lake, target: TableSpec, source: TableSpec, done: int, latest: int) -> tuple[pa.Table, str]:
+    """``target`` (built from ``source`` up to version ``done``) moved on to ``latest`` by the rows
+    appended since, added to it in Arrow as the chunks of a whole source are; and what that read.
+
+    Raises:
+        CannotFold: moving on would read more than its share of what building whole reads, or
+            more bytes than :data:`jobs.extract.DRIVER_INCREMENT_BYTES` (nothing was read).
+        IncrementalReadError: the versions since ``done`` do not only append.
+    """
+    budget = ReadBudget(lake.read_cost(source, latest))
+    # the commits since are parsed before their files are known: an offset commit every few seconds
+    # leaves thousands, and then the source's checkpoint and few packed files are the cheaper read
+    budget.spend("the log commits since the summary's version", ReadCost(commits=latest - done))
+    appended = lake.appended_cost(source, done, latest)
+    if appended.bytes > DRIVER_INCREMENT_BYTES:
+        raise CannotFold(f"the rows appended since are {appended.bytes:,} bytes, above {DRIVER_INCREMENT_BYTES:,}")
+    budget.spend("the rows appended since", appended)
+    summarize = summarize_log if source is COMMITLOG else summarize_commits
+    new = lake.read_appended_rows(source, source_columns(source), done, latest)
+    summary = summarize([lake.read_rows(target), summarize([new])])
+    return summary, f"moved on: read {budget.spent}, building whole would read {budget.whole}"
 
 
-def _whole(lake: Lake, source: TableSpec, version: int, driver_rows: int) -> list[Row]:
-    """The summary rows of a whole source version: on the driver while it holds at most
-    ``driver_rows`` rows, else aggregated with Spark."""
+def _whole(lake: Lake, source: TableSpec, version: int, driver_rows: int) -> pa.Table:
+    """The summary of a whole source version: on the driver while it holds at most ``driver_rows``
+    rows, else aggregated with Spark."""
+    summarize = summarize_log if source is COMMITLOG else summarize_commits
     if on_driver(lake, source, version, driver_rows):
-        summarize = summarize_log if source is COMMITLOG else summarize_commits
         summary = summarize([])
         for chunk in source_chunks(lake, source, version):  # the sum so far and one chunk's add up
             summary = summarize([summary, summarize([chunk])])
-        rows: list[Row] = summary.to_pylist()
-        return rows
+        return summary
     df = lake.read(source, version=version)
     built = build_queue_hours(df) if source is COMMITLOG else build_commit_hours(df)
-    return [row.asDict() for row in built.collect()]
+    target = QUEUE_HOURS if source is COMMITLOG else COMMIT_HOURS
+    return pa.Table.from_pylist([row.asDict() for row in built.collect()], schema=target.arrow_schema)
 
 
 def source_columns(source: TableSpec) -> list[str]:
@@ -140,7 +146,7 @@ def source_chunks(lake: Lake, source: TableSpec, version: int | None = None) -> 
 
 
 def _hour_column(epoch_ms: pa.ChunkedArray) -> pa.ChunkedArray:
-    """The start of the UTC hour of each value (:func:`hour_of`: a floored remainder, as Spark's ``pmod``)."""
+    """The start of the UTC hour of each value (a floored remainder, as Spark's ``pmod``)."""
     remainder = pc.subtract(epoch_ms, pc.multiply(pc.divide(epoch_ms, HOUR_MS), HOUR_MS))
     floored = pc.if_else(pc.less(remainder, 0), pc.add(remainder, HOUR_MS), remainder)
     return pc.subtract(epoch_ms, floored)
@@ -254,47 +260,6 @@ def build_commit_hours(commits_df: DataFrame) -> DataFrame:
         .select("group", *QUEUE_KEY, "hour", "latest.commit_timestamp", "latest.is_reset", "latest.offset")
         .select(*COMMIT_HOURS.column_names)
     )
-
-
-def _fold_log(summary: dict[tuple[Any, ...], Row], records: Iterable[Row]) -> None:
-    """Add commit log rows to ``queue_hours`` rows keyed by (broker, topic, queue, hour)."""
-    for record in records:
-        at = record["store_timestamp"]
-        key = (record["broker_name"], record["topic"], record["queue_id"], hour_of(at))
-        end = record["queue_offset"] + 1 if record_rules.is_dispatched(record["sys_flag"]) else None
-        row = summary.get(key)
-        if row is None:
-            summary[key] = {
-                **dict(zip(QUEUE_HOUR, key, strict=True)),
-                "messages": 1,
-                "bytes": record["store_size"],
-                "end_offset": end,
-                "first_store_timestamp": at,
-                "last_store_timestamp": at,
-            }
-            continue
-        row["messages"] += 1
-        row["bytes"] += record["store_size"]
-        if end is not None and (row["end_offset"] is None or end > row["end_offset"]):
-            row["end_offset"] = end
-        row["first_store_timestamp"] = min(row["first_store_timestamp"], at)
-        row["last_store_timestamp"] = max(row["last_store_timestamp"], at)
-
-
-def _fold_commits(summary: dict[tuple[Any, ...], Row], commits: Iterable[Row]) -> None:
-    """Add offset commits to ``commit_hours`` rows keyed by (group, broker, topic, queue, hour)."""
-    for commit in commits:
-        at = commit["commit_timestamp"]
-        key = (commit["group"], commit["broker_name"], commit["topic"], commit["queue_id"], hour_of(at))
-        latest = (at, commit["source"] == "reset", commit["offset"])
-        row = summary.get(key)
-        if row is None or latest > (row["commit_timestamp"], row["is_reset"], row["offset"]):
-            summary[key] = {
-                **dict(zip(COMMIT_HOUR, key, strict=True)),
-                "commit_timestamp": latest[0],
-                "is_reset": latest[1],
-                "offset": latest[2],
-            }
 
 
 # ---------------------------------------------------------------------------------------------

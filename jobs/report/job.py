@@ -338,7 +338,8 @@ def run(spark: SparkSession, config: ReportConfig) -> JobRun:
 
     Returns:
         The recorded run (``parameters``: ``as_of``, ``samples`` and the ``page`` path, read by
-        :func:`page_of`; ``row_counts``: the plots and tables written), or FAILED re-raised.
+        :func:`page_of`, and per hourly summary written how and why, :func:`jobs.hours.update`;
+        ``row_counts``: the plots and tables written), or FAILED re-raised.
     """
     lake = Lake(spark, config.lake, config.engine)
     path = config.out_dir / "report.html"
@@ -352,7 +353,9 @@ def run(spark: SparkSession, config: ReportConfig) -> JobRun:
             print(f"{JOB}: {path} shows these inputs already, nothing drawn")
             job_run.conclude("NOOP", "the page shows these inputs already")
             return job_run
-        job_run.output_versions = hours.update(lake)
+        summaries: dict[str, str] = {}  # how each hourly summary was brought up to date, and why
+        job_run.output_versions = hours.update(lake, choices=summaries)
+        job_run.parameters.update(summaries)
         plots = PlotCache(config.out_dir)
         versions = {**job_run.input_versions, **job_run.output_versions}
         sections = build_sections(lake, versions, config.samples, plots)
@@ -381,7 +384,8 @@ def _drawn(lake: Lake, previous: Mapping[str, Any], versions: Mapping[str, int],
     """Whether the previous report had these ``settings`` and its page is there and shows the data
     of ``versions``."""
     recorded: Mapping[str, int] = previous["input_versions"]
-    if previous["parameters"] != settings or not Path(str(settings["page"])).is_file():
+    had = previous["parameters"]
+    if any(had.get(name) != value for name, value in settings.items()) or not Path(str(settings["page"])).is_file():
         return False
     data = {name: version for name, version in versions.items() if name != JOB_RUNS.name}
     if not same_inputs(lake, {n: v for n, v in recorded.items() if n != JOB_RUNS.name}, data):
