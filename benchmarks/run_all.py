@@ -623,10 +623,15 @@ def _full_after_now(
         spark, incremental.job, "full after", job_call(incremental.job, lake, True, as_of + 1, root, None, engine), logs
     )
     time_job(spark, incremental.job, "again", job_call(incremental.job, lake, False, as_of, root, None, engine), logs)
-    share = f"{incremental.seconds / row.seconds:.0%}"
-    row.notes = f"{row.status}; the lake with the increment: the incremental run took {share} of this"
-    incremental.notes += f"; {share} of a full run after the increment"
+    _note_full_after(incremental, row)
     return row
+
+
+def _note_full_after(incremental: Measured, full_after: Measured) -> None:
+    """Say in both rows what share of the full run after the increment the incremental run took."""
+    share = f"{incremental.seconds / full_after.seconds:.0%}"
+    full_after.notes = f"{full_after.status}; the lake with the increment: the incremental run took {share} of this"
+    incremental.notes += f"; {share} of a full run after the increment"
 
 
 def _reruns(spark: SparkSession, lake: Path, root: Path, logs: Path, engine: str, as_of: int) -> list[Measured]:
@@ -666,9 +671,7 @@ def _full_after(
         call = job_call(incremental.job, lake, True, as_of, root, None, engine)
         restore_snapshots(starts[incremental.job])
         row = time_job(spark, incremental.job, "full after", call, logs)
-        share = f"{incremental.seconds / row.seconds:.0%}"
-        row.notes = f"{row.status}; the lake with the increment: the incremental run took {share} of this"
-        incremental.notes += f"; {share} of a full run after the increment"
+        _note_full_after(incremental, row)
         again.append(row)
     return again
 
