@@ -26,23 +26,35 @@ if command -v npm >/dev/null 2>&1 && [ ! -d "$node_client/node_modules/rocketmq-
   mkdir -p "$node_client"
   (cd "$node_client" && npm install --silent --no-audit --no-fund --ignore-scripts rocketmq-client-nodejs@1.0.8 >/dev/null)
 fi
-"$venv/bin/ruff" check .
-"$venv/bin/ruff" format --check .
-"$venv/bin/mypy" --strict broker_model schemas jobs
 # The suite runs once per lake engine (RMQ_TEST_ENGINES, both by default): on the bridge every test,
 # on delta-spark the Spark tests marked both_engines (RMQ_TEST_SCOPE=all: every Spark test), a
 # seeded differential's first seed on delta-spark and its others on the bridge; the
-# slowest tests of each run are listed at its end. The Delta jars
-# are fetched from Maven Central into Ivy's cache once, before the workers' sessions start.
+# slowest tests of each run are listed at its end. The JVM jars the tests run are fetched once,
+# from Maven Central, while the lint and the type checks run: the Delta jars of the delta-spark
+# engine into Ivy's cache, and Apache RocketMQ's jars (with its traffic driver compiled against
+# them) under build/apache-rocketmq. A fetch that fails prints its log and fails the run.
 engines="${RMQ_TEST_ENGINES:-bridge delta-spark}"
+mkdir -p build
+fetches=()
 if [[ " $engines " == *" delta-spark "* ]]; then
   echo "fetching the Delta jars of the delta-spark engine (once; then from Ivy's cache)"
-  mkdir -p build
-  if ! "$venv/bin/python" -c "from jobs.lake import build_session; build_session('fetch-delta', master='local[1]', engine='delta-spark').stop()" >build/delta-jars.log 2>&1; then
-    cat build/delta-jars.log >&2
+  "$venv/bin/python" -c "from jobs.lake import build_session; build_session('fetch-delta', master='local[1]', engine='delta-spark').stop()" >build/delta-jars.log 2>&1 &
+  fetches+=("$!:build/delta-jars.log")
+fi
+if [[ " $engines " == *" bridge "* ]]; then
+  echo "fetching Apache RocketMQ's jars (once; then from Maven's local repository)"
+  "$venv/bin/python" -c "from tests.apache_rocketmq import ensure_driver; ensure_driver()" >build/apache-jars.log 2>&1 &
+  fetches+=("$!:build/apache-jars.log")
+fi
+"$venv/bin/ruff" check .
+"$venv/bin/ruff" format --check .
+"$venv/bin/mypy" --strict broker_model schemas jobs
+for fetch in "${fetches[@]}"; do
+  if ! wait "${fetch%%:*}"; then
+    cat "${fetch#*:}" >&2
     exit 1
   fi
-fi
+done
 for engine in $engines; do
   echo "== the tests on the $engine engine"
   # two workers (RMQ_TEST_WORKERS), each with its own Spark session; a test module stays on one worker

@@ -29,7 +29,7 @@ from jobs.resolve_transactions.fold import COUNTED, Previous, check_foldable
 from jobs.runs import CannotFold
 from schemas.catalog import COMMITLOG, JOB_RUNS, TRANSACTION_RECORDS, TRANSACTION_STATE
 from tests.builders import commitlog_record, commitlog_table
-from tests.helpers import DRIVER_LAKE, ENGINE, canonical_rows, seeds
+from tests.helpers import DRIVER_LAKE, ENGINE, canonical_rows, seeds, spark_reference
 
 pytestmark = [pytest.mark.spark, pytest.mark.both_engines]
 
@@ -194,7 +194,8 @@ def test_a_chain_of_incremental_runs_gives_what_full_runs_give(
         for lake in lakes:
             lake.append_rows(COMMITLOG, commitlog_table(rows))
         run(spark, ResolveTransactionsConfig(chained.root, as_of, engine=ENGINE, **SETTINGS))
-        run(spark, ResolveTransactionsConfig(whole.root, as_of, **WITH_SPARK))
+        reference = WITH_SPARK if spark_reference(step, steps) else ON_THE_DRIVER
+        run(spark, ResolveTransactionsConfig(whole.root, as_of, **reference))
         if DRIVER_LAKE:
             run(spark, ResolveTransactionsConfig(driver.root, as_of, **ON_THE_DRIVER))
 
