@@ -422,8 +422,10 @@ def run_retries(
     brokers: Sequence[Broker], seed: int, offset_dir: Path, clock: SimulatedClock, max_rounds: int = 200
 ) -> Counter[str]:
     """Let the groups of :data:`RETRY_GROUPS` consume with failing listeners until no delayed
-    message waits: consume everything (``poll_once`` until nothing comes), jump ``clock`` to the
-    next delivery time (plus :data:`RETRY_WINDOW_MS`), deliver what is due, repeat. Group
+    message waits, or for ``max_rounds`` rounds: consume everything (``poll_once`` until nothing
+    comes), jump ``clock`` to the next delivery time (plus :data:`RETRY_WINDOW_MS`), deliver what is
+    due, repeat. What is still scheduled after the last round stays in the schedule topic, in flight
+    as in a live lake (from 100,000 messages on, retries of the longest delay levels). Group
     settings go to every broker first. Returns each group's consumer figures
     (``<group>.<figure>``) and its dead letters (``<group>.dlq``).
     """
