@@ -6,8 +6,10 @@
 # delta-spark engine is configured when the job asks for it (--engine delta-spark, or --conf
 # spark.rmq.lake.engine=delta-spark) or Delta jars are given (--packages io.delta:...): the Delta
 # jar of the installed delta-spark package is fetched from Maven Central by Ivy (cached in Ivy's
-# home after the first time), as delta's configure_spark_with_delta_pip would. On first use it
-# creates .venv and installs the project into it.
+# home after the first time), as delta's configure_spark_with_delta_pip would; once a start has
+# recorded the jars Ivy resolved (jobs.lake.recorded_delta_jars), they are given with --jars, without
+# a resolution, unless the flags set Ivy or jars of their own. On first use it creates .venv and
+# installs the project into it.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -66,9 +68,21 @@ if [[ " ${submit_args[*]} " != *log4j2.configurationFile* ]]; then
   submit_args+=(--driver-java-options "-Dlog4j2.configurationFile=file:$here/jobs/conf/log4j2.properties"
                 --conf spark.ui.showConsoleProgress=false)
 fi
+resolve=0
 if [ "$delta_jars" = 2 ]; then  # asked for, no jars given: the ones of the installed delta-spark
-  package="$("$venv/bin/python" -c 'from jobs.lake import delta_package; print(delta_package())')"
-  submit_args+=(--packages "$package")
+  # the jars an earlier start had Ivy resolve with its default settings, while every one is still
+  # there (jobs.lake.recorded_delta_jars): no resolution; else the package, for Ivy to resolve
+  found="$("$venv/bin/python" -c 'from jobs.lake.session import delta_package as p, recorded_delta_jars as r
+print(p(), ",".join(r()))')"
+  package="${found%% *}"
+  jars="${found#* }"
+  given=" ${submit_args[*]} "
+  if [ -n "$jars" ] && [[ "$given" != *ivy* && "$given" != *" --repositories"* && "$given" != *" --jars"* && "$given" != *spark.jars=* ]]; then
+    submit_args+=(--jars "$jars")
+  else
+    submit_args+=(--packages "$package")
+    resolve=1
+  fi
 fi
 if [ "$delta_jars" != 0 ]; then
   submit_args+=(--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
@@ -91,7 +105,7 @@ PY
 export PYSPARK_PYTHON="$venv/bin/python"
 export PYSPARK_DRIVER_PYTHON="$venv/bin/python"
 cd "$here"
-if [ "$delta_jars" != 2 ]; then
+if [ "$resolve" = 0 ]; then
   exec "$venv/bin/spark-submit" "${submit_args[@]}" --py-files "$bundle" "$here/jobs/__main__.py" "$@"
 fi
 # fetching the Delta jars may fail (no route to Maven Central): say so plainly after Ivy's messages

@@ -1,8 +1,9 @@
 """The nightly on a Spark standalone cluster with the delta-spark engine: a master and a worker,
 started from pyspark's own ``spark-class`` on loopback, and ``./spark-submit.sh --master
-spark://...``, which ships the project's code (``--py-files``) and the Delta jars (``--packages``)
-to the worker's executor. Its tables equal those of the same nightly run by the test's own local
-session on a copy of the same lake."""
+spark://...``, which ships the project's code (``--py-files``) and the Delta jars (``--jars``, the
+ones Ivy resolved for an earlier session; else ``--packages``) to the worker's executor. Its
+tables equal those of the same nightly run by the test's own local session on a copy of the same
+lake."""
 
 from __future__ import annotations
 
