@@ -7,9 +7,9 @@
 # spark.rmq.lake.engine=delta-spark) or Delta jars are given (--packages io.delta:...): the Delta
 # jar of the installed delta-spark package is fetched from Maven Central by Ivy (cached in Ivy's
 # home after the first time), as delta's configure_spark_with_delta_pip would; once a start has
-# recorded the jars Ivy resolved (jobs.lake.recorded_delta_jars), they are given with --jars, without
-# a resolution, unless the flags set Ivy or jars of their own. On first use it creates .venv and
-# installs the project into it.
+# recorded the jars Ivy resolved, they are given with --jars, without a resolution, unless the flags
+# set Ivy or jars of their own (jobs.lake.session.delta_submit_flags). On first use it creates .venv
+# and installs the project into it.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -70,17 +70,12 @@ if [[ " ${submit_args[*]} " != *log4j2.configurationFile* ]]; then
 fi
 resolve=0
 if [ "$delta_jars" = 2 ]; then  # asked for, no jars given: the ones of the installed delta-spark
-  # the jars an earlier start had Ivy resolve with its default settings, while every one is still
-  # there (jobs.lake.recorded_delta_jars): no resolution; else the package, for Ivy to resolve
-  found="$("$venv/bin/python" -c 'from jobs.lake.session import delta_package as p, recorded_delta_jars as r
-print(p(), ",".join(r()))')"
-  package="${found%% *}"
-  jars="${found#* }"
-  given=" ${submit_args[*]} "
-  if [ -n "$jars" ] && [[ "$given" != *ivy* && "$given" != *" --repositories"* && "$given" != *" --jars"* && "$given" != *spark.jars=* ]]; then
-    submit_args+=(--jars "$jars")
-  else
-    submit_args+=(--packages "$package")
+  flags="$("$venv/bin/python" -c 'import sys; from jobs.lake.session import delta_submit_flags as f
+print("\n".join(f(sys.argv[1:])))' "${submit_args[@]}")"
+  mapfile -t delta_flags <<<"$flags"
+  submit_args+=("${delta_flags[@]}")
+  if [ "${delta_flags[0]}" = "--packages" ]; then
+    package="${delta_flags[1]}"
     resolve=1
   fi
 fi

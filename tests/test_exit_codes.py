@@ -270,23 +270,23 @@ def test_spark_submit_exits_with_the_job_status(lake: Path, tmp_path: Path) -> N
     assert_every_run([done], 0, "stdout", "consumer_offsets SUCCEEDED in")
 
 
-def test_spark_submit_gives_the_recorded_delta_jars_else_has_ivy_resolve_them(lake: Path, tmp_path: Path) -> None:
-    from jobs.lake.session import delta_jars_record, delta_package, recorded_delta_jars
+def test_spark_submit_gives_the_recorded_delta_jars_else_has_ivy_resolve_them(
+    lake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobs.lake.session import CACHE_HOME_ENV, delta_jars_record, delta_package, recorded_delta_jars
 
     recorded = recorded_delta_jars()
     assert recorded, f"no Delta jars recorded in {delta_jars_record()}: tests/run.sh starts a session that records them"
     submit = [str(REPO / "spark-submit.sh"), "consumer_offsets", "--lake", str(lake), "--engine", "delta-spark"]
-    submit += ["--as-of", "yesterday"]  # refused by the job once Spark has started: the JVM started with the jars
+    submit += ["--as-of", "yesterday"]  # refused by the job after spark-submit's JVM started with the jars
     # a cache holding the record: the jars are given, Ivy resolves nothing
-    cache = tmp_path / "cache"
-    record = cache / delta_jars_record().relative_to(delta_jars_record().parents[1])
-    record.parent.mkdir(parents=True)
-    record.write_text("\n".join(recorded) + "\n", encoding="utf-8")
-    given = run_cli(submit, tmp_path / "given", env={"RMQ_VENV": sys.prefix, "XDG_CACHE_HOME": str(cache)})
+    monkeypatch.setenv(CACHE_HOME_ENV, str(tmp_path / "cache"))
+    delta_jars_record().parent.mkdir(parents=True)
+    delta_jars_record().write_text("\n".join(recorded) + "\n", encoding="utf-8")
+    given = run_cli(submit, tmp_path / "given", env={"RMQ_VENV": sys.prefix})
     # an empty cache: Ivy resolves the package (from its own cache)
-    resolved = run_cli(
-        submit, tmp_path / "resolved", env={"RMQ_VENV": sys.prefix, "XDG_CACHE_HOME": str(tmp_path / "empty")}
-    )
+    monkeypatch.setenv(CACHE_HOME_ENV, str(tmp_path / "empty"))
+    resolved = run_cli(submit, tmp_path / "resolved", env={"RMQ_VENV": sys.prefix})
     assert_every_run([given, resolved], 2, "stdout", "error: --as-of='yesterday'")
     package = delta_package().replace(":", "#", 1).split(":")[0]  # as Ivy names it: io.delta#delta-spark_...
     assert package not in given.stdout + given.stderr

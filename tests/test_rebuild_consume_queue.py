@@ -915,9 +915,9 @@ def test_an_increment_on_the_driver_gives_what_a_full_rebuild_gives(
     run(spark, RebuildConfig(full.root, full=True, engine=ENGINE))
     for spec in (CONSUME_QUEUE, CONSUME_QUEUE_INTEGRITY, CONSUME_QUEUE_TAILS):
         # read on the driver: two Spark reads and collects per table took longer than both runs
-        expected = full.read_rows(spec)
-        assert incremental.read_rows(spec).schema == expected.schema == spec.arrow_schema, spec.name
-        assert canonical_rows(incremental.read_rows(spec)) == canonical_rows(expected), spec.name
+        actual, expected = incremental.read_rows(spec), full.read_rows(spec)
+        assert actual.schema == expected.schema == spec.arrow_schema, spec.name
+        assert canonical_rows(actual) == canonical_rows(expected), spec.name
     assert bool(incremental.row_count(CONSUME_QUEUE_INTEGRITY)) == increment.startswith(("a ", "an "))
 
 

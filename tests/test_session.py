@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from jobs.lake import delta_package, with_delta_jars
-from jobs.lake.session import CACHE_HOME_ENV, SUBMIT_ARGS_ENV, delta_jars_record, recorded_delta_jars
+from jobs.lake.session import (
+    CACHE_HOME_ENV,
+    SUBMIT_ARGS_ENV,
+    delta_jars_record,
+    delta_submit_flags,
+    recorded_delta_jars,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,6 +94,27 @@ def test_delta_jars_named_by_the_caller_are_left_as_they_are(cache: Path, tmp_pa
     _record(tmp_path, DELTA_JAR, STORAGE_JAR)
     named = {"spark.jars": "/opt/delta-spark_2.13-4.4.0.jar"}
     assert with_delta_jars(named) == named
+
+
+@pytest.mark.parametrize(
+    ("submit_args", "recorded"),
+    [
+        ([], True),
+        (["--master", "spark://127.0.0.1:7077", "--conf", "spark.executor.memory=768m"], True),
+        (["--conf", "spark.jars.ivy=/elsewhere"], False),
+        (["--repositories", "https://repo.example"], False),
+        (["--jars", "/opt/mine.jar"], False),
+        (["--conf", "spark.jars=/opt/mine.jar"], False),
+    ],
+)
+def test_spark_submit_is_given_the_recorded_jars_unless_its_flags_set_ivy_or_jars(
+    cache: Path, tmp_path: Path, submit_args: list[str], recorded: bool
+) -> None:
+    jars = _record(tmp_path, DELTA_JAR, STORAGE_JAR)
+    expected = ["--jars", ",".join(jars)] if recorded else ["--packages", delta_package()]
+    assert delta_submit_flags(submit_args) == expected
+    delta_jars_record().unlink()
+    assert delta_submit_flags(submit_args) == ["--packages", delta_package()]
 
 
 _START = """

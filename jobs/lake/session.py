@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,9 +108,23 @@ def delta_jars_record() -> Path:
     return Path(cache) / "rmq-lake" / f"{delta_package().replace(':', '_')}.jars"
 
 
+def _names_ivy(submit_args: str) -> bool:
+    """Whether spark-submit flags set Ivy (its settings, or ``--repositories``)."""
+    return any(key in submit_args for key in IVY_SETTINGS) or "--repositories" in submit_args
+
+
 def _ivy_is_configured(conf: dict[str, str]) -> bool:
-    submit_args = os.environ.get(SUBMIT_ARGS_ENV, "")
-    return any(key in conf or key in submit_args for key in IVY_SETTINGS) or "--repositories" in submit_args
+    return any(key in conf for key in IVY_SETTINGS) or _names_ivy(os.environ.get(SUBMIT_ARGS_ENV, ""))
+
+
+def delta_submit_flags(submit_args: Sequence[str]) -> list[str]:
+    """The spark-submit flags that give a job the Delta jars, for flags ``submit_args`` that name
+    none: ``--jars`` with :func:`recorded_delta_jars` (no resolution) unless the flags set Ivy or
+    jars of their own; else ``--packages`` with :func:`delta_package`, for Ivy to resolve."""
+    given = " ".join(submit_args)
+    own_jars = "--jars" in given or "spark.jars=" in given
+    recorded = [] if own_jars or _names_ivy(given) else recorded_delta_jars()
+    return ["--jars", ",".join(recorded)] if recorded else ["--packages", delta_package()]
 
 
 def recorded_delta_jars() -> list[str]:
