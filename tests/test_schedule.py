@@ -154,18 +154,25 @@ def test_progress_survives_a_restart_without_delivering_again_or_skipping(tmp_pa
 
 
 @pytest.mark.parametrize("copies_stored", [True, False])
+@pytest.mark.parametrize("form", ["ranges", "one level"])
 def test_a_round_left_pending_by_a_crash_is_settled_from_the_log(
-    tmp_path: Path, clock: ManualClock, copies_stored: bool
+    tmp_path: Path, clock: ManualClock, copies_stored: bool, form: str
 ) -> None:
-    """The progress file as a crash leaves it: the round's range pending, the offset before it.
-    With the copies in the log the range counts as delivered; without them it is delivered now."""
+    """The progress file as a crash leaves it: the round's ranges pending, the offsets before them.
+    With the copies in the log every range counts as delivered; without them they are delivered
+    now. A round spans every level that has due records; files written before that hold one
+    level's range (``level``, ``from``, ``to``), read too."""
     broker = _start(tmp_path, clock)
     keys = [_send_delayed(broker, 1, f"m{i}".encode()) for i in range(3)]
+    if form == "ranges":
+        keys += [_send_delayed(broker, 2, b"m3")]
     log_offset = broker.next_commit_log_offset
-    clock.now = T0 + 1000
+    clock.now = T0 + 5000
     if copies_stored:
-        assert ScheduleMessageService(broker).deliver_due(clock.now).total == 3
-    pending = {"level": 1, "from": 0, "to": 3, "log_offset": log_offset}
+        assert ScheduleMessageService(broker).deliver_due(clock.now).total == len(keys)
+    pending: dict[str, object] = {"level": 1, "from": 0, "to": 3, "log_offset": log_offset}
+    if form == "ranges":
+        pending = {"ranges": [[1, 0, 3], [2, 0, 1]], "log_offset": log_offset}
     progress_path(tmp_path, "broker-a").parent.mkdir(parents=True, exist_ok=True)
     progress_path(tmp_path, "broker-a").write_text(json.dumps({"offsetTable": {}, "pending": pending}))
     broker.shutdown()
@@ -173,9 +180,11 @@ def test_a_round_left_pending_by_a_crash_is_settled_from_the_log(
     try:
         service = ScheduleMessageService(restarted)
         assert service.offset(1) == (3 if copies_stored else 0)
+        assert service.offset(2) == (1 if copies_stored and form == "ranges" else 0)
         service.deliver_due(clock.now)
         assert [m.uniq_key for m in _real(restarted)] == keys  # each exactly once
-        assert json.loads(progress_path(tmp_path, "broker-a").read_text()) == {"offsetTable": {"1": 3}}
+        expected = {"1": 3, "2": 1} if form == "ranges" else {"1": 3}
+        assert json.loads(progress_path(tmp_path, "broker-a").read_text()) == {"offsetTable": expected}
     finally:
         restarted.shutdown()
 
@@ -199,10 +208,10 @@ clock = lambda: 1_800_000_000_000
 broker = Broker(BrokerConfig(Path(sys.argv[1]), flush_mode="SYNC_FLUSH", clock=clock)).start()
 broker.ensure_topic("T", 2)
 producer = Producer([broker], "pg", seed=7, clock=clock)
-for i in range(3):
-    producer.send_to_queue(Message.create("T", b"m%d" % i, delay_level=1), producer.queues("T")[1])
+for i in range(3):  # levels 1, 2, 1: one round delivers both levels in one put
+    producer.send_to_queue(Message.create("T", b"m%d" % i, delay_level=1 + i % 2), producer.queues("T")[1])
 print("sent", flush=True)
-Crashing(broker).deliver_due(1_800_000_001_000)
+Crashing(broker).deliver_due(1_800_000_005_000)
 """
 
 
@@ -217,14 +226,14 @@ def test_a_broker_killed_around_storing_the_copies_neither_delivers_twice_nor_sk
     )
     assert done.returncode == -9, done.stderr
     assert "sent" in done.stdout
-    clock.now = T0 + 1000
+    clock.now = T0 + 5000
     broker = _start(tmp_path, clock)
     try:
         assert len(_real(broker)) == (3 if crash == "after" else 0)
         service = ScheduleMessageService(broker)
-        assert service.offset(1) == (3 if crash == "after" else 0)
+        assert (service.offset(1), service.offset(2)) == ((2, 1) if crash == "after" else (0, 0))
         service.deliver_due(clock.now)
-        assert [m.body for m in _real(broker)] == [b"m0", b"m1", b"m2"]
+        assert sorted(m.body for m in _real(broker)) == [b"m0", b"m1", b"m2"]
     finally:
         broker.shutdown()
 

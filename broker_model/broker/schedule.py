@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-DELIVER_BATCH_SIZE = 32  # copies stored per put (one atomic commit) within a level's round
+DELIVER_BATCH_SIZE = 256  # due entries of each level a round takes; one round is one put (one atomic commit)
 _CLEARED_ON_DELIVERY = (c.PROPERTY_DELAY_TIME_LEVEL, c.PROPERTY_TIMER_DELIVER_MS, c.PROPERTY_TIMER_DELAY_SEC)
 
 
@@ -48,6 +48,13 @@ def correct_deliver_timestamp(now: int, deliver_ts: int, level: int) -> int:
     delay = level_delay_ms(level)
     latest = now + (c.UNKNOWN_LEVEL_DELAY_MS if delay is None else delay)
     return now if deliver_ts > latest else deliver_ts
+
+
+def _pending_ranges(pending: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """The ``(level, from, to)`` ranges of a pending entry of the progress file."""
+    if "ranges" in pending:
+        return [(int(level), int(start), int(end)) for level, start, end in pending["ranges"]]
+    return [(int(pending["level"]), int(pending["from"]), int(pending["to"]))]
 
 
 def restore_message(record: MessageExt) -> InnerMessage | None:
@@ -126,10 +133,11 @@ class ScheduleMessageService(PeriodicService):
             return dict(self._offsets)
 
     def _load(self) -> None:
-        """Read the progress file and settle a pending round: a round saves its range as pending
-        before its put and its new offset after; a pending range found at start is delivered when
-        its copies landed in their real queues at or after the logged commit log offset, else it
-        is delivered again (docs/broker.md).
+        """Read the progress file and settle a pending round: a round saves its ranges as pending
+        before its put and the new offsets after; pending ranges found at start are delivered when
+        their copies landed in their real queues at or after the logged commit log offset, else
+        they are delivered again (docs/broker.md). A pending entry of one level (``level``,
+        ``from``, ``to``), as files written before rounds spanned levels hold, is read too.
 
         Raises:
             BrokerError: the file exists but is not valid progress JSON.
@@ -138,36 +146,45 @@ class ScheduleMessageService(PeriodicService):
             data = json.loads(self.path.read_text(encoding="utf-8"))
             offsets = {int(level): int(offset) for level, offset in data.get("offsetTable", {}).items()}
             pending = data.get("pending")
+            ranges = _pending_ranges(pending) if pending else []
+            log_offset = int(pending["log_offset"]) if pending else 0
         except FileNotFoundError:
             return
-        except (ValueError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise BrokerError(
                 f"schedule progress file {self.path} is unreadable ({exc}); restore it from a backup, or "
                 "delete it to deliver every delayed message again from the start"
             ) from exc
         self._offsets = offsets
         if pending:
-            level, start, end = int(pending["level"]), int(pending["from"]), int(pending["to"])
-            done = self._range_delivered(level, start, end, int(pending["log_offset"]))
-            self._offsets[level] = end if done else start
+            self._settle(ranges, log_offset)
             self._save(None)
 
-    def _save(self, pending: dict[str, int] | None) -> None:
+    def _save(self, pending: dict[str, Any] | None) -> None:
         """Replace the progress file atomically and durably (temp file, fsync, rename, fsync)."""
         data: dict[str, Any] = {"offsetTable": {str(k): v for k, v in sorted(self._offsets.items())}}
         if pending is not None:
             data["pending"] = pending
         write_json_durably(self.path, data)
 
-    def _range_delivered(self, level: int, start: int, end: int, log_offset: int) -> bool:
-        """True when the copies of schedule queue offsets [start, end) of ``level`` are stored
-        (all or none are: they were one put). A range with nothing deliverable counts as done."""
+    def _settle(self, ranges: list[tuple[int, int, int]], log_offset: int) -> None:
+        """Set each level's progress after a round whose put may or may not have landed: to the end
+        of its range when the round's copies are stored, else to its start."""
+        done = self._ranges_delivered(ranges, log_offset)
+        for level, start, end in ranges:
+            self._offsets[level] = end if done else start
+
+    def _ranges_delivered(self, ranges: list[tuple[int, int, int]], log_offset: int) -> bool:
+        """True when the copies of the schedule queue ranges ``(level, from, to)`` of one round are
+        stored (all or none are: they were one put). A round with nothing deliverable counts as
+        done."""
         store = self.broker.store
-        for position in range(start, end):
-            record = store.message_at(c.SCHEDULE_TOPIC, level - 1, position, decompress=False)
-            copy = None if record is None else restore_message(record)
-            if record is not None and copy is not None:
-                return self._copy_stored(record, copy, log_offset)
+        for level, start, end in ranges:
+            for position in range(start, end):
+                record = store.message_at(c.SCHEDULE_TOPIC, level - 1, position, decompress=False)
+                copy = None if record is None else restore_message(record)
+                if record is not None and copy is not None:
+                    return self._copy_stored(record, copy, log_offset)
         return True
 
     def _copy_stored(self, record: MessageExt, copy: InnerMessage, log_offset: int) -> bool:
@@ -199,9 +216,8 @@ class ScheduleMessageService(PeriodicService):
         """
         report = DeliveryReport()
         with self._lock:
-            for level in range(1, c.MAX_DELAY_LEVEL + 1):
-                while self._deliver_round(level, now, report):
-                    pass
+            while self._deliver_round(now, report):
+                pass
             report.offsets = dict(self._offsets)
         return report
 
@@ -218,12 +234,43 @@ class ScheduleMessageService(PeriodicService):
                     times.append(deliver_timestamp(record))
         return min(times, default=None)
 
-    def _deliver_round(self, level: int, now: int, report: DeliveryReport) -> bool:
-        """Deliver up to ``batch_size`` due records of ``level``; True when a full batch went."""
-        store, queue_id = self.broker.store, level - 1
-        start = self._offsets.get(level, 0)
+    def _deliver_round(self, now: int, report: DeliveryReport) -> bool:
+        """Deliver up to ``batch_size`` due records of every level in one put; True when some
+        level filled its batch (more may be due)."""
         log_offset = self.broker.next_commit_log_offset  # read BEFORE the flush: everything below it is then durable
         self.broker.flush()
+        ranges: list[tuple[int, int, int]] = []
+        copies: list[InnerMessage] = []
+        counts: Counter[int] = Counter()
+        full = False
+        for level in range(1, c.MAX_DELAY_LEVEL + 1):
+            start = self._offsets.get(level, 0)
+            end, level_copies = self._due_range(level, start, now, report)
+            if end > start:
+                ranges.append((level, start, end))
+                copies.extend(level_copies)
+                counts[level] = len(level_copies)
+                full = full or len(level_copies) == self.batch_size
+        if not ranges:
+            return False
+        self._save({"ranges": [list(r) for r in ranges], "log_offset": log_offset})
+        if copies:
+            try:
+                self._store(copies)
+            except BaseException:
+                self._settle(ranges, log_offset)
+                self._save(None)
+                raise
+        for level, _, end in ranges:
+            self._offsets[level] = end
+        self._save(None)
+        report.delivered.update(counts)
+        return full
+
+    def _due_range(self, level: int, start: int, now: int, report: DeliveryReport) -> tuple[int, list[InnerMessage]]:
+        """The end of the due run of ``level`` from ``start`` (at most ``batch_size`` copies) and
+        its copies; records to drop are passed over and reported."""
+        store, queue_id = self.broker.store, level - 1
         max_offset = store.max_offset(c.SCHEDULE_TOPIC, queue_id)
         copies: list[InnerMessage] = []
         position = start
@@ -243,22 +290,7 @@ class ScheduleMessageService(PeriodicService):
             else:
                 copies.append(copy)
             position += 1
-        if position == start:
-            return False
-        pending = {"level": level, "from": start, "to": position, "log_offset": log_offset}
-        self._save(pending)
-        if copies:
-            try:
-                self._store(copies)
-            except BaseException:
-                done = self._range_delivered(level, start, position, log_offset)
-                self._offsets[level] = position if done else start
-                self._save(None)
-                raise
-        self._offsets[level] = position
-        self._save(None)
-        report.delivered[level] += len(copies)
-        return len(copies) == self.batch_size
+        return position, copies
 
     def _store(self, copies: list[InnerMessage]) -> None:
         """Store ``copies`` in one put (one atomic commit) and wait until it is durable."""
