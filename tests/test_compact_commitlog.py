@@ -297,6 +297,20 @@ def test_a_broker_commit_between_the_writes_and_the_commit_does_not_conflict(
     assert len(rows) == 246 and len({(r["broker_name"], r["commit_log_offset"]) for r in rows}) == 246
 
 
+def _pulled_bodies(brokers: list[Broker]) -> dict[tuple[str, int], list[bytes]]:
+    """Every message body of every Orders queue, pulled through the brokers' stores in batches."""
+    bodies: dict[tuple[str, int], list[bytes]] = {}
+    for broker in brokers:
+        for queue_id in range(4):
+            pulled, offset = [], 0
+            while offset < broker.store.max_offset("Orders", queue_id):
+                result = broker.store.get_message("Orders", queue_id, offset, max_msgs=32)
+                pulled += [m.body for m in result.messages]
+                offset = result.next_begin_offset
+            bodies[(broker.broker_name, queue_id)] = pulled
+    return bodies
+
+
 def _queue_bodies(brokers: list[Broker]) -> dict[tuple[str, int], list[bytes]]:
     """Every message body of every Orders queue, read through the brokers' own stores."""
     bodies: dict[tuple[str, int], list[bytes]] = {}
@@ -326,6 +340,7 @@ def test_running_brokers_follow_a_compaction_of_their_live_segments_without_inde
         if busy:
             _send(brokers, 240, 4)
 
+        pulled = _pulled_bodies(brokers)  # first: a pull's batched read finds the files gone
         after = _queue_bodies(brokers)
 
         assert [b.store.loads for b in brokers] == loads
@@ -334,6 +349,7 @@ def test_running_brokers_follow_a_compaction_of_their_live_segments_without_inde
             broker.shutdown()
     assert all(after[key][: len(bodies)] == bodies for key, bodies in before.items())
     assert sum(map(len, after.values())) == sum(map(len, before.values())) + (4 if busy else 0)
+    assert pulled == after
 
 
 @pytest.mark.spark

@@ -522,8 +522,38 @@ class MessageStore:
         self._runs.clear()
         self._run_bytes = 0
 
+    def _messages(self, topic: str, queue_id: int, queue_offsets: Sequence[int]) -> list[MessageExt]:
+        """The messages at ``queue_offsets`` of a queue, in that order (caller holds the lock): per
+        file, only their rows are made into Python values (a pull's rows lie scattered among other
+        queues' rows, so whole runs would turn many rows into values for each one read). Recovers
+        from a file that is gone as :meth:`_row` does."""
+        for recover in (self.refresh, self.load, None):
+            queue = self._queues[(topic, queue_id)]
+            wanted: dict[int, list[int]] = {}
+            for queue_offset in queue_offsets:
+                index = queue_offset - queue.min_offset
+                wanted.setdefault(queue.files[index], []).append(queue.rows[index])
+            try:
+                rows: dict[tuple[int, int], dict[str, Any]] = {}
+                for file_id, file_rows in wanted.items():
+                    columns = self._read_file(file_id).take(file_rows).to_pydict()
+                    for at, row in enumerate(file_rows):
+                        rows[(file_id, row)] = {name: values[at] for name, values in columns.items()}
+            except FileNotFoundError:
+                if recover is None:
+                    raise
+                recover()
+                continue
+            return [
+                self._to_message(topic, q, rows[(queue.files[i], queue.rows[i])], True)
+                for q, i in ((q, q - queue.min_offset) for q in queue_offsets)
+            ]
+        raise AssertionError("unreachable")
+
     def _message(self, topic: str, queue_id: int, queue_offset: int, decompress: bool = True) -> MessageExt:
-        row = self._row(topic, queue_id, queue_offset)
+        return self._to_message(topic, queue_offset, self._row(topic, queue_id, queue_offset), decompress)
+
+    def _to_message(self, topic: str, queue_offset: int, row: dict[str, Any], decompress: bool) -> MessageExt:
         body = decompress_body(row["body"], row["sys_flag"]) if decompress else row["body"]
         return MessageExt(
             broker_name=self.broker_name,
@@ -654,7 +684,7 @@ class MessageStore:
                 size += queue.sizes[index]
             position += 1
         status = GetMessageStatus.FOUND if found else GetMessageStatus.NO_MATCHED_MESSAGE
-        messages = [self._message(topic, queue_id, q) for q in found]
+        messages = self._messages(topic, queue_id, found)
         return GetMessageResult(status, position, queue.min_offset, queue.max_offset, messages)
 
     # -- pulls ------------------------------------------------------------------------------------
