@@ -313,7 +313,9 @@ def run_consumers(brokers: Sequence[Broker], seed: int, offset_dir: Path) -> Cou
     Per queue a group reads from its committed offset (the first offset on a new lake) up to a
     random share of what it has not consumed yet (some queues not at all), committing its offset
     every few pulls; clustering offsets go to the brokers, broadcasting ones to local
-    files under ``offset_dir``. Returns messages consumed per group.
+    files under ``offset_dir``. A client pulls its queues in turn, one pull each, as a client's
+    pull service does, so its reads move through the commit log together. Returns messages consumed
+    per group.
     """
     rng = random.Random(seed + 1)
     consumed: Counter[str] = Counter()
@@ -326,33 +328,53 @@ def run_consumers(brokers: Sequence[Broker], seed: int, offset_dir: Path) -> Cou
                 client_id=f"127.0.0.{10 + client}@workload",
                 offset_dir=offset_dir,
             )
+            reads: list[_QueueRead] = []
             for queue in consumer.queues(plan.topic):
                 if plan.group == "cg-orders" and rng.random() < 0.3:
                     continue  # a queue this group never consumes
-                consumed[plan.group] += _consume_queue(consumer, queue, plan.tag_expression, rng)
+                reads.append(_QueueRead.start(consumer, queue, rng))
+            while reads:
+                consumed[plan.group] += sum(read.pull_once(consumer, plan.tag_expression, rng) for read in reads)
+                reads = [read for read in reads if not read.done]
             consumer.persist()
     return consumed
 
 
-def _consume_queue(consumer: PullConsumer, queue: MessageQueue, tag_expression: str, rng: random.Random) -> int:
-    """Consume ``queue`` from the group's committed offset (the first on a new lake) up to a
-    random share of what it has not consumed yet; the messages consumed."""
-    broker = consumer.brokers[queue.broker_name]
-    offset = max(consumer.read_offset(queue), 0)  # -1: none committed yet
-    end = broker.max_offset(queue.topic, queue.queue_id)
-    stop = offset + int((end - offset) * rng.choice((0.0, 0.3, 0.6, 0.9, 1.0)))
-    consumed = 0
-    while offset < stop:
-        result = consumer.pull(queue, offset, max_nums=rng.randint(1, 32), tag_expression=tag_expression)
+@dataclass
+class _QueueRead:
+    """One queue's share of a :func:`run_consumers` client: from ``offset`` up to ``stop``."""
+
+    queue: MessageQueue
+    offset: int
+    stop: int
+    done: bool = False
+
+    @classmethod
+    def start(cls, consumer: PullConsumer, queue: MessageQueue, rng: random.Random) -> _QueueRead:
+        """From the group's committed offset (the first on a new lake) up to a random share of what
+        it has not consumed yet."""
+        offset = max(consumer.read_offset(queue), 0)  # -1: none committed yet
+        end = consumer.brokers[queue.broker_name].max_offset(queue.topic, queue.queue_id)
+        stop = offset + int((end - offset) * rng.choice((0.0, 0.3, 0.6, 0.9, 1.0)))
+        return cls(queue, offset, stop, done=offset >= stop)
+
+    def pull_once(self, consumer: PullConsumer, tag_expression: str, rng: random.Random) -> int:
+        """One pull and the offset update after it (persisted at random points); the messages
+        consumed."""
+        if self.done:
+            return 0
+        queue = self.queue
+        result = consumer.pull(queue, self.offset, max_nums=rng.randint(1, 32), tag_expression=tag_expression)
         if result.status is not PullStatus.FOUND and result.status is not PullStatus.NO_MATCHED_MSG:
-            break
-        consumed += len(result.messages)
-        offset = min(result.next_begin_offset, stop)
-        consumer.update_offset(queue, offset)
+            self.done = True
+            return 0
+        self.offset = min(result.next_begin_offset, self.stop)
+        self.done = self.offset >= self.stop
+        consumer.update_offset(queue, self.offset)
         if rng.random() < 0.3:  # the client's and the broker's periodic persists, at random points
             consumer.persist()
-            broker.offsets.persist()
-    return consumed
+            consumer.brokers[queue.broker_name].offsets.persist()
+        return len(result.messages)
 
 
 class SimulatedClock:
