@@ -467,6 +467,19 @@ class MessageStore:
                 return None
             return self._message(topic, queue_id, queue_offset, decompress)
 
+    def messages_from(
+        self, topic: str, queue_id: int, queue_offset: int, count: int, decompress: bool = True
+    ) -> list[MessageExt]:
+        """The messages at queue offsets ``queue_offset`` up to ``queue_offset + count`` (fewer at
+        the queue's end, none before its first offset), read together as a pull reads them."""
+        with self._lock:
+            self._drain()
+            queue = self._queues.get((topic, queue_id))
+            if queue is None or not queue.holds(queue_offset):
+                return []
+            end = min(queue.max_offset, queue_offset + count)
+            return self._messages(topic, queue_id, range(queue_offset, end), decompress)
+
     # -- rows of files ----------------------------------------------------------------------------
 
     def _read_file(self, file_id: int) -> pa.Table:
@@ -522,7 +535,9 @@ class MessageStore:
         self._runs.clear()
         self._run_bytes = 0
 
-    def _messages(self, topic: str, queue_id: int, queue_offsets: Sequence[int]) -> list[MessageExt]:
+    def _messages(
+        self, topic: str, queue_id: int, queue_offsets: Sequence[int], decompress: bool = True
+    ) -> list[MessageExt]:
         """The messages at ``queue_offsets`` of a queue, in that order (caller holds the lock): per
         file, only their rows are made into Python values (a pull's rows lie scattered among other
         queues' rows, so whole runs would turn many rows into values for each one read). Recovers
@@ -545,7 +560,7 @@ class MessageStore:
                 recover()
                 continue
             return [
-                self._to_message(topic, q, rows[(queue.files[i], queue.rows[i])], True)
+                self._to_message(topic, q, rows[(queue.files[i], queue.rows[i])], decompress)
                 for q, i in ((q, q - queue.min_offset) for q in queue_offsets)
             ]
         raise AssertionError("unreachable")
