@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 DELIVER_BATCH_SIZE = 256  # due entries of each level a round takes; one round is one put (one atomic commit)
-_READ_CHUNK = 32  # schedule records read together while looking for the first one not due
 _CLEARED_ON_DELIVERY = (c.PROPERTY_DELAY_TIME_LEVEL, c.PROPERTY_TIMER_DELIVER_MS, c.PROPERTY_TIMER_DELAY_SEC)
 
 
@@ -272,29 +271,25 @@ class ScheduleMessageService(PeriodicService):
         """The end of the due run of ``level`` from ``start`` (at most ``batch_size`` copies) and
         its copies; records to drop are passed over and reported."""
         store, queue_id = self.broker.store, level - 1
+        max_offset = store.max_offset(c.SCHEDULE_TOPIC, queue_id)
         copies: list[InnerMessage] = []
         position = start
-        while len(copies) < self.batch_size:
-            # the first record alone: most rounds find a level's first record not due yet
-            want = 1 if position == start else min(_READ_CHUNK, self.batch_size - len(copies))
-            records = store.messages_from(c.SCHEDULE_TOPIC, queue_id, position, want, decompress=False)
-            for record in records:
-                if correct_deliver_timestamp(now, deliver_timestamp(record), level) > now:
-                    return position, copies
-                copy = restore_message(record)
-                if copy is None:
-                    _log.warning(
-                        "dropped schedule record %s of level %s: real topic %r",
-                        position,
-                        level,
-                        record.properties.get(c.PROPERTY_REAL_TOPIC),
-                    )
-                    report.dropped.append((level, position))
-                else:
-                    copies.append(copy)
-                position += 1
-            if len(records) < want:
+        while position < max_offset and len(copies) < self.batch_size:
+            record = store.message_at(c.SCHEDULE_TOPIC, queue_id, position, decompress=False)
+            if record is None or correct_deliver_timestamp(now, deliver_timestamp(record), level) > now:
                 break
+            copy = restore_message(record)
+            if copy is None:
+                _log.warning(
+                    "dropped schedule record %s of level %s: real topic %r",
+                    position,
+                    level,
+                    record.properties.get(c.PROPERTY_REAL_TOPIC),
+                )
+                report.dropped.append((level, position))
+            else:
+                copies.append(copy)
+            position += 1
         return position, copies
 
     def _store(self, copies: list[InnerMessage]) -> None:
