@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from broker_model.broker import Broker, BrokerConfig
 from broker_model.client import Producer, PullConsumer
 from broker_model.common import Message, MessageQueue
-from broker_model.store import AppendLog, FileAction, latest_version
+from broker_model.store import AppendLog, FileAction, latest_version, message_store
 from broker_model.store.delta_commits import commit_path
 from jobs.compact_commitlog import CompactConfig, build_config, run
 from jobs.consumer_offsets import ConsumerOffsetsConfig
@@ -326,9 +326,13 @@ def _queue_bodies(brokers: list[Broker]) -> dict[tuple[str, int], list[bytes]]:
 
 @pytest.mark.spark
 @pytest.mark.parametrize("busy", [True, False], ids=["a broker commit follows", "the brokers stay idle"])
+@pytest.mark.parametrize("first", ["pull", "message_at"])
 def test_running_brokers_follow_a_compaction_of_their_live_segments_without_indexing_their_logs_again(
-    spark: SparkSession, lake_root: Path, busy: bool
+    spark: SparkSession, lake_root: Path, busy: bool, first: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Idle brokers meet the replaced files gone at their first read, and follow the log then:
+    through a pull's batched read (every row of a file in one take) or through ``message_at``."""
+    monkeypatch.setattr(message_store, "SLICED_ROWS", 0)
     brokers = _start(lake_root, store_cache_bytes=1)  # about one file in memory: reads go to the files
     try:
         before, loads = _queue_bodies(brokers), [b.store.loads for b in brokers]
@@ -340,8 +344,10 @@ def test_running_brokers_follow_a_compaction_of_their_live_segments_without_inde
         if busy:
             _send(brokers, 240, 4)
 
-        pulled = _pulled_bodies(brokers)  # first: a pull's batched read finds the files gone
-        after = _queue_bodies(brokers)
+        if first == "pull":
+            pulled, after = _pulled_bodies(brokers), _queue_bodies(brokers)
+        else:
+            after, pulled = _queue_bodies(brokers), _pulled_bodies(brokers)
 
         assert [b.store.loads for b in brokers] == loads
     finally:

@@ -154,7 +154,7 @@ def test_progress_survives_a_restart_without_delivering_again_or_skipping(tmp_pa
 
 
 @pytest.mark.parametrize("copies_stored", [True, False])
-@pytest.mark.parametrize("form", ["ranges", "one level"])
+@pytest.mark.parametrize("form", ["ranges", "one level", "first range dropped"])
 def test_a_round_left_pending_by_a_crash_is_settled_from_the_log(
     tmp_path: Path, clock: ManualClock, copies_stored: bool, form: str
 ) -> None:
@@ -163,7 +163,11 @@ def test_a_round_left_pending_by_a_crash_is_settled_from_the_log(
     now. A round spans every level that has due records; files written before that hold one
     level's range (``level``, ``from``, ``to``), read too."""
     broker = _start(tmp_path, clock)
-    keys = [_send_delayed(broker, 1, f"m{i}".encode()) for i in range(3)]
+    if form == "first range dropped":  # level 1 holds only an entry to drop: level 2's copy decides
+        broker.put_message(InnerMessage(c.RMQ_SYS_TRANS_HALF_TOPIC, 0, b"bug", {c.PROPERTY_DELAY_TIME_LEVEL: "1"}))
+        keys = [_send_delayed(broker, 2, b"m0")]
+    else:
+        keys = [_send_delayed(broker, 1, f"m{i}".encode()) for i in range(3)]
     if form == "ranges":
         keys += [_send_delayed(broker, 2, b"m3")]
     log_offset = broker.next_commit_log_offset
@@ -173,20 +177,53 @@ def test_a_round_left_pending_by_a_crash_is_settled_from_the_log(
     pending: dict[str, object] = {"level": 1, "from": 0, "to": 3, "log_offset": log_offset}
     if form == "ranges":
         pending = {"ranges": [[1, 0, 3], [2, 0, 1]], "log_offset": log_offset}
+    elif form == "first range dropped":
+        pending = {"ranges": [[1, 0, 1], [2, 0, 1]], "log_offset": log_offset}
     progress_path(tmp_path, "broker-a").parent.mkdir(parents=True, exist_ok=True)
     progress_path(tmp_path, "broker-a").write_text(json.dumps({"offsetTable": {}, "pending": pending}))
     broker.shutdown()
     restarted = _start(tmp_path, clock)
     try:
         service = ScheduleMessageService(restarted)
-        assert service.offset(1) == (3 if copies_stored else 0)
-        assert service.offset(2) == (1 if copies_stored and form == "ranges" else 0)
+        level_1_end = 1 if form == "first range dropped" else 3
+        assert service.offset(1) == (level_1_end if copies_stored else 0)
+        assert service.offset(2) == (1 if copies_stored and form != "one level" else 0)
         service.deliver_due(clock.now)
         assert [m.uniq_key for m in _real(restarted)] == keys  # each exactly once
-        expected = {"1": 3, "2": 1} if form == "ranges" else {"1": 3}
+        expected = {"1": level_1_end, "2": 1} if form != "one level" else {"1": 3}
         assert json.loads(progress_path(tmp_path, "broker-a").read_text()) == {"offsetTable": expected}
     finally:
         restarted.shutdown()
+
+
+def test_a_put_that_fails_leaves_the_round_to_deliver_again_and_nothing_pending(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """The round's put raises before anything is stored: every level's progress stays at its
+    start, the progress file holds no pending round, and the next pass delivers the round."""
+
+    class FailingOnce(ScheduleMessageService):
+        failed = False
+
+        def _store(self, copies: list[InnerMessage]) -> None:
+            if not self.failed:
+                self.failed = True
+                raise BrokerError("the disk is full")
+            super()._store(copies)
+
+    broker = _start(tmp_path, clock)
+    try:
+        keys = [_send_delayed(broker, 1, b"a"), _send_delayed(broker, 2, b"b")]
+        clock.now = T0 + 5000
+        service = FailingOnce(broker)
+        with pytest.raises(BrokerError, match="the disk is full"):
+            service.deliver_due(clock.now)
+        assert (service.offset(1), service.offset(2)) == (0, 0) and _real(broker) == []
+        assert json.loads(progress_path(tmp_path, "broker-a").read_text()) == {"offsetTable": {"1": 0, "2": 0}}
+        assert service.deliver_due(clock.now).total == 2
+        assert sorted(m.uniq_key for m in _real(broker)) == sorted(keys)
+    finally:
+        broker.shutdown()
 
 
 CRASH_SCRIPT = """

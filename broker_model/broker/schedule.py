@@ -1,7 +1,8 @@
 """Delayed delivery: the broker's ``ScheduleMessageService``. A message put with a DELAY level waits
 in ``SCHEDULE_TOPIC_XXXX`` (queue level - 1) and this service moves it back to its real topic and
-queue when its time comes, level by level in queue order, keeping its progress per level in
-``delayOffset.json``. Its owner starts it (it attaches to the broker). See docs/broker.md.
+queue when its time comes, each level in queue order, the due entries of every level stored
+together in one put per round, keeping its progress per level in ``delayOffset.json``. Its owner
+starts it (it attaches to the broker). See docs/broker.md.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-DELIVER_BATCH_SIZE = 256  # due entries of each level a round takes; one round is one put (one atomic commit)
+DELIVER_BATCH_SIZE = 256  # copies of each level a round takes (dropped entries aside); a round is one put
 _CLEARED_ON_DELIVERY = (c.PROPERTY_DELAY_TIME_LEVEL, c.PROPERTY_TIMER_DELIVER_MS, c.PROPERTY_TIMER_DELAY_SEC)
 
 

@@ -224,6 +224,7 @@ class MessageStore:
         # rows of recently read runs of rows as Python values: a consumer reads a queue's rows one
         # after another, and one Arrow row made into Python costs as much as a few hundred in a run
         self._runs: OrderedDict[tuple[int, int], tuple[dict[str, list[Any]], int]] = OrderedDict()
+        self._last_run: tuple[int, int] | None = None  # the run of the last row read alone
         self._run_bytes = 0
         self._tail: CommitTail | None = None
         self._undispatched: list[tuple[str, pa.Table | None]] = []  # committed here, not yet indexed
@@ -487,16 +488,24 @@ class MessageStore:
             self._cached -= evicted.nbytes
 
     def _row(self, topic: str, queue_id: int, queue_offset: int) -> dict[str, Any]:
-        """The stored record of a consume-queue row (caller holds the lock). When its file is gone (a
+        """The stored record of a consume-queue row (caller holds the lock): a row whose run of
+        :data:`RUN_ROWS` rows was not read just before is taken alone (a one-row slice); a second
+        row of the same run makes the whole run Python values, for the reads in order that follow
+        (a scan of a queue, of the schedule topic). When its file is gone (a
         compaction this store has not followed yet, then a VACUUM), the log is followed and the
         read tried again, then the whole log indexed again and tried a last time."""
         for recover in (self.refresh, self.load, None):
             queue = self._queues[(topic, queue_id)]
             index = queue_offset - queue.min_offset
+            file_id, row = queue.files[index], queue.rows[index]
             try:
-                columns, first = self._run_of(queue.files[index], queue.rows[index])
-                at = queue.rows[index] - first
-                return {name: values[at] for name, values in columns.items()}
+                key = (file_id, row // RUN_ROWS)
+                if key not in self._runs and key != self._last_run:  # a row alone, as far as we know
+                    self._last_run = key
+                    piece = self._read_file(file_id).slice(row, 1).to_pydict()
+                    return {name: values[0] for name, values in piece.items()}
+                columns, first = self._run_of(file_id, row)
+                return {name: values[row - first] for name, values in columns.items()}
             except FileNotFoundError:
                 if recover is None:
                     raise
@@ -522,6 +531,7 @@ class MessageStore:
     def _forget_runs(self) -> None:
         self._runs.clear()
         self._run_bytes = 0
+        self._last_run = None
 
     def _messages(
         self, topic: str, queue_id: int, queue_offsets: Sequence[int], decompress: bool = True
@@ -563,10 +573,10 @@ class MessageStore:
             pieces = [table.slice(row, 1).to_pydict() for row in rows]
             return {name: [piece[name][0] for piece in pieces] for name in table.column_names}
         if table.num_columns and table.column(0).num_chunks > 1:
-            combined = table.combine_chunks()
-            self._cache[file_id] = combined
-            self._cached += combined.nbytes - table.nbytes
-            table = combined
+            del self._cache[file_id]
+            self._cached -= table.nbytes
+            table = table.combine_chunks()
+            self._remember(file_id, table)
         taken: dict[str, list[Any]] = table.take(rows).to_pydict()
         return taken
 
