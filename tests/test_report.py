@@ -31,6 +31,7 @@ from jobs.report import (
     transaction_outcomes,
     write_report,
 )
+from jobs.report.plots import NOT_WRITTEN_DAY, plot_dead_letters
 from tests.helpers import ENGINE
 
 pytestmark = pytest.mark.spark
@@ -50,6 +51,17 @@ def test_dead_letters_are_counted_per_group_and_utc_day() -> None:
         {"group": "cg-a", "day": "1970-01-02", "dead_letters": 2},
         {"group": "cg-b", "day": "1970-01-02", "dead_letters": 1},
     ]
+
+
+def test_letters_not_written_yet_get_a_bar_of_their_own_in_the_dead_letters_plot() -> None:
+    """A lake whose retry chains ran out before ``route_dlq --execute`` wrote their letters has
+    rows without a day: drawn as a bar of their own, first, not an error."""
+    day_ms = 86_400_000
+    dead = [("cg-a", day_ms), ("cg-b", None), ("cg-b", None), ("cg-a", 2 * day_ms)]
+    rows = dead_letters_per_day([{"group": g, "dlq_timestamp": t} for g, t in dead])
+    svg = plot_dead_letters(rows).decode("utf-8")
+    labels = [svg.index(f">{label}<") for label in (NOT_WRITTEN_DAY, "1970-01-02", "1970-01-03")]
+    assert labels == sorted(labels)  # the x axis' tick labels, in this order
 
 
 def test_transaction_outcomes_count_states_and_anomalies() -> None:

@@ -139,16 +139,21 @@ def plot_lag_over_time(rows: Sequence[Mapping[str, Any]]) -> bytes:
     return _svg(figure)
 
 
+NOT_WRITTEN_DAY = "not written yet"  # the bar of POLICY_NOT_WRITTEN letters, which have no day
+
+
 def plot_dead_letters(rows: Sequence[Mapping[str, Any]]) -> bytes:
-    """Stacked bars: dead letters per day, one color per group."""
-    days = sorted({r["day"] for r in rows})
+    """Stacked bars: dead letters per day, one color per group; letters not written yet (no day)
+    in a bar of their own, first."""
+    days = sorted({r["day"] for r in rows}, key=lambda day: (day is not None, day or ""))
+    labels = [NOT_WRITTEN_DAY if day is None else day for day in days]
     figure = _figure(bottom=0.55)
     axes = figure.subplots()
     bottom = [0] * len(days)
     for group in sorted({r["group"] for r in rows}):
         counts = {r["day"]: r["dead_letters"] for r in rows if r["group"] == group}
         heights = [counts.get(day, 0) for day in days]
-        axes.bar(days, heights, bottom=bottom, label=group)
+        axes.bar(labels, heights, bottom=bottom, label=group)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     axes.set_ylabel("dead letters")
     axes.set_title("dead letters per group and day (UTC)")
