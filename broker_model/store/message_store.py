@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import numpy as np
@@ -46,6 +46,7 @@ LONG_POLLING_CHECK_MS = 5000  # the hold service re-checks held pulls this often
 RUN_ROWS = 256  # rows of a file made into Python values together when one of them is read
 SLICED_ROWS = 8  # rows of one file a batched read takes as one-row slices; more go in one take
 RUN_CACHE_BYTES = 32 << 20  # Arrow bytes of the runs of rows kept as Python values
+_T = TypeVar("_T")
 _INDEX_COLUMNS = [
     "commit_log_offset",
     "store_size",
@@ -487,30 +488,35 @@ class MessageStore:
             _, evicted = self._cache.popitem(last=False)
             self._cached -= evicted.nbytes
 
+    def _after_recovery(self, read: Callable[[], _T]) -> _T:
+        """``read()`` (caller holds the lock); when a file it reads is gone (a compaction this store
+        has not followed yet, then a VACUUM), again after following the log, then after indexing the
+        whole log again."""
+        for recover in (self.refresh, self.load):
+            try:
+                return read()
+            except FileNotFoundError:
+                recover()
+        return read()
+
     def _row(self, topic: str, queue_id: int, queue_offset: int) -> dict[str, Any]:
         """The stored record of a consume-queue row (caller holds the lock): a row whose run of
-        :data:`RUN_ROWS` rows was not read just before is taken alone (a one-row slice); a second
-        row of the same run makes the whole run Python values, for the reads in order that follow
-        (a scan of a queue, of the schedule topic). When its file is gone (a
-        compaction this store has not followed yet, then a VACUUM), the log is followed and the
-        read tried again, then the whole log indexed again and tried a last time."""
-        for recover in (self.refresh, self.load, None):
+        :data:`RUN_ROWS` rows was not read just before is taken alone; a second row of the same
+        run makes the whole run Python values, for the reads in order that follow (a scan of a
+        queue, of the schedule topic)."""
+
+        def read() -> dict[str, Any]:
             queue = self._queues[(topic, queue_id)]
             index = queue_offset - queue.min_offset
             file_id, row = queue.files[index], queue.rows[index]
-            try:
-                key = (file_id, row // RUN_ROWS)
-                if key not in self._runs and key != self._last_run:  # a row alone, as far as we know
-                    self._last_run = key
-                    piece = self._read_file(file_id).slice(row, 1).to_pydict()
-                    return {name: values[0] for name, values in piece.items()}
-                columns, first = self._run_of(file_id, row)
-                return {name: values[row - first] for name, values in columns.items()}
-            except FileNotFoundError:
-                if recover is None:
-                    raise
-                recover()
-        raise AssertionError("unreachable")
+            key = (file_id, row // RUN_ROWS)
+            if key not in self._runs and key != self._last_run:  # a row alone, as far as we know
+                self._last_run = key
+                return {name: values[0] for name, values in self._rows_of(file_id, [row]).items()}
+            columns, first = self._run_of(file_id, row)
+            return {name: values[row - first] for name, values in columns.items()}
+
+        return self._after_recovery(read)
 
     def _run_of(self, file_id: int, row: int) -> tuple[dict[str, list[Any]], int]:
         """The run of :data:`RUN_ROWS` rows of file ``file_id`` holding ``row``, as Python values per
@@ -538,45 +544,32 @@ class MessageStore:
     ) -> list[MessageExt]:
         """The messages at ``queue_offsets`` of a queue, in that order (caller holds the lock): per
         file, only their rows are made into Python values (a pull's rows lie scattered among other
-        queues' rows, so whole runs would turn many rows into values for each one read). Recovers
-        from a file that is gone as :meth:`_row` does."""
-        for recover in (self.refresh, self.load, None):
+        queues' rows, so whole runs would turn many rows into values for each one read)."""
+
+        def read() -> list[dict[str, Any]]:
             queue = self._queues[(topic, queue_id)]
-            wanted: dict[int, list[int]] = {}
-            for queue_offset in queue_offsets:
-                index = queue_offset - queue.min_offset
-                wanted.setdefault(queue.files[index], []).append(queue.rows[index])
-            try:
-                rows: dict[tuple[int, int], dict[str, Any]] = {}
-                for file_id, file_rows in wanted.items():
-                    columns = self._rows_of(file_id, file_rows)
-                    for at, row in enumerate(file_rows):
-                        rows[(file_id, row)] = {name: values[at] for name, values in columns.items()}
-            except FileNotFoundError:
-                if recover is None:
-                    raise
-                recover()
-                continue
-            return [
-                self._to_message(topic, q, rows[(queue.files[i], queue.rows[i])], decompress)
-                for q, i in ((q, q - queue.min_offset) for q in queue_offsets)
-            ]
-        raise AssertionError("unreachable")
+            places = [(queue.files[q - queue.min_offset], queue.rows[q - queue.min_offset]) for q in queue_offsets]
+            per_file: dict[int, list[int]] = {}
+            for file_id, row in places:
+                per_file.setdefault(file_id, []).append(row)
+            rows: dict[tuple[int, int], dict[str, Any]] = {}
+            for file_id, file_rows in per_file.items():
+                columns = self._rows_of(file_id, file_rows)
+                for at, row in enumerate(file_rows):
+                    rows[(file_id, row)] = {name: values[at] for name, values in columns.items()}
+            return [rows[place] for place in places]
+
+        rows = self._after_recovery(read)
+        return [self._to_message(topic, q, row, decompress) for q, row in zip(queue_offsets, rows, strict=True)]
 
     def _rows_of(self, file_id: int, rows: Sequence[int]) -> dict[str, list[Any]]:
         """Rows ``rows`` of file ``file_id`` as Python values per column (caller holds the lock): a
-        few as one-row slices, more with one ``take`` over the file's rows made one chunk first (a
-        take over a table of many chunks, as a group commit's rows arrive, costs as much as the
-        whole file; measured 15 times a single chunk's)."""
+        few as one-row slices, more in one ``take`` (which costs about 1 ms a file however few it
+        takes)."""
         table = self._read_file(file_id)
         if len(rows) <= SLICED_ROWS:
             pieces = [table.slice(row, 1).to_pydict() for row in rows]
             return {name: [piece[name][0] for piece in pieces] for name in table.column_names}
-        if table.num_columns and table.column(0).num_chunks > 1:
-            del self._cache[file_id]
-            self._cached -= table.nbytes
-            table = table.combine_chunks()
-            self._remember(file_id, table)
         taken: dict[str, list[Any]] = table.take(rows).to_pydict()
         return taken
 
