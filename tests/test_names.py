@@ -91,13 +91,16 @@ def row_words(files: dict[str, Path]) -> list[str]:
 
 
 def module_constants(path: Path) -> Iterable[tuple[str, int, ast.expr]]:
-    """(name, line, value) of the module-level UPPER_CASE assignments of ``path``."""
+    """(name, line, value) of the module-level UPPER_CASE assignments of ``path``. A type variable
+    (``_T = TypeVar("_T")``) is a device of its module's annotations, not a constant, and is left out."""
     for node in ast.parse(path.read_text(), str(path)).body:
         if isinstance(node, ast.Assign):
             targets, value = [t for t in node.targets if isinstance(t, ast.Name)], node.value
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
             targets, value = [node.target], node.value
         else:
+            continue
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "TypeVar":
             continue
         for target in targets:
             if re.fullmatch(r"_?[A-Z][A-Z0-9_]*", target.id):
