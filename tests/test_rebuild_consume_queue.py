@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 
 from broker_model.common import body_crc, java_string_hash, tags_code
 from broker_model.common import constants as c
+from broker_model.common.codec import decode_properties
 from broker_model.store.delta_commits import commit_path
 from jobs.lake import IncrementalReadError, Lake
 from jobs.log_chains import CHAIN_COLUMNS, Chains, segment_sizes
@@ -229,10 +230,32 @@ def test_the_delay_level_is_the_last_delay_entry_with_an_integer_value(spark: Sp
         b"DELAY\x01soon",
         b"DELAY\x01-2",
         b"",
+        b"DELAY\x014\x02DELAY\x01\x02",  # a later empty value is no entry: the one before stands
+        b"DELAY\x016\x02KEYS\x01k\x02DELAY\x01",  # the same, last
+        b"DELAY\x01\x017",  # a value may hold the name-value separator: not an integer
     ]
     df = spark.createDataFrame([(i, r) for i, r in enumerate(raws)], "i int, raw binary")
     levels = [r["level"] for r in df.select("i", delay_level(F.col("raw")).alias("level")).orderBy("i").collect()]
-    assert levels == [3, 17, 5, None, None, None, -2, None]
+    assert levels == [3, 17, 5, None, None, None, -2, None, 4, 6, None]
+
+
+# whole entries (a DELAY with a value, an empty one, another key) and the pieces that make them
+_PROPERTY_PIECES = ["DELAY\x013\x02", "DELAY\x01\x02", "KEYS\x01k\x02", "DELAY\x01", "\x02", "\x01", "X", "1", "-", " "]
+
+
+@pytest.mark.spark
+@settings(max_examples=4, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_PROPERTY_PIECES), max_size=12).map("".join), min_size=200, max_size=200))
+def test_the_delay_level_is_what_the_brokers_property_parsing_gives(spark: SparkSession, texts: list[str]) -> None:
+    def level(text: str) -> int | None:
+        value = decode_properties(text).get(c.PROPERTY_DELAY_TIME_LEVEL)
+        if value is None or not re.fullmatch(r"[+-]?[0-9]+", value):
+            return None
+        return int(value) if -(1 << 31) <= int(value) < 1 << 31 else None
+
+    df = spark.createDataFrame([(i, t.encode()) for i, t in enumerate(texts)], "i int, raw binary")
+    levels = [r["level"] for r in df.select("i", delay_level(F.col("raw")).alias("level")).orderBy("i").collect()]
+    assert levels == [level(t) for t in texts]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -235,33 +235,43 @@ def _execute(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildP
         except IncrementalReadError as err:
             print(f"{JOB}: cannot read the new commit log rows alone ({err}); rebuilding in full")
             plan = replace(plan, mode="full", reason=str(err))
-    # the chains are read on the driver while Spark plans the scan of the same files
+    sizes = segment_sizes(lake.read_rows(BROKERS))
+    tags = _distinct_tags(lake, plan.target)
+    # the chains are read on the driver while Spark writes the consume-queue rows from the same files:
+    # the write needs only the segment sizes and the tags, the chains are looked at after it
     with ThreadPoolExecutor(1, thread_name_prefix="chains") as pool:
-        read_chains = pool.submit(_full_chains, lake, plan.target)
+        read_chains = pool.submit(_full_chains, lake, plan.target, sizes)
         checked_df = build_checked_records(lake.read(COMMITLOG, version=plan.target))
-        chains, tags = read_chains.result()
-    summary = _rebuild(lake, plan, checked_df, chains, tags, None, None)
+        summary = _rebuild(lake, plan, checked_df, sizes, tags, read_chains.result, None, None)
+        chains = read_chains.result()
     tails = Tails(chains.queue_tails(), chains.log_tails())
     lake.overwrite_rows(CONSUME_QUEUE_TAILS, tails.to_arrow(plan.target), APP_ID, plan.target)
     return plan, summary
 
 
-def _full_chains(lake: Lake, version: int) -> tuple[Chains, set[str | None]]:
-    """The chains of the whole commit log at ``version`` and its distinct tags."""
-    chains = Chains(segment_sizes(lake.read_rows(BROKERS)))
+def _distinct_tags(lake: Lake, version: int) -> set[str | None]:
+    """The distinct tags of the whole commit log at ``version``: one column, dictionary-encoded,
+    so a few values per file (tens of milliseconds on a 1M-message log)."""
     tags: set[str | None] = set()
-    # the strings as stored, dictionary-encoded: the chains group by them, the tags are few;
-    # chunks of consecutive files of each broker, so that each chunk's runs are ranges of the log
+    for rows in lake.iter_row_chunks(COMMITLOG, ["tags"], version=version, dictionaries=("tags",)):
+        tags.update(pc.unique(rows["tags"]).to_pylist())
+    return tags
+
+
+def _full_chains(lake: Lake, version: int, sizes: Mapping[str, int]) -> Chains:
+    """The chains of the whole commit log at ``version``, of brokers with segments of ``sizes``."""
+    chains = Chains(dict(sizes))
+    # the strings as stored, dictionary-encoded: the chains group by them; chunks of consecutive
+    # files of each broker, so that each chunk's runs are ranges of the log
     for rows in lake.iter_row_chunks(
         COMMITLOG,
-        [*CHAIN_COLUMNS, "tags"],
+        list(CHAIN_COLUMNS),
         version=version,
-        dictionaries=("broker_name", "topic", "tags"),
+        dictionaries=("broker_name", "topic"),
         order_by="commit_log_offset",
     ):
         chains.add_part(rows)
-        tags.update(pc.unique(rows["tags"]).to_pylist())
-    return chains, tags
+    return chains
 
 
 def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildSummary, Tails]:
@@ -314,7 +324,7 @@ def _incremental(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[Rebu
             None if queue_context_df is None else queue_context_df.toArrow(), log_context_df.toArrow()
         )
         tags = set(pc.unique(new_rows["tags"]).to_pylist())
-        summary = _rebuild(lake, plan, checked_df, chains, tags, queue_context_df, log_context_df)
+        summary = _rebuild(lake, plan, checked_df, sizes, tags, lambda: chains, queue_context_df, log_context_df)
         return replace(summary, context=context), tails
     finally:
         for df in persisted:
@@ -410,32 +420,36 @@ def _rebuild(
     lake: Lake,
     plan: RebuildPlan,
     checked_df: DataFrame,
-    chains: Chains,
+    sizes: Mapping[str, int],
     tags: Iterable[str | None],
+    chains_of: Callable[[], Chains],
     queue_context_df: DataFrame | None,
     log_context_df: DataFrame | None,
 ) -> RebuildSummary:
     """Write the consume-queue rows of ``checked_df`` while counting record problems, then the findings.
 
-    ``chains`` holds the runs of the same rows and their context (read on the driver), ``tags``
-    their distinct tags. The consume-queue rows pass reads the records with their bodies, counts record
-    problems, and writes the consume-queue rows of each scan task sorted by queue: no shuffle. The findings
+    ``sizes`` are the brokers' segment sizes, ``tags`` the rows' distinct tags; ``chains_of`` gives
+    the runs of the same rows and their context (read on the driver, maybe while the consume-queue
+    rows are written: it is called after them). The consume-queue rows pass reads the records with
+    their bodies, counts record problems, and writes the consume-queue rows of each scan task sorted
+    by queue: no shuffle. The findings
     are then computed only where something is wrong: the continuity of the brokers and the order
     of the queues the chains suspect, and the record checks when the consume-queue rows pass saw a record fail.
     """
     sizes_df = lake.spark.createDataFrame(
-        sorted(chains.segment_sizes.items()), "broker_name string, segment_size long"
-    )  # each broker's latest segment size (build_segment_sizes), from the brokers rows the chains were given
+        sorted(sizes.items()), "broker_name string, segment_size long"
+    )  # each broker's latest segment size (build_segment_sizes), from the brokers rows
     records = Observation(f"{JOB}-records")
-    # one aggregate of one flag: the observation's per-row cost grows with its aggregates
-    failed = F.max(failing(record_checks()).cast("int")).alias("failed")
-    if len(chains.segment_sizes) <= LITERAL_CHOICES:
-        sized_df = checked_df.withColumn("segment_size", segment_size_of(chains.segment_sizes))
+    if len(sizes) <= LITERAL_CHOICES:
+        sized_df = checked_df.withColumn("segment_size", segment_size_of(sizes))
     else:
         sized_df = with_segment_size(checked_df, sizes_df)
-    sized_df = sized_df.observe(records, failed)
     cq_row_columns = [n for n in CONSUME_QUEUE.column_names if n != "tags_code"] + ["tags", "delay_level", "sys_flag"]
-    records_df = filter_dispatched(sized_df).select(*cq_row_columns)
+    # every record's checks as one flag in the generated code, then observed on rows that narrow: the
+    # observation ends Spark's generated code and takes every row as it comes, so its rows cost by width
+    flagged_df = sized_df.select(*cq_row_columns, failing(record_checks()).cast("int").alias("_failed"))
+    observed_df = flagged_df.observe(records, F.max("_failed").alias("failed")).drop("_failed")
+    records_df = filter_dispatched(observed_df)
     distinct_tags = sorted({t for t in tags if t})
     if len(distinct_tags) <= LITERAL_CHOICES:
         coded_df = with_literal_tags_code(records_df, distinct_tags)
@@ -448,6 +462,7 @@ def _rebuild(
     )
     # a full run whose consume-queue rows were committed by a run that stopped has no observation: check every record
     problems = written is None or bool(records.get["failed"])
+    chains = chains_of()
     suspect_queues, suspect_brokers = chains.suspect_queues(), chains.suspect_brokers()
     summary = RebuildSummary(cq_rows=chains.new_cq_rows(), queues=chains.new_queues())
     findings: list[DataFrame] = []
