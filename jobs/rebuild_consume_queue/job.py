@@ -236,13 +236,14 @@ def _execute(lake: Lake, plan: RebuildPlan, driver_bytes: int) -> tuple[RebuildP
             print(f"{JOB}: cannot read the new commit log rows alone ({err}); rebuilding in full")
             plan = replace(plan, mode="full", reason=str(err))
     sizes = segment_sizes(lake.read_rows(BROKERS))
-    tags = _distinct_tags(lake, plan.target)
-    # the chains are read on the driver while Spark writes the consume-queue rows from the same files:
-    # the write needs only the segment sizes and the tags, the chains are looked at after it
+    # the tags, then the chains, are read on the driver while Spark plans the scan of the same files
+    # and writes the consume-queue rows: the write needs only the segment sizes and the tags, the
+    # chains are looked at after it
     with ThreadPoolExecutor(1, thread_name_prefix="chains") as pool:
+        read_tags = pool.submit(_distinct_tags, lake, plan.target)
         read_chains = pool.submit(_full_chains, lake, plan.target, sizes)
         checked_df = build_checked_records(lake.read(COMMITLOG, version=plan.target))
-        summary = _rebuild(lake, plan, checked_df, sizes, tags, read_chains.result, None, None)
+        summary = _rebuild(lake, plan, checked_df, sizes, read_tags.result(), read_chains.result, None, None)
         chains = read_chains.result()
     tails = Tails(chains.queue_tails(), chains.log_tails())
     lake.overwrite_rows(CONSUME_QUEUE_TAILS, tails.to_arrow(plan.target), APP_ID, plan.target)
