@@ -447,7 +447,7 @@ def _rebuild(
         sized_df = with_segment_size(checked_df, sizes_df)
     cq_row_columns = [n for n in CONSUME_QUEUE.column_names if n != "tags_code"] + ["tags", "delay_level", "sys_flag"]
     # every record's checks as one flag in the generated code, then observed on rows that narrow: the
-    # observation ends Spark's generated code and takes every row as it comes, so its rows cost by width
+    # observation ends Spark's generated code and takes every row as it comes (docs/benchmarks.md)
     flagged_df = sized_df.select(*cq_row_columns, failing(record_checks()).cast("int").alias("_failed"))
     observed_df = flagged_df.observe(records, F.max("_failed").alias("failed")).drop("_failed")
     records_df = filter_dispatched(observed_df)
