@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +27,7 @@ from pyspark.sql import SparkSession
 from broker_model.broker import Broker, BrokerConfig
 from broker_model.client import Producer, PullConsumer
 from broker_model.common import Message, MessageQueue
-from broker_model.store import AppendLog, FileAction, latest_version, message_store
+from broker_model.store import AppendLog, FileAction, append_log, latest_version, message_store
 from broker_model.store.delta_commits import commit_path
 from jobs.compact_commitlog import CompactConfig, build_config, run
 from jobs.consumer_offsets import ConsumerOffsetsConfig
@@ -356,6 +357,35 @@ def test_running_brokers_follow_a_compaction_of_their_live_segments_without_inde
     assert all(after[key][: len(bodies)] == bodies for key, bodies in before.items())
     assert sum(map(len, after.values())) == sum(map(len, before.values())) + (4 if busy else 0)
     assert pulled == after
+
+
+@pytest.mark.spark
+def test_brokers_read_compacted_files_a_row_group_at_a_time(
+    spark: SparkSession, lake_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compacted file holds a segment's rows in many row groups; pulls (their rows of a file taken
+    from several row groups) and single reads (runs of rows across row groups) find every row, with
+    room in memory for about one row group."""
+    monkeypatch.setattr(append_log, "ROW_GROUP_BYTES", 4096)  # a few rows per row group
+    monkeypatch.setattr(message_store, "SLICED_ROWS", 0)  # a pull's rows of a file in one take per row group
+    brokers = _start(lake_root, store_cache_bytes=4096)
+    try:
+        before = _queue_bodies(brokers)
+        assert run(spark, CompactConfig(lake_root, target_file_size=MIB, engine=ENGINE)).status == "SUCCEEDED"
+        groups = [
+            pq.ParquetFile(lake_root / "commitlog" / unquote(f.path)).metadata.num_row_groups
+            for f in list_files(open_table(str(lake_root / "commitlog")))
+        ]
+        assert max(groups) > 5
+        DeltaTable(str(lake_root / "commitlog")).vacuum(  # the stores must read the compacted files
+            retention_hours=0, dry_run=False, enforce_retention_duration=False
+        )
+        pulled, after = _pulled_bodies(brokers), _queue_bodies(brokers)
+    finally:
+        for broker in brokers:
+            broker.shutdown()
+    assert pulled == after == before
+    assert sum(map(len, before.values())) == 240
 
 
 @pytest.mark.spark

@@ -49,6 +49,9 @@ _STATS_TYPES = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
 # then costs at most twice this many add actions per commit (:meth:`AppendLog._checkpoint_due`)
 FILES_PER_CHECKPOINT_COMMIT = 50
 _MAX_STATS_STRING = 32  # Delta truncates string stats at 32 chars; longer values get no stats
+# decoded (Arrow) bytes of a row group: a broker's pull decodes the row group holding its rows, so a
+# compacted file of a whole segment is read a few MiB at a time (docs/broker.md, "Reading a pull's rows")
+ROW_GROUP_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,13 @@ class AppendLog:
         target.parent.mkdir(parents=True, exist_ok=True)
         data = data.select(self.spec.data_columns)
         with open(target, "wb") as handle:
-            pq.write_table(data, handle, compression="snappy", use_dictionary=self._dictionary)
+            pq.write_table(
+                data,
+                handle,
+                compression="snappy",
+                use_dictionary=self._dictionary,
+                row_group_size=row_group_rows(data),
+            )
             if self.fsync:
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -418,3 +427,9 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def row_group_rows(data: pa.Table) -> int:
+    """Rows per row group for ``data``: about :data:`ROW_GROUP_BYTES` of it, at least one row."""
+    rows: int = data.num_rows
+    return max(1, ROW_GROUP_BYTES * rows // max(1, int(data.nbytes)))

@@ -219,7 +219,10 @@ class MessageStore:
         self._queues: dict[tuple[str, int], _Queue] = {}
         self._files: list[str] = []  # table-relative paths; a row locator is (file id, row)
         self._file_ids: dict[str, int] = {}  # decoded path -> file id
-        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        # decoded row groups of files, by (file id, row group): a pull reads the row group holding its
+        # rows, not the whole file (a compacted file holds a segment's rows)
+        self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
+        self._group_starts: dict[int, np.ndarray] = {}  # file id -> first row of each row group, then the row count
         self._cache_bytes = cache_bytes
         self._cached = 0
         # rows of recently read runs of rows as Python values: a consumer reads a queue's rows one
@@ -250,6 +253,7 @@ class MessageStore:
             self._files.clear()
             self._file_ids.clear()
             self._cache.clear()
+            self._group_starts.clear()
             self._cached = 0
             self._forget_runs()
             try:
@@ -350,9 +354,11 @@ class MessageStore:
                 return False
             queue_files[moved] = file_ids[at]
             np.frombuffer(queue.rows, dtype=np.int32)[moved] = rows[at]
+        removed_ids = set(gone)
+        for key in [key for key in self._cache if key[0] in removed_ids]:
+            self._cached -= self._cache.pop(key).nbytes
         for file_id in gone:
-            evicted = self._cache.pop(file_id, None)
-            self._cached -= 0 if evicted is None else evicted.nbytes
+            self._group_starts.pop(file_id, None)
         if gone:
             self._forget_runs()
         return True
@@ -402,9 +408,12 @@ class MessageStore:
             file_id = len(self._files)
             self._files.append(path)
             self._file_ids[unquote(path)] = file_id
-            table = rows if rows is not None else self._read_file(file_id)
-            if rows is not None:
-                self._remember(file_id, rows)
+            if rows is None:
+                table = pq.read_table(COMMITLOG.location(self.lake) / path, columns=_INDEX_COLUMNS)
+            else:
+                table = rows
+                self._group_starts[file_id] = np.array([0, rows.num_rows], dtype=np.int64)
+                self._remember((file_id, 0), rows)
             index = table.select(_INDEX_COLUMNS)
             index = index.append_column("file_id", pa.array([file_id] * table.num_rows, pa.int32()))
             parts.append(index.append_column("row", pa.array(range(table.num_rows), pa.int32())))
@@ -472,21 +481,48 @@ class MessageStore:
 
     # -- rows of files ----------------------------------------------------------------------------
 
-    def _read_file(self, file_id: int) -> pa.Table:
-        cached = self._cache.get(file_id)
+    def _starts(self, file_id: int) -> np.ndarray:
+        """The first row of each row group of file ``file_id``, then its row count (caller holds the
+        lock); read from the file's footer the first time."""
+        starts = self._group_starts.get(file_id)
+        if starts is None:
+            meta = pq.ParquetFile(COMMITLOG.location(self.lake) / self._files[file_id]).metadata
+            counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+            self._group_starts[file_id] = starts
+        return starts
+
+    def _read_group(self, file_id: int, group: int) -> pa.Table:
+        """Row group ``group`` of file ``file_id``, decoded (caller holds the lock)."""
+        key = (file_id, group)
+        cached = self._cache.get(key)
         if cached is not None:
-            self._cache.move_to_end(file_id)
+            self._cache.move_to_end(key)
             return cached
-        table = pq.read_table(COMMITLOG.location(self.lake) / self._files[file_id])
-        self._remember(file_id, table)
+        table = pq.ParquetFile(COMMITLOG.location(self.lake) / self._files[file_id]).read_row_group(group)
+        self._remember(key, table)
         return table
 
-    def _remember(self, file_id: int, table: pa.Table) -> None:
-        self._cache[file_id] = table
+    def _remember(self, key: tuple[int, int], table: pa.Table) -> None:
+        self._cache[key] = table
         self._cached += table.nbytes
         while self._cached > self._cache_bytes and len(self._cache) > 1:
             _, evicted = self._cache.popitem(last=False)
             self._cached -= evicted.nbytes
+
+    def _slice(self, file_id: int, start: int, length: int) -> pa.Table:
+        """Rows ``start`` to ``start + length`` of file ``file_id`` (fewer at its end), read from the
+        row groups that hold them (caller holds the lock)."""
+        starts = self._starts(file_id)
+        end = min(start + length, int(starts[-1]))
+        first = int(np.searchsorted(starts, start, side="right")) - 1
+        pieces = []
+        for group in range(first, len(starts) - 1):
+            if starts[group] >= end:
+                break
+            at = max(start - int(starts[group]), 0)
+            pieces.append(self._read_group(file_id, group).slice(at, end - int(starts[group]) - at))
+        return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
 
     def _after_recovery(self, read: Callable[[], _T]) -> _T:
         """``read()`` (caller holds the lock); when a file it reads is gone (a compaction this store
@@ -526,7 +562,7 @@ class MessageStore:
         if cached is not None:
             self._runs.move_to_end(key)
             return cached[0], key[1] * RUN_ROWS
-        piece = self._read_file(file_id).slice(key[1] * RUN_ROWS, RUN_ROWS)
+        piece = self._slice(file_id, key[1] * RUN_ROWS, RUN_ROWS)
         self._runs[key] = (piece.to_pydict(), piece.nbytes)
         self._run_bytes += piece.nbytes
         while self._run_bytes > RUN_CACHE_BYTES and len(self._runs) > 1:
@@ -564,14 +600,27 @@ class MessageStore:
 
     def _rows_of(self, file_id: int, rows: Sequence[int]) -> dict[str, list[Any]]:
         """Rows ``rows`` of file ``file_id`` as Python values per column (caller holds the lock): a
-        few as one-row slices, more in one ``take`` (which costs about 1 ms a file however few it
-        takes)."""
-        table = self._read_file(file_id)
+        few as one-row slices, more in one ``take`` per row group (which costs about 1 ms however
+        few it takes)."""
         if len(rows) <= SLICED_ROWS:
-            pieces = [table.slice(row, 1).to_pydict() for row in rows]
-            return {name: [piece[name][0] for piece in pieces] for name in table.column_names}
-        taken: dict[str, list[Any]] = table.take(rows).to_pydict()
-        return taken
+            pieces = [self._slice(file_id, row, 1) for row in rows]
+            values = [piece.to_pydict() for piece in pieces]
+            return {name: [value[name][0] for value in values] for name in pieces[0].column_names}
+        starts = self._starts(file_id)
+        wanted = np.asarray(rows, dtype=np.int64)
+        groups = np.searchsorted(starts, wanted, side="right") - 1
+        if groups[0] == groups[-1] and (groups == groups[0]).all():
+            group = int(groups[0])
+            taken: dict[str, list[Any]] = self._read_group(file_id, group).take(wanted - starts[group]).to_pydict()
+            return taken
+        order = np.argsort(groups, kind="stable")
+        parts = [
+            self._read_group(file_id, int(group)).take(wanted[order][groups[order] == group] - starts[group])
+            for group in np.unique(groups)
+        ]
+        together = pa.concat_tables(parts)  # the rows in ``order``
+        in_order: dict[str, list[Any]] = together.take(np.argsort(order)).to_pydict()
+        return in_order
 
     def _message(self, topic: str, queue_id: int, queue_offset: int, decompress: bool = True) -> MessageExt:
         return self._to_message(topic, queue_offset, self._row(topic, queue_id, queue_offset), decompress)
