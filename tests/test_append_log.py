@@ -14,7 +14,14 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from broker_model.store import AppendLog, delta_commits, ensure_table, retry_listing_gap
-from broker_model.store.delta_commits import commit_path, read_change, read_changes
+from broker_model.store.delta_commits import (
+    LAST_CHECKPOINT,
+    CommitTail,
+    commit_path,
+    has_later_commit,
+    read_change,
+    read_changes,
+)
 from schemas.catalog import TOPIC_CONFIG
 from schemas.errors import UnsupportedTableError
 
@@ -71,6 +78,33 @@ def test_a_writer_idle_past_a_log_cleanup_commits_after_the_newest_version(tmp_p
     assert idle.append(_rows("idle", 10)) == 11
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
     assert sorted(r["updated_timestamp"] for r in rows) == list(range(11))
+
+
+@pytest.mark.parametrize("pointer", [True, False], ids=["with _last_checkpoint", "without _last_checkpoint"])
+def test_a_follower_moves_on_by_new_commits_and_starts_over_after_a_log_cleanup(tmp_path: Path, pointer: bool) -> None:
+    """A tail at the newest version finds nothing new; then each new commit; then, once a log
+    cleanup removed the commit files it needs, it says so (None: read the table whole), with the
+    log's ``_last_checkpoint`` or, without one, from a listing."""
+    path = ensure_table(tmp_path, TOPIC_CONFIG)
+    writer = AppendLog(path, TOPIC_CONFIG)
+    writer.append(_rows("a", 0))
+    tail = CommitTail(path, 1)
+    assert tail.poll() == [] and tail.version == 1
+    writer.append(_rows("a", 1))
+    writer.append(_rows("a", 2))
+    assert [change.version for change in tail.poll() or []] == [2, 3] and tail.version == 3
+    assert tail.poll() == []
+    for n in range(3, 8):
+        writer.append(_rows("a", n))  # versions 4 to 8
+    DeltaTable(str(path)).create_checkpoint()  # at version 8
+    for version in range(6):
+        commit_path(path, version).unlink()  # the tail needs version 4
+    if not pointer:
+        (path / "_delta_log" / LAST_CHECKPOINT).unlink()
+    assert has_later_commit(path, 4)
+    assert tail.poll() is None
+    assert not has_later_commit(path, 8)
+    assert CommitTail(path, 8).poll() == []
 
 
 def test_a_delta_rs_call_refused_for_a_listing_gap_is_run_again_and_other_errors_are_not() -> None:

@@ -25,6 +25,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 LOG_DIR = "_delta_log"  # the Delta protocol's name for a table's log directory
+LAST_CHECKPOINT = "_last_checkpoint"  # the log's pointer to its newest checkpoint
 # what delta-rs says of a listing of the log that holds a commit but not the one before it
 LISTING_GAP = "Expected contiguous commit files"
 LISTING_ATTEMPTS = 5
@@ -101,8 +102,31 @@ def retry_listing_gap(action: Callable[[], _T], attempts: int = LISTING_ATTEMPTS
         attempt += 1
 
 
+def last_checkpoint_version(table_dir: str | Path) -> int | None:
+    """The version ``_last_checkpoint`` names (None when the log has no readable one)."""
+    try:
+        last = json.loads((log_dir(table_dir) / LAST_CHECKPOINT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    version = last.get("version") if isinstance(last, dict) else None
+    return version if isinstance(version, int) else None
+
+
+def checkpointed_after(table_dir: str | Path, version: int) -> bool:
+    """Whether the log's last checkpoint is of a version after ``version``: then later commits
+    were made even when a log cleanup removed their commit files after checkpointing them."""
+    last = last_checkpoint_version(table_dir)
+    return last is not None and last > version
+
+
 def has_later_commit(table_dir: str | Path, version: int) -> bool:
-    """Whether the log holds a commit file of a version above ``version`` (one listing)."""
+    """Whether commits after ``version`` were made: commit ``version + 1``'s file is there, or the
+    last checkpoint is of a later version (:func:`checkpointed_after`). Two small reads however long
+    the log; only a log without ``_last_checkpoint`` is listed."""
+    if commit_path(table_dir, version + 1).is_file() or checkpointed_after(table_dir, version):
+        return True
+    if (log_dir(table_dir) / LAST_CHECKPOINT).is_file():
+        return False
     names = (p.name for p in log_dir(table_dir).glob("*.json"))
     return any(n[:20].isdigit() and int(n[:20]) > version for n in names)
 

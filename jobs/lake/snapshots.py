@@ -24,7 +24,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import Transaction
 
 from broker_model.store import CommitChange, FileAction, commit_path, latest_version, load_table, read_changes
-from broker_model.store.delta_commits import commit_mark, log_dir
+from broker_model.store.delta_commits import LAST_CHECKPOINT, checkpointed_after, commit_mark, log_dir
 from jobs.lake.engine import PartitionFilter
 from schemas.catalog import TableSpec
 from schemas.errors import LakeError, UnsupportedTableError, ValidationError
@@ -89,7 +89,7 @@ def is_table(path: str) -> bool:
     if table_dir is None:
         return bool(DeltaTable.is_deltatable(path))
     logs = log_dir(table_dir)
-    if commit_path(table_dir, 0).is_file() or (logs / "_last_checkpoint").is_file():
+    if commit_path(table_dir, 0).is_file() or (logs / LAST_CHECKPOINT).is_file():
         return True
     return latest_version(table_dir) >= 0
 
@@ -100,16 +100,6 @@ def local_or_none(path: str) -> str | None:
         return local_directory(path)
     except LakeError:
         return None
-
-
-def _checkpointed_after(table_dir: str, version: int) -> bool:
-    """Whether the log's last checkpoint is of a version after ``version``: then later commits
-    were made even when a log cleanup removed their commit files after checkpointing them."""
-    try:
-        last = json.loads((log_dir(table_dir) / "_last_checkpoint").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(last, dict) and isinstance(last.get("version"), int) and last["version"] > version
 
 
 class _Snapshots:
@@ -158,7 +148,7 @@ class _Snapshots:
             kept = self._kept.get((table_dir, version)) if version is not None else None
         if version is None or kept is None:
             return None
-        if commit_path(table_dir, version + 1).exists() or _checkpointed_after(table_dir, version):
+        if commit_path(table_dir, version + 1).exists() or checkpointed_after(table_dir, version):
             return None
         return (version, kept[1]) if self._servable(table_dir, version, kept) else None
 
