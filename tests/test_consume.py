@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from broker_model.broker import Broker, BrokerConfig, InnerMessage
+from broker_model.broker.consumer_offsets import ConsumerOffsetManager
 from broker_model.client import LocalFileOffsetStore, PullConsumer, ReadOffsetType, RemoteBrokerOffsetStore
 from broker_model.common import OFFSET_BAD_REQUEST, OFFSET_NOT_FOUND, OFFSET_READ_ERROR, MessageQueue
 from broker_model.common import constants as c
 from broker_model.store import MessageStore, OffsetCommit, OffsetLedger, PullResult, PullStatus, Subscription
+from broker_model.store.delta_commits import read_change
 from schemas.errors import ValidationError
 from tests.helpers import wait_until
 
@@ -268,6 +270,37 @@ def test_a_running_broker_sees_offsets_another_process_appended(tmp_path: Path) 
         key = ("g", "broker-a", "T", 0)
         other.append([OffsetCommit("g", "broker-a", "T", 0, 2, other.next_timestamp(key), "reset", reset_id="r1")])
         assert broker.query_offset("g", "T", 0) == 2
+
+
+def test_a_brokers_offsets_follow_only_files_that_may_hold_its_queues(tmp_path: Path) -> None:
+    """A broker's offset manager reads no file of another broker's commits (their statistics say so)
+    and none of its own commits, even when other commits came between; it still reads a reset of
+    its queues and a file holding several brokers' rows."""
+    ours = ConsumerOffsetManager(tmp_path, "broker-a").load()
+    theirs = ConsumerOffsetManager(tmp_path, "broker-b").load()
+    other = OffsetLedger(tmp_path).load()  # another process: the reset tool
+    ours.commit_offset("g", "T", 0, 10)
+    own_version = ours.persist()
+    theirs.commit_offset("g", "T", 0, 20)
+    their_version = theirs.persist()
+    ours.commit_offset("g", "T", 1, 30)
+    later_own_version = ours.persist()  # not the version after ours' last: the ledger's tail stays behind
+    assert own_version is not None and their_version is not None and later_own_version is not None
+    assert later_own_version != own_version + 1
+    # the files the manager must not read are gone: reading one would fail
+    for version in (their_version, later_own_version):
+        (read_file,) = read_change(tmp_path / "consumer_offset_commits", version).added  # type: ignore[union-attr]
+        os.remove(tmp_path / "consumer_offset_commits" / read_file.path)
+    key = ("g", "broker-a", "T", 0)
+    other.append([OffsetCommit("g", "broker-a", "T", 0, 2, other.next_timestamp(key), "reset", reset_id="r1")])
+    both = [
+        OffsetCommit("g", "broker-a", "T", 1, 3, other.next_timestamp(("g", "broker-a", "T", 1)), "reset"),
+        OffsetCommit("g", "broker-c", "T", 1, 4, other.next_timestamp(("g", "broker-c", "T", 1)), "reset"),
+    ]
+    other.append(both)
+    assert ours.query_offset("g", "T", 0) == 2
+    assert ours.query_offset("g", "T", 1) == 3
+    assert ours.ledger.keys() == [("g", "broker-a", "T", 0), ("g", "broker-a", "T", 1)]
 
 
 def test_commit_timestamps_strictly_increase_per_queue_even_within_one_millisecond(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ class ConsumerOffsetManager:
 
     def __init__(self, lake: str | Path, broker_name: str, clock: Callable[[], int] | None = None) -> None:
         self.broker_name = broker_name
-        self.ledger = OffsetLedger(lake, clock)
+        self.ledger = OffsetLedger(lake, clock, broker_name)
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._lock = threading.Lock()
         self._pending: dict[GroupQueueKey, OffsetCommit] = {}

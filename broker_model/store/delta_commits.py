@@ -142,12 +142,14 @@ class FileAction:
         size: bytes (0 when the action does not say).
         data_change: the action's ``dataChange``: False when it moves rows without changing them
             (a compaction), True by default.
+        stats: the action's ``stats`` JSON text (None when it has none).
     """
 
     log_path: str
     partition_values: dict[str, str | None]
     size: int
     data_change: bool
+    stats: str | None = None
 
     @property
     def path(self) -> str:
@@ -342,6 +344,7 @@ def _file_action(action: dict[str, Any]) -> FileAction:
         dict(action.get("partitionValues") or {}),
         int(action.get("size") or 0),
         bool(action.get("dataChange", True)),
+        action.get("stats"),
     )
 
 

@@ -14,6 +14,7 @@ The current offset is therefore the row with the greatest ``commit_timestamp``, 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -21,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.exceptions import TableNotFoundError
 
 from broker_model.common import GroupQueueKey
 from broker_model.store.append_log import AppendLog
-from broker_model.store.delta_commits import CommitTail, load_table
+from broker_model.store.delta_commits import CommitTail, FileAction, load_table
 from broker_model.store.delta_tables import ensure_table
 from schemas.catalog import CONSUMER_OFFSET_COMMITS
 
@@ -77,17 +79,23 @@ def latest_commits(table: pa.Table) -> dict[GroupQueueKey, tuple[int, int]]:
 class OffsetLedger:
     """The ``consumer_offset_commits`` table as the latest offset per queue, following its log.
 
-    Used by the broker's offset manager and by the reset tool; thread-safe.
+    Used by the reset tool for every broker's queues, and by a broker's offset manager for its own
+    (``broker_name``): such a ledger reads no file whose statistics show no row of its broker,
+    and none of the commits it made itself. Thread-safe.
     """
 
-    def __init__(self, lake: str | Path, clock: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, lake: str | Path, clock: Callable[[], int] | None = None, broker_name: str | None = None
+    ) -> None:
         self.lake = Path(lake)
         self.path = CONSUMER_OFFSET_COMMITS.location(self.lake)
+        self.broker_name = broker_name
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._lock = threading.RLock()
         self._latest: dict[GroupQueueKey, tuple[int, int]] = {}
         self._tail: CommitTail | None = None
         self._log: AppendLog | None = None
+        self._appended: set[int] = set()  # versions this ledger committed that its tail has not passed
 
     def load(self) -> OffsetLedger:
         """Read the whole table as of now and follow its log from there."""
@@ -98,8 +106,28 @@ class OffsetLedger:
                 self._latest, self._tail = {}, CommitTail(self.path, -1)
                 return self
             self._tail = CommitTail(self.path, table.version())
-            self._latest = latest_commits(table.to_pyarrow_table())
+            self._appended.clear()
+            self._latest = latest_commits(self._own_rows(table.to_pyarrow_table()))
         return self
+
+    def _own_rows(self, rows: pa.Table) -> pa.Table:
+        """``rows`` of the queues this ledger keeps (all without a ``broker_name``)."""
+        if self.broker_name is None:
+            return rows
+        return rows.filter(pc.equal(rows["broker_name"], self.broker_name))
+
+    def _may_hold_own_rows(self, added: FileAction) -> bool:
+        """False when ``added``'s statistics show no row of this ledger's broker."""
+        if self.broker_name is None or not added.stats:
+            return True
+        try:
+            stats = json.loads(added.stats)
+            low, high = stats["minValues"]["broker_name"], stats["maxValues"]["broker_name"]
+        except (ValueError, KeyError, TypeError):
+            return True
+        # a truncated minimum is a prefix of the least value and a truncated maximum is at least the
+        # greatest, so neither can exclude a file that holds the broker's rows
+        return not (isinstance(low, str) and isinstance(high, str)) or low <= self.broker_name <= high
 
     def refresh(self) -> None:
         """Apply rows other writers appended since the last look."""
@@ -112,8 +140,12 @@ class OffsetLedger:
                 self.load()
                 return
             for change in changes:
+                if change.version in self._appended:
+                    continue  # applied when this ledger committed it
                 for added in change.added:
-                    self._apply(latest_commits(pq.read_table(self.path / added.path)))
+                    if self._may_hold_own_rows(added):
+                        self._apply(latest_commits(self._own_rows(pq.read_table(self.path / added.path))))
+            self._appended = {version for version in self._appended if version > self._tail.version}
 
     def _apply(self, rows: dict[GroupQueueKey, tuple[int, int]]) -> None:
         for key, value in rows.items():
@@ -147,7 +179,12 @@ class OffsetLedger:
                 ensure_table(self.lake, CONSUMER_OFFSET_COMMITS)
                 self._log = AppendLog(self.path, CONSUMER_OFFSET_COMMITS, checkpoint_interval=100)
             version = self._log.commit(self._log.write_files(commits_table(commits)), operation="WRITE")
-            self._apply({c.key: (c.offset, c.commit_timestamp) for c in commits})
+            self._apply({c.key: (c.offset, c.commit_timestamp) for c in commits if self._keeps(c.key)})
             if self._tail is not None and version == self._tail.version + 1:
                 self._tail.version = version
+            elif self._tail is not None:
+                self._appended.add(version)
             return version
+
+    def _keeps(self, key: GroupQueueKey) -> bool:
+        return self.broker_name is None or key[1] == self.broker_name
