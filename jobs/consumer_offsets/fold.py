@@ -179,15 +179,17 @@ def compute(
             if queue not in lows or low <= lows[queue][0]:
                 earlier = lows[queue][1] if queue in lows and lows[queue][0] == low else None
                 lows[queue] = (low, earlier)
-        least = [dict(zip(names, (*queue, low), strict=True)) for queue, (low, _) in lows.items()]
-        firsts = rows.join(pa.Table.from_pylist(least, schema=key_schema), keys=names, join_type="inner")
-        for (queue, offset), at in _earliest_times(firsts).items():
+        # one join for both: the rows at each queue's least offset, and those a commit points at
+        least = {(*queue, low) for queue, (low, _) in lows.items()} - pointed
+        wanted = pa.concat_tables(
+            [pairs, pa.Table.from_pylist([dict(zip(names, key, strict=True)) for key in least], schema=key_schema)]
+        )
+        for (queue, offset), at in _earliest_times(rows.join(wanted, keys=names, join_type="inner")).items():
             low, seen = lows[queue]
             if offset == low:
                 lows[queue] = (low, _earliest(seen, at))
-        if pairs.num_rows:
-            for found, at in _earliest_times(rows.join(pairs, keys=names, join_type="inner")).items():
-                times[found] = min(times[found], at) if found in times else at
+            if (*queue, offset) in pointed:
+                times[(queue, offset)] = min(times[(queue, offset)], at) if (queue, offset) in times else at
     bounds = {queue: (low, highs[queue]) for queue, (low, _) in lows.items()}
     _add_empty_queues(bounds, configured)
 
