@@ -147,6 +147,9 @@ def source_chunks(lake: Lake, source: TableSpec, version: int | None = None) -> 
 
 def _hour_column(epoch_ms: pa.ChunkedArray) -> pa.ChunkedArray:
     """The start of the UTC hour of each value (a floored remainder, as Spark's ``pmod``)."""
+    least = pc.min(epoch_ms).as_py()
+    if least is None or least >= 0:  # no time before 1970: the quotient truncated is the floor
+        return pc.multiply(pc.divide(epoch_ms, HOUR_MS), HOUR_MS)
     remainder = pc.subtract(epoch_ms, pc.multiply(pc.divide(epoch_ms, HOUR_MS), HOUR_MS))
     floored = pc.if_else(pc.less(remainder, 0), pc.add(remainder, HOUR_MS), remainder)
     return pc.subtract(epoch_ms, floored)
@@ -165,7 +168,12 @@ def summarize_log(parts: Sequence[pa.Table]) -> pa.Table:
     or of ``queue_hours`` rows that summed parts of a log: the summaries of parts add up."""
     if not parts:
         return QUEUE_HOURS.arrow_schema.empty_table()
-    table = pa.concat_tables([_plain(part) for part in parts], promote_options="permissive")
+    # one part (a chunk of the log) is grouped by its dictionary codes, decoding only the summary's
+    # few rows; parts to add up are decoded first, their dictionaries may differ
+    if len(parts) == 1:
+        table = parts[0].unify_dictionaries()
+    else:
+        table = pa.concat_tables([_plain(part) for part in parts], promote_options="permissive")
     if "messages" not in table.column_names:  # log rows: one message each
         times = table.column("store_timestamp")
         ends = pc.if_else(
@@ -184,14 +192,16 @@ def summarize_log(parts: Sequence[pa.Table]) -> pa.Table:
                 "last_store_timestamp": times,
             }
         )
-    summed = table.group_by(list(QUEUE_HOUR)).aggregate(
-        [
-            ("messages", "sum"),
-            ("bytes", "sum"),
-            ("end_offset", "max"),
-            ("first_store_timestamp", "min"),
-            ("last_store_timestamp", "max"),
-        ]
+    summed = _plain(
+        table.group_by(list(QUEUE_HOUR)).aggregate(
+            [
+                ("messages", "sum"),
+                ("bytes", "sum"),
+                ("end_offset", "max"),
+                ("first_store_timestamp", "min"),
+                ("last_store_timestamp", "max"),
+            ]
+        )
     )
     return pa.table(
         [summed.column(n) for n in (*QUEUE_HOUR, "messages_sum", "bytes_sum", "end_offset_max")]

@@ -248,3 +248,25 @@ def test_traffic_and_the_broker_summary_add_up_the_hours(spark: SparkSession, tm
             "last_store_timestamp": START + 5,
         },
     ]
+
+
+def test_a_time_before_1970_falls_in_the_hour_that_starts_before_it() -> None:
+    """Spark's ``pmod``: the hour of -1 ms starts at -1 h, not at 0; a log without such times takes
+    the quotient's shorter way, with the same hours."""
+    stamps = [-HOUR_MS - 1, -HOUR_MS, -1, 0, HOUR_MS - 1, HOUR_MS]
+    records = [
+        commitlog_record(
+            broker_name="broker-a", topic="Orders", queue_offset=i, store_timestamp=at, commit_log_offset=i
+        )
+        for i, at in enumerate(stamps)
+    ]
+    log = commitlog_table(records).select(list(hours.LOG_COLUMNS))
+    summary = hours.summarize_log([log]).to_pylist()
+    assert sorted((r["hour"], r["messages"]) for r in summary) == [
+        (-2 * HOUR_MS, 1),
+        (-HOUR_MS, 2),
+        (0, 2),
+        (HOUR_MS, 1),
+    ]
+    after_1970 = hours.summarize_log([log.filter(pc.field("store_timestamp") >= 0)]).to_pylist()
+    assert sorted((r["hour"], r["messages"]) for r in after_1970) == [(0, 2), (HOUR_MS, 1)]

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
@@ -37,6 +38,8 @@ from tests.helpers import ENGINE
 pytestmark = pytest.mark.spark
 
 CHROMIUM = "/usr/bin/chromium"
+DEAD = pa.schema([("group", pa.string()), ("dlq_timestamp", pa.int64())])
+STATES = pa.schema([("state", pa.string()), ("anomaly", pa.string())])
 INSTALL_HINT = (
     "install it with: sudo apt-get update && sudo apt-get install -y chromium (tests/run.sh does so when it is missing)"
 )
@@ -45,7 +48,7 @@ INSTALL_HINT = (
 def test_dead_letters_are_counted_per_group_and_utc_day() -> None:
     day_ms = 86_400_000
     dead = [("cg-a", day_ms - 1), ("cg-a", day_ms), ("cg-a", day_ms + 5), ("cg-b", day_ms), ("cg-b", None)]
-    assert dead_letters_per_day([{"group": g, "dlq_timestamp": t} for g, t in dead]) == [
+    assert dead_letters_per_day(pa.Table.from_pylist([{"group": g, "dlq_timestamp": t} for g, t in dead], DEAD)) == [
         {"group": "cg-b", "day": None, "dead_letters": 1},  # a letter not written yet (POLICY_NOT_WRITTEN)
         {"group": "cg-a", "day": "1970-01-01", "dead_letters": 1},
         {"group": "cg-a", "day": "1970-01-02", "dead_letters": 2},
@@ -58,7 +61,7 @@ def test_letters_not_written_yet_get_a_bar_of_their_own_in_the_dead_letters_plot
     rows without a day: drawn as a bar of their own, first, not an error."""
     day_ms = 86_400_000
     dead = [("cg-a", day_ms), ("cg-b", None), ("cg-b", None), ("cg-a", 2 * day_ms)]
-    rows = dead_letters_per_day([{"group": g, "dlq_timestamp": t} for g, t in dead])
+    rows = dead_letters_per_day(pa.Table.from_pylist([{"group": g, "dlq_timestamp": t} for g, t in dead], DEAD))
     svg = plot_dead_letters(rows).decode("utf-8")
     labels = [svg.index(f">{label}<") for label in (NOT_WRITTEN_DAY, "1970-01-02", "1970-01-03")]
     assert labels == sorted(labels)  # the x axis' tick labels, in this order
@@ -66,7 +69,7 @@ def test_letters_not_written_yet_get_a_bar_of_their_own_in_the_dead_letters_plot
 
 def test_transaction_outcomes_count_states_and_anomalies() -> None:
     states = [("ROLLED_BACK", None), ("COMMITTED", None), ("COMMITTED", "OP_ON_REPUT_COPY")]
-    assert transaction_outcomes([{"state": s, "anomaly": a} for s, a in states]) == [
+    assert transaction_outcomes(pa.Table.from_pylist([{"state": s, "anomaly": a} for s, a in states], STATES)) == [
         {"state": "COMMITTED", "transactions": 2, "anomalies": 1},
         {"state": "ROLLED_BACK", "transactions": 1, "anomalies": 0},
     ]

@@ -73,7 +73,14 @@ def test_the_delay_level_is_read_as_java_integer_parse_int() -> None:
 
 
 def test_dispatch_python_and_arrow_agree() -> None:
-    flags = [r["sys_flag"] for r in _records(500)]
+    types = (
+        c.TRANSACTION_NOT_TYPE,
+        c.TRANSACTION_PREPARED_TYPE,
+        c.TRANSACTION_COMMIT_TYPE,
+        c.TRANSACTION_ROLLBACK_TYPE,
+    )
+    flags = [r["sys_flag"] for r in _records(500)] + [t | other for t in types for other in (0, 1, 2, 3, 16, 48)]
+    assert {f & c.TRANSACTION_ROLLBACK_TYPE for f in flags} == set(types)
     assert dispatched_mask(pa.array(flags, pa.int32())).to_pylist() == [is_dispatched(f) for f in flags]
 
 

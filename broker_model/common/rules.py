@@ -40,8 +40,8 @@ def is_dispatched(sys_flag: int) -> bool:
 
 def dispatched_mask(sys_flag: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """:func:`is_dispatched` over an Arrow column of ``sys_flag`` values (a boolean column)."""
-    transaction_type = pc.bit_wise_and(sys_flag, c.TRANSACTION_ROLLBACK_TYPE)
-    return pc.is_in(transaction_type, pa.array(DISPATCHED_TRANSACTION_TYPES, pa.int32()))
+    # NOT (0) and COMMIT (8) are the two types without PREPARED's bit (4): two passes, no hash lookup
+    return pc.equal(pc.bit_wise_and(sys_flag, c.TRANSACTION_PREPARED_TYPE), 0)
 
 
 def parse_delay_level(text: str | None) -> int | None:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from broker_model.common import QUEUE_KEY
@@ -227,13 +228,13 @@ def _simple_section(
     title: str,
     spec: TableSpec,
     columns: Sequence[str],
-    build: Callable[[list[Row]], list[Row]],
+    build: Callable[[pa.Table], list[Row]],
     plot: tuple[str, Plot],
     plots: PlotCache,
 ) -> Section:
     if spec.name not in versions:
         return _missing(title, spec)
-    rows = build(lake.read_rows(spec, columns, version=versions[spec.name]).to_pylist())
+    rows = build(lake.read_rows(spec, columns, version=versions[spec.name]))
     note = f"{spec.name} version {versions[spec.name]}"
     if not rows:
         return Section(title, note + ": no rows")
