@@ -233,18 +233,16 @@ def _add_empty_queues(bounds: dict[QueueKey, tuple[int, int]], configured: Itera
 
 
 def _current_offsets(commits: pa.Table) -> dict[GroupQueueKey, int]:
-    """:func:`_latest_commits` with Arrow: the commits sorted by key and by the order of
-    :func:`jobs.rules.build_current_offsets`, the last of each key taken."""
+    """:func:`_latest_commits` with Arrow: the commits sorted by the order of
+    :func:`jobs.rules.build_current_offsets`, the last of each key taken (a group-by on one thread
+    sees the rows in their order)."""
     if not commits.num_rows:
         return {}
     keys = ["group", "broker_name", "topic", "queue_id"]
     ordered = commits.select(list(OFFSET_COMMIT_COLUMNS)).append_column(
         "is_reset", pc.fill_null(pc.equal(commits["source"], "reset"), False)
     )
-    ordered = ordered.sort_by(
-        [(k, "ascending") for k in keys]
-        + [(k, "ascending") for k in ("commit_timestamp", "is_reset", "offset", "source")]
-    )
+    ordered = ordered.sort_by([(k, "ascending") for k in ("commit_timestamp", "is_reset", "offset", "source")])
     latest = ordered.group_by(keys, use_threads=False).aggregate([("offset", "last")])
     return {(r["group"], r["broker_name"], r["topic"], r["queue_id"]): r["offset_last"] for r in latest.to_pylist()}
 
@@ -253,8 +251,8 @@ def subscribed_topics(commits: pa.Table, as_of: int) -> set[str]:
     """The topics the groups with commits at or before ``as_of`` subscribe to: their committed
     topics and their retry topics."""
     counted = commits.filter(pc.field("commit_timestamp") <= as_of)
-    groups = set(counted["group"].to_pylist())
-    return set(counted["topic"].to_pylist()) | {RETRY_GROUP_TOPIC_PREFIX + g for g in groups}
+    groups = pc.unique(counted["group"]).to_pylist()
+    return set(pc.unique(counted["topic"]).to_pylist()) | {RETRY_GROUP_TOPIC_PREFIX + g for g in groups}
 
 
 class _Unknown:
