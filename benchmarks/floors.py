@@ -3,7 +3,9 @@
 A job's floor reads its inputs the way the job reads them at the lake's size (Spark scans that need
 every value of the columns the job scans, delta-rs reads on the driver of what it reads there) and
 writes every table the job writes, into a fresh lake root through the same :class:`jobs.lake.Lake`
-call (:func:`plan_floor`, :func:`time_scan_floor`). The compaction's floor reads and writes with
+call (:func:`plan_floor`, :func:`time_scan_floor`), with the job's lookup of its previous run and
+its ``job_runs`` row; the report's floor draws its plots too, from the rows the report drew them
+from: they are its page's encoding, as Parquet is a table's. The compaction's floor reads and writes with
 Arrow the files the job packs, with no Delta commit (:func:`time_compaction_floor`); the consume
 queue's floor is ``time_floor`` of ``benchmarks/consume_queue.py``.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import functools
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
@@ -30,16 +32,21 @@ from jobs import hours
 from jobs.compact_commitlog import CompactConfig
 from jobs.consumer_offsets.fold import CQ_ROW_COLUMNS, subscribed_topics
 from jobs.consumer_offsets.job import DRIVER_ROWS as OFFSETS_DRIVER_ROWS
+from jobs.consumer_offsets.job import TOPIC_CONFIG_COLUMNS
 from jobs.dlq.decode import RETRY_SOURCE_COLUMNS as ROUTE_DLQ_INPUTS
 from jobs.dlq.job import APP_ID as ROUTE_APP_ID
 from jobs.dlq.job import DRIVER_RECORDS as ROUTE_DRIVER_RECORDS
 from jobs.hours import APP_ID as HOURS_APP_ID
 from jobs.lake import Lake
 from jobs.lake.compaction import Bin, eligible_paths, list_files, plan_bins
+from jobs.report import PlotCache
+from jobs.report.job import DEFAULT_SAMPLES, build_sections
+from jobs.report.job import INPUTS as REPORT_INPUTS
+from jobs.report.plots import Plot
 from jobs.resolve_transactions import TRANSACTION_SOURCE_COLUMNS as TRANSACTION_INPUTS
 from jobs.resolve_transactions.job import APP_ID as RESOLVE_APP_ID
 from jobs.resolve_transactions.job import DRIVER_RECORDS as RESOLVE_DRIVER_RECORDS
-from jobs.runs import JobRun, record_run
+from jobs.runs import JobRun, last_reusable, record_run, table_versions
 from schemas.catalog import (
     BROKERS,
     COMMIT_HOURS,
@@ -56,6 +63,7 @@ from schemas.catalog import (
     RETRY_CHAINS,
     RETRY_RECORDS,
     SUBSCRIPTION_GROUP,
+    TOPIC_CONFIG,
     TRANSACTION_RECORDS,
     TRANSACTION_STATE,
     TableSpec,
@@ -97,6 +105,20 @@ class FloorPlan:
     spark_writes: list[tuple[TableSpec, tuple[str, int] | None]] = field(default_factory=list)
     row_writes: list[tuple[TableSpec, tuple[str, int] | None]] = field(default_factory=list)
     files: Path | None = None  # a directory of files the job writes (the report's page), copied whole
+    drawings: list[tuple[Plot, Sequence[Mapping[str, object]]]] = field(default_factory=list)
+
+
+class PlotRows(PlotCache):
+    """A plot cache that draws nothing: it keeps each plot the report draws with the rows it draws
+    it from, for the report's floor to draw them (:func:`plan_floor`)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        super().__init__(out_dir)
+        self.wanted: list[tuple[Plot, Sequence[Mapping[str, object]]]] = []
+
+    def draw(self, name: str, plot: Plot, rows: Sequence[Mapping[str, object]]) -> tuple[str, bytes]:
+        self.wanted.append((plot, rows))
+        return name, b""
 
 
 def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
@@ -110,7 +132,11 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
         counted = lake.row_count(CONSUMER_OFFSET_COMMITS) + lake.row_count(CONSUME_QUEUE)
         if counted > OFFSETS_DRIVER_ROWS:
             return FloorPlan(
-                scans=[(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS), (CONSUME_QUEUE, CQ_ROW_COLUMNS)],
+                scans=[
+                    (CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS),
+                    (CONSUME_QUEUE, CQ_ROW_COLUMNS),
+                    (TOPIC_CONFIG, TOPIC_CONFIG_COLUMNS),
+                ],
                 spark_writes=[(CONSUMER_OFFSETS, None)],
             )
         commits = lake.read_rows(CONSUMER_OFFSET_COMMITS, OFFSET_COMMIT_COLUMNS)
@@ -124,6 +150,11 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
                     for t in lake.iter_row_chunks(
                         CONSUME_QUEUE, CQ_ROW_COLUMNS, version, partition_filter={"topic": topics}
                     )
+                ),
+                *(
+                    [functools.partial(lake.read_rows, TOPIC_CONFIG, TOPIC_CONFIG_COLUMNS)]
+                    if lake.exists(TOPIC_CONFIG)
+                    else []
                 ),
             ],
             row_writes=[(CONSUMER_OFFSETS, None)],
@@ -167,6 +198,16 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
             (COMMIT_HOURS, (HOURS_APP_ID, commits_version) if commits_version is not None else None),
         ]
         plan.files = pages
+        # the page's plots are its encoding, as Parquet is a table's: drawn from the rows the job
+        # drew them from, gathered here before the clock starts
+        plotted = PlotRows(pages)
+        build_sections(
+            lake,
+            table_versions(lake, [s.name for s in (*REPORT_INPUTS, QUEUE_HOURS, COMMIT_HOURS)]),
+            DEFAULT_SAMPLES,
+            plotted,
+        )
+        plan.drawings = plotted.wanted
         return plan
     raise ValueError(f"no floor plan for {name}")
 
@@ -193,6 +234,7 @@ def time_scan_floor(
     page = {path.name: path.read_bytes() for path in sorted(plan.files.iterdir())} if plan.files else {}
     try:
         started = time.perf_counter()
+        last_reusable(source, name)  # every job looks up its previous run: a rerun may have nothing to do
         for read in plan.reads:
             read()
         for spec, columns in plan.scans:
@@ -203,6 +245,8 @@ def time_scan_floor(
             target.overwrite(spec, frames[spec.name], *(app or ()))
         for spec, app in plan.row_writes:
             target.overwrite_rows(spec, rows[spec.name], *(app or ()))
+        for plot, plot_rows in plan.drawings:
+            plot(plot_rows)
         if page:
             (floor_root / "page").mkdir(parents=True)
             for file_name, data in page.items():

@@ -34,6 +34,8 @@ class Measured:
     peer_report: list[str] = field(default_factory=list)  # every table compared, examples of differences
     writes: list[str] = field(default_factory=list)  # tables whose Delta version the run moved (job_runs aside)
     floor_lacks: list[str] = field(default_factory=list)  # of those, tables its floor did not write
+    samples: list[float] = field(default_factory=list)  # every timed run's seconds, when there were several
+    floor_samples: list[float] = field(default_factory=list)  # and its floor's
 
     @property
     def failed(self) -> bool:
@@ -59,15 +61,26 @@ def fmt(value: float | None, spec: str = ".1f") -> str:
 
 def growth_rows(measured: dict[int, list[Measured]]) -> list[dict[str, Any]]:
     """Per (job, mode) measured at every size (a ``full after`` row is not): the seconds at each
-    size and the exponent of the power-law fit."""
+    size and the exponent of the power-law fit, and that of its floor's seconds when it has a floor
+    at every size (a job reading files that grow faster than the messages grows as they do)."""
     sizes = sorted(measured)
     rows = []
     for job, mode in ((r.job, r.mode) for r in measured[sizes[0]]):
-        found = [[r.seconds for r in measured[n] if (r.job, r.mode) == (job, mode)] for n in sizes]
+        found = [[r for r in measured[n] if (r.job, r.mode) == (job, mode)] for n in sizes]
         if not all(found):
             continue
-        seconds = [at_size[0] for at_size in found]
-        rows.append({"job": job, "mode": mode, "seconds": seconds, "exponent": fit_exponent(sizes, seconds)})
+        seconds = [at_size[0].seconds for at_size in found]
+        floors = [at_size[0].floor for at_size in found]
+        known = [f for f in floors if f]
+        rows.append(
+            {
+                "job": job,
+                "mode": mode,
+                "seconds": seconds,
+                "exponent": fit_exponent(sizes, seconds),
+                "floor_exponent": fit_exponent(sizes, known) if len(known) == len(sizes) else None,
+            }
+        )
     return rows
 
 
@@ -82,7 +95,7 @@ def fit_exponent(sizes: Sequence[int], seconds: Sequence[float]) -> float:
 
 def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int], engine: str) -> None:
     """Seconds per size and the fitted exponent of every job and mode on ``engine``."""
-    header = f"{'job':<22}{'mode':<12}" + "".join(f"{n:>12,}" for n in sizes) + f"{'exponent':>10}"
+    header = f"{'job':<22}{'mode':<12}" + "".join(f"{n:>12,}" for n in sizes) + f"{'exponent':>10}{'floor':>8}"
     print(
         f"\ngrowth over {', '.join(f'{n:,}' for n in sizes)} messages (the bulk, or the users' shape's "
         f"whole mix), engine {engine} (seconds)"
@@ -90,6 +103,9 @@ def print_growth(growth: Sequence[dict[str, Any]], sizes: Sequence[int], engine:
     print(header)
     print("-" * len(header))
     for row in growth:
+        floor = row.get("floor_exponent")
         flag = "  above linear" if row["exponent"] > 1.1 else ""
+        if flag and floor is not None:
+            flag += ", as its floor" if row["exponent"] <= floor + 0.1 else ", above its floor"
         cells = "".join(f"{t:>12.1f}" for t in row["seconds"])
-        print(f"{row['job']:<22}{row['mode']:<12}{cells}{row['exponent']:>10.2f}{flag}")
+        print(f"{row['job']:<22}{row['mode']:<12}{cells}{row['exponent']:>10.2f}{fmt(floor, '.2f'):>8}{flag}")
