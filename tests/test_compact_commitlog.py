@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from broker_model.broker import Broker, BrokerConfig
 from broker_model.client import Producer, PullConsumer
 from broker_model.common import Message, MessageQueue
-from broker_model.store import AppendLog, FileAction, append_log, latest_version, message_store
+from broker_model.store import AppendLog, FileAction, append_log, file_rows, latest_version
 from broker_model.store.delta_commits import commit_path
 from jobs.compact_commitlog import CompactConfig, build_config, run
 from jobs.consumer_offsets import ConsumerOffsetsConfig
@@ -333,7 +333,7 @@ def test_running_brokers_follow_a_compaction_of_their_live_segments_without_inde
 ) -> None:
     """Idle brokers meet the replaced files gone at their first read, and follow the log then:
     through a pull's batched read (every row of a file in one take) or through ``message_at``."""
-    monkeypatch.setattr(message_store, "SLICED_ROWS", 0)
+    monkeypatch.setattr(file_rows, "SLICED_ROWS", 0)
     brokers = _start(lake_root, store_cache_bytes=1)  # about one file in memory: reads go to the files
     try:
         before, loads = _queue_bodies(brokers), [b.store.loads for b in brokers]
@@ -367,7 +367,7 @@ def test_brokers_read_compacted_files_a_row_group_at_a_time(
     from several row groups) and single reads (runs of rows across row groups) find every row, with
     room in memory for about one row group."""
     monkeypatch.setattr(append_log, "ROW_GROUP_BYTES", 4096)  # a few rows per row group
-    monkeypatch.setattr(message_store, "SLICED_ROWS", 0)  # a pull's rows of a file in one take per row group
+    monkeypatch.setattr(file_rows, "SLICED_ROWS", 0)  # a pull's rows of a file in one take per row group
     brokers = _start(lake_root, store_cache_bytes=4096)
     try:
         before = _queue_bodies(brokers)

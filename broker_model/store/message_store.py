@@ -17,7 +17,6 @@ from __future__ import annotations
 import threading
 import time
 from array import array
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -34,6 +33,7 @@ from broker_model.common import WithProperties, consume_queue_tags_code, decompr
 from broker_model.common import constants as c
 from broker_model.store.delta_commits import CommitChange, CommitTail, load_table
 from broker_model.store.delta_files import FILE_COLUMN, rows_within_files, scan_files, snapshot_files
+from broker_model.store.file_rows import FileRows
 from schemas.catalog import COMMITLOG
 from schemas.errors import ValidationError
 
@@ -43,9 +43,6 @@ MAX_FILTER_SCAN = 16000 // 20  # maxFilterMessageSize / CQ_STORE_UNIT_SIZE: cons
 BROKER_SUSPEND_MAX_TIME_MS = 15000  # the client's suspend timeout
 SHORT_POLLING_TIME_MS = 1000  # shortPollingTimeMills: the hold when long polling is off
 LONG_POLLING_CHECK_MS = 5000  # the hold service re-checks held pulls this often
-RUN_ROWS = 256  # rows of a file made into Python values together when one of them is read
-SLICED_ROWS = 8  # rows of one file a batched read takes as one-row slices; more go in one take
-RUN_CACHE_BYTES = 32 << 20  # Arrow bytes of the runs of rows kept as Python values
 _T = TypeVar("_T")
 _INDEX_COLUMNS = [
     "commit_log_offset",
@@ -217,19 +214,8 @@ class MessageStore:
         self._arrival = threading.Condition(self._lock)
         self._held = 0  # pulls being held now (PullRequestHoldService's suspended requests)
         self._queues: dict[tuple[str, int], _Queue] = {}
-        self._files: list[str] = []  # table-relative paths; a row locator is (file id, row)
-        self._file_ids: dict[str, int] = {}  # decoded path -> file id
-        # decoded row groups of files, by (file id, row group): a pull reads the row group holding its
-        # rows, not the whole file (a compacted file holds a segment's rows)
-        self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
-        self._group_starts: dict[int, np.ndarray] = {}  # file id -> first row of each row group, then the row count
-        self._cache_bytes = cache_bytes
-        self._cached = 0
-        # rows of recently read runs of rows as Python values: a consumer reads a queue's rows one
-        # after another, and one Arrow row made into Python costs as much as a few hundred in a run
-        self._runs: OrderedDict[tuple[int, int], tuple[dict[str, list[Any]], int]] = OrderedDict()
-        self._last_run: tuple[int, int] | None = None  # the run of the last row read alone
-        self._run_bytes = 0
+        # the log's files by id (files known by decoded path): a row locator is (file id, row)
+        self._files = FileRows(COMMITLOG.location(self.lake), cache_bytes)
         self._tail: CommitTail | None = None
         self._undispatched: list[tuple[str, pa.Table | None]] = []  # committed here, not yet indexed
         self._written: dict[str, pa.Table] = {}  # rows of the commit being dispatched through refresh
@@ -251,11 +237,6 @@ class MessageStore:
             self._final_positions.clear()
             self._queues.clear()
             self._files.clear()
-            self._file_ids.clear()
-            self._cache.clear()
-            self._group_starts.clear()
-            self._cached = 0
-            self._forget_runs()
             try:
                 table = load_table(path)
             except TableNotFoundError:
@@ -270,10 +251,8 @@ class MessageStore:
         """Index the rows of ``files`` (:func:`snapshot_files` of the broker's partition), read in
         one scan of their index columns (caller holds the lock)."""
         rows = scan_files(COMMITLOG.location(self.lake), files, COMMITLOG, [*_INDEX_COLUMNS, FILE_COLUMN])
-        for path in files.column("path").to_pylist():
-            self._file_ids[path] = len(self._files)
-            self._files.append(path)
-        file_ids = pa.array([self._file_ids[p] for p in rows.column(FILE_COLUMN).to_pylist()], pa.int32())
+        ids = {path: self._files.add(path, path) for path in files.column("path").to_pylist()}
+        file_ids = pa.array([ids[p] for p in rows.column(FILE_COLUMN).to_pylist()], pa.int32())
         index = rows.select(_INDEX_COLUMNS).append_column("file_id", file_ids)
         index = index.append_column("row", pa.array(rows_within_files(rows.column(FILE_COLUMN)), pa.int32()))
         self._index(index.sort_by("commit_log_offset"))
@@ -329,7 +308,8 @@ class MessageStore:
     def _remap(self, change: CommitChange) -> bool:
         """Point the consume-queue rows of the files ``change`` removed at the same rows in the files it
         added (caller holds the lock). False when a row's commit log offset is in none of them."""
-        gone = [self._file_ids[removed.path] for removed in change.removed if removed.path in self._file_ids]
+        known = [self._files.id_of(removed.path) for removed in change.removed]
+        gone = [file_id for file_id in known if file_id is not None]
         if not gone:
             return True  # another broker's files
         located = [
@@ -354,20 +334,12 @@ class MessageStore:
                 return False
             queue_files[moved] = file_ids[at]
             np.frombuffer(queue.rows, dtype=np.int32)[moved] = rows[at]
-        removed_ids = set(gone)
-        for key in [key for key in self._cache if key[0] in removed_ids]:
-            self._cached -= self._cache.pop(key).nbytes
-        for file_id in gone:
-            self._group_starts.pop(file_id, None)
-        if gone:
-            self._forget_runs()
+        self._files.forget(gone)
         return True
 
     def _locate(self, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A new file id for ``path`` and, per row of the file, (commit log offset, file id, row)."""
-        file_id = len(self._files)
-        self._files.append(path)
-        self._file_ids[unquote(path)] = file_id
+        file_id = self._files.add(path, unquote(path))
         offsets = pq.read_table(COMMITLOG.location(self.lake) / path, columns=["commit_log_offset"])
         count = offsets.num_rows
         return (
@@ -405,15 +377,10 @@ class MessageStore:
     def _dispatch_files(self, files: Sequence[tuple[str, pa.Table | None]]) -> None:
         parts = []
         for path, rows in files:
-            file_id = len(self._files)
-            self._files.append(path)
-            self._file_ids[unquote(path)] = file_id
-            if rows is None:
+            file_id = self._files.add(path, unquote(path), rows)
+            table = rows
+            if table is None:
                 table = pq.read_table(COMMITLOG.location(self.lake) / path, columns=_INDEX_COLUMNS)
-            else:
-                table = rows
-                self._group_starts[file_id] = np.array([0, rows.num_rows], dtype=np.int64)
-                self._remember((file_id, 0), rows)
             index = table.select(_INDEX_COLUMNS)
             index = index.append_column("file_id", pa.array([file_id] * table.num_rows, pa.int32()))
             parts.append(index.append_column("row", pa.array(range(table.num_rows), pa.int32())))
@@ -479,51 +446,6 @@ class MessageStore:
                 return None
             return self._message(topic, queue_id, queue_offset, decompress)
 
-    # -- rows of files ----------------------------------------------------------------------------
-
-    def _starts(self, file_id: int) -> np.ndarray:
-        """The first row of each row group of file ``file_id``, then its row count (caller holds the
-        lock); read from the file's footer the first time."""
-        starts = self._group_starts.get(file_id)
-        if starts is None:
-            meta = pq.ParquetFile(COMMITLOG.location(self.lake) / self._files[file_id]).metadata
-            counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-            starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
-            self._group_starts[file_id] = starts
-        return starts
-
-    def _read_group(self, file_id: int, group: int) -> pa.Table:
-        """Row group ``group`` of file ``file_id``, decoded (caller holds the lock)."""
-        key = (file_id, group)
-        cached = self._cache.get(key)
-        if cached is not None:
-            self._cache.move_to_end(key)
-            return cached
-        table = pq.ParquetFile(COMMITLOG.location(self.lake) / self._files[file_id]).read_row_group(group)
-        self._remember(key, table)
-        return table
-
-    def _remember(self, key: tuple[int, int], table: pa.Table) -> None:
-        self._cache[key] = table
-        self._cached += table.nbytes
-        while self._cached > self._cache_bytes and len(self._cache) > 1:
-            _, evicted = self._cache.popitem(last=False)
-            self._cached -= evicted.nbytes
-
-    def _slice(self, file_id: int, start: int, length: int) -> pa.Table:
-        """Rows ``start`` to ``start + length`` of file ``file_id`` (fewer at its end), read from the
-        row groups that hold them (caller holds the lock)."""
-        starts = self._starts(file_id)
-        end = min(start + length, int(starts[-1]))
-        first = int(np.searchsorted(starts, start, side="right")) - 1
-        pieces = []
-        for group in range(first, len(starts) - 1):
-            if starts[group] >= end:
-                break
-            at = max(start - int(starts[group]), 0)
-            pieces.append(self._read_group(file_id, group).slice(at, end - int(starts[group]) - at))
-        return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-
     def _after_recovery(self, read: Callable[[], _T]) -> _T:
         """``read()`` (caller holds the lock); when a file it reads is gone (a compaction this store
         has not followed yet, then a VACUUM), again after following the log, then after indexing the
@@ -536,44 +458,14 @@ class MessageStore:
         return read()
 
     def _row(self, topic: str, queue_id: int, queue_offset: int) -> dict[str, Any]:
-        """The stored record of a consume-queue row (caller holds the lock): a row whose run of
-        :data:`RUN_ROWS` rows was not read just before is taken alone; a second row of the same
-        run makes the whole run Python values, for the reads in order that follow (a scan of a
-        queue, of the schedule topic)."""
+        """The stored record of a consume-queue row (caller holds the lock)."""
 
         def read() -> dict[str, Any]:
             queue = self._queues[(topic, queue_id)]
             index = queue_offset - queue.min_offset
-            file_id, row = queue.files[index], queue.rows[index]
-            key = (file_id, row // RUN_ROWS)
-            if key not in self._runs and key != self._last_run:  # a row alone, as far as we know
-                self._last_run = key
-                return {name: values[0] for name, values in self._rows_of(file_id, [row]).items()}
-            columns, first = self._run_of(file_id, row)
-            return {name: values[row - first] for name, values in columns.items()}
+            return self._files.row(queue.files[index], queue.rows[index])
 
         return self._after_recovery(read)
-
-    def _run_of(self, file_id: int, row: int) -> tuple[dict[str, list[Any]], int]:
-        """The run of :data:`RUN_ROWS` rows of file ``file_id`` holding ``row``, as Python values per
-        column, and the run's first row (caller holds the lock)."""
-        key = (file_id, row // RUN_ROWS)
-        cached = self._runs.get(key)
-        if cached is not None:
-            self._runs.move_to_end(key)
-            return cached[0], key[1] * RUN_ROWS
-        piece = self._slice(file_id, key[1] * RUN_ROWS, RUN_ROWS)
-        self._runs[key] = (piece.to_pydict(), piece.nbytes)
-        self._run_bytes += piece.nbytes
-        while self._run_bytes > RUN_CACHE_BYTES and len(self._runs) > 1:
-            _, (_, size) = self._runs.popitem(last=False)
-            self._run_bytes -= size
-        return self._runs[key][0], key[1] * RUN_ROWS
-
-    def _forget_runs(self) -> None:
-        self._runs.clear()
-        self._run_bytes = 0
-        self._last_run = None
 
     def _messages(
         self, topic: str, queue_id: int, queue_offsets: Sequence[int], decompress: bool = True
@@ -590,37 +482,13 @@ class MessageStore:
                 per_file.setdefault(file_id, []).append(row)
             rows: dict[tuple[int, int], dict[str, Any]] = {}
             for file_id, file_rows in per_file.items():
-                columns = self._rows_of(file_id, file_rows)
+                columns = self._files.rows(file_id, file_rows)
                 for at, row in enumerate(file_rows):
                     rows[(file_id, row)] = {name: values[at] for name, values in columns.items()}
             return [rows[place] for place in places]
 
         rows = self._after_recovery(read)
         return [self._to_message(topic, q, row, decompress) for q, row in zip(queue_offsets, rows, strict=True)]
-
-    def _rows_of(self, file_id: int, rows: Sequence[int]) -> dict[str, list[Any]]:
-        """Rows ``rows`` of file ``file_id`` as Python values per column (caller holds the lock): a
-        few as one-row slices, more in one ``take`` per row group (which costs about 1 ms however
-        few it takes)."""
-        if len(rows) <= SLICED_ROWS:
-            pieces = [self._slice(file_id, row, 1) for row in rows]
-            values = [piece.to_pydict() for piece in pieces]
-            return {name: [value[name][0] for value in values] for name in pieces[0].column_names}
-        starts = self._starts(file_id)
-        wanted = np.asarray(rows, dtype=np.int64)
-        groups = np.searchsorted(starts, wanted, side="right") - 1
-        if groups[0] == groups[-1] and (groups == groups[0]).all():
-            group = int(groups[0])
-            taken: dict[str, list[Any]] = self._read_group(file_id, group).take(wanted - starts[group]).to_pydict()
-            return taken
-        order = np.argsort(groups, kind="stable")
-        parts = [
-            self._read_group(file_id, int(group)).take(wanted[order][groups[order] == group] - starts[group])
-            for group in np.unique(groups)
-        ]
-        together = pa.concat_tables(parts)  # the rows in ``order``
-        in_order: dict[str, list[Any]] = together.take(np.argsort(order)).to_pydict()
-        return in_order
 
     def _message(self, topic: str, queue_id: int, queue_offset: int, decompress: bool = True) -> MessageExt:
         return self._to_message(topic, queue_offset, self._row(topic, queue_id, queue_offset), decompress)
