@@ -360,11 +360,12 @@ def _queue_bounds(rows: pa.Table) -> dict[QueueKey, tuple[int, int]]:
     """Per queue of consume-queue ``rows``, (smallest queue offset, greatest plus one)."""
     if not rows.num_rows:
         return {}
-    grouped = rows.group_by(["broker_name", "topic", "queue_id"]).aggregate(
-        [("queue_offset", "min"), ("queue_offset", "max")]
-    )
+    grouped = rows.group_by(["broker_name", "topic", "queue_id"]).aggregate([("queue_offset", "min_max")])
     return {
-        (r["broker_name"], r["topic"], r["queue_id"]): (r["queue_offset_min"], r["queue_offset_max"] + 1)
+        (r["broker_name"], r["topic"], r["queue_id"]): (
+            r["queue_offset_min_max"]["min"],
+            r["queue_offset_min_max"]["max"] + 1,
+        )
         for r in grouped.to_pylist()
     }
 
