@@ -661,6 +661,27 @@ def test_appended_rows_are_shared_between_lakes_and_never_taken_from_a_replaced_
     assert again.to_pylist() == [{"queue_offset": i, "topic": "Audit"} for i in (7, 8, 9)]
 
 
+def test_an_appended_range_read_in_this_process_costs_its_rows_and_no_file(spark: SparkSession, tmp_path: Path) -> None:
+    """A nightly's jobs read the same new rows one after another: once one has read them, moving on
+    by them reads no file, and the cost says so; a range not read yet costs its files."""
+    from tests.builders import commitlog_table
+
+    root = tmp_path / "lake"
+    for first in (0, 3, 6):
+        rows = [commitlog_record(queue_offset=i, commit_log_offset=i * 300) for i in range(first, first + 3)]
+        Lake(spark, root, ENGINE).append_rows(COMMITLOG, commitlog_table(rows))
+    reader, planner = Lake(spark, root, ENGINE), Lake(spark, root, ENGINE)
+    latest = reader.version(COMMITLOG)
+    assert latest is not None
+    before = planner.appended_cost(COMMITLOG, latest - 2, latest)
+    assert (before.rows, before.files) == (6, 2) and before.bytes > 0
+    reader.read_appended_rows(COMMITLOG, ["queue_offset"], latest - 2, latest)
+    after = planner.appended_cost(COMMITLOG, latest - 2, latest)
+    assert (after.rows, after.files, after.bytes) == (6, 0, before.bytes)
+    other = planner.appended_cost(COMMITLOG, latest - 1, latest)  # another range: its files count
+    assert (other.rows, other.files) == (3, 1)
+
+
 def _run_row(i: int) -> dict[str, Any]:
     return {
         "run_id": f"run-{i}",

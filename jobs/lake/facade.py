@@ -71,6 +71,11 @@ SHARED_APPEND_TABLES = 8  # tables whose latest appended rows are kept
 _RECENT_APPENDS: dict[str, tuple[tuple[int, int, tuple[str, ...]], pa.Table]] = {}
 
 
+def _append_key(after_version: int, dt: DeltaTable, files: pa.Table) -> tuple[int, int, tuple[str, ...]]:
+    """The key of an appended range's rows in :data:`_RECENT_APPENDS`: a replaced table has new file names."""
+    return after_version, dt.version(), tuple(files.column("path").to_pylist())
+
+
 class Lake:
     """Read and write the lake's Delta tables from Spark.
 
@@ -295,13 +300,19 @@ class Lake:
     def appended_cost(
         self, name_or_spec: str | TableSpec, after_version: int, up_to_version: int | None = None
     ) -> ReadCost:
-        """What :meth:`read_appended_rows` of the range would go through, from the log alone.
+        """What :meth:`read_appended_rows` of the range would go through, from the log alone: no
+        file when a job of this process read the range already (its rows are kept, see
+        :meth:`read_appended_rows`; a nightly's jobs read the same appends one after another).
         Errors as :meth:`read_appended`."""
         table_dir, dt, files = self._appended(_spec(name_or_spec), after_version, up_to_version)
         actions = add_actions(dt)
         if actions.num_rows:
             actions = actions.filter(pc.is_in(actions.column("path"), value_set=files.column("path")))
-        return files_cost(table_dir, actions)
+        cost = files_cost(table_dir, actions)
+        shared = _RECENT_APPENDS.get(table_dir)
+        if shared is not None and shared[0] == _append_key(after_version, dt, files):
+            return ReadCost(rows=shared[1].num_rows, bytes=cost.bytes)
+        return cost
 
     def stage_files(self, name_or_spec: str | TableSpec, df: DataFrame, stage_by: str) -> WrittenFiles:
         """Write ``df`` (the table's columns plus ``stage_by``) as data files inside the table,
@@ -528,7 +539,7 @@ class Lake:
         table_dir, dt, files = self._appended(spec, after_version, up_to_version)
         if int(pc.sum(files.column("size_bytes")).as_py() or 0) > SHARED_APPEND_BYTES:
             return read_files(table_dir, files, spec, columns)
-        key = (after_version, dt.version(), tuple(files.column("path").to_pylist()))  # a new table: new names
+        key = _append_key(after_version, dt, files)
         shared = _RECENT_APPENDS.get(table_dir)
         if shared is None or shared[0] != key:
             shared = key, read_files(table_dir, files, spec, spec.column_names)
