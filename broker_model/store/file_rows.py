@@ -140,8 +140,11 @@ class FileRows:
         self._groups[key] = table
         self._group_bytes += table.nbytes
         while self._group_bytes > self.cache_bytes and len(self._groups) > 1:
-            _, evicted = self._groups.popitem(last=False)
+            (file_id, _), evicted = self._groups.popitem(last=False)
             self._group_bytes -= evicted.nbytes
+            if file_id in self._footers and self._footers[file_id][0] is None:
+                # rows handed over as one group: the file itself may hold several, read its footer
+                del self._footers[file_id]
 
     def _slice(self, file_id: int, start: int, length: int) -> pa.Table:
         """Rows ``start`` to ``start + length`` of file ``file_id`` (fewer at its end), read from the
