@@ -164,6 +164,19 @@ def test_summaries_of_parts_add_up_to_the_summary_of_the_whole(seed: int) -> Non
             )
             so_far = summarize([so_far, summarize([encoded])])
         assert canonical_rows(so_far) == canonical_rows(whole)
+    # one chunk of files read with dictionaries: a dictionary per file, unified before the grouping
+
+    def coded(part: pa.Table, order: int) -> pa.Table:
+        for name in ("broker_name", "topic"):
+            values = sorted(set(part[name].to_pylist()))[::order]
+            indices = pc.index_in(part[name], value_set=pa.array(values))
+            array = pa.DictionaryArray.from_arrays(indices.combine_chunks(), pa.array(values))
+            part = part.set_column(part.schema.get_field_index(name), name, array)
+        return part
+
+    chunk = pa.concat_tables([coded(part, 1 if i % 2 else -1) for i, part in enumerate(log_parts)])
+    assert len({tuple(c.dictionary.to_pylist()) for c in chunk.column("topic").chunks}) > 1
+    assert canonical_rows(hours.summarize_log([chunk])) == canonical_rows(whole_log)
     assert sum(whole_log.column("messages").to_pylist()) == 240
     assert hours.summarize_log([]).num_rows == 0 and hours.summarize_commits([]).num_rows == 0
 
