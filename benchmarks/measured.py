@@ -36,6 +36,7 @@ class Measured:
     floor_lacks: list[str] = field(default_factory=list)  # of those, tables its floor did not write
     samples: list[float] = field(default_factory=list)  # every timed run's seconds, when there were several
     floor_samples: list[float] = field(default_factory=list)  # and its floor's
+    group: str = ""  # the Spark job group its run's stages ran in
 
     @property
     def failed(self) -> bool:

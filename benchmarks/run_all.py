@@ -56,10 +56,11 @@ machine's noise would otherwise decide its ratio (the JSON keeps every sample).
   scans, delta-rs reads on the driver of what it reads there; the job's own limits decide which)
   and every table the job writes, written into a fresh lake root through the same
   :class:`jobs.lake.Lake` call the job uses (Spark's ``overwrite`` or ``overwrite_rows`` from the
-  driver, with the same application transaction), plus the job's lookup of its previous run and
-  its ``job_runs`` row; for the report, its page's files and its plots, drawn from the rows the
-  job drew them from (the page's encoding, as Parquet is a table's). The rows written and drawn
-  are the job's own, read before the floor's clock starts.
+  driver, with the same application transaction), plus its ``job_runs`` row. The report's floor
+  also looks up its previous run (the one job that does so on a first run too) and writes its
+  page's files and its plots, drawn from the rows the job drew them from (the page's encoding, as
+  Parquet is a table's). The rows written and drawn are the job's own, read before the floor's
+  clock starts.
   After each timed run, the tables whose Delta version the job moved are checked against those
   its floor wrote: a floor that leaves one out gets no ratio and fails the run. The consume queue
   reuses the floor of ``benchmarks/consume_queue.py``; the compaction's is Arrow reading and
@@ -252,9 +253,13 @@ def job_call(name: str, lake: Path, full: bool, as_of: int, root: Path, up_to: i
     return configs[name]
 
 
-def time_job(spark: SparkSession, name: str, mode: str, call: JobCall, logs: Path) -> Measured:
-    """Seconds of one run of a job, its stdout kept in ``logs``; a FAILED run raises."""
-    spark.sparkContext.setJobGroup(f"{name}:{mode}", f"{name} {mode}")
+def time_job(
+    spark: SparkSession, name: str, mode: str, call: JobCall, logs: Path, group: str | None = None
+) -> Measured:
+    """Seconds of one run of a job, its stdout kept in ``logs``; a FAILED run raises. Its Spark jobs
+    run in the job group ``group`` (default ``<name>:<mode>``), by which its stages are found."""
+    group = group or f"{name}:{mode}"
+    spark.sparkContext.setJobGroup(group, f"{name} {mode}")
     buffer = io.StringIO()
     started = time.perf_counter()
     with contextlib.redirect_stdout(buffer):
@@ -265,7 +270,13 @@ def time_job(spark: SparkSession, name: str, mode: str, call: JobCall, logs: Pat
     if job_run.status not in ("SUCCEEDED", "NOOP"):
         raise RuntimeError(f"{name} ({mode}) ended {job_run.status}: {job_run.message}")
     return Measured(
-        name, mode, seconds, status=job_run.status, message=job_run.message or "", row_counts=dict(job_run.row_counts)
+        name,
+        mode,
+        seconds,
+        status=job_run.status,
+        message=job_run.message or "",
+        row_counts=dict(job_run.row_counts),
+        group=group,
     )
 
 
@@ -510,7 +521,7 @@ def _bench(
     rows += _reruns(spark, lake, root, logs, engine, as_of)
     rows += _full_after(spark, lake, root, logs, engine, as_of, rows, starts)
     for row in rows:
-        row.spark_seconds, row.stages = spark_time(spark, f"{row.job}:{row.mode}")
+        row.spark_seconds, row.stages = spark_time(spark, row.group or f"{row.job}:{row.mode}")
     spark.stop()
     print_table(rows, messages, written, increment, engine)
     figures = {
@@ -566,14 +577,15 @@ def _full_runs(
             _floor(spark, name, lake, root, engine, as_of, bins, commit_files)
             repeats = SHORT_RUN_REPEATS if warm.seconds < SHORT_RUN_SECONDS else 1
         runs: list[tuple[Measured, float]] = []
-        for _ in range(repeats):
+        for attempt in range(repeats):
             if name in WARMED:  # a run on unchanged inputs writes nothing: each timed run is a first one
-                for spec in JOB_OUTPUTS[name]:
-                    shutil.rmtree(lake / spec.path)
+                for spec in JOB_OUTPUTS[name]:  # a summary of an absent source is absent too
+                    shutil.rmtree(lake / spec.path, ignore_errors=True)
                 if name == "report":  # nor does a report whose page is there: the timed one draws every plot
                     shutil.rmtree(pages)
             before = table_versions(lake)
-            run = time_job(spark, name, "full", job_call(name, lake, True, as_of, root, None, engine), logs)
+            call = job_call(name, lake, True, as_of, root, None, engine)
+            run = time_job(spark, name, "full", call, logs, group=f"{name}:full:{attempt}")
             run.writes = sorted(n for n, v in table_versions(lake).items() if v != before.get(n) and n != JOB_RUNS.name)
             runs.append((run, _floor(spark, name, lake, root, engine, as_of, bins, commit_files)))
         row = sorted(runs, key=lambda r: r[0].seconds)[len(runs) // 2][0]  # the median run, and the median floor
