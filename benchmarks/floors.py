@@ -23,6 +23,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from consume_queue import time_floor
 from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -305,3 +306,24 @@ def time_compaction_floor(lake: Path, bins: Sequence[Bin], commit_files: Sequenc
         commits = pa.concat_tables(parts, promote_options="default")
         pq.write_table(commits, floor_dir / "offset-commits.parquet", compression="snappy")
     return time.perf_counter() - started
+
+
+def time_full_floor(
+    spark: SparkSession,
+    name: str,
+    lake: Path,
+    root: Path,
+    engine: str,
+    as_of: int,
+    bins: Sequence[Bin],
+    commit_files: Sequence[Path],
+) -> float:
+    """Seconds of the floor of job ``name``'s full run, written under ``root/floor/name`` (the
+    report's page read from ``root/reports/full``), whichever kind of floor the job has."""
+    floor_root = root / "floor" / name
+    if name == "compact_commitlog":
+        return time_compaction_floor(lake, bins, commit_files, floor_root)
+    if name == "rebuild_consume_queue":
+        spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
+        return time_floor(spark, lake, floor_root, engine)
+    return time_scan_floor(spark, name, lake, floor_root, as_of, root / "reports" / "full", engine)

@@ -124,9 +124,9 @@ from pathlib import Path
 from typing import Any
 
 from compare import PeerOutcome
-from consume_queue import SPARK_CONF, time_floor
+from consume_queue import SPARK_CONF
 from deltalake import DeltaTable
-from floors import compaction_bins, packed_commit_files, time_compaction_floor, time_scan_floor
+from floors import compaction_bins, packed_commit_files, time_full_floor
 from measured import ENGINES, JOBS, Measured, fmt, growth_rows, machine, print_growth
 from nightly_lake import (
     FEATURE_MESSAGES,
@@ -158,7 +158,6 @@ from jobs.consumer_offsets import run as run_offsets
 from jobs.dlq.job import RouteDlqConfig
 from jobs.dlq.job import run as run_route
 from jobs.lake import Lake, SnapshotState, build_session, restore_snapshots, snapshot_state
-from jobs.lake.compaction import Bin
 from jobs.lake.snapshots import table_version
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as run_rebuild
@@ -521,7 +520,7 @@ def _bench(
     rows += _reruns(spark, lake, root, logs, engine, as_of)
     rows += _full_after(spark, lake, root, logs, engine, as_of, rows, starts)
     for row in rows:
-        row.spark_seconds, row.stages = spark_time(spark, row.group or f"{row.job}:{row.mode}")
+        row.spark_seconds, row.stages = spark_time(spark, row.group)
     spark.stop()
     print_table(rows, messages, written, increment, engine)
     figures = {
@@ -540,26 +539,6 @@ def _bench(
     return rows
 
 
-def _floor(
-    spark: SparkSession,
-    name: str,
-    lake: Path,
-    root: Path,
-    engine: str,
-    as_of: int,
-    bins: Sequence[Bin],
-    commit_files: Sequence[Path],
-) -> float:
-    """Seconds of the floor of job ``name``'s full run, written under ``root/floor/name``."""
-    floor_root = root / "floor" / name
-    if name == "compact_commitlog":
-        return time_compaction_floor(lake, bins, commit_files, floor_root)
-    if name == "rebuild_consume_queue":
-        spark.sparkContext.setJobGroup(f"floor:{name}", f"floor of {name}")
-        return time_floor(spark, lake, floor_root, engine)
-    return time_scan_floor(spark, name, lake, floor_root, as_of, root / "reports" / "full", engine)
-
-
 def _full_runs(
     spark: SparkSession, lake: Path, root: Path, logs: Path, engine: str, perturb: str | None = None
 ) -> list[Measured]:
@@ -574,7 +553,7 @@ def _full_runs(
         repeats = 1
         if name in WARMED:  # untimed: the job and its floor once, so that both are timed warm
             warm = time_job(spark, name, "warm-up", job_call(name, lake, True, as_of, root, None, engine), logs)
-            _floor(spark, name, lake, root, engine, as_of, bins, commit_files)
+            time_full_floor(spark, name, lake, root, engine, as_of, bins, commit_files)
             repeats = SHORT_RUN_REPEATS if warm.seconds < SHORT_RUN_SECONDS else 1
         runs: list[tuple[Measured, float]] = []
         for attempt in range(repeats):
@@ -587,7 +566,7 @@ def _full_runs(
             call = job_call(name, lake, True, as_of, root, None, engine)
             run = time_job(spark, name, "full", call, logs, group=f"{name}:full:{attempt}")
             run.writes = sorted(n for n, v in table_versions(lake).items() if v != before.get(n) and n != JOB_RUNS.name)
-            runs.append((run, _floor(spark, name, lake, root, engine, as_of, bins, commit_files)))
+            runs.append((run, time_full_floor(spark, name, lake, root, engine, as_of, bins, commit_files)))
         row = sorted(runs, key=lambda r: r[0].seconds)[len(runs) // 2][0]  # the median run, and the median floor
         row.floor = statistics.median(f for _, f in runs)
         row.samples, row.floor_samples = [r.seconds for r, _ in runs], [f for _, f in runs]
