@@ -32,7 +32,7 @@ from pyspark.sql import types as T
 from broker_model.store.delta_tables import SMALL_FILE_BYTES, SMALL_TABLE_FILES
 from jobs import hours
 from jobs.compact_commitlog import CompactConfig
-from jobs.consumer_offsets.fold import CQ_ROW_COLUMNS, subscribed_topics
+from jobs.consumer_offsets.fold import CQ_CODED_COLUMNS, CQ_ROW_COLUMNS, subscribed_topics
 from jobs.consumer_offsets.job import DRIVER_ROWS as OFFSETS_DRIVER_ROWS
 from jobs.consumer_offsets.job import TOPIC_CONFIG_COLUMNS
 from jobs.dlq.decode import RETRY_SOURCE_COLUMNS as ROUTE_DLQ_INPUTS
@@ -155,7 +155,7 @@ def plan_floor(name: str, lake: Lake, as_of: int, pages: Path) -> FloorPlan:
                 lambda: sum(
                     t.num_rows
                     for t in lake.iter_row_chunks(
-                        CONSUME_QUEUE, CQ_ROW_COLUMNS, version, partition_filter={"topic": topics}
+                        CONSUME_QUEUE, CQ_ROW_COLUMNS, version, CQ_CODED_COLUMNS, partition_filter={"topic": topics}
                     )
                 ),
                 *(

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from broker_model.common import QUEUE_KEY, uninterpreted_topic
 from broker_model.common.rules import dispatched_mask
 from jobs.extract import DRIVER_INCREMENT_BYTES
-from jobs.lake import IncrementalReadError, Lake, ReadCost
+from jobs.lake import IncrementalReadError, Lake, ReadCost, decoded
 from jobs.rules import is_dispatched
 from jobs.runs import CannotFold, ReadBudget
 from schemas.catalog import (
@@ -155,13 +155,6 @@ def _hour_column(epoch_ms: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.subtract(epoch_ms, floored)
 
 
-def _plain(table: pa.Table) -> pa.Table:
-    """``table`` with its dictionary columns decoded."""
-    return table.cast(
-        pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in table.schema])
-    )
-
-
 def summarize_log(parts: Sequence[pa.Table]) -> pa.Table:
     """``queue_hours`` rows (as :func:`build_queue_hours`) of commit log rows (``broker_name``,
     ``topic``, ``queue_id``, ``queue_offset``, ``sys_flag``, ``store_timestamp``, ``store_size``),
@@ -173,7 +166,7 @@ def summarize_log(parts: Sequence[pa.Table]) -> pa.Table:
     if len(parts) == 1:
         table = parts[0].unify_dictionaries()
     else:
-        table = pa.concat_tables([_plain(part) for part in parts], promote_options="permissive")
+        table = pa.concat_tables([decoded(part) for part in parts], promote_options="permissive")
     if "messages" not in table.column_names:  # log rows: one message each
         times = table.column("store_timestamp")
         ends = pc.if_else(
@@ -192,7 +185,7 @@ def summarize_log(parts: Sequence[pa.Table]) -> pa.Table:
                 "last_store_timestamp": times,
             }
         )
-    summed = _plain(
+    summed = decoded(
         table.group_by(list(QUEUE_HOUR)).aggregate(
             [
                 ("messages", "sum"),
@@ -215,7 +208,7 @@ def summarize_commits(parts: Sequence[pa.Table]) -> pa.Table:
     rows of parts of them: the latest of the parts' latest is the latest."""
     if not parts:
         return COMMIT_HOURS.arrow_schema.empty_table()
-    table = pa.concat_tables([_plain(part) for part in parts], promote_options="permissive")
+    table = pa.concat_tables([decoded(part) for part in parts], promote_options="permissive")
     if "hour" not in table.column_names:  # offset commits
         times = table.column("commit_timestamp")
         table = pa.table(

@@ -12,6 +12,7 @@ which make the next run compute from the whole inputs.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import random
@@ -286,8 +287,10 @@ def test_a_table_is_not_moved_on_to_an_earlier_t_nor_past_rows_it_left_for_a_lat
 
 
 @pytest.mark.parametrize("seed", [3, 8, 13])
-def test_the_driver_computation_over_chunks_in_any_order_equals_it_over_the_whole_consume_queue(seed: int) -> None:
-    from jobs.consumer_offsets.fold import CQ_ROW_COLUMNS, compute, configured_queues
+def test_the_driver_computation_over_chunks_in_any_order_equals_it_over_the_whole_consume_queue(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobs.consumer_offsets.fold import CQ_CODED_COLUMNS, CQ_ROW_COLUMNS, compute, configured_queues
     from schemas.catalog import OFFSET_COMMIT_COLUMNS
 
     story, cq_rows, commits, configs = _Story(seed), [], [], []
@@ -305,9 +308,20 @@ def test_the_driver_computation_over_chunks_in_any_order_equals_it_over_the_whol
     cuts = sorted(shuffled.sample(range(1, cq.num_rows), 6))
     chunks = [cq.slice(start, end - start) for start, end in zip([0, *cuts], [*cuts, cq.num_rows], strict=True)]
     shuffled.shuffle(chunks)
+    # as the job reads them: the columns it groups by dictionary-encoded, one dictionary per chunk
+    dictionary = pa.dictionary(pa.int32(), pa.string())
+    coded = [
+        chunk.cast(pa.schema([f.with_type(dictionary) if f.name in CQ_CODED_COLUMNS else f for f in chunk.schema]))
+        for chunk in chunks
+    ]
     topic_config = pa.Table.from_pylist(configs, schema=TOPIC_CONFIG.arrow_schema)
     for t in (as_of - 3 * STEP_MS, as_of):
         queues = configured_queues(topic_config, t)
         whole = compute(t, committed, cq, queues)
         assert compute(t, committed, iter(chunks), queues) == whole
+        assert compute(t, committed, iter(coded), queues) == whole
         assert any(row["oldest_unconsumed_timestamp"] is not None for row in whole)
+        # the rows at the wanted offsets found through a hash set instead of a bitmap over their span
+        with monkeypatch.context() as patched:
+            patched.setattr(importlib.import_module("jobs.consumer_offsets.fold"), "_BITMAP_SPAN", 0)
+            assert compute(t, committed, iter(coded), queues) == whole

@@ -9,15 +9,19 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker_model.common import RETRY_GROUP_TOPIC_PREFIX, GroupQueueKey, QueueKey
 from jobs.consumer_offsets.transforms import QUEUE_NOT_FOUND
+from jobs.lake import decoded
 from jobs.runs import CannotFold
 from schemas.catalog import CONSUME_QUEUE, OFFSET_COMMIT_COLUMNS
 
 CQ_ROW_COLUMNS = ("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp")
+CQ_CODED_COLUMNS = ("broker_name", "topic")
+"""The consume-queue columns the whole computation reads dictionary-encoded: it groups by them."""
 
 OffsetLookup = Callable[[Mapping[QueueKey, set[int]]], dict[tuple[QueueKey, int], int]]
 """Store times of consume-queue rows at queue offsets (the earliest per offset; absent: no row)."""
@@ -179,12 +183,14 @@ def compute(
             if queue not in lows or low <= lows[queue][0]:
                 earlier = lows[queue][1] if queue in lows and lows[queue][0] == low else None
                 lows[queue] = (low, earlier)
-        # one join for both: the rows at each queue's least offset, and those a commit points at
+        # one join for both: the rows at each queue's least offset, and those a commit points at;
+        # first the rows at any of those offsets (one integer column), then the join on their few
         least = {(*queue, low) for queue, (low, _) in lows.items()} - pointed
         wanted = pa.concat_tables(
             [pairs, pa.Table.from_pylist([dict(zip(names, key, strict=True)) for key in least], schema=key_schema)]
         )
-        for (queue, offset), at in _earliest_times(rows.join(wanted, keys=names, join_type="inner")).items():
+        near = decoded(_at_offsets(rows, set(wanted["queue_offset"].to_pylist())))
+        for (queue, offset), at in _earliest_times(near.join(wanted, keys=names, join_type="inner")).items():
             low, seen = lows[queue]
             if offset == low:
                 lows[queue] = (low, _earliest(seen, at))
@@ -368,6 +374,25 @@ def _queue_bounds(rows: pa.Table) -> dict[QueueKey, tuple[int, int]]:
         )
         for r in grouped.to_pylist()
     }
+
+
+def _at_offsets(rows: pa.Table, offsets: set[int]) -> pa.Table:
+    """The ``rows`` whose ``queue_offset`` is one of ``offsets`` (a few, of any queue): through a
+    bitmap over the offsets' span when it is at most :data:`_BITMAP_SPAN` (one lookup per row, about
+    a third of a hash set's cost), else through a hash set."""
+    if not offsets:
+        return rows.slice(0, 0)
+    low, span = min(offsets), max(offsets) - min(offsets) + 1
+    if span > _BITMAP_SPAN:
+        return rows.filter(pc.is_in(rows["queue_offset"], value_set=pa.array(sorted(offsets), pa.int64())))
+    wanted = np.zeros(span + 1, dtype=bool)  # the last slot answers for every offset outside the span
+    wanted[np.fromiter(offsets, np.int64, len(offsets)) - low] = True
+    slots = np.clip(rows.column("queue_offset").to_numpy() - low, -1, span)
+    return rows.filter(pa.array(wanted[slots]))
+
+
+_BITMAP_SPAN = 1 << 24
+"""Offsets' span up to which :func:`_at_offsets` looks them up in a bitmap (one byte per offset)."""
 
 
 def _earliest_times(rows: pa.Table) -> dict[tuple[QueueKey, int], int]:

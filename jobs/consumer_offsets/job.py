@@ -28,6 +28,7 @@ from jobs.cli import (
     text_table,
 )
 from jobs.consumer_offsets.fold import (
+    CQ_CODED_COLUMNS,
     CQ_ROW_COLUMNS,
     Previous,
     check_foldable,
@@ -208,7 +209,9 @@ def _compute_on_driver(lake: Lake, versions: Mapping[str, int], as_of: int) -> p
     )
     topics = sorted(subscribed_topics(commits, as_of))
     cq_chunks = (
-        lake.iter_row_chunks(CONSUME_QUEUE, CQ_ROW_COLUMNS, cq_version, partition_filter={"topic": topics})
+        lake.iter_row_chunks(
+            CONSUME_QUEUE, CQ_ROW_COLUMNS, cq_version, CQ_CODED_COLUMNS, partition_filter={"topic": topics}
+        )
         if cq_version is not None and topics
         else iter(())
     )

@@ -16,6 +16,7 @@ from jobs.lake.bridge import WrittenFile, WrittenFiles
 from jobs.lake.compaction import CompactSummary, commitlog_files, compact, plan_compaction
 from jobs.lake.conform import conform_to_catalog
 from jobs.lake.costs import ReadCost
+from jobs.lake.driver_reads import decoded
 from jobs.lake.facade import Lake
 from jobs.lake.packing import pack_appended
 from jobs.lake.session import (
@@ -46,6 +47,7 @@ __all__ = [
     "commitlog_files",
     "compact",
     "conform_to_catalog",
+    "decoded",
     "delta_package",
     "detect_engine",
     "open_table",

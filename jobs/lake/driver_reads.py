@@ -114,7 +114,8 @@ def scan_chunks(
     schema = spec.arrow_schema
     read_coded = [c for c in dictionaries if c not in spec.partition_by]
     target = _read_schema(spec, columns, dictionaries)
-    scanned = pa.schema([target.field(c) if c in read_coded else schema.field(c) for c in columns])
+    # a partition column asked for dictionary-encoded is materialized so by the scanner, one value per file
+    scanned = pa.schema([target.field(c) if c in dictionaries else schema.field(c) for c in columns])
     file_format = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=read_coded))
     paths = files.column("path").to_pylist()
     counts = files.column("num_records").to_pylist()
@@ -138,6 +139,18 @@ def scan_chunks(
 
 
 _CHUNK_FILES = 4096  # files of one chunk at most (a log without row counts still reads in chunks)
+
+
+def decoded(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary columns decoded (as read without ``dictionaries``)."""
+    return table.cast(
+        pa.schema(
+            [
+                pa.field(f.name, f.type.value_type, f.nullable) if pa.types.is_dictionary(f.type) else f
+                for f in table.schema
+            ]
+        )
+    )
 
 
 def _typed_chunk(chunk: pa.Table, target: pa.Schema) -> pa.Table:
