@@ -385,10 +385,11 @@ def _at_offsets(rows: pa.Table, offsets: set[int]) -> pa.Table:
     low, span = min(offsets), max(offsets) - min(offsets) + 1
     if span > _BITMAP_SPAN:
         return rows.filter(pc.is_in(rows["queue_offset"], value_set=pa.array(sorted(offsets), pa.int64())))
-    wanted = np.zeros(span + 1, dtype=bool)  # the last slot answers for every offset outside the span
-    wanted[np.fromiter(offsets, np.int64, len(offsets)) - low] = True
-    slots = np.clip(rows.column("queue_offset").to_numpy() - low, -1, span)
-    return rows.filter(pa.array(wanted[slots]))
+    # slot 0 answers for every offset below the span, the last slot for every offset above it
+    wanted = np.zeros(span + 2, dtype=bool)
+    wanted[np.fromiter(offsets, np.int64, len(offsets)) - (low - 1)] = True
+    slots = rows.column("queue_offset").to_numpy() - (low - 1)
+    return rows.filter(pa.array(np.take(wanted, slots, mode="clip")))
 
 
 _BITMAP_SPAN = 1 << 24
