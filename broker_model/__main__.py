@@ -15,6 +15,7 @@ from pathlib import Path
 from broker_model.cli_exit import run_and_exit, run_command
 from broker_model.common import default_lake
 from broker_model.tools import add_import_export_commands
+from broker_model.tools.admin import add_admin_commands
 
 
 def _workload(args: argparse.Namespace) -> int:
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     server.set_defaults(func=_serve)
     add_import_export_commands(commands)
+    add_admin_commands(commands)
     return parser
 
 

@@ -430,6 +430,12 @@ TOPIC_CONFIG = TableSpec(
         ("queue_nums", pa.int32(), "read and write queue count", False),
         ("perm", pa.int32(), "permission bits: 4 read, 2 write, 1 inherit", False),
         ("updated_timestamp", pa.int64(), "time of the change, epoch milliseconds", False),
+        (
+            "message_type",
+            pa.string(),
+            "the message types the topic takes (RocketMQ 5's message.type attribute): NORMAL, FIFO, DELAY, "
+            "TRANSACTION or MIXED (all four); null: not set, every type (docs/broker.md)",
+        ),
     ),
 )
 
@@ -452,6 +458,17 @@ SUBSCRIPTION_GROUP = TableSpec(
         ("consume_from_min_enable", pa.bool_(), "a new group may start from the queue's min offset", False),
         ("consume_message_orderly", pa.bool_(), "the group consumes orderly (informational)", False),
         ("updated_timestamp", pa.int64(), "time of the change, epoch ms, strictly increasing per group", False),
+        (
+            "retry_policy",
+            pa.string(),
+            "the retry backoff of RocketMQ 5 consumers (groupRetryPolicy): CUSTOMIZED or EXPONENTIAL; null: not "
+            "set, RocketMQ's default (CUSTOMIZED with its default delays)",
+        ),
+        ("retry_next_ms", pa.list_(pa.int64()), "CUSTOMIZED: the delay before each retry, ms; null: the default"),
+        ("retry_initial_ms", pa.int64(), "EXPONENTIAL: the first delay, ms; null: 5000"),
+        ("retry_max_ms", pa.int64(), "EXPONENTIAL: the largest delay, ms; null: 7200000"),
+        ("retry_multiplier", pa.int64(), "EXPONENTIAL: the factor from one delay to the next; null: 2"),
+        ("deleted", pa.bool_(), "true: the group was deleted on the broker (deleteSubGroup); the row holds defaults"),
     ),
 )
 

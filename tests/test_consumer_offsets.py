@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs.cli import iso_utc
@@ -150,10 +152,10 @@ def test_configured_queues_are_those_of_each_topics_latest_configuration_at_or_b
 ) -> None:
     topic_config_df = spark.createDataFrame(
         [
-            ("broker-a", "Orders", 1, 6, 100),
-            ("broker-a", "Orders", 3, 6, 200),  # the latest at as_of: queues 0..2
-            ("broker-a", "Orders", 8, 6, 201),  # after as_of
-            ("broker-b", "Gone", 0, 6, 100),  # no queue
+            ("broker-a", "Orders", 1, 6, 100, None),
+            ("broker-a", "Orders", 3, 6, 200, "FIFO"),  # the latest at as_of: queues 0..2
+            ("broker-a", "Orders", 8, 6, 201, "FIFO"),  # after as_of
+            ("broker-b", "Gone", 0, 6, 100, None),  # no queue
         ],
         spark_schema(TOPIC_CONFIG),
     )
@@ -492,6 +494,26 @@ def test_rerun_after_a_new_commit_writes_a_new_version(spark: SparkSession, lake
     assert job_run.input_versions["consumer_offset_commits"] == commits_version
     expected = [("g", "broker-a", "Orders", 0, 4, 0, 4, 0, 400, None, _AS_OF, None)]
     assert_frames_equal(lake.read(CONSUMER_OFFSETS), _offsets(spark, expected))
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("driver_rows", [0, 1_000], ids=["spark", "driver"])
+def test_a_topic_config_of_an_older_release_is_read_after_it_gets_its_new_column(
+    spark: SparkSession, lake: Lake, driver_rows: int
+) -> None:
+    old = pa.schema([field for field in TOPIC_CONFIG.arrow_schema if field.name != "message_type"])
+    row = {"broker_name": "broker-a", "topic": "Orders", "queue_nums": 2, "perm": 6, "updated_timestamp": 50}
+    write_deltalake(str(lake.location(TOPIC_CONFIG)), pa.Table.from_pylist([row], schema=old))
+
+    job_run = run(spark, ConsumerOffsetsConfig(lake.root, as_of=_AS_OF, engine=ENGINE, driver_rows=driver_rows))
+
+    assert job_run.status == "SUCCEEDED"
+    assert "message_type" in lake.read(TOPIC_CONFIG).columns
+    # queue 1 of Orders holds no message yet: listed from the old row, as an empty queue
+    rows = {
+        r["queue_id"]: (r["broker_offset"], r["consumer_offset"]) for r in lake.read_rows(CONSUMER_OFFSETS).to_pylist()
+    }
+    assert rows == {0: (4, 3), 1: (0, None)}
 
 
 @pytest.mark.spark

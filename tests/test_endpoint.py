@@ -28,9 +28,11 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
+from broker_model.__main__ import main as broker_main
 from broker_model.broker import Broker, BrokerConfig
 from broker_model.client import PullConsumer
 from broker_model.endpoint.service import consistent_hash, java_hash
+from broker_model.tools.admin import update_topic
 from jobs.consumer_offsets import ConsumerOffsetsConfig
 from jobs.consumer_offsets import run as offsets
 from jobs.rebuild_consume_queue import RebuildConfig
@@ -236,6 +238,64 @@ def test_bad_requests_get_the_protocol_codes_and_write_nothing(tmp_path: Path) -
         for got, code, named in cases[:5] + cases[6:]:
             assert (pb.Code.Name(got.code), named in got.message) == (pb.Code.Name(code), True), got
         assert DeltaTable(str(COMMITLOG.location(lake))).version() == version + 1  # only the valid FIFO send
+    finally:
+        assert server.stop() == 0
+
+
+def test_topic_types_and_permissions_set_by_admin_shape_routes_and_sends_even_while_serving(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    Broker(BrokerConfig(lake, "broker-a")).start().shutdown()
+    for topic, perm, kind in [
+        ("Orders", 6, "NORMAL"),
+        ("Fifo", 6, "FIFO"),
+        ("Mixed", 6, "MIXED"),
+        ("Plain", 6, None),
+        ("Closed", 4, None),
+    ]:
+        update_topic(lake, topic, ["broker-a"], 2, perm, {"message.type": kind} if kind else None)
+    server = start_serve(lake, "--flush-mode", "SYNC_FLUSH")
+    try:
+        stub = _stub(server)
+
+        def route(topic: str) -> tuple[set[str], set[str]]:
+            answer = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name=topic)), timeout=10, metadata=CLIENT)
+            assert answer.status.code == pb.OK, answer.status
+            types = {pb.MessageType.Name(t) for q in answer.message_queues for t in q.accept_message_types}
+            return types, {pb.Permission.Name(q.permission) for q in answer.message_queues}
+
+        every = {"NORMAL", "FIFO", "DELAY", "TRANSACTION"}
+        assert route("Orders") == ({"NORMAL"}, {"READ_WRITE"})
+        assert route("Fifo") == ({"FIFO"}, {"READ_WRITE"})
+        assert route("Mixed") == (every, {"READ_WRITE"})
+        assert route("Plain") == (every, {"READ_WRITE"})
+        assert route("Closed") == (every, {"READ"})
+
+        def send(message: pb.Message) -> str:
+            answer = stub.SendMessage(rpc.SendMessageRequest(messages=[message]), timeout=10, metadata=CLIENT)
+            return str(pb.Code.Name(answer.status.code))
+
+        def delayed(topic: str) -> pb.Message:
+            message = _message(topic, message_type=pb.DELAY)
+            message.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 60_000)
+            return message
+
+        version = DeltaTable(str(COMMITLOG.location(lake))).version()
+        conflict = "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
+        assert send(_message("Fifo", message_type=pb.NORMAL)) == conflict
+        assert send(_message("Orders", message_type=pb.FIFO, message_group="g")) == conflict
+        assert send(delayed("Orders")) == conflict
+        assert send(_message("Closed")) == "FORBIDDEN"
+        assert DeltaTable(str(COMMITLOG.location(lake))).version() == version  # nothing written
+        assert send(_message("Fifo", message_type=pb.FIFO, message_group="g")) == "OK"
+        assert send(delayed("Mixed")) == "OK"
+        assert send(_message("Plain", message_type=pb.FIFO, message_group="g")) == "OK"
+        assert DeltaTable(str(COMMITLOG.location(lake))).version() == version + 3
+
+        # an operator types Plain while the server runs: the broker applies it within a second
+        assert broker_main(["admin", "updateTopic", "--lake", str(lake), "-b", "broker-a", "-t", "Plain",
+                            "-r", "2", "-a", "+message.type=TRANSACTION"]) == 0  # fmt: skip
+        wait_until(lambda: route("Plain")[0] == {"TRANSACTION"}, "the server applies the new message type")
+        assert send(_message("Plain", message_type=pb.FIFO, message_group="g")) == conflict
     finally:
         assert server.stop() == 0
 

@@ -28,6 +28,7 @@ import pytest
 from deltalake import DeltaTable
 
 from broker_model.broker import Broker, BrokerConfig
+from broker_model.tools.admin import update_topic
 from schemas.catalog import COMMITLOG
 from tests.apache_fixture import started_rocketmq
 from tests.apache_rocketmq import ApacheRocketMQ, GroupSpec, TopicSpec
@@ -58,20 +59,10 @@ APACHE_PROXY_AUTH = {
     "authenticationMetadataProvider": "org.apache.rocketmq.proxy.auth.ProxyAuthenticationMetadataProvider",
 }
 
-_TYPES = "topics of the lake have no message type (docs/endpoint.md, against RocketMQ's proxy)"
 # Every difference between the two records that is a decision, by the record path it covers (a
 # prefix of the flattened keys), with its reason; docs/endpoint.md ("Against RocketMQ's proxy")
 # writes each one down.
 KNOWN_DIFFERENCES: Mapping[str, str] = {
-    "route.normal.accept_message_types": _TYPES,
-    "route.fifo.accept_message_types": _TYPES,
-    "route.delay.accept_message_types": _TYPES,
-    "route.transaction.accept_message_types": _TYPES,
-    "errors.group_on_normal_topic": _TYPES,
-    "errors.delivery_time_on_normal_topic": _TYPES,
-    "errors.no_group_on_fifo_topic": _TYPES,
-    "errors.raw_group_on_normal_topic": _TYPES,
-    "errors.raw_no_group_on_fifo_topic": _TYPES,
     "errors.delivery_time_in_milliseconds": "the Python client 5.1.2 writes milliseconds into Timestamp.seconds: "
     "taken as milliseconds here, refused by the proxy",
     "sends.delay.receipt.recall_handle": "RecallMessage is not served: a timer message gets no recall handle",
@@ -130,10 +121,9 @@ def ours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, A
     server, still running for the Node.js test."""
     base = tmp_path_factory.mktemp("endpoint-differential")
     lake = base / "lake"
-    broker = Broker(BrokerConfig(lake, "broker-a")).start()
-    for name, _ in TOPICS:
-        broker.ensure_topic(name, 2)
-    broker.shutdown()
+    Broker(BrokerConfig(lake, "broker-a")).start().shutdown()
+    for name, kind in TOPICS:  # as the harness creates them on RocketMQ's side: mqadmin updateTopic -a
+        update_topic(lake, name, ["broker-a"], 2, attributes={"message.type": kind})
     acl = base / "acl.json"
     acl.write_text(json.dumps({"accounts": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY, "topics": ["*"]}]}))
     server = start_serve(lake, "--brokers", "broker-a", "--flush-mode", "SYNC_FLUSH", "--acl", str(acl), *CHECKS)

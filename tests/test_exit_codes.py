@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from broker_model.broker import Broker, BrokerConfig
+
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,6 +184,16 @@ def test_broker_workload_refuses_a_bad_segment_size_every_time(tmp_path: Path) -
 def test_broker_usage_errors_exit_2(tmp_path: Path) -> None:
     done = run_cli(python("-m", "broker_model", "workload", "--messages", "many"), tmp_path / "out")
     assert done.status == 2 and "--messages: invalid int value: 'many'" in done.stderr
+
+
+def test_broker_admin_creates_a_topic_and_refuses_a_bad_one_every_time(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    Broker(BrokerConfig(lake, "broker-a")).start().shutdown()
+    update = ["-m", "broker_model", "admin", "updateTopic", "--lake", str(lake), "-b", "broker-a", "-t", "Orders"]
+    runs = repeat(lambda i: python(*update, "-r", str(i + 1), "-a", "+message.type=FIFO"), tmp_path)
+    assert_every_run(runs, 0, "stdout", "create topic to broker-a success")
+    runs = repeat(lambda _: python(*update, "-a", "+message.type=ORDERED"), tmp_path)
+    assert_every_run(runs, 2, "stderr", "error: message_type='ORDERED': is not a topic message type")
 
 
 def test_reset_offsets_refuses_an_unknown_group_every_time(lake: Path, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from broker_model.__main__ import main as broker_main
-from broker_model.broker import Broker, BrokerConfig
+from broker_model.broker import Broker, BrokerConfig, SubscriptionGroupConfig
 from broker_model.cli_exit import run_command
 from broker_model.client import Producer
 from broker_model.common import Message
@@ -31,6 +31,7 @@ from broker_model.store import MessageStore, commit_path, ensure_table, ingest_s
 from broker_model.store.store_configs import ConfigCounts, parse_fastjson
 from broker_model.store.store_export import export_store
 from broker_model.store.store_ingest import STORE_FILES, app_id, ingested_end
+from broker_model.tools.admin import update_group, update_topic
 from broker_model.tools.reset import Strategy, TopicSelection
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
@@ -333,11 +334,12 @@ def test_fastjson_text_with_bare_integer_keys_parses_and_strings_are_left_alone(
 OFFSETS = '{"offsetTable":{"Orders@cg-a":{0:12,1:7},"%RETRY%cg-a@cg-a":{0:1},"Audit@cg-b":{"2":30}},"dataVersion":{}}'
 TOPICS = (
     '{"topicConfigTable":{"Orders":{"topicName":"Orders","readQueueNums":4,"writeQueueNums":4,"perm":6},'
-    '"Audit":{"topicName":"Audit","readQueueNums":8,"writeQueueNums":4,"perm":4}}}'
+    '"Audit":{"topicName":"Audit","readQueueNums":8,"writeQueueNums":4,"perm":4,"attributes":{"message.type":"FIFO"}}}}'
 )
 GROUPS = (
     '{"subscriptionGroupTable":{"cg-a":{"groupName":"cg-a","retryMaxTimes":3,"retryQueueNums":1,'
-    '"consumeEnable":true,"consumeMessageOrderly":true}}}'
+    '"consumeEnable":true,"consumeMessageOrderly":true,'
+    '"groupRetryPolicy":{"type":"CUSTOMIZED","customizedRetryPolicy":{"next":[1000,2000]}}}}}'
 )
 
 
@@ -368,12 +370,13 @@ def test_config_files_are_snapshots_that_append_only_what_changed(tmp_path: Path
         ("cg-b", "Audit", 2): (30, 1_700_000_100_000),
     }
     topics = {
-        r["topic"]: (r["queue_nums"], r["perm"])
+        r["topic"]: (r["queue_nums"], r["perm"], r["message_type"])
         for r in sorted(_rows(lake, TOPIC_CONFIG), key=lambda r: r["updated_timestamp"])
     }
-    assert topics == {"Orders": (4, 6), "Audit": (8, 4)}
+    assert topics == {"Orders": (4, 6, None), "Audit": (8, 4, "FIFO")}
     (group,) = _rows(lake, SUBSCRIPTION_GROUP)
     assert (group["group"], group["retry_max_times"], group["consume_message_orderly"]) == ("cg-a", 3, True)
+    assert (group["retry_policy"], group["retry_next_ms"]) == ("CUSTOMIZED", [1000, 2000])
     assert json.loads((lake / "_config" / "broker-x" / "delayOffset.json").read_text()) == {
         "offsetTable": {"1": 5, "3": 0}
     }
@@ -502,6 +505,8 @@ def test_export_store_writes_a_store_that_ingests_back_and_refuses_a_used_direct
     broker = Broker(BrokerConfig(lake, "broker-a", segment_size=FILE, flush_mode="SYNC_FLUSH")).start()
     try:
         broker.ensure_topic("Orders", 2)
+        update_topic(lake, "Orders", ["broker-a"], 2, attributes={"message.type": "NORMAL"})
+        update_group(lake, SubscriptionGroupConfig("cg", retry_policy="EXPONENTIAL", retry_multiplier=4), ["broker-a"])
         producer = Producer([broker], "p")
         for i in range(60):
             producer.send(Message.create("Orders", f"order {i}".encode() * 9, tags="created"))
@@ -515,9 +520,19 @@ def test_export_store_writes_a_store_that_ingests_back_and_refuses_a_used_direct
     assert sorted(p.name for p in (out / "consumequeue" / "Orders").iterdir()) == ["0", "1"]
     assert broker_main(["export-store", "--lake", str(lake), "--broker-name", "broker-a", str(out)]) == 2
 
+    topics = parse_fastjson((out / "config" / "topics.json").read_text(), "topics.json")["topicConfigTable"]
+    assert topics["Orders"]["attributes"] == {"message.type": "NORMAL"}
+    groups = parse_fastjson((out / "config" / "subscriptionGroup.json").read_text(), "g")["subscriptionGroupTable"]
+    exponential = {"initial": 5000, "max": 7_200_000, "multiplier": 4}
+    assert groups["cg"]["groupRetryPolicy"] == {"type": "EXPONENTIAL", "exponentialRetryPolicy": exponential}
+
     again = tmp_path / "again"
     assert ingest_store(again, "broker-a", out).records == 60
     assert _log(again, "broker-a") == _log(lake, "broker-a")
+    latest = max(_rows(again, TOPIC_CONFIG), key=lambda r: r["updated_timestamp"])  # after the first-seen row
+    assert (latest["topic"], latest["message_type"]) == ("Orders", "NORMAL")
+    (group,) = _rows(again, SUBSCRIPTION_GROUP)
+    assert (group["retry_policy"], group["retry_initial_ms"], group["retry_multiplier"]) == ("EXPONENTIAL", 5000, 4)
 
 
 # -- the way back: a reset written into the broker's own file ------------------------------------

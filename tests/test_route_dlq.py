@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -20,10 +21,11 @@ from broker_model.common import Message
 from broker_model.common import constants as c
 from broker_model.store import MessageExt
 from broker_model.tools import RETRY_GROUPS, run_workload
+from broker_model.tools.admin import delete_group
 from jobs.dlq.job import RouteDlqConfig, build_config, run
 from jobs.dlq.transforms import build_retry_records
 from jobs.lake import Lake
-from schemas.catalog import COMMITLOG, DLQ, JOB_RUNS, RETRY_CHAINS, RETRY_RECORDS
+from schemas.catalog import COMMITLOG, DLQ, JOB_RUNS, RETRY_CHAINS, RETRY_RECORDS, SUBSCRIPTION_GROUP
 from schemas.errors import LakeError, ValidationError
 from tests.helpers import CLOCK_START, ENGINE, ManualClock
 
@@ -150,6 +152,31 @@ def test_chains_states_reasons_and_the_policy_as_of_t(spark: SparkSession, story
     assert dead["dlq_timestamp"] is not None and dead["first_failure_timestamp"] < dead["dlq_timestamp"]
     assert dlq[story.exhausted_by_policy]["dlq_timestamp"] is None
     assert job_run.row_counts["dlq"] == 3 and job_run.row_counts["retry_chains"] == 6
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "spark"])
+def test_a_group_table_of_an_older_release_is_read_and_a_deleted_group_has_the_default_policy(
+    spark: SparkSession, story_lake: tuple[Path, _Story], driver: bool
+) -> None:
+    root, story = story_lake
+    limit = {} if driver else {"driver_records": 0}
+    location = SUBSCRIPTION_GROUP.location(root)
+    rows = DeltaTable(str(location)).to_pyarrow_table()
+    old = [field.name for field in SUBSCRIPTION_GROUP.arrow_schema][
+        : SUBSCRIPTION_GROUP.column_names.index("retry_policy")
+    ]
+    shutil.rmtree(location)
+    write_deltalake(str(location), rows.select(old))  # as a release before the retry policy columns wrote it
+
+    run(spark, RouteDlqConfig(root, AS_OF, engine=ENGINE, **limit))
+    chains = _by_key([r.asDict() for r in Lake(spark, root, ENGINE).read(RETRY_CHAINS).collect()])
+    assert chains[story.exhausted_by_policy]["max_reconsume_times"] == 1
+
+    assert delete_group(root, "h", ["broker-a"]) == ["broker-a"]  # timed after h's setting, before AS_OF
+    run(spark, RouteDlqConfig(root, AS_OF + 1, engine=ENGINE, **limit))
+    chains = _by_key([r.asDict() for r in Lake(spark, root, ENGINE).read(RETRY_CHAINS).collect()])
+    assert chains[story.exhausted_by_policy]["max_reconsume_times"] == c.RETRY_MAX_TIMES
 
 
 @pytest.mark.spark

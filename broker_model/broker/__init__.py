@@ -5,7 +5,14 @@ check services its owner starts (see docs/architecture.md).
 
 from __future__ import annotations
 
-from broker_model.broker.config import BrokerConfig, FlushMode, InnerMessage, PutResult, SubscriptionGroupConfig
+from broker_model.broker.config import (
+    BrokerConfig,
+    FlushMode,
+    InnerMessage,
+    PutResult,
+    SubscriptionGroupConfig,
+    TopicConfig,
+)
 from broker_model.broker.consumer_groups import ConsumerGroupManager
 from broker_model.broker.consumer_offsets import ConsumerOffsetManager
 from broker_model.broker.controller import Broker
@@ -53,6 +60,7 @@ __all__ = [
     "ScheduleMessageService",
     "SubscriptionGroupConfig",
     "TimerMessageService",
+    "TopicConfig",
     "TransactionCheckService",
     "TransactionError",
     "calculate_op_offset",

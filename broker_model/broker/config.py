@@ -78,6 +78,39 @@ class PutResult:
 
 
 @dataclass(frozen=True)
+class TopicConfig:
+    """A topic's settings on one broker (``TopicConfig``); one row of the ``topic_config`` table.
+
+    ``queue_nums``: its read and write queues (one count: RocketMQ's read and write counts differ
+    only while an operator shrinks a topic). ``perm``: 4 read, 2 write (6 both). ``message_type``:
+    the types it takes, RocketMQ 5's ``message.type`` attribute (NORMAL, FIFO, DELAY, TRANSACTION,
+    MIXED), None when not set: every type (docs/broker.md).
+    """
+
+    topic: str
+    queue_nums: int = c.DEFAULT_TOPIC_QUEUE_NUMS
+    perm: int = c.PERM_READ | c.PERM_WRITE
+    message_type: str | None = None
+
+    def validate(self) -> None:
+        """Check every setting.
+
+        Raises:
+            ValidationError: a bad topic name, ``queue_nums`` outside [1, 1024], ``perm`` not 2, 4
+                or 6, or an unknown ``message_type``.
+        """
+        validate_name(self.topic, "topic", c.TOPIC_MAX_LENGTH)
+        if not 1 <= self.queue_nums <= 1024:
+            raise ValidationError("queue_nums", self.queue_nums, "must be in [1, 1024]")
+        if self.perm not in (c.PERM_WRITE, c.PERM_READ, c.PERM_READ | c.PERM_WRITE):
+            raise ValidationError("perm", self.perm, "must be 2 (write), 4 (read) or 6 (read and write)")
+        if self.message_type is not None and self.message_type not in c.TOPIC_MESSAGE_TYPES:
+            raise ValidationError(
+                "message_type", self.message_type, "is not a topic message type", f"one of {c.TOPIC_MESSAGE_TYPES}"
+            )
+
+
+@dataclass(frozen=True)
 class SubscriptionGroupConfig:
     """A consumer group's settings on one broker (``SubscriptionGroupConfig``); one row of the
     ``subscription_group`` table.
@@ -97,13 +130,19 @@ class SubscriptionGroupConfig:
     consume_from_min_enable: bool = True
     consume_message_orderly: bool = False
     updated_timestamp: int = 0
+    retry_policy: str | None = None
+    retry_next_ms: tuple[int, ...] | None = None
+    retry_initial_ms: int | None = None
+    retry_max_ms: int | None = None
+    retry_multiplier: int | None = None
 
     def validate(self) -> None:
         """Check every setting.
 
         Raises:
-            ValidationError: a bad group name, ``retry_max_times`` outside [0, 2^31) or
-                ``retry_queue_nums`` outside [0, 1024].
+            ValidationError: a bad group name, ``retry_max_times`` outside [0, 2^31),
+                ``retry_queue_nums`` outside [0, 1024], an unknown ``retry_policy``, the settings of
+                one policy given with the other, or a delay or multiplier below 1.
         """
         validate_name(self.group, "group", c.GROUP_MAX_LENGTH)
         if not 0 <= self.retry_max_times < 2**31:
@@ -112,6 +151,38 @@ class SubscriptionGroupConfig:
             raise ValidationError(
                 "retry_queue_nums", self.retry_queue_nums, "must be in [0, 1024]", "use 0 to drop failed messages"
             )
+        if self.retry_policy is not None and self.retry_policy not in c.RETRY_POLICIES:
+            raise ValidationError("retry_policy", self.retry_policy, "is not a retry policy", f"{c.RETRY_POLICIES}")
+        exponential = (self.retry_initial_ms, self.retry_max_ms, self.retry_multiplier)
+        if self.retry_policy != "CUSTOMIZED" and self.retry_next_ms is not None:
+            raise ValidationError("retry_next_ms", self.retry_next_ms, "is a CUSTOMIZED policy's")
+        if self.retry_policy != "EXPONENTIAL" and any(value is not None for value in exponential):
+            raise ValidationError("retry_initial_ms", exponential, "are an EXPONENTIAL policy's")
+        checked = [("retry_next_ms", min(self.retry_next_ms or (1,))), *zip(_EXPONENTIAL, exponential, strict=True)]
+        for name, value in checked:
+            if value is not None and value < 1:
+                raise ValidationError(name, value, "must be at least 1")
+
+    def next_delay_ms(self, reconsume_times: int) -> int:
+        """The delay before the retry of a message consumed ``reconsume_times`` times before, as
+        RocketMQ's ``RetryPolicy.nextDelayDuration``: the customized list's entry at
+        ``reconsume_times + 2`` (the old delay levels' offset; the last entry beyond the list), or
+        ``initial * multiplier ^ min(reconsume_times, 32)`` up to the maximum."""
+        if self.retry_policy == "EXPONENTIAL":
+            initial, largest, multiplier = (
+                given if given is not None else default
+                for given, default in zip(
+                    (self.retry_initial_ms, self.retry_max_ms, self.retry_multiplier),
+                    c.EXPONENTIAL_RETRY_MS,
+                    strict=True,
+                )
+            )
+            return int(min(largest, initial * multiplier ** min(max(reconsume_times, 0), 32)))
+        delays = self.retry_next_ms or c.CUSTOMIZED_RETRY_NEXT_MS
+        return delays[min(max(reconsume_times, 0) + 2, len(delays) - 1)]
+
+
+_EXPONENTIAL = ("retry_initial_ms", "retry_max_ms", "retry_multiplier")
 
 
 FlushMode = Literal["SYNC_FLUSH", "ASYNC_FLUSH"]

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker_model.broker.config import BrokerConfig, SubscriptionGroupConfig
+from broker_model.broker.config import BrokerConfig, SubscriptionGroupConfig, TopicConfig
 from broker_model.broker.consumer_groups import ConsumerGroupManager
 from broker_model.broker.consumer_offsets import ConsumerOffsetManager
 from broker_model.broker.put import PutGroup
@@ -76,6 +76,9 @@ class Broker(SendBack):
         self.segment_base = 0
         self.max_offsets: dict[tuple[str, int], int] = {}
         self.topics: dict[str, int] = {}
+        self.topic_configs: dict[str, TopicConfig] = {}  # the latest topic_config row per topic
+        self._topic_configs_version = -1  # the topic_config version they were read at
+        self._topic_configs_checked = float("-inf")  # when refresh_topics last looked (monotonic seconds)
         self.commits = 0
         self.lingered_steps = 0  # group commit steps that passed with no put arriving to end them
         self.store = MessageStore(
@@ -90,6 +93,8 @@ class Broker(SendBack):
         self._services: list[BrokerService] = []  # attached by their owners: see attach
         self._subscription_groups: dict[str, SubscriptionGroupConfig] = {}
         self._subscription_lock = threading.Lock()
+        self._groups_version = -1  # the subscription_group version the groups were read at
+        self._groups_checked = float("-inf")  # when refresh_subscription_groups last looked
         self._retry_random = random.Random()  # picks a retry queue, as the broker's send-back does
         self._served: OrderedDict[int, tuple[str, int, int]] = OrderedDict()  # see _remember_served
         self._served_lock = threading.Lock()

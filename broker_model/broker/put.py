@@ -10,14 +10,14 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker_model.broker.config import BrokerConfig, InnerMessage, PutResult
+from broker_model.broker.config import BrokerConfig, InnerMessage, PutResult, TopicConfig
 from broker_model.common import constants as c
 from broker_model.common import encode_properties, is_dispatched, parse_delay_level, parse_host, schedule_level
 from broker_model.common.codec import HostAddress
@@ -28,6 +28,7 @@ from broker_model.store import (
 )
 from broker_model.store.append_log import AppendLog
 from broker_model.store.commitlog import recover_offsets
+from broker_model.store.delta_commits import latest_version
 from broker_model.store.delta_tables import append_rows, read_table
 from broker_model.store.message_store import MessageStore
 from schemas.catalog import COMMITLOG, TOPIC_CONFIG
@@ -100,6 +101,9 @@ class _Columns:
             pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string()), type=map_type
         )
 
+
+TOPIC_REFRESH_S = 1.0
+"""How often, at most, a broker looks for topic configurations written while it runs."""
 
 _RECORD_FIELDS = {
     "store_size": "sizes",
@@ -268,6 +272,9 @@ class PutPath:
     segment_base: int
     max_offsets: dict[tuple[str, int], int]
     topics: dict[str, int]
+    topic_configs: dict[str, TopicConfig]
+    _topic_configs_version: int
+    _topic_configs_checked: float
     commits: int
     lingered_steps: int
 
@@ -632,38 +639,78 @@ class PutPath:
         self.topics = self._load_topics(log)
 
     def _load_topics(self, log: pa.Table) -> dict[str, int]:
-        config = read_table(self.config.lake, TOPIC_CONFIG)
-        config = config.filter(pc.equal(config["broker_name"], self.broker_name))
-        topics: dict[str, int] = {}
-        for row in config.sort_by("updated_timestamp").to_pylist():
-            topics[row["topic"]] = row["queue_nums"]
+        """The queue count of every topic (at least what the log shows); sets :attr:`topic_configs`
+        (at a start, or with the lock held by a recovering put)."""
+        configs, version = self._read_topic_configs()
+        self.topic_configs, self._topic_configs_version = configs, version
+        self._topic_configs_checked = time.monotonic()
+        topics = {topic: config.queue_nums for topic, config in configs.items()}
         if log.num_rows:
             seen = log.group_by("topic").aggregate([("queue_id", "max")]).to_pylist()
             for row in seen:
                 topics[row["topic"]] = max(topics.get(row["topic"], 0), row["queue_id_max"] + 1)
         return topics
 
+    def _read_topic_configs(self) -> tuple[dict[str, TopicConfig], int]:
+        """This broker's latest ``topic_config`` row per topic, and the table's version before the
+        read (a row written meanwhile is read again by the next refresh)."""
+        version = latest_version(TOPIC_CONFIG.location(self.config.lake))
+        config = read_table(self.config.lake, TOPIC_CONFIG)
+        config = config.filter(pc.equal(config["broker_name"], self.broker_name))
+        configs: dict[str, TopicConfig] = {}
+        for row in config.sort_by("updated_timestamp").to_pylist():
+            configs[row["topic"]] = TopicConfig(row["topic"], row["queue_nums"], row["perm"], row["message_type"])
+        return configs, version
+
+    def refresh_topics(self, interval_s: float = TOPIC_REFRESH_S) -> None:
+        """Apply the ``topic_config`` rows written since this broker read them (an operator's
+        ``admin updateTopic`` while it runs): looked for at most once per ``interval_s``, read only
+        when the table has a new version. A topic whose row changed gets that row's queue count."""
+        now = time.monotonic()
+        if now - self._topic_configs_checked < interval_s:
+            return
+        self._topic_configs_checked = now
+        if latest_version(TOPIC_CONFIG.location(self.config.lake)) == self._topic_configs_version:
+            return
+        configs, version = self._read_topic_configs()
+        with self._lock:
+            before = self.topic_configs
+            self.topic_configs, self._topic_configs_version = configs, version
+            for topic, config in configs.items():
+                if before.get(topic) != config:
+                    self.topics[topic] = config.queue_nums
+
     # -- topics -----------------------------------------------------------------------------------
 
     def create_topic(self, topic: str, queue_nums: int = c.DEFAULT_TOPIC_QUEUE_NUMS) -> None:
-        """Create or resize ``topic`` on this broker with ``queue_nums`` read/write queues."""
+        """Create or resize ``topic`` on this broker with ``queue_nums`` read/write queues (its
+        permission and message type as they were, read and write and unset for a new topic)."""
         validate_name(topic, "topic", 255)
         if not 1 <= queue_nums <= 1024:
             raise ValidationError("queue_nums", queue_nums, "must be in [1, 1024]")
-        row = {
-            "broker_name": [self.broker_name],
-            "topic": [topic],
-            "queue_nums": [queue_nums],
-            "perm": [c.PERM_READ | c.PERM_WRITE],
-            "updated_timestamp": [self._clock()],
-        }
-        append_rows(self.config.lake, TOPIC_CONFIG, pa.table(row))
+        with self._lock:
+            config = replace(self.topic_configs.get(topic) or TopicConfig(topic), queue_nums=queue_nums)
+        row = {"broker_name": self.broker_name, **vars(config), "updated_timestamp": self._clock()}
+        append_rows(self.config.lake, TOPIC_CONFIG, pa.Table.from_pylist([row], TOPIC_CONFIG.arrow_schema))
         with self._lock:
             self.topics[topic] = queue_nums
+            self.topic_configs[topic] = config
 
     def queue_nums(self, topic: str) -> int | None:
         """Queue count of ``topic`` on this broker, None when the topic does not exist here."""
         return self.topics.get(topic)
+
+    def topic_config(self, topic: str) -> TopicConfig | None:
+        """The settings of ``topic`` on this broker (after :meth:`refresh_topics`): its latest
+        ``topic_config`` row with the queue count the broker uses; None when the topic does not
+        exist here. A topic known only from the log (no row) reads and writes and has no type."""
+        self.refresh_topics()
+        with self._lock:
+            queue_nums = self.topics.get(topic)
+            config = self.topic_configs.get(topic)
+        if queue_nums is None:
+            return None
+        return replace(config or TopicConfig(topic), queue_nums=queue_nums)
 
     def ensure_topic(self, topic: str, queue_nums: int | None = None) -> int:
         """Create ``topic`` if it does not exist (with its system default queue count)."""

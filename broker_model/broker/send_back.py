@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,10 +23,28 @@ from broker_model.store import (
     append_rows,
     read_table,
 )
+from broker_model.store.delta_commits import latest_version
 from schemas.catalog import SUBSCRIPTION_GROUP
 from schemas.errors import ValidationError
 
 _SERVED_CAPACITY = 32768  # pulled messages whose queue position the broker remembers for send-backs
+GROUP_REFRESH_S = 1.0
+"""How often, at most, a broker looks for group settings written while it runs."""
+
+
+def group_row(broker_name: str, config: SubscriptionGroupConfig, deleted: bool = False) -> dict[str, Any]:
+    """The ``subscription_group`` row of ``config`` on ``broker_name``."""
+    row: dict[str, Any] = {"broker_name": broker_name, **vars(config), "deleted": deleted}
+    row["retry_next_ms"] = list(config.retry_next_ms) if config.retry_next_ms is not None else None
+    return row
+
+
+def group_config(row: Mapping[str, Any]) -> SubscriptionGroupConfig:
+    """The settings a ``subscription_group`` row holds."""
+    fields = {name: row[name] for name in SubscriptionGroupConfig.__dataclass_fields__}
+    if fields["retry_next_ms"] is not None:
+        fields["retry_next_ms"] = tuple(fields["retry_next_ms"])
+    return SubscriptionGroupConfig(**fields)
 
 
 class SendBack(PutPath):
@@ -32,6 +52,8 @@ class SendBack(PutPath):
 
     _subscription_groups: dict[str, SubscriptionGroupConfig]
     _subscription_lock: threading.Lock
+    _groups_version: int
+    _groups_checked: float
     _retry_random: random.Random
     _served: OrderedDict[int, tuple[str, int, int]]
     _served_lock: threading.Lock
@@ -54,8 +76,7 @@ class SendBack(PutPath):
             if previous is not None and moment <= previous.updated_timestamp:
                 moment = previous.updated_timestamp + 1
             stored = replace(config, updated_timestamp=moment)
-            row = {"broker_name": self.broker_name, **vars(stored)}
-            rows = pa.Table.from_pylist([row], SUBSCRIPTION_GROUP.arrow_schema)
+            rows = pa.Table.from_pylist([group_row(self.broker_name, stored)], SUBSCRIPTION_GROUP.arrow_schema)
             append_rows(self.config.lake, SUBSCRIPTION_GROUP, rows)
             self._subscription_groups[stored.group] = stored
         return stored
@@ -68,20 +89,37 @@ class SendBack(PutPath):
             ValidationError: a bad group name.
         """
         validate_name(group, "group", c.GROUP_MAX_LENGTH)
+        self.refresh_subscription_groups()
         with self._subscription_lock:
             found = self._subscription_groups.get(group)
         return found if found is not None else SubscriptionGroupConfig(group)
 
+    def refresh_subscription_groups(self, interval_s: float = GROUP_REFRESH_S) -> None:
+        """Apply the ``subscription_group`` rows written since this broker read them (an
+        operator's ``admin updateSubGroup`` or ``deleteSubGroup`` while it runs): looked for at most
+        once per ``interval_s``, read only when the table has a new version."""
+        now = time.monotonic()
+        if now - self._groups_checked < interval_s:
+            return
+        self._groups_checked = now
+        if latest_version(SUBSCRIPTION_GROUP.location(self.config.lake)) != self._groups_version:
+            self._load_subscription_groups()
+
     def _load_subscription_groups(self) -> None:
-        """This broker's latest row per group of ``subscription_group`` (read at start)."""
+        """This broker's latest row per group of ``subscription_group`` (read at start, and again
+        when the table changed); a deleted group has the defaults again."""
+        version = latest_version(SUBSCRIPTION_GROUP.location(self.config.lake))
         table = read_table(self.config.lake, SUBSCRIPTION_GROUP)
         table = table.filter(pc.equal(table["broker_name"], self.broker_name))
         groups: dict[str, SubscriptionGroupConfig] = {}
         for row in table.sort_by("updated_timestamp").to_pylist():
-            del row["broker_name"]
-            groups[row["group"]] = SubscriptionGroupConfig(**row)
+            if row["deleted"]:
+                groups.pop(row["group"], None)
+            else:
+                groups[row["group"]] = group_config(row)
         with self._subscription_lock:
-            self._subscription_groups = groups
+            self._subscription_groups, self._groups_version = groups, version
+            self._groups_checked = time.monotonic()
 
     def consumer_send_back(
         self,

@@ -151,6 +151,9 @@ DEFAULT_TOPIC_QUEUE_NUMS: Final = 4  # min(client defaultTopicQueueNums 4, TBW10
 PERM_READ: Final = 4
 PERM_WRITE: Final = 2
 PERM_INHERIT: Final = 1
+# RocketMQ 5's topic message types (TopicMessageType, the topic's ``message.type`` attribute)
+TOPIC_MESSAGE_TYPES: Final = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
+MESSAGE_TYPE_ATTRIBUTE: Final = "message.type"
 
 # messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", level i at [i-1]
 DELAY_LEVEL_MILLIS: Final = (
@@ -211,6 +214,12 @@ CHANNEL_EXPIRED_TIMEOUT_MS: Final = 120000  # BrokerConfig.channelExpiredTimeout
 DLQ_NUMS_PER_GROUP: Final = 1  # a group's %DLQ% topic has one queue: dead letters go to queue 0
 RETRY_MAX_TIMES: Final = 16  # SubscriptionGroupConfig.retryMaxTimes
 RETRY_QUEUE_NUMS: Final = 1  # SubscriptionGroupConfig.retryQueueNums
+# GroupRetryPolicy: its types, CustomizedRetryPolicy's delays and ExponentialRetryPolicy's defaults
+RETRY_POLICIES: Final = ("CUSTOMIZED", "EXPONENTIAL")
+CUSTOMIZED_RETRY_NEXT_MS: Final = tuple(
+    1000 * s for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+)
+EXPONENTIAL_RETRY_MS: Final = (5000, 7_200_000, 2)  # initial, max, multiplier
 MAX_RECONSUME_TIMES_CONCURRENTLY: Final = 16  # a concurrent consumer's maxReconsumeTimes -1 means this
 FIRST_RETRY_DELAY_LEVEL: Final = 3  # a send-back with delay level 0 waits level 3 + reconsume times
 SCHEDULE_FIRST_DELAY_MS: Final = 1000  # FIRST_DELAY_TIME: the schedule service's first round

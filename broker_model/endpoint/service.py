@@ -25,7 +25,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from broker_model.broker import Broker, InnerMessage, PendingPut
+from broker_model.broker import Broker, InnerMessage, PendingPut, TopicConfig
 from broker_model.broker.transaction import (
     EndTransactionRequest,
     LocalTransactionState,
@@ -59,7 +59,17 @@ _RESOLUTIONS: Final = {
     pb.ROLLBACK: LocalTransactionState.ROLLBACK_MESSAGE,
     pb.TRANSACTION_RESOLUTION_UNSPECIFIED: LocalTransactionState.UNKNOW,
 }
-_SENDABLE_TYPES: Final = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)  # a topic of ours takes any
+_SENDABLE_TYPES: Final = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
+# the types a route's queues take, by the topic's message type (RouteActivity.parseTopicMessageType);
+# a topic without one takes every type (docs/broker.md)
+_ACCEPTED_BY_TYPE: Final[Mapping[str | None, tuple[int, ...]]] = {
+    None: _SENDABLE_TYPES,
+    "NORMAL": (pb.NORMAL,),
+    "FIFO": (pb.FIFO,),
+    "DELAY": (pb.DELAY,),
+    "TRANSACTION": (pb.TRANSACTION,),
+    "MIXED": _SENDABLE_TYPES,
+}
 
 
 def status(code: int = pb.OK, message: str = "OK") -> pb.Status:
@@ -141,10 +151,23 @@ class TransactionDataTable:
 
 @dataclass(frozen=True)
 class Queue:
-    """A write queue of a topic on one broker."""
+    """A queue of a topic on one broker, with the topic's settings there."""
 
     broker: Broker
     queue_id: int
+    config: TopicConfig
+
+    @property
+    def permission(self) -> int:
+        """The route's permission of the queue, from the topic's (``RouteActivity``)."""
+        readable, writable = self.config.perm & c.PERM_READ, self.config.perm & c.PERM_WRITE
+        permission: int = pb.READ_WRITE if readable and writable else pb.READ if readable else pb.WRITE
+        return permission if readable or writable else int(pb.NONE)
+
+    @property
+    def accepted_types(self) -> tuple[int, ...]:
+        """The message types the route says the queue takes, from the topic's message type."""
+        return _ACCEPTED_BY_TYPE[self.config.message_type]
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: ignore[misc]
@@ -202,27 +225,29 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             pb.MessageQueue(
                 topic=request.topic,
                 id=queue.queue_id,
-                permission=pb.READ_WRITE,
+                permission=queue.permission,
                 broker=pb.Broker(name=queue.broker.broker_name, id=0, endpoints=endpoints),
-                accept_message_types=_SENDABLE_TYPES,
+                accept_message_types=queue.accepted_types,
             )
             for queue in queues
         ]
         return rpc.QueryRouteResponse(status=status(), message_queues=message_queues)
 
     async def _queues(self, topic: str) -> list[Queue]:
-        """Every broker's write queues of ``topic`` (by broker name, then queue id).
+        """Every broker's queues of ``topic`` (by broker name, then queue id), with its settings
+        there (a broker applies an operator's change within a second, see
+        :meth:`~broker_model.broker.controller.Broker.refresh_topics`).
 
         Raises:
             RequestError: TOPIC_NOT_FOUND (unless topics are created on first use).
         """
-        found = [(b, b.queue_nums(topic)) for b in self.brokers.values()]
-        if not any(n for _, n in found):
+        found = [(b, b.topic_config(topic)) for b in self.brokers.values()]
+        if not any(config for _, config in found):
             if not self.auto_create_topics:
                 raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {topic!r} not found on brokers {list(self.brokers)}")
             await asyncio.to_thread(self._create_topic, topic)  # a commit on every broker
-            found = [(b, b.queue_nums(topic)) for b in self.brokers.values()]
-        return [Queue(broker, qid) for broker, n in found for qid in range(n or 0)]
+            found = [(b, b.topic_config(topic)) for b in self.brokers.values()]
+        return [Queue(broker, qid, config) for broker, config in found if config for qid in range(config.queue_nums)]
 
     def _create_topic(self, topic: str) -> None:
         with self._lock:
@@ -404,8 +429,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         topic = messages[0].topic
         if any(m.topic != topic for m in messages):
             raise RequestError(pb.MESSAGE_CORRUPTED, "messages: topic in message is not same")
-        queues = await self._queues(_topic_name(topic))
+        queues = [q for q in await self._queues(_topic_name(topic)) if q.config.perm & c.PERM_WRITE]
+        if not queues:
+            raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r}: no writable queue")
         built = [build_message(m, peer) for m in messages]
+        check_message_type(topic.name, queues[0].config.message_type, built[0].properties)
         group = messages[0].system_properties.message_group if len(messages) == 1 else ""
         if group:
             queue = queues[consistent_hash(java_hash(group), len(queues))]
@@ -414,6 +442,42 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         for message in built:
             message.queue_id = queue.queue_id
         return queue, built
+
+
+def check_message_type(topic: str, topic_type: str | None, properties: Mapping[str, str]) -> None:
+    """Refuse a message whose type the topic does not take, as the proxy's
+    ``DefaultTopicMessageTypeValidator`` does: the message's type from its properties
+    (``TopicMessageType.parseFromMessageProperty``), against the topic's; a topic without a type
+    takes every type, a MIXED one every type. Retry and dead-letter topics are not checked.
+
+    Raises:
+        RequestError: MESSAGE_PROPERTY_CONFLICT_WITH_TYPE.
+    """
+    if topic_type is None or topic_type == "MIXED":
+        return
+    if topic.startswith((c.RETRY_GROUP_TOPIC_PREFIX, c.DLQ_GROUP_TOPIC_PREFIX)):
+        return
+    if properties.get(c.PROPERTY_TRANSACTION_PREPARED) == "true":
+        kind = "TRANSACTION"
+    elif any(name in properties for name in _DELAY_PROPERTIES):
+        kind = "DELAY"
+    elif PROPERTY_SHARDING_KEY in properties:
+        kind = "FIFO"
+    else:
+        kind = "NORMAL"
+    if kind != topic_type:
+        raise RequestError(
+            pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            f"TopicMessageType validate failed, the expected type is {topic_type}, but actual type is {kind}",
+        )
+
+
+_DELAY_PROPERTIES: Final = (
+    c.PROPERTY_DELAY_TIME_LEVEL,
+    c.PROPERTY_TIMER_DELIVER_MS,
+    c.PROPERTY_TIMER_DELAY_SEC,
+    c.PROPERTY_TIMER_DELAY_MS,
+)
 
 
 async def committed(put: PendingPut) -> None:

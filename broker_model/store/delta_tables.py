@@ -87,8 +87,14 @@ def read_table(
 
 def append_rows(lake_root: str | Path, spec: TableSpec, rows: pa.Table) -> None:
     """Append a small table of rows with delta-rs (for rare writes such as configuration), then
-    pack the table's small files when they have piled up (:func:`pack_small_files`)."""
+    pack the table's small files when they have piled up (:func:`pack_small_files`). A nullable
+    catalog column ``rows`` lack is written null; a table an older release created gets the
+    nullable columns it lacks first (:func:`add_missing_columns`)."""
     path = ensure_table(lake_root, spec)
+    add_missing_columns(path, spec)
+    for column in spec.columns:
+        if column.nullable and column.name not in rows.column_names:
+            rows = rows.append_column(column.name, pa.nulls(rows.num_rows, spec.arrow_schema.field(column.name).type))
     retry_listing_gap(
         lambda: write_deltalake(
             str(path),

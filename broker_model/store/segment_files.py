@@ -481,19 +481,29 @@ def register_broker(lake: Path, broker_name: str, store_host: str, segment_size:
 
 
 def append_topic_config(lake: Path, broker_name: str, queue_nums: Mapping[str, int]) -> None:
-    """Append ``topic_config`` rows (read and write permission) giving each topic of ``queue_nums``
-    its queue count on ``broker_name``; nothing when it is empty."""
+    """Append ``topic_config`` rows giving each topic of ``queue_nums`` its queue count on
+    ``broker_name``, with the permission and message type of its latest row (read and write and
+    none for a new topic); nothing when it is empty."""
     if not queue_nums:
         return
-    topics = sorted(queue_nums)
-    config = {
-        "broker_name": [broker_name] * len(topics),
-        "topic": topics,
-        "queue_nums": pa.array([queue_nums[t] for t in topics], pa.int32()),
-        "perm": pa.array([c.PERM_READ | c.PERM_WRITE] * len(topics), pa.int32()),
-        "updated_timestamp": [now_ms()] * len(topics),
+    rows = read_table(lake, TOPIC_CONFIG)
+    latest = {
+        row["topic"]: row
+        for row in rows.filter(pc.equal(rows["broker_name"], broker_name)).sort_by("updated_timestamp").to_pylist()
     }
-    append_rows(lake, TOPIC_CONFIG, pa.table(config))
+    moment = now_ms()
+    config = [
+        {
+            "broker_name": broker_name,
+            "topic": topic,
+            "queue_nums": queue_nums[topic],
+            "perm": latest[topic]["perm"] if topic in latest else c.PERM_READ | c.PERM_WRITE,
+            "updated_timestamp": moment,
+            "message_type": latest[topic]["message_type"] if topic in latest else None,
+        }
+        for topic in sorted(queue_nums)
+    ]
+    append_rows(lake, TOPIC_CONFIG, pa.Table.from_pylist(config, schema=TOPIC_CONFIG.arrow_schema))
 
 
 # -- export --------------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ class ConfigSnapshot:
     Attributes:
         offsets: ``(group, topic, queue_id) -> offset`` of ``consumerOffset.json``.
         offsets_time: its modification time, epoch ms.
-        topics: ``topic -> (queue count, perm)`` of ``topics.json``.
+        topics: ``topic -> (queue count, perm, message type or None)`` of ``topics.json``.
         topics_time: its modification time.
         groups: ``group -> subscription_group`` settings of ``subscriptionGroup.json``.
         groups_time: its modification time.
@@ -164,7 +164,7 @@ class ConfigSnapshot:
 
     offsets: dict[tuple[str, str, int], int] = field(default_factory=dict)
     offsets_time: int = 0
-    topics: dict[str, tuple[int, int]] = field(default_factory=dict)
+    topics: dict[str, tuple[int, int, str | None]] = field(default_factory=dict)
     topics_time: int = 0
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     groups_time: int = 0
@@ -225,12 +225,22 @@ def _offsets(data: Mapping[str, Any], path: Path) -> dict[tuple[str, str, int], 
     return offsets
 
 
-def _topics(data: Mapping[str, Any], path: Path) -> dict[str, tuple[int, int]]:
+def _topics(data: Mapping[str, Any], path: Path) -> dict[str, tuple[int, int, str | None]]:
     topics = {}
     for name, config in _object(data.get("topicConfigTable", {}), path, "topicConfigTable").items():
         config = _object(config, path, f"topicConfigTable[{name!r}]")
         queues = max(_int(config.get(k, 0), path, k) for k in ("readQueueNums", "writeQueueNums"))
-        topics[name] = (queues, _int(config.get("perm", c.PERM_READ | c.PERM_WRITE), path, "perm"))
+        perm = _int(config.get("perm", c.PERM_READ | c.PERM_WRITE), path, "perm")
+        attributes = _object(config.get("attributes") or {}, path, f"topicConfigTable[{name!r}].attributes")
+        kind = attributes.get(c.MESSAGE_TYPE_ATTRIBUTE)
+        if kind is not None and kind not in c.TOPIC_MESSAGE_TYPES:
+            raise ValidationError(
+                f"topicConfigTable[{name!r}].attributes.{c.MESSAGE_TYPE_ATTRIBUTE}",
+                kind,
+                f"in {path} is not a topic message type",
+                f"one of {c.TOPIC_MESSAGE_TYPES}",
+            )
+        topics[name] = (queues, perm, kind)
     return topics
 
 
@@ -245,8 +255,69 @@ def _groups(data: Mapping[str, Any], path: Path) -> dict[str, dict[str, Any]]:
             "consume_broadcast_enable": bool(config.get("consumeBroadcastEnable", True)),
             "consume_from_min_enable": bool(config.get("consumeFromMinEnable", True)),
             "consume_message_orderly": bool(config.get("consumeMessageOrderly", False)),
+            **retry_policy_columns(
+                config.get("groupRetryPolicy"), f"subscriptionGroupTable[{name!r}].groupRetryPolicy", f" in {path}"
+            ),
         }
     return groups
+
+
+_NO_POLICY = dict.fromkeys(("retry_policy", "retry_next_ms", "retry_initial_ms", "retry_max_ms", "retry_multiplier"))
+
+
+def retry_policy_columns(policy: Any, name: str, where: str = "") -> dict[str, Any]:
+    """The ``subscription_group`` retry columns of a ``groupRetryPolicy`` object as RocketMQ writes
+    it (``{"type": ..., "customizedRetryPolicy": {"next": [...]}}`` or ``"exponentialRetryPolicy":
+    {"initial", "max", "multiplier"}``); None: no policy set.
+
+    Raises:
+        ValidationError: a value of another shape, named by its path under ``name`` (``where`` says
+            where it was read).
+    """
+    if policy is None:
+        return dict(_NO_POLICY)
+    if not isinstance(policy, dict):
+        raise ValidationError(name, policy, f"is not an object{where}")
+    kind = policy.get("type", "CUSTOMIZED")
+    if kind not in c.RETRY_POLICIES:
+        raise ValidationError(f"{name}.type", kind, f"is not a retry policy{where}", f"{c.RETRY_POLICIES}")
+    found = {**_NO_POLICY, "retry_policy": kind}
+    inner = policy.get("customizedRetryPolicy" if kind == "CUSTOMIZED" else "exponentialRetryPolicy")
+    if inner is None:
+        return found
+    path = f"{name}.{'customizedRetryPolicy' if kind == 'CUSTOMIZED' else 'exponentialRetryPolicy'}"
+    if not isinstance(inner, dict):
+        raise ValidationError(path, inner, f"is not an object{where}")
+    keys = [("next", "retry_next_ms")] if kind == "CUSTOMIZED" else list(_EXPONENTIAL_KEYS)
+    for key, column in keys:
+        value = inner.get(key)
+        values = value if key == "next" and isinstance(value, list) else [value]
+        if value is None:
+            continue
+        if (key == "next" and not isinstance(value, list)) or not all(_whole(v) for v in values):
+            kind_of = "a list of integers" if key == "next" else "an integer"
+            raise ValidationError(f"{path}.{key}", value, f"is not {kind_of}{where}")
+        found[column] = [int(v) for v in values if v is not None] if key == "next" else values[0]
+    return found
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_EXPONENTIAL_KEYS = (("initial", "retry_initial_ms"), ("max", "retry_max_ms"), ("multiplier", "retry_multiplier"))
+
+
+def retry_policy_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``subscription_group`` row's retry columns as RocketMQ writes ``groupRetryPolicy``."""
+    policy: dict[str, Any] = {"type": row["retry_policy"]}
+    if row["retry_policy"] == "CUSTOMIZED" and row["retry_next_ms"] is not None:
+        policy["customizedRetryPolicy"] = {"next": list(row["retry_next_ms"])}
+    if row["retry_policy"] == "EXPONENTIAL":
+        given = {"initial": row["retry_initial_ms"], "max": row["retry_max_ms"], "multiplier": row["retry_multiplier"]}
+        defaults = dict(zip(("initial", "max", "multiplier"), c.EXPONENTIAL_RETRY_MS, strict=True))
+        policy["exponentialRetryPolicy"] = {k: v if v is not None else defaults[k] for k, v in given.items()}
+    return policy
 
 
 # -- what changed --------------------------------------------------------------------------------
@@ -283,7 +354,10 @@ def _write_offsets(lake: Path, broker_name: str, snapshot: ConfigSnapshot) -> in
 
 
 def _write_topics(lake: Path, broker_name: str, snapshot: ConfigSnapshot) -> int:
-    wanted = {(topic,): {"queue_nums": q, "perm": perm} for topic, (q, perm) in snapshot.topics.items()}
+    wanted = {
+        (topic,): {"queue_nums": q, "perm": perm, "message_type": kind}
+        for topic, (q, perm, kind) in snapshot.topics.items()
+    }
     when = ("updated_timestamp", snapshot.topics_time)
     return _append_changed(lake, TOPIC_CONFIG, broker_name, ("topic",), wanted, when)
 

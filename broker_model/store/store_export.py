@@ -18,7 +18,7 @@ from broker_model.common import constants as c
 from broker_model.common import delay_progress_path, now_ms
 from broker_model.store.message_store import MessageStore
 from broker_model.store.segment_files import export_commitlog
-from broker_model.store.store_configs import latest_rows
+from broker_model.store.store_configs import latest_rows, retry_policy_json
 from schemas.catalog import CONSUMER_OFFSET_COMMITS, SUBSCRIPTION_GROUP, TOPIC_CONFIG
 from schemas.errors import ValidationError
 
@@ -142,6 +142,7 @@ def _topics_json(latest: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
             "topicName": topic,
             "topicSysFlag": 0,
             "writeQueueNums": row["queue_nums"],
+            **({"attributes": {c.MESSAGE_TYPE_ATTRIBUTE: row["message_type"]}} if row["message_type"] else {}),
         }
         for (topic,), row in sorted(latest.items())
     }
@@ -161,8 +162,10 @@ def _groups_json(latest: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
             "retryMaxTimes": row["retry_max_times"],
             "retryQueueNums": row["retry_queue_nums"],
             "whichBrokerWhenConsumeSlowly": 1,
+            **({"groupRetryPolicy": retry_policy_json(row)} if row["retry_policy"] else {}),
         }
         for (group,), row in sorted(latest.items())
+        if not row["deleted"]
     }
     body = json.dumps(table, separators=(",", ":"))
     return f'{{"dataVersion":{_data_version()},"subscriptionGroupTable":{body}}}'

@@ -140,6 +140,7 @@ def run(spark: SparkSession, config: ConsumerOffsetsConfig) -> JobRun:
     """
     lake = Lake(spark, config.lake, config.engine)
     with recorded_run(lake, JOB, {"as_of": config.as_of}) as job_run:
+        lake.add_missing_columns(TOPIC_CONFIG)  # a table an older release's broker created
         job_run.input_versions = table_versions(lake, [spec.name for spec in (*INPUTS, *CONFIG_INPUTS)])
         previous = _previous_run(lake)
         parameters = {"as_of": config.as_of}

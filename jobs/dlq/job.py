@@ -139,6 +139,7 @@ def run(spark: SparkSession, config: RouteDlqConfig) -> JobRun:
     lake = Lake(spark, config.lake, config.engine)
     as_of = config.as_of
     with recorded_run(lake, JOB, {"as_of": as_of}) as job_run:
+        lake.add_missing_columns(SUBSCRIPTION_GROUP)  # a table an older release's broker created
         new = update_extract(
             lake, RETRY_RECORDS, APP_ID, build_retry_records, lake.version(COMMITLOG), config.full, DRIVER_DECODE
         )
