@@ -236,6 +236,7 @@ GROUP_BAD = [
     (("-p", '{"type":"LINEAR"}'), "groupRetryPolicy.type"),
     (("-p", '{"type":"CUSTOMIZED","customizedRetryPolicy":{"next":[1000,"5s"]}}'), "next"),
     (("-p", '{"type":"CUSTOMIZED","customizedRetryPolicy":{"next":[0]}}'), "retry_next_ms"),
+    (("-p", '{"type":"CUSTOMIZED","customizedRetryPolicy":{"next":[]}}'), "holds no delay"),
 ]
 
 
@@ -253,5 +254,47 @@ def test_customized_delays_follow_rocketmqs_index() -> None:
     assert [default.next_delay_ms(n) for n in (0, 1, 15, 16, 40)] == [10_000, 30_000, 7_200_000, 7_200_000, 7_200_000]
     custom = SubscriptionGroupConfig("cg", retry_policy="CUSTOMIZED", retry_next_ms=(1, 2, 3, 4))
     assert [custom.next_delay_ms(n) for n in (-1, 0, 1, 2)] == [3, 3, 4, 4]
-    exponential = SubscriptionGroupConfig("cg", retry_policy="EXPONENTIAL")
+    exponential = SubscriptionGroupConfig("cg", retry_policy="EXPONENTIAL", retry_multiplier=2)
     assert [exponential.next_delay_ms(n) for n in (0, 3, 40)] == [5000, 40000, 7_200_000]
+    unset = SubscriptionGroupConfig("cg", retry_policy="EXPONENTIAL")  # RocketMQ: the default policy
+    assert [unset.next_delay_ms(n) for n in (0, 1, 40)] == [default.next_delay_ms(n) for n in (0, 1, 40)]
+
+
+def test_a_running_broker_keeps_what_an_operator_set_a_moment_ago_and_the_queues_its_log_holds(lake: Path) -> None:
+    broker = Broker(BrokerConfig(lake, "broker-a")).start()
+    try:
+        assert _admin(lake, "updateTopic", "-b", "broker-a", "-t", "Fresh", "-r", "3", "-a", "+message.type=FIFO") == 0
+        versions = _versions(lake)
+        Producer([broker], "p").send(Message.create("Fresh", b"x"))  # within the second: not auto-created
+        assert broker.topic_config("Fresh") == TopicConfig("Fresh", 3, 6, "FIFO")
+        assert _versions(lake) == versions
+
+        broker.ensure_topic("Wide", 4)
+        producer = Producer([broker], "p")
+        while broker.max_offset("Wide", 3) == 0:
+            producer.send(Message.create("Wide", b"x"))
+        assert _admin(lake, "updateTopic", "-b", "broker-a", "-t", "Wide", "-r", "2", "-p", "4") == 0
+        broker.refresh_topics(interval_s=0)
+        assert broker.topic_config("Wide") == TopicConfig("Wide", 4, 4, None)  # queue 3 holds messages
+    finally:
+        broker.shutdown()
+    again = Broker(BrokerConfig(lake, "broker-a")).start()
+    try:
+        assert again.topic_config("Wide") == TopicConfig("Wide", 4, 4, None)  # as at a start
+    finally:
+        again.shutdown()
+
+
+def test_a_broker_setting_a_group_after_an_operator_deleted_it_is_the_latest(lake: Path) -> None:
+    broker = Broker(BrokerConfig(lake, "broker-a")).start()
+    try:
+        broker.update_subscription_group(SubscriptionGroupConfig("cg", retry_max_times=2))
+        assert _admin(lake, "deleteSubGroup", "-b", "broker-a", "-g", "cg") == 0
+        broker.refresh_subscription_groups(interval_s=0)
+        assert broker.subscription_group("cg").retry_max_times == 16
+        broker.update_subscription_group(SubscriptionGroupConfig("cg", retry_max_times=5))
+        broker.refresh_subscription_groups(interval_s=0)
+        assert broker.subscription_group("cg").retry_max_times == 5
+    finally:
+        broker.shutdown()
+    assert _groups(lake)[("broker-a", "cg")]["retry_max_times"] == 5

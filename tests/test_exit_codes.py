@@ -190,9 +190,9 @@ def test_broker_admin_creates_a_topic_and_refuses_a_bad_one_every_time(tmp_path:
     lake = tmp_path / "lake"
     Broker(BrokerConfig(lake, "broker-a")).start().shutdown()
     update = ["-m", "broker_model", "admin", "updateTopic", "--lake", str(lake), "-b", "broker-a", "-t", "Orders"]
-    runs = repeat(lambda i: python(*update, "-r", str(i + 1), "-a", "+message.type=FIFO"), tmp_path)
+    runs = repeat(lambda i: python(*update, "-r", str(i + 1), "-a", "+message.type=FIFO"), tmp_path / "good")
     assert_every_run(runs, 0, "stdout", "create topic to broker-a success")
-    runs = repeat(lambda _: python(*update, "-a", "+message.type=ORDERED"), tmp_path)
+    runs = repeat(lambda _: python(*update, "-a", "+message.type=ORDERED"), tmp_path / "bad")
     assert_every_run(runs, 2, "stderr", "error: message_type='ORDERED': is not a topic message type")
 
 

@@ -31,7 +31,7 @@ from broker_model.store import MessageStore, commit_path, ensure_table, ingest_s
 from broker_model.store.store_configs import ConfigCounts, parse_fastjson
 from broker_model.store.store_export import export_store
 from broker_model.store.store_ingest import STORE_FILES, app_id, ingested_end
-from broker_model.tools.admin import update_group, update_topic
+from broker_model.tools.admin import delete_group, update_group, update_topic
 from broker_model.tools.reset import Strategy, TopicSelection
 from jobs.rebuild_consume_queue import RebuildConfig
 from jobs.rebuild_consume_queue import run as rebuild
@@ -383,6 +383,10 @@ def test_config_files_are_snapshots_that_append_only_what_changed(tmp_path: Path
 
     again = ingest_store(lake, "broker-x", store.root)
     assert again.configs == ConfigCounts() and len(_rows(lake, CONSUMER_OFFSET_COMMITS)) == 4
+    assert delete_group(lake, "cg-a", ["broker-x"]) == ["broker-x"]  # the store's file still holds it
+    assert ingest_store(lake, "broker-x", store.root).configs.groups == 1
+    latest = max(_rows(lake, SUBSCRIPTION_GROUP), key=lambda r: r["updated_timestamp"])
+    assert (latest["deleted"], latest["retry_max_times"]) == (False, 3)
 
     store.config("consumerOffset.json", OFFSETS.replace("0:12", "0:15"), mtime_ms=1_700_000_200_000)
     (store.root / "config" / "consumerOffset.json").unlink()  # a crash inside string2File: .bak stays

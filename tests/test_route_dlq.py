@@ -180,6 +180,28 @@ def test_a_group_table_of_an_older_release_is_read_and_a_deleted_group_has_the_d
 
 
 @pytest.mark.spark
+def test_a_run_recorded_on_a_group_table_of_an_older_release_is_moved_on_from(
+    spark: SparkSession, story_lake: tuple[Path, _Story], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, story = story_lake
+    location = SUBSCRIPTION_GROUP.location(root)
+    rows = DeltaTable(str(location)).to_pyarrow_table()
+    shutil.rmtree(location)
+    write_deltalake(str(location), rows.select(SUBSCRIPTION_GROUP.column_names[:9]))
+    with monkeypatch.context() as older:  # a run of a release that did not know the new columns
+        older.setattr(Lake, "add_missing_columns", lambda self, spec: None)
+        first = run(spark, RouteDlqConfig(root, AS_OF, engine=ENGINE))
+    assert first.input_versions[SUBSCRIPTION_GROUP.name] == 0
+
+    second = run(spark, RouteDlqConfig(root, AS_OF + 1, engine=ENGINE))  # the columns added, then moved on
+
+    assert (second.status, second.message) == ("SUCCEEDED", "retry_chains and dlq moved on by what changed")
+    assert second.input_versions[SUBSCRIPTION_GROUP.name] == 1
+    chains = _by_key([r.asDict() for r in Lake(spark, root, ENGINE).read(RETRY_CHAINS).collect()])
+    assert chains[story.exhausted_by_policy]["max_reconsume_times"] == 1
+
+
+@pytest.mark.spark
 def test_records_after_t_do_not_count(spark: SparkSession, story_lake: tuple[Path, _Story]) -> None:
     root, story = story_lake
     run(spark, RouteDlqConfig(root, CLOCK_START + LEVEL_3_MS - 1, engine=ENGINE))  # before the deliveries

@@ -158,6 +158,8 @@ class SubscriptionGroupConfig:
             raise ValidationError("retry_next_ms", self.retry_next_ms, "is a CUSTOMIZED policy's")
         if self.retry_policy != "EXPONENTIAL" and any(value is not None for value in exponential):
             raise ValidationError("retry_initial_ms", exponential, "are an EXPONENTIAL policy's")
+        if self.retry_next_ms is not None and not self.retry_next_ms:
+            raise ValidationError("retry_next_ms", self.retry_next_ms, "holds no delay")
         checked = [("retry_next_ms", min(self.retry_next_ms or (1,))), *zip(_EXPONENTIAL, exponential, strict=True)]
         for name, value in checked:
             if value is not None and value < 1:
@@ -167,8 +169,11 @@ class SubscriptionGroupConfig:
         """The delay before the retry of a message consumed ``reconsume_times`` times before, as
         RocketMQ's ``RetryPolicy.nextDelayDuration``: the customized list's entry at
         ``reconsume_times + 2`` (the old delay levels' offset; the last entry beyond the list), or
-        ``initial * multiplier ^ min(reconsume_times, 32)`` up to the maximum."""
-        if self.retry_policy == "EXPONENTIAL":
+        ``initial * multiplier ^ min(reconsume_times, 32)`` up to the maximum. An EXPONENTIAL
+        policy without its settings is RocketMQ's default policy, the customized one
+        (``GroupRetryPolicy.getRetryPolicy``)."""
+        exponential = (self.retry_initial_ms, self.retry_max_ms, self.retry_multiplier)
+        if self.retry_policy == "EXPONENTIAL" and any(value is not None for value in exponential):
             initial, largest, multiplier = (
                 given if given is not None else default
                 for given, default in zip(

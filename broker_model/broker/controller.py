@@ -77,6 +77,7 @@ class Broker(SendBack):
         self.max_offsets: dict[tuple[str, int], int] = {}
         self.topics: dict[str, int] = {}
         self.topic_configs: dict[str, TopicConfig] = {}  # the latest topic_config row per topic
+        self._topic_times: dict[str, int] = {}  # the time of each
         self._topic_configs_version = -1  # the topic_config version they were read at
         self._topic_configs_checked = float("-inf")  # when refresh_topics last looked (monotonic seconds)
         self.commits = 0
@@ -95,6 +96,7 @@ class Broker(SendBack):
         self._subscription_lock = threading.Lock()
         self._groups_version = -1  # the subscription_group version the groups were read at
         self._groups_checked = float("-inf")  # when refresh_subscription_groups last looked
+        self._group_times: dict[str, int] = {}  # the time of each group's latest row, deleted or not
         self._retry_random = random.Random()  # picks a retry queue, as the broker's send-back does
         self._served: OrderedDict[int, tuple[str, int, int]] = OrderedDict()  # see _remember_served
         self._served_lock = threading.Lock()

@@ -273,6 +273,7 @@ class PutPath:
     max_offsets: dict[tuple[str, int], int]
     topics: dict[str, int]
     topic_configs: dict[str, TopicConfig]
+    _topic_times: dict[str, int]
     _topic_configs_version: int
     _topic_configs_checked: float
     commits: int
@@ -641,8 +642,8 @@ class PutPath:
     def _load_topics(self, log: pa.Table) -> dict[str, int]:
         """The queue count of every topic (at least what the log shows); sets :attr:`topic_configs`
         (at a start, or with the lock held by a recovering put)."""
-        configs, version = self._read_topic_configs()
-        self.topic_configs, self._topic_configs_version = configs, version
+        configs, times, version = self._read_topic_configs()
+        self.topic_configs, self._topic_times, self._topic_configs_version = configs, times, version
         self._topic_configs_checked = time.monotonic()
         topics = {topic: config.queue_nums for topic, config in configs.items()}
         if log.num_rows:
@@ -651,53 +652,71 @@ class PutPath:
                 topics[row["topic"]] = max(topics.get(row["topic"], 0), row["queue_id_max"] + 1)
         return topics
 
-    def _read_topic_configs(self) -> tuple[dict[str, TopicConfig], int]:
-        """This broker's latest ``topic_config`` row per topic, and the table's version before the
-        read (a row written meanwhile is read again by the next refresh)."""
+    def _read_topic_configs(self) -> tuple[dict[str, TopicConfig], dict[str, int], int]:
+        """This broker's latest ``topic_config`` row per topic, the time of each, and the table's
+        version before the read (a row written meanwhile is read again by the next refresh)."""
         version = latest_version(TOPIC_CONFIG.location(self.config.lake))
         config = read_table(self.config.lake, TOPIC_CONFIG)
         config = config.filter(pc.equal(config["broker_name"], self.broker_name))
         configs: dict[str, TopicConfig] = {}
+        times: dict[str, int] = {}
         for row in config.sort_by("updated_timestamp").to_pylist():
             configs[row["topic"]] = TopicConfig(row["topic"], row["queue_nums"], row["perm"], row["message_type"])
-        return configs, version
+            times[row["topic"]] = row["updated_timestamp"]
+        return configs, times, version
+
+    def topics_refresh_due(self, interval_s: float = TOPIC_REFRESH_S) -> bool:
+        """Whether :meth:`refresh_topics` would look at the table now."""
+        return time.monotonic() - self._topic_configs_checked >= interval_s
 
     def refresh_topics(self, interval_s: float = TOPIC_REFRESH_S) -> None:
         """Apply the ``topic_config`` rows written since this broker read them (an operator's
         ``admin updateTopic`` while it runs): looked for at most once per ``interval_s``, read only
-        when the table has a new version. A topic whose row changed gets that row's queue count."""
-        now = time.monotonic()
-        if now - self._topic_configs_checked < interval_s:
+        when the table has a new version. A topic whose row changed gets the row's settings, and
+        as at a start at least the queues its log holds."""
+        if not self.topics_refresh_due(interval_s):
             return
-        self._topic_configs_checked = now
+        self._topic_configs_checked = time.monotonic()
         if latest_version(TOPIC_CONFIG.location(self.config.lake)) == self._topic_configs_version:
             return
-        configs, version = self._read_topic_configs()
+        configs, times, version = self._read_topic_configs()
         with self._lock:
+            if version < self._topic_configs_version:  # a recovery read a later version meanwhile
+                return
             before = self.topic_configs
-            self.topic_configs, self._topic_configs_version = configs, version
-            for topic, config in configs.items():
-                if before.get(topic) != config:
-                    self.topics[topic] = config.queue_nums
+            self.topic_configs, self._topic_times, self._topic_configs_version = configs, times, version
+            changed = {topic for topic, config in configs.items() if before.get(topic) != config}
+            logged: dict[str, int] = {}
+            for topic, queue_id in self.max_offsets:
+                if topic in changed:
+                    logged[topic] = max(logged.get(topic, 0), queue_id + 1)
+            for topic in changed:
+                self.topics[topic] = max(configs[topic].queue_nums, logged.get(topic, 0))
 
     # -- topics -----------------------------------------------------------------------------------
 
     def create_topic(self, topic: str, queue_nums: int = c.DEFAULT_TOPIC_QUEUE_NUMS) -> None:
         """Create or resize ``topic`` on this broker with ``queue_nums`` read/write queues (its
-        permission and message type as they were, read and write and unset for a new topic)."""
+        permission and message type as they were, read and write and unset for a new topic); the
+        row is timed after the topic's latest one, so that it is the latest."""
         validate_name(topic, "topic", 255)
         if not 1 <= queue_nums <= 1024:
             raise ValidationError("queue_nums", queue_nums, "must be in [1, 1024]")
+        self.refresh_topics()
         with self._lock:
             config = replace(self.topic_configs.get(topic) or TopicConfig(topic), queue_nums=queue_nums)
-        row = {"broker_name": self.broker_name, **vars(config), "updated_timestamp": self._clock()}
+            moment = max(self._clock(), self._topic_times.get(topic, -1) + 1)
+        row = {"broker_name": self.broker_name, **vars(config), "updated_timestamp": moment}
         append_rows(self.config.lake, TOPIC_CONFIG, pa.Table.from_pylist([row], TOPIC_CONFIG.arrow_schema))
         with self._lock:
             self.topics[topic] = queue_nums
             self.topic_configs[topic] = config
+            self._topic_times[topic] = moment
 
     def queue_nums(self, topic: str) -> int | None:
-        """Queue count of ``topic`` on this broker, None when the topic does not exist here."""
+        """Queue count of ``topic`` on this broker (after :meth:`refresh_topics`), None when the
+        topic does not exist here."""
+        self.refresh_topics()
         return self.topics.get(topic)
 
     def topic_config(self, topic: str) -> TopicConfig | None:
@@ -705,16 +724,19 @@ class PutPath:
         ``topic_config`` row with the queue count the broker uses; None when the topic does not
         exist here. A topic known only from the log (no row) reads and writes and has no type."""
         self.refresh_topics()
-        with self._lock:
-            queue_nums = self.topics.get(topic)
-            config = self.topic_configs.get(topic)
+        queue_nums = self.topics.get(topic)
+        config = self.topic_configs.get(topic)
         if queue_nums is None:
             return None
         return replace(config or TopicConfig(topic), queue_nums=queue_nums)
 
     def ensure_topic(self, topic: str, queue_nums: int | None = None) -> int:
-        """Create ``topic`` if it does not exist (with its system default queue count)."""
+        """Create ``topic`` if it does not exist (with its system default queue count); one an
+        operator created a moment ago is looked for first, so that its settings stay."""
         existing = self.topics.get(topic)
+        if existing is None:
+            self.refresh_topics(interval_s=0)
+            existing = self.topics.get(topic)
         if existing is not None:
             return existing
         nums = queue_nums or default_queue_nums(topic)

@@ -54,6 +54,7 @@ class SendBack(PutPath):
     _subscription_lock: threading.Lock
     _groups_version: int
     _groups_checked: float
+    _group_times: dict[str, int]
     _retry_random: random.Random
     _served: OrderedDict[int, tuple[str, int, int]]
     _served_lock: threading.Lock
@@ -71,14 +72,12 @@ class SendBack(PutPath):
         """
         config.validate()
         with self._subscription_lock:
-            previous = self._subscription_groups.get(config.group)
-            moment = self._clock()
-            if previous is not None and moment <= previous.updated_timestamp:
-                moment = previous.updated_timestamp + 1
+            moment = max(self._clock(), self._group_times.get(config.group, -1) + 1)  # after a deletion too
             stored = replace(config, updated_timestamp=moment)
             rows = pa.Table.from_pylist([group_row(self.broker_name, stored)], SUBSCRIPTION_GROUP.arrow_schema)
             append_rows(self.config.lake, SUBSCRIPTION_GROUP, rows)
             self._subscription_groups[stored.group] = stored
+            self._group_times[stored.group] = moment
         return stored
 
     def subscription_group(self, group: str) -> SubscriptionGroupConfig:
@@ -112,13 +111,15 @@ class SendBack(PutPath):
         table = read_table(self.config.lake, SUBSCRIPTION_GROUP)
         table = table.filter(pc.equal(table["broker_name"], self.broker_name))
         groups: dict[str, SubscriptionGroupConfig] = {}
+        times: dict[str, int] = {}
         for row in table.sort_by("updated_timestamp").to_pylist():
+            times[row["group"]] = row["updated_timestamp"]
             if row["deleted"]:
                 groups.pop(row["group"], None)
             else:
                 groups[row["group"]] = group_config(row)
         with self._subscription_lock:
-            self._subscription_groups, self._groups_version = groups, version
+            self._subscription_groups, self._group_times, self._groups_version = groups, times, version
             self._groups_checked = time.monotonic()
 
     def consumer_send_back(

@@ -241,6 +241,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         Raises:
             RequestError: TOPIC_NOT_FOUND (unless topics are created on first use).
         """
+        due = [b for b in self.brokers.values() if b.topics_refresh_due()]
+        if due:  # a look at the table (a read when it changed) off the loop
+            await asyncio.to_thread(_refresh_topics, due)
         found = [(b, b.topic_config(topic)) for b in self.brokers.values()]
         if not any(config for _, config in found):
             if not self.auto_create_topics:
@@ -433,15 +436,20 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         if not queues:
             raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r}: no writable queue")
         built = [build_message(m, peer) for m in messages]
-        check_message_type(topic.name, queues[0].config.message_type, built[0].properties)
         group = messages[0].system_properties.message_group if len(messages) == 1 else ""
         if group:
             queue = queues[consistent_hash(java_hash(group), len(queues))]
         else:
             queue = queues[next(self._round_robin) % len(queues)]
+        check_message_type(topic.name, queue.config.message_type, built[0].properties)  # that broker's type
         for message in built:
             message.queue_id = queue.queue_id
         return queue, built
+
+
+def _refresh_topics(brokers: Sequence[Broker]) -> None:
+    for broker in brokers:
+        broker.refresh_topics()
 
 
 def check_message_type(topic: str, topic_type: str | None, properties: Mapping[str, str]) -> None:

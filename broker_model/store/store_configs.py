@@ -298,6 +298,11 @@ def retry_policy_columns(policy: Any, name: str, where: str = "") -> dict[str, A
             kind_of = "a list of integers" if key == "next" else "an integer"
             raise ValidationError(f"{path}.{key}", value, f"is not {kind_of}{where}")
         found[column] = [int(v) for v in values if v is not None] if key == "next" else values[0]
+    if kind == "EXPONENTIAL":  # the object given: RocketMQ's defaults for the keys it lacks
+        defaults = dict(zip((column for _, column in _EXPONENTIAL_KEYS), c.EXPONENTIAL_RETRY_MS, strict=True))
+        found.update({column: default for column, default in defaults.items() if found[column] is None})
+    if found["retry_next_ms"] == []:
+        raise ValidationError(f"{path}.next", [], f"holds no delay{where}")
     return found
 
 
@@ -313,8 +318,8 @@ def retry_policy_json(row: Mapping[str, Any]) -> dict[str, Any]:
     policy: dict[str, Any] = {"type": row["retry_policy"]}
     if row["retry_policy"] == "CUSTOMIZED" and row["retry_next_ms"] is not None:
         policy["customizedRetryPolicy"] = {"next": list(row["retry_next_ms"])}
-    if row["retry_policy"] == "EXPONENTIAL":
-        given = {"initial": row["retry_initial_ms"], "max": row["retry_max_ms"], "multiplier": row["retry_multiplier"]}
+    given = {"initial": row["retry_initial_ms"], "max": row["retry_max_ms"], "multiplier": row["retry_multiplier"]}
+    if row["retry_policy"] == "EXPONENTIAL" and any(value is not None for value in given.values()):
         defaults = dict(zip(("initial", "max", "multiplier"), c.EXPONENTIAL_RETRY_MS, strict=True))
         policy["exponentialRetryPolicy"] = {k: v if v is not None else defaults[k] for k, v in given.items()}
     return policy
@@ -363,7 +368,8 @@ def _write_topics(lake: Path, broker_name: str, snapshot: ConfigSnapshot) -> int
 
 
 def _write_groups(lake: Path, broker_name: str, snapshot: ConfigSnapshot) -> int:
-    wanted = {(group,): settings for group, settings in snapshot.groups.items()}
+    # a group the file holds exists: one deleted in the lake (deleteSubGroup) is written again
+    wanted = {(group,): {**settings, "deleted": False} for group, settings in snapshot.groups.items()}
     when = ("updated_timestamp", snapshot.groups_time)
     return _append_changed(lake, SUBSCRIPTION_GROUP, broker_name, ("group",), wanted, when)
 
@@ -387,7 +393,7 @@ def _append_changed(
     changed = []
     for values, settings in sorted(wanted.items()):
         last = latest.get(values)
-        if last is not None and all(last[name] == value for name, value in settings.items()):
+        if last is not None and all(_same(last[name], value) for name, value in settings.items()):
             continue
         moment = file_time if last is None else max(file_time, last[time] + 1)
         row = {"broker_name": broker_name, **dict(zip(key, values, strict=True)), **settings, **(extra or {})}
@@ -395,6 +401,12 @@ def _append_changed(
     if changed:
         append_rows(lake, spec, pa.Table.from_pylist(changed, schema=spec.arrow_schema))
     return len(changed)
+
+
+def _same(stored: Any, wanted: Any) -> bool:
+    """Whether a stored value is the wanted one; a null flag (a row written before the column
+    existed) is false."""
+    return bool(stored == wanted or (wanted is False and stored is None))
 
 
 def latest_rows(

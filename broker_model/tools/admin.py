@@ -157,11 +157,11 @@ def update_topic(
         ValidationError: a bad setting, an unsupported attribute, or removing one the topic lacks on
             a broker (nothing is written).
     """
-    latest = latest_topic_configs(lake)
+    latest = _latest_topic_rows(lake)
     configs = []
     for broker in brokers:
         current = latest.get((broker, topic))
-        kind = current.message_type if current is not None else None
+        kind = current["message_type"] if current is not None else None
         for key, value in (attributes or {}).items():
             if key not in ATTRIBUTES:
                 raise ValidationError(
@@ -174,21 +174,26 @@ def update_topic(
         config.validate()
         configs.append(config)
     moment = now_ms()
-    rows = [
-        {"broker_name": broker, **vars(config), "updated_timestamp": moment}
-        for broker, config in zip(brokers, configs, strict=True)
-    ]
+    rows = []
+    for broker, config in zip(brokers, configs, strict=True):
+        previous = latest.get((broker, topic))
+        at = max(moment, previous["updated_timestamp"] + 1) if previous is not None else moment  # the latest
+        rows.append({"broker_name": broker, **vars(config), "updated_timestamp": at})
     append_rows(lake, TOPIC_CONFIG, pa.Table.from_pylist(rows, schema=TOPIC_CONFIG.arrow_schema))
     return configs
 
 
 def latest_topic_configs(lake: Path) -> dict[tuple[str, str], TopicConfig]:
     """Every broker's latest ``topic_config`` row per topic: ``(broker, topic) -> settings``."""
-    latest: dict[tuple[str, str], TopicConfig] = {}
-    for row in read_table(lake, TOPIC_CONFIG).sort_by("updated_timestamp").to_pylist():
-        config = TopicConfig(row["topic"], row["queue_nums"], row["perm"], row["message_type"])
-        latest[(row["broker_name"], row["topic"])] = config
-    return latest
+    return {
+        key: TopicConfig(row["topic"], row["queue_nums"], row["perm"], row["message_type"])
+        for key, row in _latest_topic_rows(lake).items()
+    }
+
+
+def _latest_topic_rows(lake: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    rows = read_table(lake, TOPIC_CONFIG).sort_by("updated_timestamp").to_pylist()
+    return {(row["broker_name"], row["topic"]): row for row in rows}
 
 
 def lake_brokers(lake: Path) -> dict[str, str | None]:
@@ -207,14 +212,14 @@ def parse_attributes(text: str) -> dict[str, str | None]:
     """mqadmin's ``-a``: ``+key=value`` adds or changes, ``-key`` removes, comma-separated.
 
     Raises:
-        ValidationError: an entry of another form, or a key given twice.
+        ValidationError: a part of another form, or a key given twice.
     """
     parsed: dict[str, str | None] = {}
-    for entry in (part.strip() for part in text.split(",")):
-        key, value = entry[1:].partition("=")[0].strip(), entry.partition("=")[2].strip()
-        adds = entry.startswith("+") and "=" in entry and key and value
-        if not adds and not (entry.startswith("-") and "=" not in entry and key):
-            raise ValidationError("attributes", entry, "is not +key=value or -key")
+    for part in (part.strip() for part in text.split(",")):
+        key, value = part[1:].partition("=")[0].strip(), part.partition("=")[2].strip()
+        adds = part.startswith("+") and "=" in part and key and value
+        if not adds and not (part.startswith("-") and "=" not in part and key):
+            raise ValidationError("attributes", part, "is not +key=value or -key")
         if key in parsed:
             raise ValidationError("attributes", key, "is given twice")
         parsed[key] = value if adds else None
@@ -331,8 +336,10 @@ def _group_text(config: SubscriptionGroupConfig) -> str:
     policy = config.retry_policy or "default"
     if config.retry_policy == "CUSTOMIZED" and config.retry_next_ms is not None:
         policy += "(" + ",".join(str(ms) for ms in config.retry_next_ms) + ")"
-    if config.retry_policy == "EXPONENTIAL":
-        given = (config.retry_initial_ms, config.retry_max_ms, config.retry_multiplier)
+    given = (config.retry_initial_ms, config.retry_max_ms, config.retry_multiplier)
+    if config.retry_policy == "EXPONENTIAL" and all(value is None for value in given):
+        policy += "(no settings: the default CUSTOMIZED delays)"
+    elif config.retry_policy == "EXPONENTIAL":
         values = [str(v if v is not None else d) for v, d in zip(given, c.EXPONENTIAL_RETRY_MS, strict=True)]
         policy += "(" + ",".join(values) + ")"
     return (

@@ -82,7 +82,7 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
     origins = pc.unique(origins_of(records.filter(pc.less_equal(records.column("store_timestamp"), as_of))))
     context = Context(
         as_of,
-        policies_at(_rows(lake, SUBSCRIPTION_GROUP, versions), as_of),
+        policies_at(_rows(lake, SUBSCRIPTION_GROUP, versions, POLICY_COLUMNS), as_of),
         offsets_at(commits, as_of),
         hosts,
         _originals(lake, versions, brokers, _positions(origins, hosts)),
@@ -94,6 +94,7 @@ def compute_every_chain(lake: Lake, versions: Mapping[str, int], as_of: int) -> 
     return Outcome(chains, dead_letters, max(-1 if newest is None else newest, _latest(commits)))
 
 
+POLICY_COLUMNS = ("broker_name", "group", "retry_max_times", "updated_timestamp")  # what policies_at reads
 _NEW_RECORD_COLUMNS = ["group", "origin_msg_id", "uniq_key", "msg_id", "store_timestamp"]  # what touches chains
 _DEFERRED = ("body", "properties")  # columns a dead letter copies from its record, read for those alone
 _KEPT = [name for name in RETRY_RECORDS.column_names if name not in _DEFERRED]  # the columns chains are built of
@@ -176,7 +177,7 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
         _light_chains(previous_chains),
         previous_as_of,
         through,
-        policies_at(_rows(lake, SUBSCRIPTION_GROUP, before), previous_as_of),
+        policies_at(_rows(lake, SUBSCRIPTION_GROUP, before, POLICY_COLUMNS), previous_as_of),
     )
     check_foldable(previous, as_of)
     try:
@@ -194,7 +195,7 @@ def move_on(lake: Lake, previous_run: Mapping[str, Any], versions: Mapping[str, 
         for r in new_commits.to_pylist()
         if r["commit_timestamp"] <= as_of
     }
-    policies = policies_at(_rows(lake, SUBSCRIPTION_GROUP, versions), as_of)
+    policies = policies_at(_rows(lake, SUBSCRIPTION_GROUP, versions, POLICY_COLUMNS), as_of)
     backlog = _backlog(lake, versions[RETRY_RECORDS.name], {q: offsets[q] for q in moved if q in offsets})
     touched = touched_chains(previous, new, policies, backlog, hosts, as_of)
     table = _chain_records(lake, versions[RETRY_RECORDS.name], touched, previous, new)

@@ -153,10 +153,14 @@ def create_table(path: str, spec: TableSpec) -> None:
     )
 
 
-def check_catalog_schema(spec: TableSpec, actual: StructType, path: str) -> None:
-    """Raise LakeError unless ``actual`` has the catalog's column names and types (any order)."""
-    expected = {f.name: f.dataType.simpleString() for f in spark_schema(spec).fields}
-    found = {f.name: f.dataType.simpleString() for f in actual.fields}
+def check_catalog_schema(spec: TableSpec, actual: StructType, path: str, columns: Sequence[str] | None = None) -> None:
+    """Raise LakeError unless ``actual`` has the catalog's column names and types (any order); with
+    ``columns``, only those (a reader of some columns can read a table an older release created)."""
+    expected: dict[str, str | None] = {f.name: f.dataType.simpleString() for f in spark_schema(spec).fields}
+    found: dict[str, str | None] = {f.name: f.dataType.simpleString() for f in actual.fields}
+    if columns is not None:
+        expected = {name: expected.get(name) for name in columns}
+        found = {name: found.get(name) for name in columns}
     if found != expected:
         differing = sorted(n for n in expected.keys() | found.keys() if expected.get(n) != found.get(n))
         raise LakeError(

@@ -215,7 +215,7 @@ class Lake:
         if not is_table(path):
             return spec.arrow_schema.empty_table().select(names)
         dt = open_table(path, version)  # the process's snapshot of that version
-        check_catalog_schema(spec, log_schema(dt), path)
+        check_catalog_schema(spec, log_schema(dt), path, names if columns is not None else None)
         table_dir = local_or_none(path)
         if table_dir is not None and bridge_can_read(dt):
             actions = add_actions(dt)
