@@ -15,7 +15,6 @@ from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from broker_model.broker.config import BrokerConfig, InnerMessage, PutResult, TopicConfig
 from broker_model.common import constants as c
@@ -31,6 +30,7 @@ from broker_model.store.commitlog import recover_offsets
 from broker_model.store.delta_commits import latest_version
 from broker_model.store.delta_tables import append_rows, read_table
 from broker_model.store.message_store import MessageStore
+from broker_model.store.store_configs import latest_rows
 from schemas.catalog import COMMITLOG, TOPIC_CONFIG
 from schemas.errors import BrokerError, CommitFailedError, ValidationError
 
@@ -656,14 +656,12 @@ class PutPath:
         """This broker's latest ``topic_config`` row per topic, the time of each, and the table's
         version before the read (a row written meanwhile is read again by the next refresh)."""
         version = latest_version(TOPIC_CONFIG.location(self.config.lake))
-        config = read_table(self.config.lake, TOPIC_CONFIG)
-        config = config.filter(pc.equal(config["broker_name"], self.broker_name))
-        configs: dict[str, TopicConfig] = {}
-        times: dict[str, int] = {}
-        for row in config.sort_by("updated_timestamp").to_pylist():
-            configs[row["topic"]] = TopicConfig(row["topic"], row["queue_nums"], row["perm"], row["message_type"])
-            times[row["topic"]] = row["updated_timestamp"]
-        return configs, times, version
+        latest = latest_rows(self.config.lake, TOPIC_CONFIG, self.broker_name, ("topic",), "updated_timestamp")
+        configs = {
+            topic: TopicConfig(topic, row["queue_nums"], row["perm"], row["message_type"])
+            for (topic,), row in latest.items()
+        }
+        return configs, {topic: row["updated_timestamp"] for (topic,), row in latest.items()}, version
 
     def topics_refresh_due(self, interval_s: float = TOPIC_REFRESH_S) -> bool:
         """Whether :meth:`refresh_topics` would look at the table now."""

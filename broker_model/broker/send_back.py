@@ -12,7 +12,6 @@ from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from broker_model.broker.config import InnerMessage, PutResult, SubscriptionGroupConfig
 from broker_model.broker.put import PutPath
@@ -21,9 +20,9 @@ from broker_model.common import validate_name
 from broker_model.store import (
     MessageExt,
     append_rows,
-    read_table,
 )
 from broker_model.store.delta_commits import latest_version
+from broker_model.store.store_configs import latest_rows
 from schemas.catalog import SUBSCRIPTION_GROUP
 from schemas.errors import ValidationError
 
@@ -108,16 +107,9 @@ class SendBack(PutPath):
         """This broker's latest row per group of ``subscription_group`` (read at start, and again
         when the table changed); a deleted group has the defaults again."""
         version = latest_version(SUBSCRIPTION_GROUP.location(self.config.lake))
-        table = read_table(self.config.lake, SUBSCRIPTION_GROUP)
-        table = table.filter(pc.equal(table["broker_name"], self.broker_name))
-        groups: dict[str, SubscriptionGroupConfig] = {}
-        times: dict[str, int] = {}
-        for row in table.sort_by("updated_timestamp").to_pylist():
-            times[row["group"]] = row["updated_timestamp"]
-            if row["deleted"]:
-                groups.pop(row["group"], None)
-            else:
-                groups[row["group"]] = group_config(row)
+        latest = latest_rows(self.config.lake, SUBSCRIPTION_GROUP, self.broker_name, ("group",), "updated_timestamp")
+        groups = {group: group_config(row) for (group,), row in latest.items() if not row["deleted"]}
+        times = {group: row["updated_timestamp"] for (group,), row in latest.items()}
         with self._subscription_lock:
             self._subscription_groups, self._group_times, self._groups_version = groups, times, version
             self._groups_checked = time.monotonic()
