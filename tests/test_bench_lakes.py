@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable, write_deltalake
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,3 +51,29 @@ def test_nightly_lake_writes_a_kept_lake_that_says_what_it_holds(tmp_path: Path)
 
     refused = subprocess.run([*command[:3], "--messages", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--messages 0" in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("existed", [True, False])
+def test_a_table_rolled_back_reads_as_before_the_commits_and_checkpoint_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existed: bool
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from run_all import TableLog
+
+    table_dir = tmp_path / "t"
+    if existed:
+        write_deltalake(str(table_dir), pa.table({"n": [1, 2]}))
+    before = TableLog.of(table_dir)
+    for n in range(3, 6):
+        write_deltalake(str(table_dir), pa.table({"n": [n]}), mode="append")
+    DeltaTable(str(table_dir)).create_checkpoint()
+    write_deltalake(str(table_dir), pa.table({"n": [9]}), mode="overwrite")
+    assert (table_dir / "_delta_log" / "_last_checkpoint").exists()
+    before.roll_back()
+    if not existed:
+        assert not table_dir.exists()
+        return
+    rolled = DeltaTable(str(table_dir))
+    assert rolled.version() == before.version == 0
+    assert sorted(rolled.to_pyarrow_table()["n"].to_pylist()) == [1, 2]
+    assert not (table_dir / "_delta_log" / "_last_checkpoint").exists()

@@ -260,14 +260,14 @@ def _fold_and_write(
     output_version = previous_run["output_versions"].get(CONSUMER_OFFSETS.name)
     if previous_as_of is None or through is None:
         raise CannotFold("the previous run recorded no as_of and through")
-    if output_version != lake.version(CONSUMER_OFFSETS):
-        raise CannotFold("the previous run left no table to move on")
     recorded = _recorded_whole_rows(previous_run)
     if recorded is not None and recorded < config.move_on_from:  # known before any log is loaded
         raise CannotFold(
             f"computing whole read {recorded:,} rows at the previous run, less than the {config.move_on_from:,} "
             "from which moving on is worth its fixed costs"
         )
+    if output_version != lake.version(CONSUMER_OFFSETS):
+        raise CannotFold("the previous run left no table to move on")
     commits_range = (before[CONSUMER_OFFSET_COMMITS.name], now[CONSUMER_OFFSET_COMMITS.name])
     cq_range = (before[CONSUME_QUEUE.name], now[CONSUME_QUEUE.name])
     cq_version = now[CONSUME_QUEUE.name]
