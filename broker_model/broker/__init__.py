@@ -1,6 +1,6 @@
 """The broker: its configuration, the controller that owns a commit log, the put path with group commit,
-send-back, subscriptions, consumer groups and offsets, orderly-queue locks, and the schedule and transaction
-check services its owner starts (see docs/architecture.md).
+send-back, subscriptions, consumer groups and offsets, orderly-queue locks, POP consumption, and the schedule,
+timer, revive and transaction check services its owner starts (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from broker_model.broker.consumer_groups import ConsumerGroupManager
 from broker_model.broker.consumer_offsets import ConsumerOffsetManager
 from broker_model.broker.controller import Broker
 from broker_model.broker.lake_brokers import start_lake_brokers
+from broker_model.broker.pop import PoppedMessage, PopResult, PopService, revive_progress_path
 from broker_model.broker.put import PendingPut
 from broker_model.broker.rebalance_locks import RebalanceLockManager
 from broker_model.broker.schedule import (
@@ -55,6 +56,9 @@ __all__ = [
     "InnerMessage",
     "LocalTransactionState",
     "PendingPut",
+    "PopResult",
+    "PopService",
+    "PoppedMessage",
     "PutResult",
     "RebalanceLockManager",
     "ScheduleMessageService",
@@ -68,6 +72,7 @@ __all__ = [
     "end_transaction",
     "parse_op_body",
     "progress_path",
+    "revive_progress_path",
     "start_lake_brokers",
     "timer_progress_path",
 ]

@@ -750,6 +750,8 @@ def default_queue_nums(topic: str) -> int:
     """Queue count a topic gets when auto-created, by kind of topic."""
     if topic == c.SCHEDULE_TOPIC:
         return c.SCHEDULE_TOPIC_QUEUE_NUMS
+    if topic.startswith(c.REVIVE_TOPIC_PREFIX):
+        return c.REVIVE_QUEUE_NUM
     if topic.startswith((c.RETRY_GROUP_TOPIC_PREFIX, c.DLQ_GROUP_TOPIC_PREFIX)) or topic in (
         c.RMQ_SYS_TRANS_HALF_TOPIC,
         c.RMQ_SYS_TRANS_OP_HALF_TOPIC,

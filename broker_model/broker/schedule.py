@@ -7,7 +7,6 @@ starts it (it attaches to the broker). See docs/broker.md.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import Counter
@@ -19,9 +18,9 @@ from broker_model.broker.config import InnerMessage, stored_copy
 from broker_model.broker.service import PeriodicService
 from broker_model.common import constants as c
 from broker_model.common import consume_queue_tags_code, delay_progress_path, level_delay_ms, validate_name
-from broker_model.common.durable import write_json_durably
+from broker_model.common.durable import read_progress, write_json_durably
 from broker_model.store import MessageExt
-from schemas.errors import BrokerError, ValidationError
+from schemas.errors import ValidationError
 
 if TYPE_CHECKING:
     from broker_model.broker.controller import Broker
@@ -143,19 +142,17 @@ class ScheduleMessageService(PeriodicService):
         Raises:
             BrokerError: the file exists but is not valid progress JSON.
         """
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+
+        def parse(data: dict[str, Any]) -> tuple[dict[int, int], Any, list[tuple[int, int, int]], int]:
             offsets = {int(level): int(offset) for level, offset in data.get("offsetTable", {}).items()}
             pending = data.get("pending")
             ranges = _pending_ranges(pending) if pending else []
-            log_offset = int(pending["log_offset"]) if pending else 0
-        except FileNotFoundError:
+            return offsets, pending, ranges, int(pending["log_offset"]) if pending else 0
+
+        read = read_progress(self.path, "schedule", "to deliver every delayed message again from the start", parse)
+        if read is None:
             return
-        except (ValueError, TypeError, AttributeError, KeyError) as exc:
-            raise BrokerError(
-                f"schedule progress file {self.path} is unreadable ({exc}); restore it from a backup, or "
-                "delete it to deliver every delayed message again from the start"
-            ) from exc
+        offsets, pending, ranges, log_offset = read
         self._offsets = offsets
         if pending:
             self._settle(ranges, log_offset)

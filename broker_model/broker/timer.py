@@ -18,7 +18,6 @@ delivered; not found, it is delivered again. See docs/broker.md.
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 import threading
 from pathlib import Path
@@ -27,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Final
 from broker_model.broker.config import InnerMessage, stored_copy
 from broker_model.broker.service import PeriodicService
 from broker_model.common import constants as c
-from broker_model.common.durable import write_json_durably
+from broker_model.common.durable import read_progress, write_json_durably
 from broker_model.store import MessageExt
-from schemas.errors import BrokerError, ValidationError
+from schemas.errors import ValidationError
 
 if TYPE_CHECKING:
     from broker_model.broker.controller import Broker
@@ -87,18 +86,13 @@ class TimerMessageService(PeriodicService):
     # -- progress ---------------------------------------------------------------------------------
 
     def _load(self) -> None:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            self._floor = int(data.get("floor", 0))
-            self._settled = {int(o) for o in data.get("settled", [])}
-            pending = data.get("pending")
-        except FileNotFoundError:
+        def parse(data: dict[str, Any]) -> tuple[int, set[int], Any]:
+            return int(data.get("floor", 0)), {int(o) for o in data.get("settled", [])}, data.get("pending")
+
+        read = read_progress(self.path, "timer", "to deliver every timer message again from the start", parse)
+        if read is None:
             return
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise BrokerError(
-                f"timer progress file {self.path} is unreadable ({exc}); restore it from a backup, or delete it "
-                "to deliver every timer message again from the start"
-            ) from exc
+        self._floor, self._settled, pending = read
         self._scanned = self._floor
         if pending:
             offsets = [int(o) for o in pending["offsets"]]
@@ -151,6 +145,13 @@ class TimerMessageService(PeriodicService):
         with self._lock:
             self._scan()
             return len(self._heap)
+
+    def delivered_through(self, now: int) -> int:
+        """A time at or before ``now`` by which every timer record stored so far is delivered when
+        due: the revive service waits for it before it counts a checkpoint's acks as all in."""
+        with self._lock:
+            self._scan()
+            return min(now, self._heap[0][0] - 1) if self._heap else now
 
     def deliver_due(self, now: int) -> int:
         """Deliver every timer record due at ``now`` (epoch ms); the copies stored.

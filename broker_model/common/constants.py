@@ -115,6 +115,18 @@ SYSTEM_TOPIC_PREFIX: Final = "rmq_sys_"
 TIMER_TOPIC: Final = SYSTEM_TOPIC_PREFIX + "wheel_timer"  # TimerMessageStore.TIMER_TOPIC
 REVIVE_TOPIC_PREFIX: Final = SYSTEM_TOPIC_PREFIX + "REVIVE_LOG_"  # PopAckConstants.REVIVE_TOPIC + cluster
 POP_CHECKPOINT_TOPIC: Final = "CHECKPOINT_TOPIC"
+# POP consumption (PopAckConstants, KeyBuilder, BrokerConfig; docs/pop.md)
+REVIVE_QUEUE_NUM: Final = 8  # BrokerConfig.reviveQueueNum: queues of the revive topic
+REVIVE_GROUP: Final = "CID_RMQ_SYS_REVIVE_GROUP"  # PopAckConstants.REVIVE_GROUP: the revive's offsets
+POP_RETRY_QUEUE_NUM: Final = 1  # PopAckConstants.retryQueueNum: queues of a POP retry topic
+CK_TAG: Final = "ck"
+ACK_TAG: Final = "ack"
+BATCH_ACK_TAG: Final = "bAck"
+ACK_TIME_INTERVAL_MS: Final = 1000  # PopAckConstants.ackTimeInterval: a ck is due this long before its revive time
+MAX_POP_NUMS: Final = 32  # the most messages one pop returns
+POP_FROM_RETRY_PROBABILITY: Final = 20  # BrokerConfig.popFromRetryProbability, percent of pops reading retries first
+PROPERTY_FIRST_POP_TIME: Final = "1ST_POP_TIME"
+PROPERTY_POP_CK: Final = "POP_CK"
 RETRY_GROUP_TOPIC_PREFIX: Final = "%RETRY%"
 # KeyBuilder.buildPopRetryTopic: %RETRY%<group>_<topic>, or %RETRY%<group>+<topic> with enableRetryTopicV2
 POP_RETRY_SEPARATORS: Final = ("_", "+")

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from schemas.errors import BrokerError
+
+_T = TypeVar("_T")
 
 
 def write_json_durably(path: Path, data: Any) -> None:
@@ -23,3 +28,21 @@ def write_json_durably(path: Path, data: Any) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def read_progress(path: Path, what: str, when_deleted: str, parse: Callable[[dict[str, Any]], _T]) -> _T | None:
+    """A service's progress file, read by ``parse``; None when there is none.
+
+    Raises:
+        BrokerError: the file is not JSON, or ``parse`` finds it malformed (a ValueError,
+            TypeError, AttributeError or KeyError); the message says what deleting it does
+            (``when_deleted``).
+    """
+    try:
+        return parse(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise BrokerError(
+            f"{what} progress file {path} is unreadable ({exc}); restore it from a backup, or delete it {when_deleted}"
+        ) from exc

@@ -652,7 +652,7 @@ class MessageStore:
         result = self.get_message(topic, queue_id, offset, max_msgs, sub)
         if suspend_timeout_ms > 0 and _response_code(result, offset) == "PULL_NOT_FOUND":
             hold = suspend_timeout_ms if long_polling else min(suspend_timeout_ms, SHORT_POLLING_TIME_MS)
-            self._hold(topic, queue_id, offset, sub, hold, long_polling)
+            self._hold([(topic, queue_id, offset)], sub, hold, long_polling)
             result = self.get_message(topic, queue_id, offset, max_msgs, sub)
         return _client_result(result, offset, sub)
 
@@ -662,27 +662,27 @@ class MessageStore:
         with self._lock:
             return self._held
 
-    def _hold(self, topic: str, queue_id: int, offset: int, sub: Subscription, hold_ms: int, wake: bool) -> None:
+    def hold_any(self, queues: Sequence[tuple[str, int, int]], sub: Subscription, hold_ms: int) -> None:
+        """Wait up to ``hold_ms`` until a message matching ``sub`` arrives at or after the offset of
+        any of ``queues`` (topic, queue id, offset): a POP long poll, which reads every queue."""
+        self._hold(queues, sub, hold_ms, True)
+
+    def _hold(self, queues: Sequence[tuple[str, int, int]], sub: Subscription, hold_ms: int, wake: bool) -> None:
+        """Wait until a matching message arrived in one of ``queues``, when ``wake``, or ``hold_ms`` passed."""
         deadline = time.monotonic() + hold_ms / 1000
         with self._arrival:
             self._held += 1
             try:
-                self._wait(topic, queue_id, offset, sub, deadline, wake)
+                while not (wake and any(self._arrived(t, q, o, sub) for t, q, o in queues)):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return
+                    step = LONG_POLLING_CHECK_MS if self.fed_locally else self.log_poll_ms
+                    self._arrival.wait(min(remaining, step / 1000))
+                    if not self.fed_locally:
+                        self.refresh()
             finally:
                 self._held -= 1
-
-    def _wait(self, topic: str, queue_id: int, offset: int, sub: Subscription, deadline: float, wake: bool) -> None:
-        """Wait (caller holds the lock) until a matching message arrived, when ``wake``, or the deadline."""
-        while True:
-            if wake and self._arrived(topic, queue_id, offset, sub):
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            step = LONG_POLLING_CHECK_MS if self.fed_locally else self.log_poll_ms
-            self._arrival.wait(min(remaining, step / 1000))
-            if not self.fed_locally:
-                self.refresh()
 
     def _arrived(self, topic: str, queue_id: int, offset: int, sub: Subscription) -> bool:
         self._drain()
