@@ -54,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         acl=Path(args.acl) if args.acl else None,
         tls_cert=Path(args.tls_cert) if args.tls_cert else None,
         tls_key=Path(args.tls_key) if args.tls_key else None,
+        min_invisible_ms=args.min_invisible_ms,
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -113,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--acl", default=None, help="JSON file of accounts: requests must then be signed")
     server.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve TLS (with --tls-key)")
     server.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    server.add_argument(
+        "--min-invisible-ms",
+        type=int,
+        default=10_000,
+        help="the shortest invisible time a consumer's receive may ask for (default 10000)",
+    )
     server.set_defaults(func=_serve)
     add_import_export_commands(commands)
     add_admin_commands(commands)

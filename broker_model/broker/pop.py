@@ -92,6 +92,7 @@ class PopResult:
     messages: list[PoppedMessage] = field(default_factory=list)
     dead_lettered: int = 0  # messages past the group's attempts, sent to %DLQ% and acked
     filtered: int = 0  # messages whose tags the filter did not match exactly, acked
+    looked: tuple[tuple[str, int, int], ...] = ()  # each queue read and its offset: what a long poll waits on
 
 
 @dataclass
@@ -171,8 +172,11 @@ class PopService(PeriodicService):
             raise ValidationError("init_mode", init_mode, "must be MIN or MAX")
         config = self.broker.subscription_group(group)
         if config.consume_message_orderly:
-            raise ValidationError(
-                "group", group, "is a FIFO group (consume_message_orderly): orderly pops are not served by this broker"
+            raise PopError(
+                "NOT_IMPLEMENTED",
+                "group",
+                group,
+                "is a FIFO group (consume_message_orderly): orderly pops are not served by this broker",
             )
         if self.broker.queue_nums(topic) is None:
             raise PopError("TOPIC_NOT_FOUND", "topic", topic, f"does not exist on broker {self.broker.broker_name!r}")
@@ -181,7 +185,7 @@ class PopService(PeriodicService):
         deadline = time.monotonic() + poll_ms / 1000
         while True:
             popped, looked = self._pop_once(group, topic, max_nums, invisible_ms, sub, init_mode)
-            result = self._filter(group, topic, popped, sub, limit)
+            result = dataclasses.replace(self._filter(group, topic, popped, sub, limit), looked=tuple(looked))
             remaining = deadline - time.monotonic()
             if result.messages or remaining <= 0:
                 return result

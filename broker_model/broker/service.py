@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 if TYPE_CHECKING:
     from broker_model.broker.controller import Broker
@@ -32,7 +32,7 @@ class PeriodicService(ABC):
     def run_round(self, now: int) -> object:
         """One round at the broker's time ``now`` (epoch ms)."""
 
-    def start(self) -> PeriodicService:
+    def start(self) -> Self:
         """Start the rounds in a daemon thread; the broker's shutdown stops them."""
         self._stop.clear()
         self.broker.attach(self)

@@ -16,7 +16,7 @@ import grpc
 import pyarrow.compute as pc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from broker_model.broker import Broker, BrokerConfig, FlushMode, TimerMessageService
+from broker_model.broker import Broker, BrokerConfig, FlushMode, PopService, TimerMessageService
 from broker_model.broker.transaction import (
     TRANSACTION_CHECK_INTERVAL_MS,
     TRANSACTION_CHECK_MAX,
@@ -26,6 +26,7 @@ from broker_model.broker.transaction import (
 from broker_model.common import constants as c
 from broker_model.common import parse_host, validate_name
 from broker_model.endpoint.acl import Acl
+from broker_model.endpoint.consumer import MIN_INVISIBLE_MS
 from broker_model.endpoint.service import MessagingService
 from broker_model.store import read_table
 from schemas.catalog import BROKERS
@@ -55,6 +56,8 @@ class EndpointConfig:
             account may; None: no authentication.
         tls_cert: PEM certificate chain to serve TLS with (with ``tls_key``); None: plaintext.
         tls_key: PEM private key of ``tls_cert``.
+        min_invisible_ms: the shortest invisible time a receive may ask for
+            (``minInvisibleTimeMillsForRecv``, 10 s).
 
     Raises:
         ValidationError: no broker, a bad broker name or listen address.
@@ -72,6 +75,7 @@ class EndpointConfig:
     acl: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    min_invisible_ms: int = MIN_INVISIBLE_MS
 
     def __post_init__(self) -> None:
         if not self.brokers:
@@ -88,6 +92,8 @@ class EndpointConfig:
         ):
             if value < 1:
                 raise ValidationError(name, value, "is not a positive number", "e.g. the default")
+        if self.min_invisible_ms < 0:
+            raise ValidationError("--min-invisible-ms", self.min_invisible_ms, "is negative", "e.g. the default, 10000")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValidationError("--tls-cert", self.tls_cert, "and --tls-key go together", "give both or neither")
 
@@ -119,6 +125,7 @@ def serve(config: EndpointConfig, stop: threading.Event, ready: Callable[[str], 
     acl = Acl.load(config.acl) if config.acl is not None else None
     credentials = _tls(config)
     started: list[Broker] = []
+    pops: dict[str, PopService] = {}
     try:
         for name, host in store_hosts(config.lake, config.brokers).items():
             broker = Broker(BrokerConfig(config.lake, name, store_host=host, flush_mode=config.flush_mode))
@@ -126,9 +133,10 @@ def serve(config: EndpointConfig, stop: threading.Event, ready: Callable[[str], 
             TransactionCheckService(
                 broker, config.check_timeout_ms, config.check_max, config.check_interval_ms
             ).start()  # attached: the broker's shutdown stops it first
-            TimerMessageService(broker).start()  # delivery times of RocketMQ 5 clients' delayed sends
+            timer = TimerMessageService(broker).start()  # delivery times of delayed sends; POP records
+            pops[name] = PopService(broker, timer).start()  # POP consumers, and the revive service
         served = {b.broker_name: b for b in started}
-        asyncio.run(_serve_calls(config, served, acl, credentials, stop, ready))
+        asyncio.run(_serve_calls(config, served, pops, acl, credentials, stop, ready))
     finally:
         for broker in reversed(started):
             broker.shutdown()
@@ -137,6 +145,7 @@ def serve(config: EndpointConfig, stop: threading.Event, ready: Callable[[str], 
 async def _serve_calls(
     config: EndpointConfig,
     brokers: dict[str, Broker],
+    pops: dict[str, PopService],
     acl: Acl | None,
     credentials: grpc.ServerCredentials | None,
     stop: threading.Event,
@@ -161,7 +170,7 @@ async def _serve_calls(
     if port == 0:
         raise ValidationError("--listen", config.listen, "cannot be listened on", "choose a free host:port")
     address = f"{config.listen.rsplit(':', 1)[0]}:{port}"
-    service = MessagingService(brokers, address, config.auto_create_topics, acl)
+    service = MessagingService(brokers, address, config.auto_create_topics, acl, pops, config.min_invisible_ms)
     service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
     await server.start()
     stopping = asyncio.Event()

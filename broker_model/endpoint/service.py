@@ -25,7 +25,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from broker_model.broker import Broker, InnerMessage, PendingPut, TopicConfig
+from broker_model.broker import Broker, InnerMessage, PendingPut, PopService, TopicConfig
 from broker_model.broker.transaction import (
     EndTransactionRequest,
     LocalTransactionState,
@@ -35,6 +35,7 @@ from broker_model.broker.transaction import (
 from broker_model.common import constants as c
 from broker_model.common import parse_host
 from broker_model.endpoint.acl import Acl
+from broker_model.endpoint.consumer import MIN_INVISIBLE_MS, ConsumerCalls
 from broker_model.endpoint.convert import (
     PROPERTY_BORN_HOST,
     PROPERTY_BORN_TIMESTAMP,
@@ -170,8 +171,9 @@ class Queue:
         return _ACCEPTED_BY_TYPE[self.config.message_type]
 
 
-class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: ignore[misc]
-    """The producer side of ``MessagingService`` over ``brokers`` (by name).
+class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer):  # type: ignore[misc]
+    """``MessagingService`` over ``brokers`` (by name): routes, clients and sends here, the
+    consumer calls in :class:`~broker_model.endpoint.consumer.ConsumerCalls`.
 
     Args:
         brokers: the running brokers served, by name.
@@ -180,10 +182,18 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             ``autoCreateTopicEnable``) instead of answering TOPIC_NOT_FOUND.
         acl: when given, every request must carry a valid signature of one of its accounts,
             and use only topics that account may use (UNAUTHORIZED, FORBIDDEN).
+        pops: each broker's POP service (by broker name), which consumers receive from.
+        min_invisible_ms: the shortest invisible time a receive may ask for.
     """
 
     def __init__(
-        self, brokers: Mapping[str, Broker], advertised: str, auto_create_topics: bool = False, acl: Acl | None = None
+        self,
+        brokers: Mapping[str, Broker],
+        advertised: str,
+        auto_create_topics: bool = False,
+        acl: Acl | None = None,
+        pops: Mapping[str, PopService] | None = None,
+        min_invisible_ms: int = MIN_INVISIBLE_MS,
     ) -> None:
         self.brokers = dict(sorted(brokers.items()))
         self.advertised = advertised
@@ -192,6 +202,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         self._round_robin = itertools.count()
         self._lock = threading.Lock()
         self.transactions = TransactionDataTable()
+        self._init_consumer_calls(pops or {}, min_invisible_ms)
 
     def _admit(self, context: grpc.aio.ServicerContext, topic: str | None = None) -> None:
         """Check the request's signature, and its account's right to ``topic`` (with an ACL), then
@@ -252,6 +263,26 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             found = [(b, b.topic_config(topic)) for b in self.brokers.values()]
         return [Queue(broker, qid, config) for broker, config in found if config for qid in range(config.queue_nums)]
 
+    async def _readable_brokers(self, topic: str) -> list[tuple[Broker, int, pb.MessageQueue]]:
+        """Each broker with readable queues of ``topic``: the broker, its queue count, and the
+        route's queue of id 0 there (a consumer's assignment names queues so).
+
+        Raises:
+            RequestError: TOPIC_NOT_FOUND.
+        """
+        readable: dict[str, tuple[Broker, int, pb.MessageQueue]] = {}
+        for queue in await self._queues(topic):
+            if queue.config.perm & c.PERM_READ and queue.broker.broker_name not in readable:
+                route = pb.MessageQueue(
+                    topic=pb.Resource(name=topic),
+                    id=0,
+                    permission=queue.permission,
+                    broker=pb.Broker(name=queue.broker.broker_name, id=0, endpoints=self._endpoints(pb.Endpoints())),
+                    accept_message_types=queue.accepted_types,
+                )
+                readable[queue.broker.broker_name] = (queue.broker, queue.config.queue_nums, route)
+        return list(readable.values())
+
     def _create_topic(self, topic: str) -> None:
         with self._lock:
             for broker in self.brokers.values():
@@ -274,6 +305,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             self._admit(context)
         except RequestError as err:
             return rpc.HeartbeatResponse(status=status(err.code, err.message))
+        self.consumer_heartbeat(request, str(dict(context.invocation_metadata() or ())[CLIENT_ID_HEADER]))
         return rpc.HeartbeatResponse(status=status())
 
     async def NotifyClientTermination(
@@ -303,7 +335,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
                 async for command in requests:
                     if command.HasField("settings"):
                         stream.register(command.settings)
-                        answer = self._settings(command.settings)
+                        answer = await asyncio.to_thread(self._settings, command.settings)  # may read a table
                         stream.outbox.put_nowait(rpc.TelemetryCommand(status=status(), settings=answer))
             except Exception:  # the client went away: the stream ends
                 pass
@@ -329,6 +361,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             backoff.initial.FromMilliseconds(10)
             backoff.max.FromMilliseconds(1000)
             backoff.multiplier = 2.0
+        elif client.client_type in (pb.SIMPLE_CONSUMER, pb.PUSH_CONSUMER):
+            self.consumer_settings(client, settings)
         return settings
 
     # -- sending -----------------------------------------------------------------------------

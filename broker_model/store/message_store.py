@@ -213,6 +213,7 @@ class MessageStore:
         self._lock = threading.RLock()
         self._arrival = threading.Condition(self._lock)
         self._held = 0  # pulls being held now (PullRequestHoldService's suspended requests)
+        self._listeners: list[Callable[[], None]] = []  # told of every arrival (add_arrival_listener)
         self._queues: dict[tuple[str, int], _Queue] = {}
         # the log's files by id (files known by decoded path): a row locator is (file id, row)
         self._files = FileRows(COMMITLOG.location(self.lake), cache_bytes)
@@ -281,7 +282,9 @@ class MessageStore:
                 return True
             if arrived:
                 self._arrival.notify_all()
-            return arrived
+        if arrived:
+            self._announce()
+        return arrived
 
     def _follow(self, changes: Sequence[CommitChange]) -> bool:
         """Index the new files of ``changes`` and follow their rewrites, in log order (caller holds
@@ -367,6 +370,32 @@ class MessageStore:
                 finally:
                     self._written = {}
             self._arrival.notify_all()
+        self._announce()
+
+    def add_arrival_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (from the thread that dispatched, so it must be quick and must not
+        raise) whenever new rows of this broker may have come: a waiter that cannot hold a thread
+        (an event loop's long poll) then looks with :meth:`arrived_any`."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_arrival_listener(self, listener: Callable[[], None]) -> None:
+        """Stop calling ``listener`` (one that is not listening is ignored)."""
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def _announce(self) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+
+    def arrived_any(self, queues: Sequence[tuple[str, int, int]], sub: Subscription) -> bool:
+        """Whether a message matching ``sub`` is at or after the offset of any of ``queues``
+        (topic, queue id, offset)."""
+        with self._lock:
+            return any(self._arrived(topic, queue_id, offset, sub) for topic, queue_id, offset in queues)
 
     def _drain(self) -> None:
         """Index what :meth:`dispatch_commit` queued (caller holds the lock)."""

@@ -1,0 +1,388 @@
+"""The consumer side of ``apache.rocketmq.v2.MessagingService`` with RocketMQ 5's proxy semantics
+(``ReceiveMessageActivity``, ``AckMessageActivity``, ``ChangeInvisibleDurationActivity``,
+``ForwardMessageToDLQActivity``, ``RouteActivity.queryAssignment``, ``GrpcClientSettingsManager``):
+POP consumption served by each broker's :class:`~broker_model.broker.PopService`. See
+docs/endpoint.md and docs/pop.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Final, TypeVar
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+
+from broker_model.broker import Broker, PoppedMessage, PopService, SubscriptionGroupConfig
+from broker_model.common import constants as c
+from broker_model.common import validate_name
+from broker_model.common.pop_records import PopError, ReceiptHandle
+from broker_model.endpoint.convert import protocol_message
+from broker_model.endpoint.errors import RequestError
+from broker_model.store.message_store import Subscription
+from schemas.errors import BrokerError, ValidationError
+
+MIN_POLLING_MS: Final = 5_000  # ProxyConfig.grpcClientConsumerMinLongPollingTimeoutMillis
+MAX_POLLING_MS: Final = 20_000  # grpcClientConsumerMaxLongPollingTimeoutMillis
+RECEIVE_BATCH_SIZE: Final = 32  # grpcClientConsumerLongPollingBatchSize
+MIN_INVISIBLE_MS: Final = 10_000  # minInvisibleTimeMillsForRecv
+MAX_INVISIBLE_MS: Final = 43_200_000  # maxInvisibleTimeMills, 12 h
+DEFAULT_INVISIBLE_MS: Final = 60_000  # defaultInvisibleTimeMills: a receive with auto_renew
+NACK_INVISIBLE_MS: Final = 1_000  # a message that could not be written to the stream
+_CONSUMERS: Final = (pb.SIMPLE_CONSUMER, pb.PUSH_CONSUMER)
+_ERROR_CODES: Final[Mapping[str, int]] = {
+    "INVALID_RECEIPT_HANDLE": pb.INVALID_RECEIPT_HANDLE,
+    "MESSAGE_NOT_FOUND": pb.MESSAGE_NOT_FOUND,
+    "TOPIC_NOT_FOUND": pb.TOPIC_NOT_FOUND,
+    "NOT_IMPLEMENTED": pb.NOT_IMPLEMENTED,
+}
+
+_T = TypeVar("_T")
+
+
+class ConsumerCalls:
+    """The consumer RPCs, mixed into the endpoint's ``MessagingService``, which provides the
+    brokers, admission and routes."""
+
+    brokers: dict[str, Broker]
+    pops: dict[str, PopService]
+    min_invisible_ms: int
+
+    def _admit(self, context: grpc.aio.ServicerContext, topic: str | None = None) -> None:
+        raise NotImplementedError  # MessagingService's
+
+    async def _readable_brokers(self, topic: str) -> list[tuple[Broker, int, pb.MessageQueue]]:
+        raise NotImplementedError  # MessagingService's
+
+    def _init_consumer_calls(self, pops: Mapping[str, PopService], min_invisible_ms: int) -> None:
+        self.pops = dict(pops)
+        self.min_invisible_ms = min_invisible_ms
+
+    # -- assignment and settings --------------------------------------------------------------
+
+    async def QueryAssignment(
+        self, request: rpc.QueryAssignmentRequest, context: grpc.aio.ServicerContext
+    ) -> rpc.QueryAssignmentResponse:
+        """One queue of id -1 per broker with readable queues of the topic (the broker pops every
+        queue); for a FIFO group every queue, as ``RouteActivity.queryAssignment``."""
+        try:
+            topic = _name(request.topic, "topic")
+            self._admit(context, topic)
+            group = _group(request.group)
+            readable = await self._readable_brokers(topic)
+        except RequestError as err:
+            return rpc.QueryAssignmentResponse(status=_status(err.code, err.message))
+        assignments = []
+        for broker, queue_nums, template in readable:
+            config = await asyncio.to_thread(broker.subscription_group, group)  # may read the group table
+            fifo = config.consume_message_orderly
+            for queue_id in range(queue_nums) if fifo else (-1,):
+                queue = pb.MessageQueue()
+                queue.CopyFrom(template)
+                queue.id = queue_id
+                assignments.append(pb.Assignment(message_queue=queue))
+        if not assignments:
+            return rpc.QueryAssignmentResponse(status=_status(pb.FORBIDDEN, f"topic {topic!r}: no readable queue"))
+        return rpc.QueryAssignmentResponse(status=_status(), assignments=assignments)
+
+    def consumer_settings(self, client: pb.Settings, settings: pb.Settings) -> None:
+        """A consumer's settings as the proxy merges them with its group's (``mergeSubscriptionData``):
+        batch size, long polling timeout, the FIFO flag, the attempts and the backoff."""
+        group = client.subscription.group.name
+        config = self._group_config(group) if group else SubscriptionGroupConfig("DEFAULT")
+        subscription = settings.subscription
+        subscription.receive_batch_size = RECEIVE_BATCH_SIZE
+        subscription.long_polling_timeout.FromMilliseconds(MAX_POLLING_MS)
+        subscription.fifo = config.consume_message_orderly
+        settings.backoff_policy.max_attempts = config.retry_max_times + 1
+        exponential = (config.retry_initial_ms, config.retry_max_ms, config.retry_multiplier)
+        if config.retry_policy == "EXPONENTIAL":
+            initial, largest, multiplier = (
+                given if given is not None else default
+                for given, default in zip(exponential, c.EXPONENTIAL_RETRY_MS, strict=True)
+            )
+            backoff = settings.backoff_policy.exponential_backoff
+            backoff.initial.FromMilliseconds(initial)
+            backoff.max.FromMilliseconds(largest)
+            backoff.multiplier = float(multiplier)
+        else:
+            for delay in config.retry_next_ms or c.CUSTOMIZED_RETRY_NEXT_MS:
+                settings.backoff_policy.customized_backoff.next.add().FromMilliseconds(delay)
+
+    def _group_config(self, group: str) -> SubscriptionGroupConfig:
+        return next(iter(self.brokers.values())).subscription_group(group)
+
+    def consumer_heartbeat(self, request: rpc.HeartbeatRequest, client_id: str) -> None:
+        """A consumer's heartbeat registers it in its group on every broker."""
+        if request.client_type in _CONSUMERS and request.group.name:
+            for broker in self.brokers.values():
+                broker.heartbeat(request.group.name, client_id)
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    async def ReceiveMessage(
+        self, request: rpc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
+        """Pop from the broker the request names, holding the call until a message arrives or the
+        polling time passes; the stream is the status, the messages, then the time of delivery."""
+        try:
+            topic = _name(request.message_queue.topic, "message_queue.topic")
+            self._admit(context, topic)
+            group = _group(request.group)
+            poll_ms = self._polling_ms(request, context)
+            invisible_ms = self._invisible_ms(request)
+            sub = _filter(request.filter_expression)
+            batch = request.batch_size
+            if batch <= 0:
+                raise RequestError(pb.BAD_REQUEST, f"batch_size: {batch} must be greater than 0")
+            pops = self._pops_of(request.message_queue.broker.name)
+            result = await self._receive(pops, group, topic, min(batch, c.MAX_POP_NUMS), invisible_ms, sub, poll_ms)
+        except RequestError as err:
+            yield rpc.ReceiveMessageResponse(status=_status(err.code, err.message))
+            yield _delivered_now()
+            return
+        if not result:
+            yield rpc.ReceiveMessageResponse(status=_status(pb.MESSAGE_NOT_FOUND, "no new message"))
+            yield _delivered_now()
+            return
+        yield rpc.ReceiveMessageResponse(status=_status(pb.OK, "OK"))
+        for item in result:
+            message = item.message
+            if message.sys_flag & c.COMPRESSED_FLAG:  # the pop's body is decompressed already
+                message = dataclasses.replace(message, sys_flag=message.sys_flag & ~c.COMPRESSED_FLAG)
+            shown = protocol_message(message, topic)
+            shown.system_properties.receipt_handle = item.receipt_handle
+            shown.system_properties.delivery_attempt = item.delivery_attempt
+            yield rpc.ReceiveMessageResponse(message=shown)
+        yield _delivered_now()
+
+    async def _receive(
+        self, pops: PopService, group: str, topic: str, batch: int, invisible_ms: int, sub: Subscription, poll_ms: int
+    ) -> list[PoppedMessage]:
+        """Pop; while nothing comes, wait on the loop (no thread held) until the broker stores a
+        matching message in a queue the pop read, then pop again, until ``poll_ms`` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + poll_ms / 1000
+        arrived = asyncio.Event()
+
+        def listener() -> None:  # in the thread that dispatched
+            loop.call_soon_threadsafe(arrived.set)
+
+        store = pops.broker.store
+        store.add_arrival_listener(listener)
+        try:
+            while True:
+                arrived.clear()
+                call = functools.partial(pops.pop, group, topic, batch, invisible_ms, sub.expression)
+                result = await self._blocking(call)
+                if result.messages:
+                    return result.messages
+                while not await asyncio.to_thread(store.arrived_any, result.looked, sub):
+                    try:
+                        await asyncio.wait_for(arrived.wait(), deadline - loop.time())
+                    except TimeoutError:
+                        return []
+                    arrived.clear()
+        finally:
+            store.remove_arrival_listener(listener)
+
+    def _polling_ms(self, request: rpc.ReceiveMessageRequest, context: grpc.aio.ServicerContext) -> int:
+        """The proxy's polling time: the request's, else what the deadline leaves; clamped to
+        [5 s, 20 s], then cut to the deadline.
+
+        Raises:
+            RequestError: ILLEGAL_POLLING_TIME when under 5 s of the deadline remain.
+        """
+        remaining_s = context.time_remaining()
+        remaining = int(remaining_s * 1000) if remaining_s is not None else MAX_POLLING_MS
+        if request.HasField("long_polling_timeout"):
+            polling = int(request.long_polling_timeout.ToMilliseconds())
+        else:
+            polling = remaining - 3_000 // 2  # the clients' request timeout is 3 s
+        polling = min(max(polling, MIN_POLLING_MS), MAX_POLLING_MS)
+        if polling > remaining:
+            if remaining < MIN_POLLING_MS:
+                raise RequestError(
+                    pb.ILLEGAL_POLLING_TIME,
+                    "The deadline time remaining is not enough for polling, please check network condition",
+                )
+            polling = remaining
+        return polling
+
+    def _invisible_ms(self, request: rpc.ReceiveMessageRequest) -> int:
+        """The request's invisible time, or the default with ``auto_renew``.
+
+        Raises:
+            RequestError: ILLEGAL_INVISIBLE_TIME outside [the minimum, 12 h].
+        """
+        if request.auto_renew:
+            return DEFAULT_INVISIBLE_MS
+        return _invisible(int(request.invisible_duration.ToMilliseconds()), self.min_invisible_ms)
+
+    def _pops_of(self, broker_name: str) -> PopService:
+        pops = self.pops.get(broker_name)
+        if pops is None:
+            raise RequestError(
+                pb.BAD_REQUEST, f"message_queue.broker.name: {broker_name!r} is not served here ({sorted(self.pops)})"
+            )
+        return pops
+
+    # -- acks --------------------------------------------------------------------------------
+
+    async def AckMessage(
+        self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext
+    ) -> rpc.AckMessageResponse:
+        """Ack each entry; every entry gets its own status, the response the first failure's."""
+        try:
+            topic = _name(request.topic, "topic")
+            self._admit(context, topic)
+            group = _group(request.group)
+            if not request.entries:
+                raise RequestError(pb.BAD_REQUEST, "entries: nothing to ack")
+        except RequestError as err:
+            return rpc.AckMessageResponse(status=_status(err.code, err.message))
+        entries = []
+        for entry in request.entries:
+            try:
+                handle = _handle(entry.receipt_handle)
+                pops = self._pops_of_handle(handle)
+                await self._blocking(functools.partial(pops.ack, group, topic, entry.receipt_handle))
+                outcome = _status()
+            except RequestError as err:
+                outcome = _status(err.code, err.message)
+            entries.append(
+                rpc.AckMessageResultEntry(
+                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=outcome
+                )
+            )
+        failed = next((e.status for e in entries if e.status.code != pb.OK), None)
+        return rpc.AckMessageResponse(status=failed or _status(), entries=entries)
+
+    async def ChangeInvisibleDuration(
+        self, request: rpc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
+    ) -> rpc.ChangeInvisibleDurationResponse:
+        """A new invisible time for one received message; the response carries its new handle."""
+        try:
+            topic = _name(request.topic, "topic")
+            self._admit(context, topic)
+            group = _group(request.group)
+            invisible_ms = _invisible(int(request.invisible_duration.ToMilliseconds()), 0)
+            handle = _handle(request.receipt_handle)
+            pops = self._pops_of_handle(handle)
+            renewed = await self._blocking(
+                lambda: pops.change_invisible(group, topic, request.receipt_handle, invisible_ms)
+            )
+        except RequestError as err:
+            return rpc.ChangeInvisibleDurationResponse(status=_status(err.code, err.message))
+        return rpc.ChangeInvisibleDurationResponse(status=_status(), receipt_handle=renewed)
+
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: rpc.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
+    ) -> rpc.ForwardMessageToDeadLetterQueueResponse:
+        """Send the message to ``%DLQ%<group>`` and ack it, whatever its attempts (the proxy ignores
+        the request's counts)."""
+        try:
+            topic = _name(request.topic, "topic")
+            self._admit(context, topic)
+            group = _group(request.group)
+            handle = _handle(request.receipt_handle)
+            pops = self._pops_of_handle(handle)
+            if handle.expires <= pops.broker.config.clock():
+                raise RequestError(pb.INVALID_RECEIPT_HANDLE, "receipt_handle: the receipt handle is expired")
+
+            def forward() -> None:
+                pops.broker.consumer_send_back(group, handle.commit_log_offset, delay_level=-1)
+                pops.ack(group, topic, request.receipt_handle)
+
+            await self._blocking(forward)
+        except RequestError as err:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=_status(err.code, err.message))
+        return rpc.ForwardMessageToDeadLetterQueueResponse(status=_status())
+
+    def _pops_of_handle(self, handle: ReceiptHandle) -> PopService:
+        pops = self.pops.get(handle.broker_name)
+        if pops is None:
+            raise RequestError(
+                pb.INVALID_RECEIPT_HANDLE, f"receipt_handle: names broker {handle.broker_name!r}, not served here"
+            )
+        return pops
+
+    async def _blocking(self, call: Callable[[], _T]) -> _T:
+        """Run what writes and waits for its commit off the loop; the broker's refusals as codes."""
+        try:
+            return await asyncio.to_thread(call)
+        except PopError as err:
+            raise RequestError(_ERROR_CODES.get(err.code, pb.BAD_REQUEST), str(err)) from None
+        except ValidationError as err:
+            raise RequestError(pb.BAD_REQUEST, str(err)) from None
+        except BrokerError as err:
+            raise RequestError(pb.INTERNAL_SERVER_ERROR, str(err)) from None
+
+
+def _status(code: int = pb.OK, message: str = "OK") -> pb.Status:
+    return pb.Status(code=code, message=message)
+
+
+def _delivered_now() -> rpc.ReceiveMessageResponse:
+    response = rpc.ReceiveMessageResponse()
+    response.delivery_timestamp.GetCurrentTime()
+    return response
+
+
+def _name(resource: pb.Resource, field: str) -> str:
+    if not resource.name.strip():
+        raise RequestError(pb.BAD_REQUEST, f"{field}: no name")
+    return str(resource.name)
+
+
+def _group(resource: pb.Resource) -> str:
+    """The consumer group of a request (``validateConsumerGroup``).
+
+    Raises:
+        RequestError: ILLEGAL_CONSUMER_GROUP for a bad or system group name.
+    """
+    name = str(resource.name)
+    try:
+        validate_name(name, "group", c.GROUP_MAX_LENGTH)
+    except ValidationError as err:
+        raise RequestError(pb.ILLEGAL_CONSUMER_GROUP, str(err)) from None
+    if name.startswith("CID_RMQ_SYS_"):
+        raise RequestError(pb.ILLEGAL_CONSUMER_GROUP, f"group: {name!r}: cannot use system consumer group")
+    return name
+
+
+def _filter(expression: pb.FilterExpression) -> Subscription:
+    """A TAG expression as the broker's subscription.
+
+    Raises:
+        RequestError: ILLEGAL_FILTER_EXPRESSION for a SQL92 expression or a bad tag expression.
+    """
+    if expression.type == pb.SQL:
+        raise RequestError(
+            pb.ILLEGAL_FILTER_EXPRESSION,
+            f"filter_expression: SQL92 expressions are not served by this endpoint ({expression.expression!r}); "
+            "subscribe with a TAG expression",
+        )
+    try:
+        return Subscription.parse(expression.expression or "*")
+    except ValidationError as err:
+        raise RequestError(pb.ILLEGAL_FILTER_EXPRESSION, str(err)) from None
+
+
+def _invisible(invisible_ms: int, least: int) -> int:
+    if invisible_ms < least:
+        raise RequestError(pb.ILLEGAL_INVISIBLE_TIME, f"the invisibleTime is too small. min is {least}")
+    if invisible_ms > MAX_INVISIBLE_MS:
+        raise RequestError(pb.ILLEGAL_INVISIBLE_TIME, f"the invisibleTime is too large. max is {MAX_INVISIBLE_MS}")
+    return invisible_ms
+
+
+def _handle(text: str) -> ReceiptHandle:
+    try:
+        return ReceiptHandle.decode(text)
+    except PopError as err:
+        raise RequestError(pb.INVALID_RECEIPT_HANDLE, str(err)) from None

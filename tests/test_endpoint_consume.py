@@ -1,0 +1,133 @@
+"""The official RocketMQ 5 Python client consuming through ``python -m broker_model serve`` with POP
+(docs/pop.md): a ``SimpleConsumer`` that acks some messages, lets some expire and changes the
+invisible time of others, checked for attempts and redelivery times; and the consumer calls'
+refusals, with their protocol codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from broker_model.__main__ import main as broker_main
+from tests.helpers import wait_until
+from tests.test_endpoint import ROOT, Server, _client, start_serve
+
+pytestmark = pytest.mark.subprocess
+INVISIBLE_MS, CHANGED_MS = 2_000, 3_000
+REVIVE_LATENCY_MS = (1_000, 3_500)  # after its invisible time ends, a message is received again within this
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    running = start_serve(tmp_path / "lake", "--auto-create-topics", "--min-invisible-ms", "1000")
+    yield running
+    if running.process.poll() is None:
+        running.stop()
+
+
+def _consume(server: Server, topic: str, group: str, mode: str, count: int) -> list[dict[str, Any]]:
+    command = [sys.executable, "-m", "tests.grpc_consumer_process", server.address, topic, group, mode, str(count)]
+    home = server.lake.parent / "client-home"
+    home.mkdir(exist_ok=True)
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(home)}
+    )
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("done"), done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_a_simple_consumer_acks_lets_expire_and_changes_invisible_times(server: Server) -> None:
+    sent = _client(server, "Orders", "normal", 12)
+    deliveries = _consume(server, "Orders", "cg-simple", "simple", len(sent))
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for delivery in deliveries:
+        by_id.setdefault(delivery["message_id"], []).append(delivery)
+    assert set(by_id) == {s["message_id"] for s in sent}
+    for message_id, seen in by_id.items():
+        kind = int(seen[0]["body"].split()[1]) % 3
+        assert [d["attempt"] for d in seen] == ([1] if kind == 0 else [1, 2]), (message_id, seen)
+        if kind == 0:
+            continue
+        waited = seen[1]["at"] - seen[0]["at"]
+        invisible = INVISIBLE_MS if kind == 1 else CHANGED_MS
+        assert invisible + REVIVE_LATENCY_MS[0] - 200 <= waited <= invisible + REVIVE_LATENCY_MS[1], (kind, waited)
+    assert server.stop() == 0
+
+
+def _stub(server: Server) -> service_pb2_grpc.MessagingServiceStub:
+    return service_pb2_grpc.MessagingServiceStub(grpc.insecure_channel(server.address))
+
+
+META = (("x-mq-client-id", "stub-consumer"),)
+
+
+def _receive(stub: service_pb2_grpc.MessagingServiceStub, **fields: Any) -> list[rpc.ReceiveMessageResponse]:
+    request = rpc.ReceiveMessageRequest(
+        group=pb.Resource(name=fields.pop("group", "cg-stub")),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name="Orders"), id=-1, broker=pb.Broker(name="broker-a")),
+        filter_expression=pb.FilterExpression(
+            type=fields.pop("filter_type", pb.TAG), expression=fields.pop("tags", "*")
+        ),
+        batch_size=fields.pop("batch_size", 32),
+        **fields,
+    )
+    request.long_polling_timeout.FromMilliseconds(5_000)
+    if not request.auto_renew and not request.HasField("invisible_duration"):
+        request.invisible_duration.FromMilliseconds(INVISIBLE_MS)
+    return list(stub.ReceiveMessage(request, metadata=META, timeout=10))
+
+
+def test_consumer_calls_answer_the_proxys_codes(server: Server) -> None:
+    _client(server, "Orders", "normal", 2)
+    stub = _stub(server)
+    refused = {
+        "sql": _receive(stub, filter_type=pb.SQL, tags="a > 1")[0].status.code,
+        "group": _receive(stub, group="CID_RMQ_SYS_X")[0].status.code,
+        "batch": _receive(stub, batch_size=0)[0].status.code,
+    }
+    assert refused == {"sql": pb.ILLEGAL_FILTER_EXPRESSION, "group": pb.ILLEGAL_CONSUMER_GROUP, "batch": pb.BAD_REQUEST}
+    too_short = rpc.ReceiveMessageRequest(
+        group=pb.Resource(name="cg-stub"),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name="Orders"), broker=pb.Broker(name="broker-a")),
+        batch_size=1,
+    )
+    too_short.invisible_duration.FromMilliseconds(500)
+    too_short.long_polling_timeout.FromMilliseconds(5_000)
+    (answer, _) = stub.ReceiveMessage(too_short, metadata=META, timeout=10)
+    assert answer.status.code == pb.ILLEGAL_INVISIBLE_TIME
+    got = _receive(stub)
+    assert got[0].status.code == pb.OK and got[-1].HasField("delivery_timestamp")
+    messages = [r.message for r in got if r.HasField("message")]
+    assert len(messages) == 2 and all(m.system_properties.receipt_handle for m in messages)
+    entries = [rpc.AckMessageEntry(message_id="m", receipt_handle=m.system_properties.receipt_handle) for m in messages]
+    entries.append(rpc.AckMessageEntry(message_id="bad", receipt_handle="not a handle"))
+    ack = rpc.AckMessageRequest(group=pb.Resource(name="cg-stub"), topic=pb.Resource(name="Orders"), entries=entries)
+    answered = stub.AckMessage(ack, metadata=META)
+    assert [e.status.code for e in answered.entries] == [pb.OK, pb.OK, pb.INVALID_RECEIPT_HANDLE]
+    assert answered.status.code == pb.INVALID_RECEIPT_HANDLE
+    empty = _receive(stub)
+    assert empty[0].status.code == pb.MESSAGE_NOT_FOUND and empty[-1].HasField("delivery_timestamp")
+    assignment = stub.QueryAssignment(
+        rpc.QueryAssignmentRequest(topic=pb.Resource(name="Orders"), group=pb.Resource(name="cg-stub")), metadata=META
+    )
+    assert [(a.message_queue.id, a.message_queue.broker.name) for a in assignment.assignments] == [(-1, "broker-a")]
+    fifo_group = ["-c", "DefaultCluster", "-g", "cg-fifo", "-o", "true"]
+    # while serving: the broker reads the group's row within a second
+    assert broker_main(["admin", "updateSubGroup", "--lake", str(server.lake), *fifo_group]) == 0
+    wait_until(lambda: _receive(stub, group="cg-fifo")[0].status.code == pb.NOT_IMPLEMENTED, "the FIFO group refused")
+    fifo = stub.QueryAssignment(
+        rpc.QueryAssignmentRequest(topic=pb.Resource(name="Orders"), group=pb.Resource(name="cg-fifo")), metadata=META
+    )
+    assert sorted(a.message_queue.id for a in fifo.assignments) == list(range(4))  # every queue of a FIFO group
+    assert server.stop() == 0
