@@ -58,6 +58,18 @@ class ConsumerCalls:
     async def _readable_brokers(self, topic: str) -> list[tuple[Broker, int, pb.MessageQueue]]:
         raise NotImplementedError  # MessagingService's
 
+    def _admit_consumer(
+        self, context: grpc.aio.ServicerContext, topic: pb.Resource, field: str, group: pb.Resource
+    ) -> tuple[str, str]:
+        """The topic and group of a consumer's call, once the call is admitted.
+
+        Raises:
+            RequestError: as ``_admit``; BAD_REQUEST for no topic, ILLEGAL_CONSUMER_GROUP.
+        """
+        name = _name(topic, field)
+        self._admit(context, name)
+        return name, _group(group)
+
     def _init_consumer_calls(self, pops: Mapping[str, PopService], min_invisible_ms: int) -> None:
         self.pops = dict(pops)
         self.min_invisible_ms = min_invisible_ms
@@ -70,9 +82,7 @@ class ConsumerCalls:
         """One queue of id -1 per broker with readable queues of the topic (the broker pops every
         queue); for a FIFO group every queue, as ``RouteActivity.queryAssignment``."""
         try:
-            topic = _name(request.topic, "topic")
-            self._admit(context, topic)
-            group = _group(request.group)
+            topic, group = self._admit_consumer(context, request.topic, "topic", request.group)
             readable = await self._readable_brokers(topic)
         except RequestError as err:
             return rpc.QueryAssignmentResponse(status=_status(err.code, err.message))
@@ -130,9 +140,8 @@ class ConsumerCalls:
         """Pop from the broker the request names, holding the call until a message arrives or the
         polling time passes; the stream is the status, the messages, then the time of delivery."""
         try:
-            topic = _name(request.message_queue.topic, "message_queue.topic")
-            self._admit(context, topic)
-            group = _group(request.group)
+            queue = request.message_queue
+            topic, group = self._admit_consumer(context, queue.topic, "message_queue.topic", request.group)
             poll_ms = self._polling_ms(request, context)
             invisible_ms = self._invisible_ms(request)
             sub = _filter(request.filter_expression)
@@ -238,9 +247,7 @@ class ConsumerCalls:
     ) -> rpc.AckMessageResponse:
         """Ack each entry; every entry gets its own status, the response the first failure's."""
         try:
-            topic = _name(request.topic, "topic")
-            self._admit(context, topic)
-            group = _group(request.group)
+            topic, group = self._admit_consumer(context, request.topic, "topic", request.group)
             if not request.entries:
                 raise RequestError(pb.BAD_REQUEST, "entries: nothing to ack")
         except RequestError as err:
@@ -267,9 +274,7 @@ class ConsumerCalls:
     ) -> rpc.ChangeInvisibleDurationResponse:
         """A new invisible time for one received message; the response carries its new handle."""
         try:
-            topic = _name(request.topic, "topic")
-            self._admit(context, topic)
-            group = _group(request.group)
+            topic, group = self._admit_consumer(context, request.topic, "topic", request.group)
             invisible_ms = _invisible(int(request.invisible_duration.ToMilliseconds()), 0)
             handle = _handle(request.receipt_handle)
             pops = self._pops_of_handle(handle)
@@ -286,9 +291,7 @@ class ConsumerCalls:
         """Send the message to ``%DLQ%<group>`` and ack it, whatever its attempts (the proxy ignores
         the request's counts)."""
         try:
-            topic = _name(request.topic, "topic")
-            self._admit(context, topic)
-            group = _group(request.group)
+            topic, group = self._admit_consumer(context, request.topic, "topic", request.group)
             handle = _handle(request.receipt_handle)
             pops = self._pops_of_handle(handle)
             if handle.expires <= pops.broker.config.clock():
