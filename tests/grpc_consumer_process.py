@@ -7,15 +7,32 @@ expire and acked when it comes again; 2 has its invisible time changed to 3 s, a
 it comes again. Every delivery is printed as one JSON line (message id, body, delivery attempt,
 milliseconds since the epoch, what was done); it stops once every message was acked, or after 60 s,
 and prints ``done`` after the consumer shut down.
+
+MODE ``push``: a ``PushConsumer`` whose listener fails message ``i`` when ``i % 4 == 1`` and
+consumes the others; every delivery is printed (message id, body, delivery attempt, time, result).
+It stops once every message consumed was delivered and every failing one was delivered
+``ATTEMPTS`` times (the environment's ``RMQ_MAX_ATTEMPTS``, 3 by default) and 4 s passed with no
+new delivery, or after 90 s, and prints ``done`` after the consumer shut down.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import time
 
-from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    Message,
+    MessageListener,
+    PushConsumer,
+    SimpleConsumer,
+)
 
 INVISIBLE_S = 2
 CHANGED_S = 3
@@ -58,8 +75,56 @@ def simple(endpoint: str, topic: str, group: str, count: int) -> None:
     print("done", flush=True)
 
 
+class Failing(MessageListener):  # type: ignore[misc]
+    """Fails every fourth message, from the second on; prints every delivery."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.deliveries: dict[str, int] = {}
+        self.last = time.monotonic()
+
+    def consume(self, message: Message) -> ConsumeResult:
+        body = message.body.decode()
+        fails = int(body.split()[1]) % 4 == 1
+        with self.lock:
+            self.deliveries[body] = self.deliveries.get(body, 0) + 1
+            self.last = time.monotonic()
+            line = {
+                "message_id": message.message_id,
+                "body": body,
+                "attempt": message.delivery_attempt,
+                "at": int(time.time() * 1000),
+                "result": "failure" if fails else "success",
+            }
+            print(json.dumps(line), flush=True)
+        return ConsumeResult.FAILURE if fails else ConsumeResult.SUCCESS
+
+
+def push(endpoint: str, topic: str, group: str, count: int) -> None:
+    attempts = int(os.environ.get("RMQ_MAX_ATTEMPTS", "3"))
+    listener = Failing()
+    consumer = PushConsumer(
+        ClientConfiguration(endpoint, Credentials("", "")), group, listener, {topic: FilterExpression("*")}
+    )
+    consumer.startup()
+    wanted = {f"message {i}": attempts if i % 4 == 1 else 1 for i in range(count)}
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline:
+            with listener.lock:
+                complete = all(listener.deliveries.get(body, 0) >= n for body, n in wanted.items())
+                quiet = time.monotonic() - listener.last > 4
+            if complete and quiet:
+                break
+            time.sleep(0.1)
+    finally:
+        consumer.shutdown()
+    print("done", flush=True)
+
+
 if __name__ == "__main__":
     endpoint, topic, group, mode, count = sys.argv[1:6]
-    if mode != "simple":
-        raise SystemExit(f"MODE: {mode!r} is not a mode (simple)")
-    simple(endpoint, topic, group, int(count))
+    modes = {"simple": simple, "push": push}
+    if mode not in modes:
+        raise SystemExit(f"MODE: {mode!r} is not a mode ({sorted(modes)})")
+    modes[mode](endpoint, topic, group, int(count))

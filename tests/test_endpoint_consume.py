@@ -5,23 +5,31 @@ refusals, with their protocol codes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from broker_model.__main__ import main as broker_main
-from tests.helpers import wait_until
-from tests.test_endpoint import ROOT, Server, _client, start_serve
+from broker_model.broker import Broker, BrokerConfig
+from jobs.dlq.job import RouteDlqConfig
+from jobs.dlq.job import run as route_dlq
+from schemas.catalog import DLQ
+from tests.helpers import ENGINE, wait_until
+from tests.test_endpoint import ROOT, Server, _client, _records, start_serve
 
 pytestmark = pytest.mark.subprocess
 INVISIBLE_MS, CHANGED_MS = 2_000, 3_000
@@ -131,3 +139,40 @@ def test_consumer_calls_answer_the_proxys_codes(server: Server) -> None:
     )
     assert sorted(a.message_queue.id for a in fifo.assignments) == list(range(4))  # every queue of a FIFO group
     assert server.stop() == 0
+
+
+def test_a_push_consumer_failing_messages_dead_letters_them_after_the_groups_attempts(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    lake = tmp_path / "lake"
+    Broker(BrokerConfig(lake)).start().shutdown()  # registered, so that the group is set before serving
+    policy = '{"type":"CUSTOMIZED","customizedRetryPolicy":{"next":[1000]}}'  # a second between attempts
+    group = ["-c", "DefaultCluster", "-g", "cg-push", "-r", "2", "-p", policy]  # 3 attempts
+    assert broker_main(["admin", "updateSubGroup", "--lake", str(lake), *group]) == 0
+    server = start_serve(lake, "--auto-create-topics", "--min-invisible-ms", "1000")
+    sent = _client(server, "Orders", "normal", 12)
+    deliveries = _consume(server, "Orders", "cg-push", "push", len(sent))
+    seen: dict[str, list[dict[str, Any]]] = {}
+    for delivery in deliveries:
+        seen.setdefault(delivery["body"], []).append(delivery)
+    failing = {f"message {i}" for i in range(12) if i % 4 == 1}
+    assert {body: [d["attempt"] for d in got] for body, got in seen.items()} == {
+        f"message {i}": [1, 2, 3] if f"message {i}" in failing else [1] for i in range(12)
+    }
+    for body in failing:  # the client retried after the group's 1 s: its settings came from the group
+        gaps = [later["at"] - earlier["at"] for earlier, later in itertools.pairwise(seen[body])]
+        assert all(1_000 + REVIVE_LATENCY_MS[0] - 200 <= gap <= 1_000 + REVIVE_LATENCY_MS[1] for gap in gaps), gaps
+    assert server.stop() == 0
+    letters = [r for r in _records(server.lake, "%DLQ%cg-push").values()]
+    assert sorted(r["body"].decode() for r in letters) == sorted(failing)
+    assert {(r["properties"]["RETRY_TOPIC"], r["properties"]["ORIGIN_GROUP"]) for r in letters} == {
+        ("%RETRY%cg-push_Orders", "cg-push")
+    }
+    ids = {s["message_id"] for s in sent}
+    assert {r["uniq_key"] for r in letters} <= ids
+    route_dlq(spark, RouteDlqConfig(server.lake, as_of=time.time_ns() // 1_000_000 + 1000, engine=ENGINE))
+    dlq = DeltaTable(str(DLQ.location(server.lake))).to_pyarrow_table().to_pylist()
+    assert sorted((r["group"], r["origin_topic"], r["body"].decode()) for r in dlq) == sorted(
+        ("cg-push", "Orders", body) for body in failing
+    )
+    assert {r["uniq_key"] for r in dlq} == {r["uniq_key"] for r in letters}

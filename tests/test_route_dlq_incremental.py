@@ -555,7 +555,10 @@ def test_a_reset_back_over_a_consumed_retry_delivers_its_chain_again(spark: Spar
     assert all(m.endswith("moved on by what changed") for m in _messages(chained)[1:])
 
 
-ODD_VALUES = ["", " ", "  0A00000100002A9F0000000000000E10 ", "Orders", "\t x", "%RETRY%g-audit", "%DLQ%g", "%RETRY%"]
+ODD_VALUES = [
+    "", " ", "  0A00000100002A9F0000000000000E10 ", "Orders", "\t x", "%RETRY%g-audit", "%DLQ%g", "%RETRY%",
+    "%RETRY%g_Orders", " %RETRY%g_a_b",
+]  # fmt: skip
 ODD_TOPICS = [
     c.SCHEDULE_TOPIC, c.RETRY_GROUP_TOPIC_PREFIX + "g-audit", c.DLQ_GROUP_TOPIC_PREFIX + "g-stock", "Orders",
     c.RETRY_GROUP_TOPIC_PREFIX + c.DLQ_GROUP_TOPIC_PREFIX + "g", c.DLQ_GROUP_TOPIC_PREFIX, "%RETRY", "SCHEDULE",
@@ -601,7 +604,8 @@ def test_the_driver_decodes_send_back_records_as_the_spark_transform_does(spark:
 def test_a_pop_retry_belongs_to_its_origin_group_and_retries_the_topic_its_name_holds(spark: SparkSession) -> None:
     """RocketMQ 5 POP consumers get messages back through ``%RETRY%<group>_<topic>`` (``+`` with
     enableRetryTopicV2), the revived copy naming its group in ``ORIGIN_GROUP``: names may hold
-    ``_``, so only that property tells where the group ends. A 4.x retry keeps its ``RETRY_TOPIC``."""
+    ``_``, so only that property tells where the group ends. A 4.x retry keeps its ``RETRY_TOPIC``; a POP
+    dead letter's ``RETRY_TOPIC`` is the POP retry topic, which names the topic."""
     origin = c.PROPERTY_ORIGIN_GROUP
     topics_and_properties = [
         ("%RETRY%cg_a_Orders_b", {origin: "cg_a"}),
@@ -609,12 +613,15 @@ def test_a_pop_retry_belongs_to_its_origin_group_and_retries_the_topic_its_name_
         ("%RETRY%cg_Orders", {}),  # no ORIGIN_GROUP: the name is the group, as a 4.x retry topic's
         ("%RETRY%cg", {origin: "cg", c.PROPERTY_RETRY_TOPIC: "Orders"}),
         ("%RETRY%cg_", {origin: "cg"}),  # nothing after the separator: no POP retry topic
+        ("%DLQ%cg", {origin: "cg", c.PROPERTY_RETRY_TOPIC: "%RETRY%cg_Orders"}),  # a POP dead letter
     ]
     records = [
         commitlog_record(topic=topic, properties=properties, queue_offset=i, commit_log_offset=i * 400)
         for i, (topic, properties) in enumerate(topics_and_properties)
     ]
-    expected = [("cg_a", "Orders_b"), ("cg", "Orders"), ("cg_Orders", None), ("cg", "Orders"), ("cg_", None)]
+    expected = [
+        ("cg_a", "Orders_b"), ("cg", "Orders"), ("cg_Orders", None), ("cg", "Orders"), ("cg_", None), ("cg", "Orders")
+    ]  # fmt: skip
 
     spark_rows = build_retry_records(commitlog_frame(spark, records)).orderBy("commit_log_offset").collect()
     driver_rows = decode_retry_records(commitlog_table(records)).to_pylist()

@@ -80,6 +80,7 @@ class Broker(SendBack):
         self._topic_times: dict[str, int] = {}  # the time of each
         self._topic_configs_version = -1  # the topic_config version they were read at
         self._topic_configs_checked = float("-inf")  # when refresh_topics last looked (monotonic seconds)
+        self._topics_refresh_lock = threading.Lock()
         self.commits = 0
         self.lingered_steps = 0  # group commit steps that passed with no put arriving to end them
         self.store = MessageStore(
@@ -96,6 +97,7 @@ class Broker(SendBack):
         self._subscription_lock = threading.Lock()
         self._groups_version = -1  # the subscription_group version the groups were read at
         self._groups_checked = float("-inf")  # when refresh_subscription_groups last looked
+        self._groups_refresh_lock = threading.Lock()
         self._group_times: dict[str, int] = {}  # the time of each group's latest row, deleted or not
         self._retry_random = random.Random()  # picks a retry queue, as the broker's send-back does
         self._served: OrderedDict[int, tuple[str, int, int]] = OrderedDict()  # see _remember_served

@@ -275,7 +275,8 @@ class PutPath:
     topic_configs: dict[str, TopicConfig]
     _topic_times: dict[str, int]
     _topic_configs_version: int
-    _topic_configs_checked: float
+    _topic_configs_checked: float  # when the table was last looked at, once the look is done
+    _topics_refresh_lock: threading.Lock
     commits: int
     lingered_steps: int
 
@@ -674,7 +675,12 @@ class PutPath:
         as at a start at least the queues its log holds."""
         if not self.topics_refresh_due(interval_s):
             return
-        self._topic_configs_checked = time.monotonic()
+        with self._topics_refresh_lock:  # a caller that comes during a read waits for it (as for groups)
+            if self.topics_refresh_due(interval_s):
+                self._apply_topic_configs()
+                self._topic_configs_checked = time.monotonic()
+
+    def _apply_topic_configs(self) -> None:
         if latest_version(TOPIC_CONFIG.location(self.config.lake)) == self._topic_configs_version:
             return
         configs, times, version = self._read_topic_configs()

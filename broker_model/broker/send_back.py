@@ -52,7 +52,8 @@ class SendBack(PutPath):
     _subscription_groups: dict[str, SubscriptionGroupConfig]
     _subscription_lock: threading.Lock
     _groups_version: int
-    _groups_checked: float
+    _groups_checked: float  # when the table was last looked at, once the look is done
+    _groups_refresh_lock: threading.Lock
     _group_times: dict[str, int]
     _retry_random: random.Random
     _served: OrderedDict[int, tuple[str, int, int]]
@@ -95,13 +96,17 @@ class SendBack(PutPath):
     def refresh_subscription_groups(self, interval_s: float = GROUP_REFRESH_S) -> None:
         """Apply the ``subscription_group`` rows written since this broker read them (an
         operator's ``admin updateSubGroup`` or ``deleteSubGroup`` while it runs): looked for at most
-        once per ``interval_s``, read only when the table has a new version."""
-        now = time.monotonic()
-        if now - self._groups_checked < interval_s:
+        once per ``interval_s``, read only when the table has a new version. A caller that comes
+        while another reads the table waits for that read: it is never answered from the settings
+        the read replaces."""
+        if time.monotonic() - self._groups_checked < interval_s:
             return
-        self._groups_checked = now
-        if latest_version(SUBSCRIPTION_GROUP.location(self.config.lake)) != self._groups_version:
-            self._load_subscription_groups()
+        with self._groups_refresh_lock:
+            if time.monotonic() - self._groups_checked < interval_s:  # read by the caller it waited for
+                return
+            if latest_version(SUBSCRIPTION_GROUP.location(self.config.lake)) != self._groups_version:
+                self._load_subscription_groups()
+            self._groups_checked = time.monotonic()
 
     def _load_subscription_groups(self) -> None:
         """This broker's latest row per group of ``subscription_group`` (read at start, and again

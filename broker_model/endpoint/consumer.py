@@ -108,6 +108,7 @@ class ConsumerCalls:
         subscription.receive_batch_size = RECEIVE_BATCH_SIZE
         subscription.long_polling_timeout.FromMilliseconds(MAX_POLLING_MS)
         subscription.fifo = config.consume_message_orderly
+        settings.backoff_policy.Clear()  # the client's own policy is replaced, not merged into
         settings.backoff_policy.max_attempts = config.retry_max_times + 1
         exponential = (config.retry_initial_ms, config.retry_max_ms, config.retry_multiplier)
         if config.retry_policy == "EXPONENTIAL":

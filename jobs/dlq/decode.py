@@ -72,7 +72,7 @@ def _record(row: dict[str, Any]) -> dict[str, Any] | None:
         "uniq_key": row["uniq_key"],
         "keys": row["keys"],
         "origin_msg_id": _trimmed(_property(pairs, c.PROPERTY_ORIGIN_MESSAGE_ID)),
-        "origin_topic": _trimmed(_property(pairs, c.PROPERTY_RETRY_TOPIC)) or pop_topic,
+        "origin_topic": _origin_topic(_trimmed(_property(pairs, c.PROPERTY_RETRY_TOPIC)), origin_group) or pop_topic,
         "reconsume_times": row["reconsume_times"],
         "born_timestamp": row["born_timestamp"],
         "store_timestamp": row["store_timestamp"],
@@ -92,6 +92,14 @@ def pop_retry_topic(target: str, origin_group: str | None) -> str | None:
         if target.startswith(prefix) and len(target) > len(prefix):
             return target[len(prefix) :]
     return None
+
+
+def _origin_topic(retry_topic: str | None, origin_group: str | None) -> str | None:
+    """``RETRY_TOPIC``, or the topic it retries when it is a POP retry topic (a POP dead letter's
+    ``RETRY_TOPIC`` is the stored retry copy's topic, docs/pop.md)."""
+    if retry_topic is None:
+        return None
+    return pop_retry_topic(retry_topic, origin_group) or retry_topic
 
 
 def _property(pairs: Sequence[tuple[str, str | None]], name: str) -> str | None:

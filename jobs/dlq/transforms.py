@@ -66,7 +66,8 @@ def build_retry_records(commitlog_df: DataFrame) -> DataFrame:
     retry topic; RETRY: a record of a ``%RETRY%`` topic; DLQ: a record of a ``%DLQ%`` topic.
     ``group`` is the topic (or ``REAL_TOPIC``) without its prefix, except in a RocketMQ 5 POP
     retry topic (:func:`pop_retry_topic_of`), where it is ``ORIGIN_GROUP``; ``origin_msg_id`` and
-    ``origin_topic`` are ``ORIGIN_MESSAGE_ID`` and ``RETRY_TOPIC`` (null when absent or blank;
+    ``origin_topic`` are ``ORIGIN_MESSAGE_ID`` and ``RETRY_TOPIC`` (null when absent or blank; a
+    ``RETRY_TOPIC`` that is a POP retry topic, as a POP dead letter's is, gives the topic it retries;
     a POP retry without ``RETRY_TOPIC`` names its topic after the group);
     ``routed_by`` is ``DLQ_ROUTED_BY`` on DLQ records. ``body`` and ``properties`` are kept on
     RETRY and DLQ records only. Other records give no row.
@@ -82,10 +83,9 @@ def build_retry_records(commitlog_df: DataFrame) -> DataFrame:
         .when(topic.startswith(c.DLQ_GROUP_TOPIC_PREFIX), F.lit(DEAD_LETTER))
     )
     target = F.when(topic == F.lit(c.SCHEDULE_TOPIC), real_topic).otherwise(topic)
-    pop_topic = pop_retry_topic_of(target, _property(c.PROPERTY_ORIGIN_GROUP))
-    group = F.when(pop_topic.isNotNull(), _property(c.PROPERTY_ORIGIN_GROUP)).otherwise(
-        F.regexp_replace(target, r"^%(RETRY|DLQ)%", "")
-    )
+    origin_group = _property(c.PROPERTY_ORIGIN_GROUP)
+    pop_topic = pop_retry_topic_of(target, origin_group)
+    group = F.when(pop_topic.isNotNull(), origin_group).otherwise(F.regexp_replace(target, r"^%(RETRY|DLQ)%", ""))
     retry_topic = F.nullif(F.trim(_property(c.PROPERTY_RETRY_TOPIC)), F.lit(""))
     kept = F.col("kind") != F.lit(SCHEDULED)
     return (
@@ -96,7 +96,7 @@ def build_retry_records(commitlog_df: DataFrame) -> DataFrame:
             group.alias("group"),
             *RETRY_COPIED_COLUMNS,
             F.nullif(F.trim(_property(c.PROPERTY_ORIGIN_MESSAGE_ID)), F.lit("")).alias("origin_msg_id"),
-            F.coalesce(retry_topic, pop_topic).alias("origin_topic"),
+            F.coalesce(pop_retry_topic_of(retry_topic, origin_group), retry_topic, pop_topic).alias("origin_topic"),
             "reconsume_times",
             "born_timestamp",
             "store_timestamp",
