@@ -31,6 +31,7 @@ OTHER_MEANINGS = {
     "broker_model/common/timeutil.py": "a time unit of a duration",
     "broker_model/broker/put.py": "the time unit of a timer property",
     "broker_model/endpoint/service.py": "the entries field of RocketMQ 5's SendMessageResponse",
+    "broker_model/endpoint/consumer.py": "the entries of RocketMQ 5's AckMessageRequest and AckMessageResponse",
     "broker_model/store/store_export.py": "the 20-byte unit of a RocketMQ consume queue file",
     "jobs/rebuild_consume_queue/verify.py": "the 20-byte unit of a RocketMQ consume queue file",
     "jobs/rebuild_consume_queue/job.py": "the 20-byte unit of a RocketMQ consume queue file",

@@ -315,3 +315,32 @@ def test_an_unreadable_revive_progress_file_is_refused_naming_it(broker: Broker,
     progress.write_text('{"done": {"0": "x"}}')
     with pytest.raises(BrokerError, match=r"revive progress file .*reviveProgress\.json is unreadable"):
         PopService(broker, pop.timer)
+
+
+def test_a_checkpoint_that_cannot_be_revived_is_given_up_and_holds_up_no_other(broker: Broker, pop: Pop) -> None:
+    long_group = "g" * 250  # %RETRY%<group>_T is over the 255 characters of a topic name
+    _send(broker, 2)
+    (first,) = pop.service.pop(long_group, "T", 1, invisible_ms=5_000).messages
+    assert first.delivery_attempt == 1
+    assert len(pop.service.pop("G", "T", 32, invisible_ms=5_000).messages) == 2
+    assert pop.at(T0 + 6_000) == 2  # G's two; the long group's copy is refused by the broker, not stored
+    assert len(_records(broker, RETRY, 0)) == 2
+    assert pop.at(T0 + 60_000) == 0
+
+
+def test_a_broker_without_revive_progress_takes_it_from_the_revive_groups_offsets(broker: Broker, pop: Pop) -> None:
+    _send(broker, 1)
+    pop.service.pop("G", "T", 1, invisible_ms=5_000)
+    assert pop.at(T0 + 6_000) == 1
+    broker.offsets.persist()
+    revive_progress_path(broker.config.lake, broker.broker_name).unlink()  # as a store ingested from RocketMQ
+    again = PopService(broker, pop.timer)
+    assert again.revive(T0 + 60_000) == 0 and len(_records(broker, RETRY, 0)) == 1
+
+
+def test_checkpoint_keys_and_handles_that_rocketmqs_joined_keys_would_confuse() -> None:
+    one = PopCheckPoint("T", 1, 23, 1000, 5000, (0,), "G", "b")
+    other = PopCheckPoint("T", 12, 3, 1000, 5000, (0,), "G", "b")
+    assert one.key != other.key  # joined with no separator both are "TG1231000b"
+    with pytest.raises(PopError, match=r"^receipt_handle="):
+        ReceiptHandle.decode("5 1 2 9 0 b 1 7 9")  # revive queue 9 of 8

@@ -32,13 +32,14 @@ service refuses them (docs/pop.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
 import random
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -69,6 +70,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
+CheckPointKey = tuple[str, str, int, int, int, str]  # PopCheckPoint.key
+REVIVE_ROUND_CKS: Final = 64  # checkpoints one revive round finishes at most (one put of their copies)
 REVIVE_INTERVAL_MS: Final = 200  # how often the revive service looks (RocketMQ: 1 s, slower when idle)
 RECOVERY_MARGIN_MS: Final = 10_000  # checkpoints this long before the last persisted offsets are read again
 UNIQ_KEY: Final = c.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
@@ -131,8 +134,12 @@ class PopService(PeriodicService):
         self._group_locks_lock = threading.Lock()
         self._done: dict[int, int] = {}  # revive queue -> offset of the last checkpoint done (inclusive)
         self._read: dict[int, int] = {}  # revive queue -> next offset to read
-        self._waiting: dict[int, dict[str, _Waiting]] = {q: {} for q in range(c.REVIVE_QUEUE_NUM)}
-        self._early_acks: dict[str, tuple[int, set[int]]] = {}  # key -> (revive time, offsets) of acks before their ck
+        self._waiting: dict[int, dict[CheckPointKey, _Waiting]] = {q: {} for q in range(c.REVIVE_QUEUE_NUM)}
+        # acks read before their checkpoint, by its key: (due time, queue offsets, revive queue, revive offset)
+        self._early_acks: dict[CheckPointKey, tuple[int, set[int], int, int]] = {}
+        self._in_flight: dict[int, int] = {}  # acks and changes being written: token -> when they were checked
+        self._in_flight_lock = threading.Lock()
+        self._tokens = itertools.count()
         broker.ensure_topic(self.revive_topic, c.REVIVE_QUEUE_NUM)
         self._load()
         self._recover_pop_offsets()
@@ -200,8 +207,9 @@ class PopService(PeriodicService):
                 the queue.
         """
         handle = ReceiptHandle.decode(receipt_handle)
-        real = self._check_handle(group, topic, handle)
-        self._put([self._ack_record(ack_of(handle, real, group), handle.revive_queue_id, handle.expires)])
+        with self._writing():
+            real = self._check_handle(group, topic, handle)
+            self._put([self._ack_record(ack_of(handle, real, group), handle.revive_queue_id, handle.expires)])
 
     def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
         """Make the message of ``receipt_handle`` invisible for ``invisible_ms`` from now: a new
@@ -214,12 +222,27 @@ class PopService(PeriodicService):
         if invisible_ms < 0:
             raise ValidationError("invisible_ms", invisible_ms, "must not be negative")
         handle = ReceiptHandle.decode(receipt_handle)
-        real = self._check_handle(group, topic, handle)
-        now = self.broker.config.clock()
-        offset, rq = handle.queue_offset, handle.revive_queue_id
-        ck = PopCheckPoint(real, handle.queue_id, offset, now, invisible_ms, (0,), group, handle.broker_name)
-        self._put([self._ck_record(ck, rq), self._ack_record(ack_of(handle, real, group), rq, handle.expires)])
+        with self._writing():
+            real = self._check_handle(group, topic, handle)
+            # a new pop time, so that the new checkpoint is never the old one's key
+            now = max(self.broker.config.clock(), handle.pop_time + 1)
+            offset, rq = handle.queue_offset, handle.revive_queue_id
+            ck = PopCheckPoint(real, handle.queue_id, offset, now, invisible_ms, (0,), group, handle.broker_name)
+            self._put([self._ck_record(ck, rq), self._ack_record(ack_of(handle, real, group), rq, handle.expires)])
         return dataclasses.replace(handle, start_offset=offset, pop_time=now, invisible_time=invisible_ms).encode()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """An ack or change from its check of the handle to its commit: the revive waits for it
+        (a checkpoint due after the check may have an ack on its way)."""
+        token = next(self._tokens)
+        with self._in_flight_lock:
+            self._in_flight[token] = self.broker.config.clock()
+        try:
+            yield
+        finally:
+            with self._in_flight_lock:
+                del self._in_flight[token]
 
     # -- the pop ----------------------------------------------------------------------------------
 
@@ -307,14 +330,22 @@ class PopService(PeriodicService):
             message = item.message
             if message.reconsume_times >= limit:
                 self.broker.consumer_send_back(group, message.commit_log_offset, delay_level=-1)
-                self.ack(group, topic, item.receipt_handle)
+                self._ack_popped(group, topic, item.receipt_handle)
                 dead += 1
             elif not sub.matches_tags(message.tags):
-                self.ack(group, topic, item.receipt_handle)
+                self._ack_popped(group, topic, item.receipt_handle)
                 filtered += 1
             else:
                 kept.append(item)
         return PopResult("FOUND" if kept else "NO_NEW_MSG", kept, dead, filtered)
+
+    def _ack_popped(self, group: str, topic: str, receipt_handle: str) -> None:
+        """The pop's own ack of a message it does not deliver: not refused when its invisible time
+        has already passed (a slow dead letter, a small invisible time)."""
+        handle = ReceiptHandle.decode(receipt_handle)
+        real = handle.real_topic(topic, group)
+        with self._writing():
+            self._put([self._ack_record(ack_of(handle, real, group), handle.revive_queue_id, handle.expires)])
 
     def _check_handle(self, group: str, topic: str, handle: ReceiptHandle) -> str:
         """The real topic of a handle presented by ``group``, after the proxy's and broker's checks."""
@@ -387,21 +418,27 @@ class PopService(PeriodicService):
                 exactly what was, and the next call carries on from there.
         """
         through = min(now, self.timer.delivered_through(now)) - c.ACK_TIME_INTERVAL_MS
+        with self._in_flight_lock:
+            if self._in_flight:
+                through = min(through, min(self._in_flight.values()) - 1)
         with self._lock:
             for queue_id in range(c.REVIVE_QUEUE_NUM):
                 self._read_queue(queue_id)
-            finished: dict[int, list[str]] = {}
+            finished: dict[int, list[CheckPointKey]] = {}
             copies: list[InnerMessage] = []
             for queue_id, waiting in self._waiting.items():
                 for key, item in waiting.items():
-                    if item.ck.revive_time > through:
+                    if item.ck.revive_time > through or sum(map(len, finished.values())) >= REVIVE_ROUND_CKS:
                         break
-                    copies += self._revived(item)
+                    copies += self._revivable(item)
                     finished.setdefault(queue_id, []).append(key)
             self._early_acks = {k: v for k, v in self._early_acks.items() if v[0] > through}
             if not finished:
                 return 0
             done = {q: self._waiting[q][keys[-1]].ck.revive_offset for q, keys in finished.items()}
+            for _, _, queue_id, offset in self._early_acks.values():  # kept in memory only: read again
+                if queue_id in done:
+                    done[queue_id] = min(done[queue_id], offset - 1)
             if copies:
                 first = copies[0]
                 log_offset = self.broker.next_commit_log_offset
@@ -412,8 +449,6 @@ class PopService(PeriodicService):
                 }
                 self._save(pending)
                 try:
-                    for topic in sorted({copy.topic for copy in copies}):
-                        self.broker.ensure_topic(topic, c.POP_RETRY_QUEUE_NUM)
                     self._put(copies)
                 except BaseException:
                     if self._round_stored(pending):
@@ -424,7 +459,7 @@ class PopService(PeriodicService):
             self._save(None)
             return len(copies)
 
-    def _finish(self, finished: Mapping[int, list[str]], done: Mapping[int, int]) -> None:
+    def _finish(self, finished: Mapping[int, list[CheckPointKey]], done: Mapping[int, int]) -> None:
         for queue_id, keys in finished.items():
             for key in keys:
                 del self._waiting[queue_id][key]
@@ -466,9 +501,25 @@ class PopService(PeriodicService):
                     waiting.acked.update(ack.offsets)
                 else:
                     due = int(record.properties.get(c.PROPERTY_TIMER_DELIVER_MS, "0") or 0)
-                    self._early_acks.setdefault(ack.key, (due, set()))[1].update(ack.offsets)
-        except ValidationError as exc:
+                    early = self._early_acks.setdefault(ack.key, (due, set(), queue_id, record.queue_offset))
+                    early[1].update(ack.offsets)
+        except (ValidationError, ValueError) as exc:
             _log.warning("revive queue %s offset %s: %s; skipped", queue_id, record.queue_offset, exc)
+
+    def _revivable(self, item: _Waiting) -> list[InnerMessage]:
+        """The copies of :meth:`_revived`, their retry topic created, once the broker would store
+        them; a checkpoint whose copies it refuses (a retry topic's name over 255 characters, a
+        copy too large) is logged and given up, so that it never holds up the others."""
+        copies = self._revived(item)
+        try:
+            for topic in sorted({copy.topic for copy in copies}):
+                self.broker.ensure_topic(topic, c.POP_RETRY_QUEUE_NUM)
+            if copies:
+                self.broker.prepare_put(copies)
+        except ValidationError as exc:
+            _log.warning("revive: %s of group %s cannot be revived (%s); given up", item.ck.topic, item.ck.group, exc)
+            return []
+        return copies
 
     def _revived(self, item: _Waiting) -> list[InnerMessage]:
         """``reviveRetry``: a copy in the POP retry topic of each unacked message of a checkpoint."""
@@ -508,7 +559,12 @@ class PopService(PeriodicService):
             return {int(q): int(o) for q, o in data.get("done", {}).items()}, data.get("pending")
 
         read = read_progress(self.path, "revive", "to revive every checkpoint of the revive topic again", parse)
-        if read is None:
+        if read is None:  # a store ingested from RocketMQ: its revive group's offsets say what it revived
+            for queue_id in range(c.REVIVE_QUEUE_NUM):
+                offset = self.broker.offsets.query_offset(c.REVIVE_GROUP, self.revive_topic, queue_id)
+                if offset >= 0:
+                    self._done[queue_id] = offset
+            self._read = {q: o + 1 for q, o in self._done.items()}
             return
         self._done, pending = read
         if pending:
@@ -554,7 +610,7 @@ class PopService(PeriodicService):
             if ck.re_put_times is not None or ck.broker_name != broker.broker_name:
                 continue
             current = ledger.current((ck.group, broker.broker_name, ck.topic, ck.queue_id))
-            if current is not None and current[1] >= ck.pop_time:
+            if not ck.offsets or (current is not None and current[1] > ck.pop_time):
                 continue
             key = (ck.group, ck.topic, ck.queue_id)
             ends[key] = max(ends.get(key, 0), max(ck.offsets) + 1)
@@ -566,19 +622,24 @@ class PopService(PeriodicService):
         """Every ck record stored at or after ``since`` (epoch ms), in the timer topic (still
         waiting for its time) or in a revive queue."""
         store = self.broker.store
+        cks = Subscription.parse(c.CK_TAG)  # read by the tags code: the timer's other records are skipped unread
         queues = [(c.TIMER_TOPIC, 0)] + [(self.revive_topic, q) for q in range(c.REVIVE_QUEUE_NUM)]
         for topic, queue_id in queues:
-            end = store.max_offset(topic, queue_id)
-            for offset in range(store.offset_by_time(topic, queue_id, since), end):
-                record = store.message_at(topic, queue_id, offset, decompress=False)
-                if record is None or record.properties.get(c.PROPERTY_TAGS) != c.CK_TAG:
-                    continue
-                if topic == c.TIMER_TOPIC and record.properties.get(c.PROPERTY_REAL_TOPIC) != self.revive_topic:
-                    continue
-                try:
-                    yield PopCheckPoint.from_json(record.body.decode("utf-8", "replace"))
-                except ValidationError as exc:
-                    _log.warning("%s:%s offset %s: %s; skipped", topic, queue_id, offset, exc)
+            offset = store.offset_by_time(topic, queue_id, since)
+            while True:
+                got = store.get_message(topic, queue_id, offset, c.MAX_POP_NUMS, cks)
+                for record in got.messages:
+                    if record.tags != c.CK_TAG:
+                        continue
+                    if topic == c.TIMER_TOPIC and record.properties.get(c.PROPERTY_REAL_TOPIC) != self.revive_topic:
+                        continue
+                    try:
+                        yield PopCheckPoint.from_json(record.body.decode("utf-8", "replace"))
+                    except ValidationError as exc:
+                        _log.warning("%s:%s offset %s: %s; skipped", topic, queue_id, record.queue_offset, exc)
+                if got.next_begin_offset <= offset:
+                    break
+                offset = got.next_begin_offset
 
 
 def revive_progress_path(lake: str | Path, broker_name: str) -> Path:

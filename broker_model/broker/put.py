@@ -677,8 +677,10 @@ class PutPath:
             return
         with self._topics_refresh_lock:  # a caller that comes during a read waits for it (as for groups)
             if self.topics_refresh_due(interval_s):
-                self._apply_topic_configs()
-                self._topic_configs_checked = time.monotonic()
+                try:
+                    self._apply_topic_configs()
+                finally:  # a table that cannot be read is tried again after the interval
+                    self._topic_configs_checked = time.monotonic()
 
     def _apply_topic_configs(self) -> None:
         if latest_version(TOPIC_CONFIG.location(self.config.lake)) == self._topic_configs_version:

@@ -104,9 +104,11 @@ class SendBack(PutPath):
         with self._groups_refresh_lock:
             if time.monotonic() - self._groups_checked < interval_s:  # read by the caller it waited for
                 return
-            if latest_version(SUBSCRIPTION_GROUP.location(self.config.lake)) != self._groups_version:
-                self._load_subscription_groups()
-            self._groups_checked = time.monotonic()
+            try:
+                if latest_version(SUBSCRIPTION_GROUP.location(self.config.lake)) != self._groups_version:
+                    self._load_subscription_groups()
+            finally:  # a table that cannot be read is tried again after the interval, not by every caller
+                self._groups_checked = time.monotonic()
 
     def _load_subscription_groups(self) -> None:
         """This broker's latest row per group of ``subscription_group`` (read at start, and again

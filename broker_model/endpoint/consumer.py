@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import functools
 from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent import futures
 from typing import Final, TypeVar
 
 import grpc
@@ -32,7 +33,7 @@ RECEIVE_BATCH_SIZE: Final = 32  # grpcClientConsumerLongPollingBatchSize
 MIN_INVISIBLE_MS: Final = 10_000  # minInvisibleTimeMillsForRecv
 MAX_INVISIBLE_MS: Final = 43_200_000  # maxInvisibleTimeMills, 12 h
 DEFAULT_INVISIBLE_MS: Final = 60_000  # defaultInvisibleTimeMills: a receive with auto_renew
-NACK_INVISIBLE_MS: Final = 1_000  # a message that could not be written to the stream
+POP_WORKERS: Final = 32  # threads for pops and their long polls' looks, apart from the loop's executor
 _CONSUMERS: Final = (pb.SIMPLE_CONSUMER, pb.PUSH_CONSUMER)
 _ERROR_CODES: Final[Mapping[str, int]] = {
     "INVALID_RECEIPT_HANDLE": pb.INVALID_RECEIPT_HANDLE,
@@ -51,6 +52,7 @@ class ConsumerCalls:
     brokers: dict[str, Broker]
     pops: dict[str, PopService]
     min_invisible_ms: int
+    _pop_threads: futures.ThreadPoolExecutor
 
     def _admit(self, context: grpc.aio.ServicerContext, topic: str | None = None) -> None:
         raise NotImplementedError  # MessagingService's
@@ -73,6 +75,12 @@ class ConsumerCalls:
     def _init_consumer_calls(self, pops: Mapping[str, PopService], min_invisible_ms: int) -> None:
         self.pops = dict(pops)
         self.min_invisible_ms = min_invisible_ms
+        # pops wait for a group's turn and their commit: apart, they never hold up acks and sends
+        self._pop_threads = futures.ThreadPoolExecutor(POP_WORKERS, thread_name_prefix="endpoint-pop")
+
+    def close_consumer_calls(self) -> None:
+        """Let the pop threads go once their work is done (the server has stopped taking calls)."""
+        self._pop_threads.shutdown(wait=False)
 
     # -- assignment and settings --------------------------------------------------------------
 
@@ -180,7 +188,10 @@ class ConsumerCalls:
         arrived = asyncio.Event()
 
         def listener() -> None:  # in the thread that dispatched
-            loop.call_soon_threadsafe(arrived.set)
+            try:
+                loop.call_soon_threadsafe(arrived.set)
+            except RuntimeError:  # the loop closed (the server stops): nobody waits any more
+                pass
 
         store = pops.broker.store
         store.add_arrival_listener(listener)
@@ -188,10 +199,11 @@ class ConsumerCalls:
             while True:
                 arrived.clear()
                 call = functools.partial(pops.pop, group, topic, batch, invisible_ms, sub.expression)
-                result = await self._blocking(call)
-                if result.messages:
+                result = await self._blocking(call, self._pop_threads)
+                if result.messages or loop.time() >= deadline:
                     return result.messages
-                while not await asyncio.to_thread(store.arrived_any, result.looked, sub):
+                looks = functools.partial(store.arrived_any, result.looked, sub)
+                while not await loop.run_in_executor(self._pop_threads, looks):
                     try:
                         await asyncio.wait_for(arrived.wait(), deadline - loop.time())
                     except TimeoutError:
@@ -246,7 +258,8 @@ class ConsumerCalls:
     async def AckMessage(
         self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext
     ) -> rpc.AckMessageResponse:
-        """Ack each entry; every entry gets its own status, the response the first failure's."""
+        """Ack each entry; every entry gets its own status, the response theirs when they agree,
+        else ``MULTIPLE_RESULTS``."""
         try:
             topic, group = self._admit_consumer(context, request.topic, "topic", request.group)
             if not request.entries:
@@ -267,8 +280,10 @@ class ConsumerCalls:
                     message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=outcome
                 )
             )
-        failed = next((e.status for e in entries if e.status.code != pb.OK), None)
-        return rpc.AckMessageResponse(status=failed or _status(), entries=entries)
+        codes = {e.status.code for e in entries}
+        if len(codes) > 1:  # AckMessageActivity: the entries' own codes differ
+            return rpc.AckMessageResponse(status=_status(pb.MULTIPLE_RESULTS, "MULTIPLE_RESULTS"), entries=entries)
+        return rpc.AckMessageResponse(status=entries[0].status, entries=entries)
 
     async def ChangeInvisibleDuration(
         self, request: rpc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
@@ -315,10 +330,11 @@ class ConsumerCalls:
             )
         return pops
 
-    async def _blocking(self, call: Callable[[], _T]) -> _T:
-        """Run what writes and waits for its commit off the loop; the broker's refusals as codes."""
+    async def _blocking(self, call: Callable[[], _T], threads: futures.Executor | None = None) -> _T:
+        """Run what writes and waits for its commit off the loop (in ``threads``, else the loop's
+        executor); the broker's refusals as codes."""
         try:
-            return await asyncio.to_thread(call)
+            return await asyncio.get_running_loop().run_in_executor(threads, call)
         except PopError as err:
             raise RequestError(_ERROR_CODES.get(err.code, pb.BAD_REQUEST), str(err)) from None
         except ValidationError as err:

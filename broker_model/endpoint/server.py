@@ -191,6 +191,7 @@ async def _serve_calls(
         await stopping.wait()
     finally:
         await server.stop(config.grace_seconds)
+        service.close_consumer_calls()
 
 
 def _tls(config: EndpointConfig) -> grpc.ServerCredentials | None:

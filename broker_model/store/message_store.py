@@ -14,6 +14,7 @@ Queue offsets start at 0 and no segment is ever deleted, so every queue's min of
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from array import array
@@ -36,6 +37,8 @@ from broker_model.store.delta_files import FILE_COLUMN, rows_within_files, scan_
 from broker_model.store.file_rows import FileRows
 from schemas.catalog import COMMITLOG
 from schemas.errors import ValidationError
+
+_log = logging.getLogger(__name__)
 
 MAX_TRANSFER_COUNT = 32  # maxTransferCountOnMessageInMemory
 MAX_TRANSFER_BYTES = 256 * 1024  # maxTransferBytesOnMessageInMemory: the first message always goes
@@ -389,7 +392,10 @@ class MessageStore:
         with self._lock:
             listeners = list(self._listeners)
         for listener in listeners:
-            listener()
+            try:
+                listener()
+            except Exception:  # the dispatching thread (a committer) must carry on
+                _log.exception("an arrival listener failed")
 
     def arrived_any(self, queues: Sequence[tuple[str, int, int]], sub: Subscription) -> bool:
         """Whether a message matching ``sub`` is at or after the offset of any of ``queues``
