@@ -1,13 +1,15 @@
-"""The official RocketMQ 5 Python client consuming through ``python -m broker_model serve`` with POP
-(docs/pop.md): a ``SimpleConsumer`` that acks some messages, lets some expire and changes the
-invisible time of others, checked for attempts and redelivery times; and the consumer calls'
-refusals, with their protocol codes."""
+"""The official RocketMQ 5 clients consuming through ``python -m broker_model serve`` with POP
+(docs/pop.md): a Python ``SimpleConsumer`` that acks some messages, lets some expire and changes the
+invisible time of others, checked for attempts and redelivery times; a Python ``PushConsumer``
+whose failures end as dead letters; the Node.js ``SimpleConsumer`` consuming what the Python
+producer sent; and the consumer calls' refusals, with their protocol codes."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +31,7 @@ from jobs.dlq.job import RouteDlqConfig
 from jobs.dlq.job import run as route_dlq
 from schemas.catalog import DLQ
 from tests.helpers import ENGINE, wait_until
-from tests.test_endpoint import ROOT, Server, _client, _records, start_serve
+from tests.test_endpoint import NODE_CLIENT, ROOT, Server, _client, _records, start_serve
 
 pytestmark = pytest.mark.subprocess
 INVISIBLE_MS, CHANGED_MS = 2_000, 3_000
@@ -176,3 +178,51 @@ def test_a_push_consumer_failing_messages_dead_letters_them_after_the_groups_att
         ("cg-push", "Orders", body) for body in failing
     )
     assert {r["uniq_key"] for r in dlq} == {r["uniq_key"] for r in letters}
+
+
+NODE_CONSUMER = """
+const { SimpleConsumer } = require('rocketmq-client-nodejs');
+(async () => {
+  const [endpoints, topic, group, count] = process.argv.slice(2);
+  const consumer = new SimpleConsumer({
+    consumerGroup: group, endpoints, subscriptions: new Map().set(topic, '*'), awaitDuration: 3000,
+  });
+  await consumer.startup();
+  const deadline = Date.now() + 60000;
+  let acked = 0;
+  while (acked < Number(count) && Date.now() < deadline) {
+    for (const message of await consumer.receive(16, 15000)) {
+      await consumer.ack(message);
+      acked += 1;
+      console.log(JSON.stringify({
+        message_id: message.messageId, body: message.body.toString(), attempt: message.deliveryAttempt,
+      }));
+    }
+  }
+  await consumer.shutdown();
+  console.log('done');
+})().catch((err) => { console.error(err); process.exit(1); });
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("node") is None or not (NODE_CLIENT / "node_modules" / "rocketmq-client-nodejs").is_dir(),
+    reason="needs Node.js and the npm package rocketmq-client-nodejs in build/node-client (tests/run.sh installs it)",
+)
+def test_the_official_nodejs_client_consumes_what_the_python_client_produced(server: Server, tmp_path: Path) -> None:
+    sent = _client(server, "Orders", "normal", 10)
+    home = tmp_path / "node"
+    home.mkdir()
+    (home / "node_modules").symlink_to(NODE_CLIENT / "node_modules")
+    (home / "consume.js").write_text(NODE_CONSUMER)
+    command = ["node", "consume.js", server.address, "Orders", "cg-node", str(len(sent))]
+    done = subprocess.run(
+        command, cwd=home, capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(home)}
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and "done" in lines, done.stderr[-2000:]
+    received = [json.loads(line) for line in lines if line.startswith("{")]
+    assert sorted(r["message_id"] for r in received) == sorted(s["message_id"] for s in sent)
+    assert {r["body"] for r in received} == {f"message {i}" for i in range(10)}
+    assert {r["attempt"] for r in received} == {1}
+    assert server.stop() == 0
