@@ -27,8 +27,12 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from broker_model.__main__ import main as broker_main
 from broker_model.broker import Broker, BrokerConfig
+from jobs.consumer_offsets import ConsumerOffsetsConfig
+from jobs.consumer_offsets import run as offsets
 from jobs.dlq.job import RouteDlqConfig
 from jobs.dlq.job import run as route_dlq
+from jobs.rebuild_consume_queue import RebuildConfig
+from jobs.rebuild_consume_queue import run as rebuild
 from schemas.catalog import DLQ
 from tests.helpers import ENGINE, wait_until
 from tests.test_endpoint import NODE_CLIENT, ROOT, Server, _client, _records, start_serve
@@ -226,3 +230,57 @@ def test_the_official_nodejs_client_consumes_what_the_python_client_produced(ser
     assert {r["body"] for r in received} == {f"message {i}" for i in range(10)}
     assert {r["attempt"] for r in received} == {1}
     assert server.stop() == 0
+
+
+def test_an_offset_based_pull_from_a_raw_stub_and_its_committed_offsets_show_in_consumer_offsets(
+    spark: SparkSession, server: Server
+) -> None:
+    sent = _client(server, "Orders", "normal", 6)
+    stub = _stub(server)
+
+    def queue(queue_id: int) -> pb.MessageQueue:
+        return pb.MessageQueue(topic=pb.Resource(name="Orders"), id=queue_id, broker=pb.Broker(name="broker-a"))
+
+    def query(queue_id: int, policy: int) -> int:
+        answer = stub.QueryOffset(
+            rpc.QueryOffsetRequest(message_queue=queue(queue_id), query_offset_policy=policy), metadata=META
+        )
+        assert answer.status.code == pb.OK
+        return int(answer.offset)
+
+    ends = {q: query(q, pb.END) for q in range(4)}
+    assert sum(ends.values()) == len(sent) and {query(q, pb.BEGINNING) for q in range(4)} == {0}
+    group = pb.Resource(name="cg-pull")
+    missing = stub.GetOffset(rpc.GetOffsetRequest(group=group, message_queue=queue(0)), metadata=META)
+    assert missing.status.code == pb.OFFSET_NOT_FOUND
+    pulled, half = [], ends[0] // 2
+    for q in range(4):
+        request = rpc.PullMessageRequest(
+            group=group,
+            message_queue=queue(q),
+            offset=0,
+            batch_size=32,
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+        )
+        status, *messages, last = stub.PullMessage(request, metadata=META, timeout=10)
+        assert status.status.code == (pb.OK if ends[q] else pb.MESSAGE_NOT_FOUND) and last.next_offset == ends[q]
+        pulled += [m.message.system_properties.message_id for m in messages]
+        committed = half if q == 0 else int(last.next_offset)  # queue 0 is consumed half way
+        update = rpc.UpdateOffsetRequest(group=group, message_queue=queue(q), offset=committed)
+        assert stub.UpdateOffset(update, metadata=META).status.code == pb.OK
+        answer = stub.GetOffset(rpc.GetOffsetRequest(group=group, message_queue=queue(q)), metadata=META)
+        assert (answer.status.code, answer.offset) == (pb.OK, committed)
+    assert sorted(pulled) == sorted(s["message_id"] for s in sent)  # each once, none missing
+    beyond = rpc.PullMessageRequest(group=group, message_queue=queue(0), offset=ends[0] + 5, batch_size=1)
+    assert next(iter(stub.PullMessage(beyond, metadata=META, timeout=10))).status.code == pb.ILLEGAL_OFFSET
+    later = rpc.PullMessageRequest(group=group, message_queue=queue(0), offset=ends[0], batch_size=1)
+    later.long_polling_timeout.FromMilliseconds(300)
+    status, last = stub.PullMessage(later, metadata=META, timeout=10)  # held 0.3 s, nothing came
+    assert status.status.code == pb.MESSAGE_NOT_FOUND and last.next_offset == ends[0]
+    assert server.stop() == 0  # the brokers persist the offsets as they stop
+    assert rebuild(spark, RebuildConfig(server.lake, engine=ENGINE)).status == "SUCCEEDED"
+    as_of = int(time.time() * 1000)
+    assert offsets(spark, ConsumerOffsetsConfig(server.lake, as_of, engine=ENGINE)).status == "SUCCEEDED"
+    rows = DeltaTable(str(server.lake / "consumer_offsets")).to_pyarrow_table().to_pylist()
+    lag = {r["queue_id"]: (r["consumer_offset"], r["diff"]) for r in rows if r["group"] == "cg-pull"}
+    assert lag == {q: (half, ends[q] - half) if q == 0 else (ends[q], 0) for q in range(4) if ends[q]}

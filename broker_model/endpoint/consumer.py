@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent import futures
 from typing import Final, TypeVar
 
@@ -24,7 +24,8 @@ from broker_model.common import validate_name
 from broker_model.common.pop_records import PopError, ReceiptHandle
 from broker_model.endpoint.convert import protocol_message
 from broker_model.endpoint.errors import RequestError
-from broker_model.store.message_store import Subscription
+from broker_model.store import MessageExt
+from broker_model.store.message_store import PullResult, PullStatus, Subscription
 from schemas.errors import BrokerError, ValidationError
 
 MIN_POLLING_MS: Final = 5_000  # ProxyConfig.grpcClientConsumerMinLongPollingTimeoutMillis
@@ -169,10 +170,7 @@ class ConsumerCalls:
             return
         yield rpc.ReceiveMessageResponse(status=_status(pb.OK, "OK"))
         for item in result:
-            message = item.message
-            if message.sys_flag & c.COMPRESSED_FLAG:  # the pop's body is decompressed already
-                message = dataclasses.replace(message, sys_flag=message.sys_flag & ~c.COMPRESSED_FLAG)
-            shown = protocol_message(message, topic)
+            shown = _shown(item.message, topic)
             shown.system_properties.receipt_handle = item.receipt_handle
             shown.system_properties.delivery_attempt = item.delivery_attempt
             yield rpc.ReceiveMessageResponse(message=shown)
@@ -181,8 +179,25 @@ class ConsumerCalls:
     async def _receive(
         self, pops: PopService, group: str, topic: str, batch: int, invisible_ms: int, sub: Subscription, poll_ms: int
     ) -> list[PoppedMessage]:
-        """Pop; while nothing comes, wait on the loop (no thread held) until the broker stores a
-        matching message in a queue the pop read, then pop again, until ``poll_ms`` passed."""
+        """Pop; while nothing comes, wait for the broker to store a matching message in a queue the
+        pop read (:meth:`_long_poll`), then pop again, until ``poll_ms`` passed."""
+
+        def attempt() -> tuple[list[PoppedMessage], Sequence[tuple[str, int, int]]]:
+            result = pops.pop(group, topic, batch, invisible_ms, sub.expression)
+            return result.messages, result.looked
+
+        return await self._long_poll(pops.broker, sub, poll_ms, attempt)
+
+    async def _long_poll(
+        self,
+        broker: Broker,
+        sub: Subscription,
+        poll_ms: int,
+        attempt: Callable[[], tuple[list[_T], Sequence[tuple[str, int, int]]]],
+    ) -> list[_T]:
+        """Run ``attempt`` (what it found, and the queues it read with their offsets) in a pop
+        thread; while it finds nothing, wait on the loop (no thread held) until the broker stores a
+        message matching ``sub`` in one of those queues, then run it again, until ``poll_ms`` passed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
         arrived = asyncio.Event()
@@ -193,16 +208,15 @@ class ConsumerCalls:
             except RuntimeError:  # the loop closed (the server stops): nobody waits any more
                 pass
 
-        store = pops.broker.store
+        store = broker.store
         store.add_arrival_listener(listener)
         try:
             while True:
                 arrived.clear()
-                call = functools.partial(pops.pop, group, topic, batch, invisible_ms, sub.expression)
-                result = await self._blocking(call, self._pop_threads)
-                if result.messages or loop.time() >= deadline:
-                    return result.messages
-                looks = functools.partial(store.arrived_any, result.looked, sub)
+                found, looked = await self._blocking(attempt, self._pop_threads)
+                if found or loop.time() >= deadline:
+                    return found
+                looks = functools.partial(store.arrived_any, looked, sub)
                 while not await loop.run_in_executor(self._pop_threads, looks):
                     try:
                         await asyncio.wait_for(arrived.wait(), deadline - loop.time())
@@ -322,6 +336,133 @@ class ConsumerCalls:
             return rpc.ForwardMessageToDeadLetterQueueResponse(status=_status(err.code, err.message))
         return rpc.ForwardMessageToDeadLetterQueueResponse(status=_status())
 
+    # -- offset-based consumption ----------------------------------------------------------
+
+    async def PullMessage(
+        self, request: rpc.PullMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rpc.PullMessageResponse]:
+        """Read one queue from an offset, as a 4.x pull consumer does (the group's offset does not
+        move: ``UpdateOffset`` commits it); held up to ``long_polling_timeout`` while nothing
+        matching is there. The stream is the status, the messages, then the next offset."""
+        try:
+            topic, _, broker, queue_id = self._admit_queue(context, request.message_queue, request.group)
+            sub = _filter(request.filter_expression)
+            batch = request.batch_size
+            if not 1 <= batch <= c.MAX_POP_NUMS:
+                raise RequestError(pb.BAD_REQUEST, f"batch_size: {batch} must be in [1, {c.MAX_POP_NUMS}]")
+            if request.offset < 0:
+                raise RequestError(pb.ILLEGAL_OFFSET, f"offset: {request.offset} must not be negative")
+            remaining = context.time_remaining()
+            poll_ms = (
+                int(request.long_polling_timeout.ToMilliseconds()) if request.HasField("long_polling_timeout") else 0
+            )
+            if remaining is not None:
+                poll_ms = max(0, min(poll_ms, int(remaining * 1000) - 500))
+            outcome: list[PullResult] = []
+
+            def attempt() -> tuple[list[MessageExt], Sequence[tuple[str, int, int]]]:
+                result = broker.pull(topic, queue_id, request.offset, batch, sub.expression)
+                outcome[:] = [result]
+                return result.messages, [(topic, queue_id, request.offset)]
+
+            messages = await self._long_poll(broker, sub, poll_ms, attempt)
+        except RequestError as err:
+            yield rpc.PullMessageResponse(status=_status(err.code, err.message))
+            return
+        result = outcome[0]
+        if messages:
+            yield rpc.PullMessageResponse(status=_status())
+        elif result.status == PullStatus.OFFSET_ILLEGAL:
+            yield rpc.PullMessageResponse(
+                status=_status(
+                    pb.ILLEGAL_OFFSET,
+                    f"offset: {request.offset} is outside [{result.min_offset}, {result.max_offset}] of the queue",
+                )
+            )
+        else:
+            yield rpc.PullMessageResponse(status=_status(pb.MESSAGE_NOT_FOUND, "no new message"))
+        for message in messages:
+            yield rpc.PullMessageResponse(message=_shown(message, topic))
+        yield rpc.PullMessageResponse(next_offset=result.next_begin_offset)
+
+    async def UpdateOffset(
+        self, request: rpc.UpdateOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> rpc.UpdateOffsetResponse:
+        """Commit the group's next offset of one queue (as a 4.x consumer's ``updateConsumerOffset``)."""
+        try:
+            topic, group, broker, queue_id = self._admit_queue(context, request.message_queue, request.group)
+            if request.offset < 0:
+                raise RequestError(pb.ILLEGAL_OFFSET, f"offset: {request.offset} must not be negative")
+            client = str(dict(context.invocation_metadata() or ()).get("x-mq-client-id", "")) or None
+            broker.commit_offset(group, topic, queue_id, request.offset, client)
+        except RequestError as err:
+            return rpc.UpdateOffsetResponse(status=_status(err.code, err.message))
+        return rpc.UpdateOffsetResponse(status=_status())
+
+    async def GetOffset(
+        self, request: rpc.GetOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> rpc.GetOffsetResponse:
+        """The group's committed offset of one queue; ``OFFSET_NOT_FOUND`` when it has none."""
+        try:
+            topic, group, broker, queue_id = self._admit_queue(context, request.message_queue, request.group)
+            offset = await asyncio.to_thread(broker.query_offset, group, topic, queue_id)  # may read the ledger
+            if offset < 0:
+                raise RequestError(pb.OFFSET_NOT_FOUND, f"group {group!r} has no offset of {topic}:{queue_id}")
+        except RequestError as err:
+            return rpc.GetOffsetResponse(status=_status(err.code, err.message))
+        return rpc.GetOffsetResponse(status=_status(), offset=offset)
+
+    async def QueryOffset(
+        self, request: rpc.QueryOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> rpc.QueryOffsetResponse:
+        """A queue's first offset (``BEGINNING``), its next offset to be written (``END``), or the
+        first offset stored at or after ``timestamp`` (``TIMESTAMP``, RocketMQ 5's lower boundary)."""
+        try:
+            queue = request.message_queue
+            topic = _name(queue.topic, "message_queue.topic")
+            self._admit(context, topic)
+            broker, queue_id = self._queue_of(queue)
+            store = broker.store
+            if request.query_offset_policy == pb.BEGINNING:
+                offset = store.min_offset(topic, queue_id)
+            elif request.query_offset_policy == pb.END:
+                offset = store.max_offset(topic, queue_id)
+            else:
+                offset = store.offset_by_time(topic, queue_id, request.timestamp.ToMilliseconds())
+        except RequestError as err:
+            return rpc.QueryOffsetResponse(status=_status(err.code, err.message))
+        return rpc.QueryOffsetResponse(status=_status(), offset=offset)
+
+    def _admit_queue(
+        self, context: grpc.aio.ServicerContext, queue: pb.MessageQueue, group: pb.Resource
+    ) -> tuple[str, str, Broker, int]:
+        """The topic, group, broker and queue id of an offset-based call, once it is admitted."""
+        topic, name = self._admit_consumer(context, queue.topic, "message_queue.topic", group)
+        return (topic, name, *self._queue_of(queue))
+
+    def _queue_of(self, queue: pb.MessageQueue) -> tuple[Broker, int]:
+        """The broker and queue id a request's queue names.
+
+        Raises:
+            RequestError: BAD_REQUEST for a broker not served here or a queue the topic lacks there.
+        """
+        broker = self.brokers.get(queue.broker.name)
+        if broker is None:
+            raise RequestError(
+                pb.BAD_REQUEST,
+                f"message_queue.broker.name: {queue.broker.name!r} is not served here ({sorted(self.brokers)})",
+            )
+        nums = broker.queue_nums(queue.topic.name)
+        if nums is None:
+            raise RequestError(
+                pb.TOPIC_NOT_FOUND, f"topic {queue.topic.name!r} not found on broker {broker.broker_name!r}"
+            )
+        if not 0 <= queue.id < nums:
+            raise RequestError(
+                pb.BAD_REQUEST, f"message_queue.id: {queue.id} is not a queue of {queue.topic.name} (0..{nums - 1})"
+            )
+        return broker, queue.id
+
     def _pops_of_handle(self, handle: ReceiptHandle) -> PopService:
         pops = self.pops.get(handle.broker_name)
         if pops is None:
@@ -345,6 +486,14 @@ class ConsumerCalls:
 
 def _status(code: int = pb.OK, message: str = "OK") -> pb.Status:
     return pb.Status(code=code, message=message)
+
+
+def _shown(message: MessageExt, topic: str) -> pb.Message:
+    """A popped or pulled message as the protocol's, under ``topic``: its body is decompressed
+    already, so it is sent as it is."""
+    if message.sys_flag & c.COMPRESSED_FLAG:
+        message = dataclasses.replace(message, sys_flag=message.sys_flag & ~c.COMPRESSED_FLAG)
+    return protocol_message(message, topic)
 
 
 def _delivered_now() -> rpc.ReceiveMessageResponse:
