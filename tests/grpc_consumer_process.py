@@ -13,6 +13,11 @@ consumes the others; every delivery is printed (message id, body, delivery attem
 It stops once every message consumed was delivered and every failing one was delivered
 ``ATTEMPTS`` times (the environment's ``RMQ_MAX_ATTEMPTS``, 3 by default) and 4 s passed with no
 new delivery, or after 90 s, and prints ``done`` after the consumer shut down.
+
+MODE ``crash``: a ``SimpleConsumer`` (await duration 2 s) receives all COUNT messages invisible for
+2 s, acks those with an even index, prints ``ready``, and waits for a line on stdin (the test kills
+the server and starts it again meanwhile); then it receives for 15 s more, acking everything, and
+prints every delivery of both phases as JSON lines, then ``done``.
 """
 
 from __future__ import annotations
@@ -75,6 +80,47 @@ def simple(endpoint: str, topic: str, group: str, count: int) -> None:
     print("done", flush=True)
 
 
+def crash(endpoint: str, topic: str, group: str, count: int) -> None:
+    consumer = SimpleConsumer(
+        ClientConfiguration(endpoint, Credentials("", "")), group, {topic: FilterExpression("*")}, await_duration=2
+    )
+    consumer.startup()
+    deliveries = []
+
+    def received(phase: str) -> list[Message]:
+        try:
+            messages = consumer.receive(32, INVISIBLE_S)
+        except Exception as err:  # the server is away, or its settings have not come yet
+            print(json.dumps({"error": str(err)[:200], "phase": phase}), file=sys.stderr, flush=True)
+            time.sleep(0.2)
+            return []
+        for message in messages:
+            body = message.body.decode()
+            deliveries.append(
+                {"message_id": message.message_id, "body": body, "attempt": message.delivery_attempt, "phase": phase}
+            )
+        return messages
+
+    deadline = time.monotonic() + 60
+    while len(deliveries) < count and time.monotonic() < deadline:
+        for message in received("before"):
+            if int(message.body.decode().split()[1]) % 2 == 0:
+                consumer.ack(message)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    until = time.monotonic() + 15
+    while time.monotonic() < until:
+        for message in received("after"):
+            try:
+                consumer.ack(message)
+            except Exception as err:
+                print(json.dumps({"error": str(err)[:200], "phase": "ack"}), file=sys.stderr, flush=True)
+    consumer.shutdown()
+    for delivery in deliveries:
+        print(json.dumps(delivery), flush=True)
+    print("done", flush=True)
+
+
 class Failing(MessageListener):  # type: ignore[misc]
     """Fails every fourth message, from the second on; prints every delivery."""
 
@@ -124,7 +170,7 @@ def push(endpoint: str, topic: str, group: str, count: int) -> None:
 
 if __name__ == "__main__":
     endpoint, topic, group, mode, count = sys.argv[1:6]
-    modes = {"simple": simple, "push": push}
+    modes = {"simple": simple, "push": push, "crash": crash}
     if mode not in modes:
         raise SystemExit(f"MODE: {mode!r} is not a mode ({sorted(modes)})")
     modes[mode](endpoint, topic, group, int(count))

@@ -10,6 +10,8 @@ import itertools
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -284,3 +286,44 @@ def test_an_offset_based_pull_from_a_raw_stub_and_its_committed_offsets_show_in_
     rows = DeltaTable(str(server.lake / "consumer_offsets")).to_pyarrow_table().to_pylist()
     lag = {r["queue_id"]: (r["consumer_offset"], r["diff"]) for r in rows if r["group"] == "cg-pull"}
     assert lag == {q: (half, ends[q] - half) if q == 0 else (ends[q], 0) for q in range(4) if ends[q]}
+
+
+def test_after_a_sigkill_of_the_server_acked_messages_never_come_back_and_unacked_ones_once(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # the server comes back on the port the client knows
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    lake, options = tmp_path / "lake", ["--auto-create-topics", "--min-invisible-ms", "1000", "--listen"]
+    server = start_serve(lake, *options, f"127.0.0.1:{port}")
+    sent = _client(server, "Orders", "normal", 20)
+    home = tmp_path / "client-home"
+    home.mkdir(exist_ok=True)
+    command = [sys.executable, "-m", "tests.grpc_consumer_process", server.address, "Orders", "cg-crash", "crash", "20"]
+    client = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HOME": str(home)},
+    )
+    assert client.stdin is not None and client.stdout is not None
+    try:
+        assert client.stdout.readline().strip() == "ready"
+        server.process.send_signal(signal.SIGKILL)  # no flush, no unlock: the log and its checkpoints tell
+        assert server.process.wait(timeout=30) == -signal.SIGKILL
+        restarted = start_serve(lake, *options, f"127.0.0.1:{port}")
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        output, _ = client.communicate(timeout=120)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert output.rstrip().endswith("done")
+    deliveries = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    before = [d for d in deliveries if d["phase"] == "before"]
+    after = [d for d in deliveries if d["phase"] == "after"]
+    assert sorted(d["message_id"] for d in before) == sorted(s["message_id"] for s in sent)
+    unacked = {d["message_id"] for d in before if int(d["body"].split()[1]) % 2 == 1}
+    assert sorted(d["message_id"] for d in after) == sorted(unacked)  # once each, no acked one
+    assert {d["attempt"] for d in after} == {2}
+    assert restarted.stop() == 0
