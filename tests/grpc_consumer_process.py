@@ -18,6 +18,11 @@ MODE ``crash``: a ``SimpleConsumer`` (await duration 2 s) receives all COUNT mes
 2 s, acks those with an even index, prints ``ready``, and waits for a line on stdin (the test kills
 the server and starts it again meanwhile); then it receives for 15 s more, acking everything, and
 prints every delivery of both phases as JSON lines, then ``done``.
+
+MODE ``fifo``: 4 ``SimpleConsumer`` instances of the group, one thread each, receive (2 at a time,
+invisible 5 s), and ack every message after a pause of 20 ms; each delivery is printed with the
+times its receive returned and its ack started (milliseconds since the epoch). It stops once COUNT
+messages were acked, or after 60 s, and prints ``done``.
 """
 
 from __future__ import annotations
@@ -121,6 +126,58 @@ def crash(endpoint: str, topic: str, group: str, count: int) -> None:
     print("done", flush=True)
 
 
+def fifo(endpoint: str, topic: str, group: str, count: int) -> None:
+    configuration = ClientConfiguration(endpoint, Credentials("", ""))
+    consumers = [
+        SimpleConsumer(configuration, group, {topic: FilterExpression("*")}, await_duration=2) for _ in range(4)
+    ]
+    for consumer in consumers:
+        consumer.startup()
+    lock = threading.Lock()
+    lines: list[dict[str, object]] = []
+    deadline = time.monotonic() + 60
+
+    def work(index: int) -> None:
+        consumer = consumers[index]
+        while time.monotonic() < deadline:
+            with lock:
+                if sum(1 for line in lines if "acked" in line) >= count:
+                    return
+            try:
+                messages = consumer.receive(2, 5)
+            except Exception as err:  # the server's settings have not reached this consumer yet
+                print(json.dumps({"error": str(err)[:200]}), file=sys.stderr, flush=True)
+                time.sleep(0.1)
+                continue
+            received = int(time.time() * 1000)
+            for message in messages:
+                time.sleep(0.02)
+                acking = int(time.time() * 1000)
+                consumer.ack(message)
+                line = {
+                    "message_id": message.message_id,
+                    "body": message.body.decode(),
+                    "group": message.message_group,
+                    "attempt": message.delivery_attempt,
+                    "received": received,
+                    "acked": acking,
+                    "consumer": index,
+                }
+                with lock:
+                    lines.append(line)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for consumer in consumers:
+        consumer.shutdown()
+    for line in lines:
+        print(json.dumps(line), flush=True)
+    print("done", flush=True)
+
+
 class Failing(MessageListener):  # type: ignore[misc]
     """Fails every fourth message, from the second on; prints every delivery."""
 
@@ -170,7 +227,7 @@ def push(endpoint: str, topic: str, group: str, count: int) -> None:
 
 if __name__ == "__main__":
     endpoint, topic, group, mode, count = sys.argv[1:6]
-    modes = {"simple": simple, "push": push, "crash": crash}
+    modes = {"simple": simple, "push": push, "crash": crash, "fifo": fifo}
     if mode not in modes:
         raise SystemExit(f"MODE: {mode!r} is not a mode ({sorted(modes)})")
     modes[mode](endpoint, topic, group, int(count))

@@ -141,11 +141,12 @@ def test_consumer_calls_answer_the_proxys_codes(server: Server) -> None:
     fifo_group = ["-c", "DefaultCluster", "-g", "cg-fifo", "-o", "true"]
     # while serving: the broker reads the group's row within a second
     assert broker_main(["admin", "updateSubGroup", "--lake", str(server.lake), *fifo_group]) == 0
-    wait_until(lambda: _receive(stub, group="cg-fifo")[0].status.code == pb.NOT_IMPLEMENTED, "the FIFO group refused")
-    fifo = stub.QueryAssignment(
-        rpc.QueryAssignmentRequest(topic=pb.Resource(name="Orders"), group=pb.Resource(name="cg-fifo")), metadata=META
-    )
-    assert sorted(a.message_queue.id for a in fifo.assignments) == list(range(4))  # every queue of a FIFO group
+    request = rpc.QueryAssignmentRequest(topic=pb.Resource(name="Orders"), group=pb.Resource(name="cg-fifo"))
+
+    def assigned() -> list[int]:
+        return sorted(a.message_queue.id for a in stub.QueryAssignment(request, metadata=META).assignments)
+
+    wait_until(lambda: assigned() == list(range(4)), "every queue assigned to the FIFO group")
     assert server.stop() == 0
 
 
@@ -327,3 +328,26 @@ def test_after_a_sigkill_of_the_server_acked_messages_never_come_back_and_unacke
     assert sorted(d["message_id"] for d in after) == sorted(unacked)  # once each, no acked one
     assert {d["attempt"] for d in after} == {2}
     assert restarted.stop() == 0
+
+
+def test_a_fifo_group_under_four_consumers_gets_each_message_group_in_order_one_at_a_time(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    Broker(BrokerConfig(lake)).start().shutdown()
+    assert (
+        broker_main(
+            ["admin", "updateSubGroup", "--lake", str(lake), "-c", "DefaultCluster", "-g", "cg-fifo", "-o", "true"]
+        )
+        == 0
+    )
+    server = start_serve(lake, "--auto-create-topics", "--min-invisible-ms", "1000")
+    sent = _client(server, "Ledger", "fifo", 8, threads=3)
+    deliveries = _consume(server, "Ledger", "cg-fifo", "fifo", len(sent))
+    assert server.stop() == 0
+    assert sorted(d["message_id"] for d in deliveries) == sorted(s["message_id"] for s in sent)  # each once
+    assert {d["attempt"] for d in deliveries} == {1}
+    for group in ("group-a", "group-b", "group-c"):
+        mine = sorted((d for d in deliveries if d["group"] == group), key=lambda d: (d["received"], d["acked"]))
+        assert [int(d["body"].split()[1]) for d in mine] == list(range(8)), group  # in send order
+        for earlier, later in itertools.pairwise(mine):  # a batch is acked before the next is received
+            assert earlier["received"] == later["received"] or later["received"] >= earlier["acked"], (earlier, later)
+    assert len({d["consumer"] for d in deliveries}) > 1  # the consumers shared the work

@@ -13,6 +13,7 @@ import pytest
 from broker_model.broker import (
     Broker,
     InnerMessage,
+    PopResult,
     PopService,
     SubscriptionGroupConfig,
     TimerMessageService,
@@ -216,9 +217,6 @@ def test_tags_filter_skips_and_bad_requests_name_the_field(broker: Broker, pop: 
     with pytest.raises(PopError, match=r"^topic=") as raised:
         pop.service.pop("G", "NOPE")
     assert raised.value.code == "TOPIC_NOT_FOUND"
-    broker.update_subscription_group(SubscriptionGroupConfig("F", consume_message_orderly=True))
-    with pytest.raises(ValidationError, match=r"^group='F'.*FIFO"):
-        pop.service.pop("F", "T")
 
 
 @pytest.mark.parametrize("landed", [True, False], ids=["put-landed", "put-lost"])
@@ -344,3 +342,37 @@ def test_checkpoint_keys_and_handles_that_rocketmqs_joined_keys_would_confuse() 
     assert one.key != other.key  # joined with no separator both are "TG1231000b"
     with pytest.raises(PopError, match=r"^receipt_handle="):
         ReceiptHandle.decode("5 1 2 9 0 b 1 7 9")  # revive queue 9 of 8
+
+
+def _bodies_of(result: PopResult) -> list[bytes]:
+    return [m.message.body for m in result.messages]
+
+
+def test_a_fifo_group_gets_a_queues_next_message_only_once_the_previous_is_acked_or_dead(
+    broker: Broker, pop: Pop
+) -> None:
+    broker.update_subscription_group(SubscriptionGroupConfig("F", retry_max_times=1, consume_message_orderly=True))
+    _send(broker, 6)  # m0, m2, m4 in queue 0; m1, m3, m5 in queue 1
+    timer_records = len(_records(broker, c.TIMER_TOPIC, 0))
+    (m0,) = pop.service.pop("F", "T", 1, invisible_ms=5_000, attempt_id="a").messages
+    (m1,) = pop.service.pop("F", "T", 1, invisible_ms=5_000).messages  # queue 0 waits for m0
+    assert (m0.message.body, m1.message.body) == (b"m0", b"m1")
+    blocked = pop.service.pop("F", "T", 32, invisible_ms=5_000)
+    assert blocked.messages == [] and blocked.orderly and blocked.unblocks_in_ms == 5_000
+    assert len(_records(broker, c.TIMER_TOPIC, 0)) == timer_records  # FIFO pops write no checkpoint
+    same = pop.service.pop("F", "T", 1, invisible_ms=5_000, attempt_id="a")  # a repeated receive
+    assert _bodies_of(same) == [b"m0"] and same.messages[0].delivery_attempt == 1
+    pop.service.ack("F", "T", same.messages[0].receipt_handle)
+    assert broker.query_offset("F", "T", 0) == 1  # acked up to
+    (m2,) = pop.service.pop("F", "T", 1, invisible_ms=5_000).messages
+    assert m2.message.body == b"m2"
+    pop.clock.now = T0 + 5_000  # m1 and m2 were not acked: their queues give them again
+    restarted = PopService(broker, pop.timer)  # the batches are kept durably
+    again = [restarted.pop("F", "T", 1, invisible_ms=5_000).messages[0] for _ in range(2)]
+    assert [(m.message.body, m.delivery_attempt) for m in again] == [(b"m2", 2), (b"m1", 2)]
+    pop.clock.now = T0 + 10_000  # still not acked: past the group's 2 attempts, dead-lettered and acked
+    dead = restarted.pop("F", "T", 32, invisible_ms=5_000)  # each queue's batch: its dead letter, then the next
+    assert dead.dead_lettered == 2
+    assert [(m.message.body, m.delivery_attempt) for m in dead.messages] == [(b"m4", 1), (b"m3", 1), (b"m5", 1)]
+    assert sorted(m.body for m in _records(broker, "%DLQ%F", 0)) == [b"m1", b"m2"]
+    assert [broker.query_offset("F", "T", q) for q in (0, 1)] == [2, 1]  # past the dead letters

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from broker_model.broker.config import InnerMessage
+from broker_model.broker.pop_orderly import OrderInfo, OrderInfoTable, order_info_path
 from broker_model.broker.service import PeriodicService
 from broker_model.common import OFFSET_NOT_FOUND, validate_name
 from broker_model.common import constants as c
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 CheckPointKey = tuple[str, str, int, int, int, str]  # PopCheckPoint.key
+ORDERLY_POLL_STEP_MS: Final = 100  # an in-process long poll of a FIFO group looks again this often
 REVIVE_ROUND_CKS: Final = 64  # checkpoints one revive round finishes at most (one put of their copies)
 REVIVE_INTERVAL_MS: Final = 200  # how often the revive service looks (RocketMQ: 1 s, slower when idle)
 RECOVERY_MARGIN_MS: Final = 10_000  # checkpoints this long before the last persisted offsets are read again
@@ -96,6 +98,10 @@ class PopResult:
     dead_lettered: int = 0  # messages past the group's attempts, sent to %DLQ% and acked
     filtered: int = 0  # messages whose tags the filter did not match exactly, acked
     looked: tuple[tuple[str, int, int], ...] = ()  # each queue read and its offset: what a long poll waits on
+    # a FIFO group's pop: a long poll pops again on any change of the broker (an ack unblocks a
+    # queue), and at the latest after ``unblocks_in_ms`` (a blocked batch's invisible time ends)
+    orderly: bool = False
+    unblocks_in_ms: int | None = None
 
 
 @dataclass
@@ -140,9 +146,11 @@ class PopService(PeriodicService):
         self._in_flight: dict[int, int] = {}  # acks and changes being written: token -> when they were checked
         self._in_flight_lock = threading.Lock()
         self._tokens = itertools.count()
+        self.orders = OrderInfoTable(order_info_path(broker.config.lake, broker.broker_name))
         broker.ensure_topic(self.revive_topic, c.REVIVE_QUEUE_NUM)
         self._load()
         self._recover_pop_offsets()
+        self._recover_orderly_offsets()
 
     # -- consumers --------------------------------------------------------------------------------
 
@@ -156,16 +164,20 @@ class PopService(PeriodicService):
         poll_ms: int = 0,
         max_attempts: int | None = None,
         init_mode: str = "MAX",
+        attempt_id: str | None = None,
     ) -> PopResult:
         """Pop up to ``max_nums`` messages of ``topic`` (every readable queue, and the group's POP
         retry topic) for ``group``, invisible for ``invisible_ms``; waits up to ``poll_ms`` for a
         matching message when none is there. A message whose reconsume times reached
         ``max_attempts`` (None: the group's ``retry_max_times`` + 1) is dead-lettered into
         ``%DLQ%<group>`` and acked; one whose tags the expression does not match exactly is acked.
+        A FIFO group (``consume_message_orderly``) pops in order (:mod:`.pop_orderly`): a queue
+        whose last batch is not all acked gives nothing until that batch's invisible time passes;
+        a receive repeated with the same ``attempt_id`` gets the same batch again.
 
         Raises:
             ValidationError: a bad group or topic name, ``max_nums`` outside [1, 32], a negative
-                ``invisible_ms`` or ``poll_ms``, an unknown topic or ``init_mode``, or a FIFO group.
+                ``invisible_ms`` or ``poll_ms``, an unknown topic or ``init_mode``.
             BrokerError, CommitFailedError: the checkpoints could not be stored (nothing was popped).
         """
         validate_name(group, "group", c.GROUP_MAX_LENGTH)
@@ -178,25 +190,29 @@ class PopService(PeriodicService):
         if init_mode not in ("MIN", "MAX"):
             raise ValidationError("init_mode", init_mode, "must be MIN or MAX")
         config = self.broker.subscription_group(group)
-        if config.consume_message_orderly:
-            raise PopError(
-                "NOT_IMPLEMENTED",
-                "group",
-                group,
-                "is a FIFO group (consume_message_orderly): orderly pops are not served by this broker",
-            )
         if self.broker.queue_nums(topic) is None:
             raise PopError("TOPIC_NOT_FOUND", "topic", topic, f"does not exist on broker {self.broker.broker_name!r}")
         sub = Subscription.parse(expression)
         limit = config.retry_max_times + 1 if max_attempts is None else max_attempts
         deadline = time.monotonic() + poll_ms / 1000
         while True:
-            popped, looked = self._pop_once(group, topic, max_nums, invisible_ms, sub, init_mode)
-            result = dataclasses.replace(self._filter(group, topic, popped, sub, limit), looked=tuple(looked))
+            unblocks: int | None = None
+            if config.consume_message_orderly:
+                popped, looked, unblocks = self._pop_orderly(
+                    group, topic, max_nums, invisible_ms, sub, init_mode, attempt_id
+                )
+            else:
+                popped, looked = self._pop_once(group, topic, max_nums, invisible_ms, sub, init_mode)
+            found = self._filter(group, topic, popped, sub, limit)
+            orderly = config.consume_message_orderly
+            result = dataclasses.replace(found, looked=tuple(looked), orderly=orderly, unblocks_in_ms=unblocks)
             remaining = deadline - time.monotonic()
             if result.messages or remaining <= 0:
                 return result
-            self.broker.store.hold_any(looked, sub, int(remaining * 1000) + 1)
+            hold = int(remaining * 1000) + 1
+            if orderly:  # an ack unblocks a queue without storing anything: look again soon
+                hold = min(hold, ORDERLY_POLL_STEP_MS, unblocks if unblocks is not None else hold)
+            self.broker.store.hold_any(looked, sub, hold)
 
     def ack(self, group: str, topic: str, receipt_handle: str) -> None:
         """Ack the message of ``receipt_handle`` (its topic as the group subscribed to it).
@@ -209,6 +225,9 @@ class PopService(PeriodicService):
         handle = ReceiptHandle.decode(receipt_handle)
         with self._writing():
             real = self._check_handle(group, topic, handle)
+            if handle.orderly:
+                self._ack_orderly(group, real, handle)
+                return
             self._put([self._ack_record(ack_of(handle, real, group), handle.revive_queue_id, handle.expires)])
 
     def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
@@ -224,6 +243,8 @@ class PopService(PeriodicService):
         handle = ReceiptHandle.decode(receipt_handle)
         with self._writing():
             real = self._check_handle(group, topic, handle)
+            if handle.orderly:
+                return self._change_orderly(group, real, handle, invisible_ms)
             # a new pop time, so that the new checkpoint is never the old one's key
             now = max(self.broker.config.clock(), handle.pop_time + 1)
             offset, rq = handle.queue_offset, handle.revive_queue_id
@@ -309,6 +330,115 @@ class PopService(PeriodicService):
                 popped.append(PoppedMessage(shown, handle.encode(), message.reconsume_times + 1))
         return popped, looked
 
+    # -- FIFO groups ------------------------------------------------------------------------------
+
+    def _pop_orderly(
+        self,
+        group: str,
+        topic: str,
+        max_nums: int,
+        invisible_ms: int,
+        sub: Subscription,
+        init_mode: str,
+        attempt_id: str | None,
+    ) -> tuple[list[PoppedMessage], list[tuple[str, int, int]], int | None]:
+        """One orderly pass over the topic's queues (never its retry topic): from each queue not
+        blocked by its last batch, a batch from the group's offset, its messages' reconsume times
+        their consume counts; no checkpoint is written, the batch is kept instead. Also the ms
+        until the first blocked batch's invisible time ends (None: none is blocked)."""
+        broker, store = self.broker, self.broker.store
+        popped: list[PoppedMessage] = []
+        looked: list[tuple[str, int, int]] = []
+        unblocks: int | None = None
+        with self._group_lock(group, topic), self.orders.lock:
+            now = broker.config.clock()
+            count = broker.queue_nums(topic) or 0
+            changed = False
+            for queue_id in range(count):
+                if len(popped) >= max_nums:
+                    break
+                previous = self.orders.get(topic, group, queue_id)
+                if previous is not None and previous.blocks(now, attempt_id):
+                    visible = min(previous.visible_at(o) for o in previous.offsets if o not in previous.acked)
+                    unblocks = min(unblocks, visible - now) if unblocks is not None else visible - now
+                    continue
+                offset = (
+                    previous.committed()
+                    if previous is not None
+                    else self._pop_offset(group, topic, queue_id, init_mode)
+                )
+                looked.append((topic, queue_id, offset))
+                got = store.get_message(topic, queue_id, offset, max_nums - len(popped), sub)
+                if not got.messages:
+                    if got.next_begin_offset != offset:  # only messages the filter skips
+                        broker.offsets.commit_offset(group, topic, queue_id, got.next_begin_offset, source="pop")
+                    continue
+                offsets = [m.queue_offset for m in got.messages]
+                counts = {}
+                for o in offsets:
+                    known = previous.counts.get(o, 0) if previous is not None else 0
+                    repeated = attempt_id is not None and previous is not None and previous.attempt_id == attempt_id
+                    again = previous is not None and o in previous.offsets and not repeated
+                    counts[o] = known + 1 if again else known  # mergeOffsetConsumedCount
+                info = OrderInfo(now, invisible_ms, offsets, counts, attempt_id=attempt_id)
+                self.orders.put(topic, group, queue_id, info)
+                changed = True
+                broker.offsets.commit_offset(group, topic, queue_id, offset, source="pop")
+                for message in got.messages:
+                    handle = ReceiptHandle(
+                        offset,
+                        now,
+                        invisible_ms,
+                        c.POP_ORDER_REVIVE_QUEUE,
+                        TOPIC_TYPE_NORMAL,
+                        broker.broker_name,
+                        queue_id,
+                        message.queue_offset,
+                        message.commit_log_offset,
+                    )
+                    times = counts[message.queue_offset]
+                    shown = dataclasses.replace(message, reconsume_times=times)
+                    popped.append(PoppedMessage(shown, handle.encode(), times + 1))
+            if changed:
+                self.orders.save()
+        return popped, looked, unblocks
+
+    def _ack_orderly(self, group: str, topic: str, handle: ReceiptHandle) -> None:
+        """``ackOrderly``: the message is consumed; the group's offset goes to the batch's first
+        unacked message, or past the batch."""
+        with self.orders.lock:
+            info = self.orders.get(topic, group, handle.queue_id)
+            if info is None or handle.queue_offset not in info.offsets or info.pop_time != handle.pop_time:
+                return  # a batch popped again since: the message was delivered anew
+            info.acked.add(handle.queue_offset)
+            self.orders.save()
+            self.broker.offsets.commit_offset(group, topic, handle.queue_id, info.committed(), source="pop")
+        self.broker.store.announce()  # a long poll of the group pops again: the queue may be free
+
+    def _change_orderly(self, group: str, topic: str, handle: ReceiptHandle, invisible_ms: int) -> str:
+        """``updateNextVisibleTime``: the message's next visible time is now + ``invisible_ms``; the
+        handle keeps its pop time, with the invisible time that reaches it."""
+        with self.orders.lock:
+            info = self.orders.get(topic, group, handle.queue_id)
+            if info is None or handle.queue_offset not in info.offsets or info.pop_time != handle.pop_time:
+                raise PopError(
+                    "INVALID_RECEIPT_HANDLE",
+                    "receipt_handle",
+                    handle.encode(),
+                    "names a FIFO batch popped again since",
+                )
+            visible = self.broker.config.clock() + invisible_ms
+            info.next_visible[handle.queue_offset] = visible
+            self.orders.save()
+        return dataclasses.replace(handle, invisible_time=visible - handle.pop_time).encode()
+
+    def _recover_orderly_offsets(self) -> None:
+        """A FIFO group's offset is at least where its kept batch says (acks are kept durably there,
+        the offsets only every few seconds)."""
+        for topic, group, queue_id, info in self.orders.items():
+            if self.broker.offsets.query_offset(group, topic, queue_id) < info.committed():
+                self.broker.offsets.commit_offset(group, topic, queue_id, info.committed(), source="pop")
+
     def _pop_offset(self, group: str, topic: str, queue_id: int, init_mode: str) -> int:
         """The group's offset of the queue; a first pop starts at the min offset for a retry topic
         or ``MIN``, else at 0 while the queue still holds offset 0, else at its last message."""
@@ -345,6 +475,9 @@ class PopService(PeriodicService):
         handle = ReceiptHandle.decode(receipt_handle)
         real = handle.real_topic(topic, group)
         with self._writing():
+            if handle.orderly:
+                self._ack_orderly(group, real, handle)
+                return
             self._put([self._ack_record(ack_of(handle, real, group), handle.revive_queue_id, handle.expires)])
 
     def _check_handle(self, group: str, topic: str, handle: ReceiptHandle) -> str:

@@ -123,6 +123,7 @@ CK_TAG: Final = "ck"
 ACK_TAG: Final = "ack"
 BATCH_ACK_TAG: Final = "bAck"
 ACK_TIME_INTERVAL_MS: Final = 1000  # PopAckConstants.ackTimeInterval: a ck is due this long before its revive time
+POP_ORDER_REVIVE_QUEUE: Final = 999  # KeyBuilder.POP_ORDER_REVIVE_QUEUE: a handle's mark of an orderly (FIFO) pop
 MAX_POP_NUMS: Final = 32  # the most messages one pop returns
 POP_FROM_RETRY_PROBABILITY: Final = 20  # BrokerConfig.popFromRetryProbability, percent of pops reading retries first
 PROPERTY_FIRST_POP_TIME: Final = "1ST_POP_TIME"

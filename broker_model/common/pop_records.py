@@ -238,6 +238,11 @@ class ReceiptHandle:
     def expires(self) -> int:
         return self.pop_time + self.invisible_time
 
+    @property
+    def orderly(self) -> bool:
+        """Whether a FIFO group's pop gave it (no checkpoint: revive queue 999)."""
+        return self.revive_queue_id == c.POP_ORDER_REVIVE_QUEUE
+
     def real_topic(self, topic: str, group: str) -> str:
         """``ReceiptHandle.getRealTopic``: the retry topic for a retried message."""
         if self.topic_type == TOPIC_TYPE_RETRY_V1:
@@ -254,7 +259,9 @@ class ReceiptHandle:
         numbers = (0, 1, 2, 3, 6, 7, 8)
         kinds = (TOPIC_TYPE_NORMAL, TOPIC_TYPE_RETRY_V1, TOPIC_TYPE_RETRY_V2)
         well_formed = len(parts) == 9 and all(parts[i].lstrip("-").isdigit() for i in numbers) and parts[4] in kinds
-        if not well_formed or not 0 <= int(parts[3]) < c.REVIVE_QUEUE_NUM:
+        if not well_formed or not (
+            0 <= int(parts[3]) < c.REVIVE_QUEUE_NUM or int(parts[3]) == c.POP_ORDER_REVIVE_QUEUE
+        ):
             raise PopError(
                 "INVALID_RECEIPT_HANDLE",
                 "receipt_handle",

@@ -159,7 +159,10 @@ class ConsumerCalls:
             if batch <= 0:
                 raise RequestError(pb.BAD_REQUEST, f"batch_size: {batch} must be greater than 0")
             pops = self._pops_of(request.message_queue.broker.name)
-            result = await self._receive(pops, group, topic, min(batch, c.MAX_POP_NUMS), invisible_ms, sub, poll_ms)
+            attempt_id = request.attempt_id if request.HasField("attempt_id") else None
+            result = await self._receive(
+                pops, group, topic, min(batch, c.MAX_POP_NUMS), invisible_ms, sub, poll_ms, attempt_id
+            )
         except RequestError as err:
             yield rpc.ReceiveMessageResponse(status=_status(err.code, err.message))
             yield _delivered_now()
@@ -177,14 +180,22 @@ class ConsumerCalls:
         yield _delivered_now()
 
     async def _receive(
-        self, pops: PopService, group: str, topic: str, batch: int, invisible_ms: int, sub: Subscription, poll_ms: int
+        self,
+        pops: PopService,
+        group: str,
+        topic: str,
+        batch: int,
+        invisible_ms: int,
+        sub: Subscription,
+        poll_ms: int,
+        attempt_id: str | None = None,
     ) -> list[PoppedMessage]:
         """Pop; while nothing comes, wait for the broker to store a matching message in a queue the
         pop read (:meth:`_long_poll`), then pop again, until ``poll_ms`` passed."""
 
-        def attempt() -> tuple[list[PoppedMessage], Sequence[tuple[str, int, int]]]:
-            result = pops.pop(group, topic, batch, invisible_ms, sub.expression)
-            return result.messages, result.looked
+        def attempt() -> tuple[list[PoppedMessage], Sequence[tuple[str, int, int]] | None, int | None]:
+            result = pops.pop(group, topic, batch, invisible_ms, sub.expression, attempt_id=attempt_id)
+            return result.messages, None if result.orderly else result.looked, result.unblocks_in_ms
 
         return await self._long_poll(pops.broker, sub, poll_ms, attempt)
 
@@ -193,11 +204,13 @@ class ConsumerCalls:
         broker: Broker,
         sub: Subscription,
         poll_ms: int,
-        attempt: Callable[[], tuple[list[_T], Sequence[tuple[str, int, int]]]],
+        attempt: Callable[[], tuple[list[_T], Sequence[tuple[str, int, int]] | None, int | None]],
     ) -> list[_T]:
-        """Run ``attempt`` (what it found, and the queues it read with their offsets) in a pop
-        thread; while it finds nothing, wait on the loop (no thread held) until the broker stores a
-        message matching ``sub`` in one of those queues, then run it again, until ``poll_ms`` passed."""
+        """Run ``attempt`` in a pop thread: what it found, the queues it read with their offsets,
+        and the ms after which it may find something without any new message. While it finds
+        nothing, wait on the loop (no thread held) until the broker stores a message matching
+        ``sub`` in one of those queues (or, when it names none, until the broker changes at all),
+        or those ms pass, then run it again, until ``poll_ms`` passed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
         arrived = asyncio.Event()
@@ -213,16 +226,22 @@ class ConsumerCalls:
         try:
             while True:
                 arrived.clear()
-                found, looked = await self._blocking(attempt, self._pop_threads)
+                found, looked, again_in_ms = await self._blocking(attempt, self._pop_threads)
                 if found or loop.time() >= deadline:
                     return found
-                looks = functools.partial(store.arrived_any, looked, sub)
-                while not await loop.run_in_executor(self._pop_threads, looks):
+                wake_by = deadline if again_in_ms is None else min(deadline, loop.time() + again_in_ms / 1000)
+                while looked is None or not await loop.run_in_executor(
+                    self._pop_threads, functools.partial(store.arrived_any, looked, sub)
+                ):
                     try:
-                        await asyncio.wait_for(arrived.wait(), deadline - loop.time())
+                        await asyncio.wait_for(arrived.wait(), max(0.0, wake_by - loop.time()))
                     except TimeoutError:
-                        return []
+                        if loop.time() >= deadline:
+                            return []
+                        break  # a blocked FIFO batch's invisible time ended
                     arrived.clear()
+                    if looked is None:
+                        break
         finally:
             store.remove_arrival_listener(listener)
 
@@ -360,10 +379,10 @@ class ConsumerCalls:
                 poll_ms = max(0, min(poll_ms, int(remaining * 1000) - 500))
             outcome: list[PullResult] = []
 
-            def attempt() -> tuple[list[MessageExt], Sequence[tuple[str, int, int]]]:
+            def attempt() -> tuple[list[MessageExt], Sequence[tuple[str, int, int]] | None, int | None]:
                 result = broker.pull(topic, queue_id, request.offset, batch, sub.expression)
                 outcome[:] = [result]
-                return result.messages, [(topic, queue_id, request.offset)]
+                return result.messages, [(topic, queue_id, request.offset)], None
 
             messages = await self._long_poll(broker, sub, poll_ms, attempt)
         except RequestError as err:

@@ -388,6 +388,13 @@ class MessageStore:
             if listener in self._listeners:
                 self._listeners.remove(listener)
 
+    def announce(self) -> None:
+        """Wake every held pull and tell every listener, though nothing was stored: something a
+        waiter waits for changed (a FIFO group's ack frees its queue)."""
+        with self._arrival:
+            self._arrival.notify_all()
+        self._announce()
+
     def _announce(self) -> None:
         with self._lock:
             listeners = list(self._listeners)
