@@ -26,8 +26,7 @@ group's consumer offsets. A group's pop offsets reach the lake every few seconds
 starts again moves each one on to the end of the checkpoints written after the last persisted
 commits, so an acked message is never popped again.
 
-FIFO groups (``consume_message_orderly``) pop in order in RocketMQ, with no checkpoint; this
-service refuses them (docs/pop.md).
+FIFO groups (``consume_message_orderly``) pop in order, with no checkpoint (:mod:`.pop_orderly`).
 """
 
 from __future__ import annotations
