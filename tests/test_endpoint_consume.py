@@ -108,7 +108,7 @@ def test_consumer_calls_answer_the_proxys_codes(server: Server) -> None:
     _client(server, "Orders", "normal", 2)
     stub = _stub(server)
     refused = {
-        "sql": _receive(stub, filter_type=pb.SQL, tags="a > 1")[0].status.code,
+        "sql": _receive(stub, filter_type=pb.SQL, tags="a >")[0].status.code,
         "group": _receive(stub, group="CID_RMQ_SYS_X")[0].status.code,
         "batch": _receive(stub, batch_size=0)[0].status.code,
     }
@@ -122,6 +122,8 @@ def test_consumer_calls_answer_the_proxys_codes(server: Server) -> None:
     too_short.long_polling_timeout.FromMilliseconds(5_000)
     (answer, _) = stub.ReceiveMessage(too_short, metadata=META, timeout=10)
     assert answer.status.code == pb.ILLEGAL_INVISIBLE_TIME
+    by_sql = _receive(stub, group="cg-sql", filter_type=pb.SQL, tags="TAGS = 'created' AND KEYS IS NOT NULL")
+    assert [r.message.system_properties.tag for r in by_sql if r.HasField("message")] == ["created", "created"]
     got = _receive(stub)
     assert got[0].status.code == pb.OK and got[-1].HasField("delivery_timestamp")
     messages = [r.message for r in got if r.HasField("message")]

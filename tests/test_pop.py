@@ -376,3 +376,17 @@ def test_a_fifo_group_gets_a_queues_next_message_only_once_the_previous_is_acked
     assert [(m.message.body, m.delivery_attempt) for m in dead.messages] == [(b"m4", 1), (b"m3", 1), (b"m5", 1)]
     assert sorted(m.body for m in _records(broker, "%DLQ%F", 0)) == [b"m1", b"m2"]
     assert [broker.query_offset("F", "T", q) for q in (0, 1)] == [2, 1]  # past the dead letters
+
+
+def test_a_sql92_filter_pops_the_messages_whose_properties_match_and_passes_over_the_rest(
+    broker: Broker, pop: Pop
+) -> None:
+    for i in range(6):
+        broker.put_message(InnerMessage("T", 0, f"m{i}".encode(), {"UNIQ_KEY": f"U{i}", "n": str(i)}))
+    result = pop.service.pop("G", "T", 32, invisible_ms=5_000, expression="n >= 3", expression_type="SQL92")
+    assert _bodies(result.messages) == [b"m3", b"m4", b"m5"]
+    assert broker.query_offset("G", "T", 0) == 6  # the others were passed over
+    (ck,) = (PopCheckPoint.from_json(r.body.decode()) for r in _records(broker, c.TIMER_TOPIC, 0))
+    assert ck.offsets == (3, 4, 5)
+    with pytest.raises(ValidationError, match=r"^filter_expression="):
+        pop.service.pop("G", "T", expression="n >", expression_type="SQL92")

@@ -60,6 +60,7 @@ from broker_model.common.pop_records import (
     pop_retry_topic,
     revive_topic,
 )
+from broker_model.common.sql92 import SqlFilter
 from broker_model.store import MessageExt
 from broker_model.store.message_store import Subscription
 from schemas.errors import ValidationError
@@ -164,12 +165,15 @@ class PopService(PeriodicService):
         max_attempts: int | None = None,
         init_mode: str = "MAX",
         attempt_id: str | None = None,
+        expression_type: str = "TAG",
     ) -> PopResult:
         """Pop up to ``max_nums`` messages of ``topic`` (every readable queue, and the group's POP
         retry topic) for ``group``, invisible for ``invisible_ms``; waits up to ``poll_ms`` for a
         matching message when none is there. A message whose reconsume times reached
         ``max_attempts`` (None: the group's ``retry_max_times`` + 1) is dead-lettered into
         ``%DLQ%<group>`` and acked; one whose tags the expression does not match exactly is acked.
+        ``expression_type`` ``SQL92`` makes ``expression`` a condition on the messages' properties
+        (:mod:`broker_model.common.sql92`); the messages it does not match are passed over.
         A FIFO group (``consume_message_orderly``) pops in order (:mod:`.pop_orderly`): a queue
         whose last batch is not all acked gives nothing until that batch's invisible time passes;
         a receive repeated with the same ``attempt_id`` gets the same batch again.
@@ -191,17 +195,20 @@ class PopService(PeriodicService):
         config = self.broker.subscription_group(group)
         if self.broker.queue_nums(topic) is None:
             raise PopError("TOPIC_NOT_FOUND", "topic", topic, f"does not exist on broker {self.broker.broker_name!r}")
-        sub = Subscription.parse(expression)
+        if expression_type not in ("TAG", "SQL92"):
+            raise ValidationError("expression_type", expression_type, "must be TAG or SQL92")
+        sql = SqlFilter.parse(expression or "") if expression_type == "SQL92" else None
+        sub = Subscription.parse("*" if sql is not None else expression)
         limit = config.retry_max_times + 1 if max_attempts is None else max_attempts
         deadline = time.monotonic() + poll_ms / 1000
         while True:
             unblocks: int | None = None
             if config.consume_message_orderly:
                 popped, looked, unblocks = self._pop_orderly(
-                    group, topic, max_nums, invisible_ms, sub, init_mode, attempt_id
+                    group, topic, max_nums, invisible_ms, sub, init_mode, attempt_id, sql
                 )
             else:
-                popped, looked = self._pop_once(group, topic, max_nums, invisible_ms, sub, init_mode)
+                popped, looked = self._pop_once(group, topic, max_nums, invisible_ms, sub, init_mode, sql)
             found = self._filter(group, topic, popped, sub, limit)
             orderly = config.consume_message_orderly
             result = dataclasses.replace(found, looked=tuple(looked), orderly=orderly, unblocks_in_ms=unblocks)
@@ -271,7 +278,14 @@ class PopService(PeriodicService):
             return self._group_locks.setdefault((group, topic), threading.Lock())
 
     def _pop_once(
-        self, group: str, topic: str, max_nums: int, invisible_ms: int, sub: Subscription, init_mode: str
+        self,
+        group: str,
+        topic: str,
+        max_nums: int,
+        invisible_ms: int,
+        sub: Subscription,
+        init_mode: str,
+        sql: SqlFilter | None = None,
     ) -> tuple[list[PoppedMessage], list[tuple[str, int, int]]]:
         """One pass over the queues: the messages popped, and every queue looked at with the
         offset it was read from (what a long poll waits on)."""
@@ -297,13 +311,12 @@ class PopService(PeriodicService):
                 offset = self._pop_offset(group, queue_topic, queue_id, init_mode)
                 looked.append((queue_topic, queue_id, offset))
                 got = store.get_message(queue_topic, queue_id, offset, max_nums - taken, sub)
-                if got.messages:  # the ck starts where the pop started reading (filtered messages skipped)
-                    diffs = tuple(m.queue_offset - offset for m in got.messages)
+                matched = _matching(got.messages, sql, queue_topic != retry)
+                if matched:  # the ck starts where the pop started reading (filtered messages skipped)
+                    diffs = tuple(m.queue_offset - offset for m in matched)
                     where = (queue_topic, queue_id, offset)
-                    cks.append(
-                        (PopCheckPoint(*where, now, invisible_ms, diffs, group, broker.broker_name), got.messages)
-                    )
-                    taken += len(got.messages)
+                    cks.append((PopCheckPoint(*where, now, invisible_ms, diffs, group, broker.broker_name), matched))
+                    taken += len(matched)
                 if got.next_begin_offset != offset or broker.offsets.query_offset(group, queue_topic, queue_id) < 0:
                     moved[(queue_topic, queue_id)] = got.next_begin_offset
             if cks:
@@ -340,6 +353,7 @@ class PopService(PeriodicService):
         sub: Subscription,
         init_mode: str,
         attempt_id: str | None,
+        sql: SqlFilter | None = None,
     ) -> tuple[list[PoppedMessage], list[tuple[str, int, int]], int | None]:
         """One orderly pass over the topic's queues (never its retry topic): from each queue not
         blocked by its last batch, a batch from the group's offset, its messages' reconsume times
@@ -368,11 +382,12 @@ class PopService(PeriodicService):
                 )
                 looked.append((topic, queue_id, offset))
                 got = store.get_message(topic, queue_id, offset, max_nums - len(popped), sub)
-                if not got.messages:
+                matched = _matching(got.messages, sql, True)
+                if not matched:
                     if got.next_begin_offset != offset:  # only messages the filter skips
                         broker.offsets.commit_offset(group, topic, queue_id, got.next_begin_offset, source="pop")
                     continue
-                offsets = [m.queue_offset for m in got.messages]
+                offsets = [m.queue_offset for m in matched]
                 counts = {}
                 for o in offsets:
                     known = previous.counts.get(o, 0) if previous is not None else 0
@@ -383,7 +398,7 @@ class PopService(PeriodicService):
                 self.orders.put(topic, group, queue_id, info)
                 changed = True
                 broker.offsets.commit_offset(group, topic, queue_id, offset, source="pop")
-                for message in got.messages:
+                for message in matched:
                     handle = ReceiptHandle(
                         offset,
                         now,
@@ -772,6 +787,14 @@ class PopService(PeriodicService):
                 if got.next_begin_offset <= offset:
                     break
                 offset = got.next_begin_offset
+
+
+def _matching(messages: list[MessageExt], sql: SqlFilter | None, filtered: bool) -> list[MessageExt]:
+    """The messages a SQL92 filter matches (all without one; all of a retry topic, whose copies were
+    matched before they were revived, as RocketMQ subscribes the retry topic to everything)."""
+    if sql is None or not filtered:
+        return messages
+    return [m for m in messages if sql.matches(m.properties)]
 
 
 def revive_progress_path(lake: str | Path, broker_name: str) -> Path:

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent import futures
+from dataclasses import dataclass
 from typing import Final, TypeVar
 
 import grpc
@@ -22,6 +23,7 @@ from broker_model.broker import Broker, PoppedMessage, PopService, SubscriptionG
 from broker_model.common import constants as c
 from broker_model.common import validate_name
 from broker_model.common.pop_records import PopError, ReceiptHandle
+from broker_model.common.sql92 import SqlFilter
 from broker_model.endpoint.convert import protocol_message
 from broker_model.endpoint.errors import RequestError
 from broker_model.store import MessageExt
@@ -154,14 +156,14 @@ class ConsumerCalls:
             topic, group = self._admit_consumer(context, queue.topic, "message_queue.topic", request.group)
             poll_ms = self._polling_ms(request, context)
             invisible_ms = self._invisible_ms(request)
-            sub = _filter(request.filter_expression)
+            chosen = _filter(request.filter_expression)
             batch = request.batch_size
             if batch <= 0:
                 raise RequestError(pb.BAD_REQUEST, f"batch_size: {batch} must be greater than 0")
             pops = self._pops_of(request.message_queue.broker.name)
             attempt_id = request.attempt_id if request.HasField("attempt_id") else None
             result = await self._receive(
-                pops, group, topic, min(batch, c.MAX_POP_NUMS), invisible_ms, sub, poll_ms, attempt_id
+                pops, group, topic, min(batch, c.MAX_POP_NUMS), invisible_ms, chosen, poll_ms, attempt_id
             )
         except RequestError as err:
             yield rpc.ReceiveMessageResponse(status=_status(err.code, err.message))
@@ -186,7 +188,7 @@ class ConsumerCalls:
         topic: str,
         batch: int,
         invisible_ms: int,
-        sub: Subscription,
+        chosen: _Filter,
         poll_ms: int,
         attempt_id: str | None = None,
     ) -> list[PoppedMessage]:
@@ -194,10 +196,12 @@ class ConsumerCalls:
         pop read (:meth:`_long_poll`), then pop again, until ``poll_ms`` passed."""
 
         def attempt() -> tuple[list[PoppedMessage], Sequence[tuple[str, int, int]] | None, int | None]:
-            result = pops.pop(group, topic, batch, invisible_ms, sub.expression, attempt_id=attempt_id)
+            result = pops.pop(
+                group, topic, batch, invisible_ms, chosen.expression, attempt_id=attempt_id, expression_type=chosen.kind
+            )
             return result.messages, None if result.orderly else result.looked, result.unblocks_in_ms
 
-        return await self._long_poll(pops.broker, sub, poll_ms, attempt)
+        return await self._long_poll(pops.broker, chosen.sub, poll_ms, attempt)
 
     async def _long_poll(
         self,
@@ -365,7 +369,7 @@ class ConsumerCalls:
         matching is there. The stream is the status, the messages, then the next offset."""
         try:
             topic, _, broker, queue_id = self._admit_queue(context, request.message_queue, request.group)
-            sub = _filter(request.filter_expression)
+            chosen = _filter(request.filter_expression)
             batch = request.batch_size
             if not 1 <= batch <= c.MAX_POP_NUMS:
                 raise RequestError(pb.BAD_REQUEST, f"batch_size: {batch} must be in [1, {c.MAX_POP_NUMS}]")
@@ -380,11 +384,15 @@ class ConsumerCalls:
             outcome: list[PullResult] = []
 
             def attempt() -> tuple[list[MessageExt], Sequence[tuple[str, int, int]] | None, int | None]:
-                result = broker.pull(topic, queue_id, request.offset, batch, sub.expression)
+                result = broker.pull(topic, queue_id, request.offset, batch, chosen.sub.expression)
+                if chosen.sql is not None:  # the broker's filter by the messages' properties
+                    result = dataclasses.replace(
+                        result, messages=[m for m in result.messages if chosen.sql.matches(m.properties)]
+                    )
                 outcome[:] = [result]
                 return result.messages, [(topic, queue_id, request.offset)], None
 
-            messages = await self._long_poll(broker, sub, poll_ms, attempt)
+            messages = await self._long_poll(broker, chosen.sub, poll_ms, attempt)
         except RequestError as err:
             yield rpc.PullMessageResponse(status=_status(err.code, err.message))
             return
@@ -543,20 +551,29 @@ def _group(resource: pb.Resource) -> str:
     return name
 
 
-def _filter(expression: pb.FilterExpression) -> Subscription:
-    """A TAG expression as the broker's subscription.
+@dataclass(frozen=True)
+class _Filter:
+    """A request's filter: the broker's subscription (what wakes a long poll: every tag for SQL92),
+    the expression and its type (TAG or SQL92), and the SQL92 condition."""
+
+    sub: Subscription
+    expression: str
+    kind: str
+    sql: SqlFilter | None = None
+
+
+def _filter(expression: pb.FilterExpression) -> _Filter:
+    """A TAG or SQL92 expression, checked.
 
     Raises:
-        RequestError: ILLEGAL_FILTER_EXPRESSION for a SQL92 expression or a bad tag expression.
+        RequestError: ILLEGAL_FILTER_EXPRESSION for an expression that does not parse.
     """
-    if expression.type == pb.SQL:
-        raise RequestError(
-            pb.ILLEGAL_FILTER_EXPRESSION,
-            f"filter_expression: SQL92 expressions are not served by this endpoint ({expression.expression!r}); "
-            "subscribe with a TAG expression",
-        )
     try:
-        return Subscription.parse(expression.expression or "*")
+        if expression.type == pb.SQL:
+            sql = SqlFilter.parse(expression.expression)
+            return _Filter(Subscription.parse("*"), expression.expression, "SQL92", sql)
+        sub = Subscription.parse(expression.expression or "*")
+        return _Filter(sub, sub.expression, "TAG")
     except ValidationError as err:
         raise RequestError(pb.ILLEGAL_FILTER_EXPRESSION, str(err)) from None
 
