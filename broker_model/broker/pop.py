@@ -104,6 +104,23 @@ class PopResult:
     unblocks_in_ms: int | None = None
 
 
+@dataclass(frozen=True)
+class _Ask:
+    """What one pop asks for."""
+
+    group: str
+    topic: str
+    max_nums: int
+    invisible_ms: int
+    sub: Subscription
+    init_mode: str
+    sql: SqlFilter | None
+    attempt_id: str | None
+
+    def fields(self) -> tuple[str, str, int, int, Subscription, str, SqlFilter | None]:
+        return self.group, self.topic, self.max_nums, self.invisible_ms, self.sub, self.init_mode, self.sql
+
+
 @dataclass
 class _Waiting:
     """A checkpoint read from a revive queue, with the acks met so far."""
@@ -203,12 +220,11 @@ class PopService(PeriodicService):
         deadline = time.monotonic() + poll_ms / 1000
         while True:
             unblocks: int | None = None
+            ask = _Ask(group, topic, max_nums, invisible_ms, sub, init_mode, sql, attempt_id)
             if config.consume_message_orderly:
-                popped, looked, unblocks = self._pop_orderly(
-                    group, topic, max_nums, invisible_ms, sub, init_mode, attempt_id, sql
-                )
+                popped, looked, unblocks = self._pop_orderly(ask)
             else:
-                popped, looked = self._pop_once(group, topic, max_nums, invisible_ms, sub, init_mode, sql)
+                popped, looked = self._pop_once(ask)
             found = self._filter(group, topic, popped, sub, limit)
             orderly = config.consume_message_orderly
             result = dataclasses.replace(found, looked=tuple(looked), orderly=orderly, unblocks_in_ms=unblocks)
@@ -277,18 +293,10 @@ class PopService(PeriodicService):
         with self._group_locks_lock:
             return self._group_locks.setdefault((group, topic), threading.Lock())
 
-    def _pop_once(
-        self,
-        group: str,
-        topic: str,
-        max_nums: int,
-        invisible_ms: int,
-        sub: Subscription,
-        init_mode: str,
-        sql: SqlFilter | None = None,
-    ) -> tuple[list[PoppedMessage], list[tuple[str, int, int]]]:
+    def _pop_once(self, ask: _Ask) -> tuple[list[PoppedMessage], list[tuple[str, int, int]]]:
         """One pass over the queues: the messages popped, and every queue looked at with the
         offset it was read from (what a long poll waits on)."""
+        group, topic, max_nums, invisible_ms, sub, init_mode, sql = ask.fields()
         broker, store = self.broker, self.broker.store
         retry = pop_retry_topic(topic, group)
         with self._group_lock(group, topic):
@@ -344,21 +352,13 @@ class PopService(PeriodicService):
 
     # -- FIFO groups ------------------------------------------------------------------------------
 
-    def _pop_orderly(
-        self,
-        group: str,
-        topic: str,
-        max_nums: int,
-        invisible_ms: int,
-        sub: Subscription,
-        init_mode: str,
-        attempt_id: str | None,
-        sql: SqlFilter | None = None,
-    ) -> tuple[list[PoppedMessage], list[tuple[str, int, int]], int | None]:
+    def _pop_orderly(self, ask: _Ask) -> tuple[list[PoppedMessage], list[tuple[str, int, int]], int | None]:
         """One orderly pass over the topic's queues (never its retry topic): from each queue not
         blocked by its last batch, a batch from the group's offset, its messages' reconsume times
         their consume counts; no checkpoint is written, the batch is kept instead. Also the ms
         until the first blocked batch's invisible time ends (None: none is blocked)."""
+        group, topic, max_nums, invisible_ms, sub, init_mode, sql = ask.fields()
+        attempt_id = ask.attempt_id
         broker, store = self.broker, self.broker.store
         popped: list[PoppedMessage] = []
         looked: list[tuple[str, int, int]] = []
