@@ -278,6 +278,16 @@ def test_an_offset_based_pull_from_a_raw_stub_and_its_committed_offsets_show_in_
     assert sorted(pulled) == sorted(s["message_id"] for s in sent)  # each once, none missing
     beyond = rpc.PullMessageRequest(group=group, message_queue=queue(0), offset=ends[0] + 5, batch_size=1)
     assert next(iter(stub.PullMessage(beyond, metadata=META, timeout=10))).status.code == pb.ILLEGAL_OFFSET
+    passed_over = rpc.PullMessageRequest(
+        group=group,
+        message_queue=queue(1),
+        offset=0,
+        batch_size=32,
+        filter_expression=pb.FilterExpression(type=pb.SQL, expression="TAGS = 'none'"),
+    )
+    passed_over.long_polling_timeout.FromMilliseconds(20_000)
+    status, last = stub.PullMessage(passed_over, metadata=META, timeout=10)  # at once, and on past what it read
+    assert status.status.code == pb.MESSAGE_NOT_FOUND and last.next_offset == ends[1]
     later = rpc.PullMessageRequest(group=group, message_queue=queue(0), offset=ends[0], batch_size=1)
     later.long_polling_timeout.FromMilliseconds(300)
     status, last = stub.PullMessage(later, metadata=META, timeout=10)  # held 0.3 s, nothing came

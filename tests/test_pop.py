@@ -354,28 +354,32 @@ def test_a_fifo_group_gets_a_queues_next_message_only_once_the_previous_is_acked
     broker.update_subscription_group(SubscriptionGroupConfig("F", retry_max_times=1, consume_message_orderly=True))
     _send(broker, 6)  # m0, m2, m4 in queue 0; m1, m3, m5 in queue 1
     timer_records = len(_records(broker, c.TIMER_TOPIC, 0))
-    (m0,) = pop.service.pop("F", "T", 1, invisible_ms=5_000, attempt_id="a").messages
-    (m1,) = pop.service.pop("F", "T", 1, invisible_ms=5_000).messages  # queue 0 waits for m0
-    assert (m0.message.body, m1.message.body) == (b"m0", b"m1")
+    (head,) = pop.service.pop("F", "T", 1, invisible_ms=5_000, attempt_id="a").messages
+    (other,) = pop.service.pop("F", "T", 1, invisible_ms=5_000).messages  # the first queue waits for its head
+    q, o = head.message.queue_id, other.message.queue_id
+    assert {head.message.body, other.message.body} == {b"m0", b"m1"} and q != o
     blocked = pop.service.pop("F", "T", 32, invisible_ms=5_000)
     assert blocked.messages == [] and blocked.orderly and blocked.unblocks_in_ms == 5_000
     assert len(_records(broker, c.TIMER_TOPIC, 0)) == timer_records  # FIFO pops write no checkpoint
     same = pop.service.pop("F", "T", 1, invisible_ms=5_000, attempt_id="a")  # a repeated receive
-    assert _bodies_of(same) == [b"m0"] and same.messages[0].delivery_attempt == 1
+    assert _bodies_of(same) == [head.message.body] and same.messages[0].delivery_attempt == 1
     pop.service.ack("F", "T", same.messages[0].receipt_handle)
-    assert broker.query_offset("F", "T", 0) == 1  # acked up to
-    (m2,) = pop.service.pop("F", "T", 1, invisible_ms=5_000).messages
-    assert m2.message.body == b"m2"
-    pop.clock.now = T0 + 5_000  # m1 and m2 were not acked: their queues give them again
+    assert broker.query_offset("F", "T", q) == 1  # acked up to
+    (following,) = pop.service.pop("F", "T", 1, invisible_ms=5_000).messages  # queue o is still blocked
+    assert following.message.body == f"m{q + 2}".encode()
+    pop.clock.now = T0 + 5_000  # the other head and the following one were not acked: given again
     restarted = PopService(broker, pop.timer)  # the batches are kept durably
     again = [restarted.pop("F", "T", 1, invisible_ms=5_000).messages[0] for _ in range(2)]
-    assert [(m.message.body, m.delivery_attempt) for m in again] == [(b"m2", 2), (b"m1", 2)]
+    assert sorted((m.message.body, m.delivery_attempt) for m in again) == sorted(
+        [(other.message.body, 2), (following.message.body, 2)]
+    )
     pop.clock.now = T0 + 10_000  # still not acked: past the group's 2 attempts, dead-lettered and acked
     dead = restarted.pop("F", "T", 32, invisible_ms=5_000)  # each queue's batch: its dead letter, then the next
     assert dead.dead_lettered == 2
-    assert [(m.message.body, m.delivery_attempt) for m in dead.messages] == [(b"m4", 1), (b"m3", 1), (b"m5", 1)]
-    assert sorted(m.body for m in _records(broker, "%DLQ%F", 0)) == [b"m1", b"m2"]
-    assert [broker.query_offset("F", "T", q) for q in (0, 1)] == [2, 1]  # past the dead letters
+    rest = {f"m{q + 4}".encode(), f"m{o + 2}".encode(), f"m{o + 4}".encode()}
+    assert {m.message.body for m in dead.messages} == rest and {m.delivery_attempt for m in dead.messages} == {1}
+    assert sorted(m.body for m in _records(broker, "%DLQ%F", 0)) == sorted([other.message.body, following.message.body])
+    assert [broker.query_offset("F", "T", queue) for queue in (q, o)] == [2, 1]  # past the dead letters
 
 
 def test_a_sql92_filter_pops_the_messages_whose_properties_match_and_passes_over_the_rest(

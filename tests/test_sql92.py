@@ -33,7 +33,10 @@ PROPERTIES = {"a": "5", "b": "x", "price": "12.5", "flag": "true", "TAGS": "TagA
         ("NOT (missing = 1)", False),  # NOT unknown is unknown
         ("missing = 1 OR a = 5", True),
         ("missing = 1 AND a = 5", False),
-        ("odd > 3", False),  # not a number: unknown
+        ("odd > 3", False),  # not a number: the message does not match
+        ("odd > 3 OR a = 5", False),  # ... at all, as RocketMQ's evaluation fails for it
+        ("odd = 3 OR a = 5", True),  # an equality with a non-number is only unknown
+        ("price > a", True),  # two properties, compared as numbers
         ("flag = TRUE", True),
         ("TAGS = 'TagA'", True),
         ("b STARTSWITH 'x'", True),
@@ -50,7 +53,8 @@ def test_a_condition_matches_as_rocketmqs_filter_does(expression: str, matches: 
 
 
 @pytest.mark.parametrize(
-    "expression", ["", "a >", "a = ", "(a = 5", "a = 5)", "a ~ 5", "a BETWEEN 1", "NOT", "a IN (1"]
+    "expression",
+    ["", "a >", "a = ", "(a = 5", "a = 5)", "a ~ 5", "a BETWEEN 1", "NOT", "a IN (1", "a > '1'", "a BETWEEN 'x' AND 2"],
 )
 def test_an_expression_that_is_not_sql92_is_refused_naming_the_field(expression: str) -> None:
     with pytest.raises(ValidationError, match=r"^filter_expression="):

@@ -367,19 +367,19 @@ class PopService(PeriodicService):
             now = broker.config.clock()
             count = broker.queue_nums(topic) or 0
             changed = False
-            for queue_id in range(count):
+            first = self._random.randrange(count) if count else 0  # as RocketMQ's randomQ: no queue starves
+            for queue_id in ((first + i) % count for i in range(count)):
                 if len(popped) >= max_nums:
                     break
+                offset = self._pop_offset(group, topic, queue_id, init_mode)
                 previous = self.orders.get(topic, group, queue_id)
+                if previous is not None and not min(previous.offsets) <= offset <= max(previous.offsets) + 1:
+                    previous = None  # the offset was reset away from the batch: it no longer blocks
                 if previous is not None and previous.blocks(now, attempt_id):
-                    visible = min(previous.visible_at(o) for o in previous.offsets if o not in previous.acked)
-                    unblocks = min(unblocks, visible - now) if unblocks is not None else visible - now
+                    unacked = [previous.visible_at(o) for o in previous.offsets if o not in previous.acked]
+                    wait = max(1, max(unacked) - now)  # free once its last unacked message is visible
+                    unblocks = min(unblocks, wait) if unblocks is not None else wait
                     continue
-                offset = (
-                    previous.committed()
-                    if previous is not None
-                    else self._pop_offset(group, topic, queue_id, init_mode)
-                )
                 looked.append((topic, queue_id, offset))
                 got = store.get_message(topic, queue_id, offset, max_nums - len(popped), sub)
                 matched = _matching(got.messages, sql, True)
@@ -397,7 +397,8 @@ class PopService(PeriodicService):
                 info = OrderInfo(now, invisible_ms, offsets, counts, attempt_id=attempt_id)
                 self.orders.put(topic, group, queue_id, info)
                 changed = True
-                broker.offsets.commit_offset(group, topic, queue_id, offset, source="pop")
+                # the offset stays at the batch (those before it do not match the filter) until acks move it
+                broker.offsets.commit_offset(group, topic, queue_id, offsets[0], source="pop")
                 for message in matched:
                     handle = ReceiptHandle(
                         offset,
@@ -444,13 +445,18 @@ class PopService(PeriodicService):
             visible = self.broker.config.clock() + invisible_ms
             info.next_visible[handle.queue_offset] = visible
             self.orders.save()
+        self.broker.store.announce()  # a long poll of the group looks again: the queue may be free sooner
         return dataclasses.replace(handle, invisible_time=visible - handle.pop_time).encode()
 
     def _recover_orderly_offsets(self) -> None:
         """A FIFO group's offset is at least where its kept batch says (acks are kept durably there,
         the offsets only every few seconds)."""
+        ledger = self.broker.offsets.ledger
         for topic, group, queue_id, info in self.orders.items():
-            if self.broker.offsets.query_offset(group, topic, queue_id) < info.committed():
+            offset = self.broker.offsets.query_offset(group, topic, queue_id)
+            current = ledger.current((group, self.broker.broker_name, topic, queue_id))
+            reset_since = current is not None and current[1] > info.pop_time and offset < min(info.offsets)
+            if not reset_since and offset < info.committed():
                 self.broker.offsets.commit_offset(group, topic, queue_id, info.committed(), source="pop")
 
     def _pop_offset(self, group: str, topic: str, queue_id: int, init_mode: str) -> int:

@@ -5,10 +5,13 @@ The grammar: ``OR``, ``AND``, ``NOT``, parentheses; comparisons ``=``, ``<>`` (o
 ``>=``, ``<``, ``<=``; ``IS [NOT] NULL``; ``[NOT] BETWEEN a AND b``; ``[NOT] IN ('a', 'b')``;
 ``[NOT] CONTAINS | STARTSWITH | ENDSWITH 'text'``; string literals in single quotes (``''`` for a
 quote), integers, decimals, ``TRUE``, ``FALSE``, ``NULL``; identifiers name properties (keywords
-are not case-sensitive, identifiers are). A property is a string: compared with a number it is read
-as a number (not one: the comparison is unknown), with ``TRUE``/``FALSE`` as ``true``/``false``.
-A missing property is NULL, and a comparison with NULL is unknown; as in SQL, ``NOT`` of unknown is
-unknown, and a message matches only when the whole condition is true.
+are not case-sensitive, identifiers are). A property is a string: compared with ``=`` or ``<>`` to a
+number it is read as a number (not one: unknown), to ``TRUE``/``FALSE`` as ``true``/``false``. The
+ordering comparisons (``>``, ``>=``, ``<``, ``<=``, ``BETWEEN``) are numeric, as RocketMQ's: a
+string literal there is refused, and a message whose property is not a number there does not
+match at all (RocketMQ's evaluation fails for it). A missing property is NULL, and a comparison
+with NULL is unknown; as in SQL, ``NOT`` of unknown is unknown, and a message matches only when
+the whole condition is true.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from schemas.errors import ValidationError
 
@@ -51,7 +54,14 @@ class SqlFilter:
         return cls(expression, condition)
 
     def matches(self, properties: Mapping[str, str]) -> bool:
-        return self.condition(properties) is True
+        try:
+            return self.condition(properties) is True
+        except _NotNumeric:  # RocketMQ's evaluation of the message fails: it is not delivered
+            return False
+
+
+class _NotNumeric(Exception):
+    """A property compared by order is not a number."""
 
 
 def _tokens(expression: str) -> list[tuple[str, str]]:
@@ -122,6 +132,8 @@ class _Parser:
         left = self.operand()
         if self.peek("=", "<>", "!=", ">", ">=", "<", "<="):
             op = self.take("=", "<>", "!=", ">", ">=", "<", "<=")
+            if op in (">", ">=", "<", "<="):
+                self.no_string_before(op)
             right = self.operand()
             return lambda p: _compare(op, left(p), right(p))
         if self.peek("IS"):
@@ -134,8 +146,10 @@ class _Parser:
         self.at += negated
         if self.peek("BETWEEN"):
             self.at += 1
+            self.no_string_before("BETWEEN")
             low = self.operand()
             self.take("AND")
+            self.no_string_before("BETWEEN")
             high = self.operand()
 
             def between(p: Mapping[str, str]) -> bool | None:
@@ -173,6 +187,11 @@ class _Parser:
             self.fail("NOT must come before a condition or BETWEEN, IN, CONTAINS, STARTSWITH, ENDSWITH")
         self.fail("expected a comparison")
         raise AssertionError  # fail raised
+
+    def no_string_before(self, op: str) -> None:
+        """An ordering comparison is numeric: a string literal there is refused."""
+        if self.at < len(self.tokens) and self.tokens[self.at][0] == "string":
+            self.fail(f"{op} compares numbers, not the string {self.tokens[self.at][1]}")
 
     def operand(self) -> Callable[[Mapping[str, str]], Value]:
         if self.at < len(self.tokens) and self.tokens[self.at][0] == "word":
@@ -216,25 +235,35 @@ def _all(parts: list[Condition]) -> Condition:
 
 
 def _compare(op: str, left: Value, right: Value) -> bool | None:
-    """A comparison of a property (a string) with a literal, or of two literals; None when unknown."""
+    """A comparison of a property (a string) with a literal, or of two literals; None when unknown.
+
+    Raises:
+        _NotNumeric: an ordering comparison of something that is not a number.
+    """
     if left is None or right is None:
         return None
-    a, b = _comparable(left, right)
-    if a is None or b is None:
-        return None
-    if op == "=":
-        return bool(a == b)
-    if op in ("<>", "!="):
-        return bool(a != b)
-    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) != isinstance(b, str):
-        return None  # ordering only numbers with numbers and strings with strings
-    ordered: dict[str, Callable[[Any, Any], bool]] = {
-        ">": lambda x, y: x > y,
-        ">=": lambda x, y: x >= y,
-        "<": lambda x, y: x < y,
-        "<=": lambda x, y: x <= y,
+    if op in ("=", "<>", "!="):
+        a, b = _comparable(left, right)
+        if a is None or b is None:
+            return None
+        return bool(a == b) if op == "=" else bool(a != b)
+    x, y = _number(left), _number(right)  # ordering is numeric: a property that is no number fails
+    ordered: dict[str, Callable[[float, float], bool]] = {
+        ">": lambda u, v: u > v,
+        ">=": lambda u, v: u >= v,
+        "<": lambda u, v: u < v,
+        "<=": lambda u, v: u <= v,
     }
-    return ordered[op](a, b)
+    return ordered[op](x, y)
+
+
+def _number(value: Value) -> float:
+    if isinstance(value, bool) or value is None:
+        raise _NotNumeric(value)
+    try:
+        return float(value)
+    except ValueError:
+        raise _NotNumeric(value) from None
 
 
 def _comparable(left: Value, right: Value) -> tuple[Value, Value]:

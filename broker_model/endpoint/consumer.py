@@ -213,8 +213,9 @@ class ConsumerCalls:
         """Run ``attempt`` in a pop thread: what it found, the queues it read with their offsets,
         and the ms after which it may find something without any new message. While it finds
         nothing, wait on the loop (no thread held) until the broker stores a message matching
-        ``sub`` in one of those queues (or, when it names none, until the broker changes at all),
-        or those ms pass, then run it again, until ``poll_ms`` passed."""
+        ``sub`` in one of those queues (or, when it names none, None, until the broker changes at
+        all), or those ms pass, then run it again, until ``poll_ms`` passed. An empty list of
+        queues means there is nothing to wait for: it answers at once."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
         arrived = asyncio.Event()
@@ -231,7 +232,7 @@ class ConsumerCalls:
             while True:
                 arrived.clear()
                 found, looked, again_in_ms = await self._blocking(attempt, self._pop_threads)
-                if found or loop.time() >= deadline:
+                if found or loop.time() >= deadline or looked == []:  # nothing to wait for: answer now
                     return found
                 wake_by = deadline if again_in_ms is None else min(deadline, loop.time() + again_in_ms / 1000)
                 while looked is None or not await loop.run_in_executor(
@@ -385,12 +386,15 @@ class ConsumerCalls:
 
             def attempt() -> tuple[list[MessageExt], Sequence[tuple[str, int, int]] | None, int | None]:
                 result = broker.pull(topic, queue_id, request.offset, batch, chosen.sub.expression)
+                # only a pull at the queue's end waits; one that read rows the filter passed over, or
+                # an offset outside the queue, answers at once with where to go on
+                waits = result.status == PullStatus.NO_NEW_MSG
                 if chosen.sql is not None:  # the broker's filter by the messages' properties
                     result = dataclasses.replace(
                         result, messages=[m for m in result.messages if chosen.sql.matches(m.properties)]
                     )
                 outcome[:] = [result]
-                return result.messages, [(topic, queue_id, request.offset)], None
+                return result.messages, [(topic, queue_id, request.offset)] if waits else [], None
 
             messages = await self._long_poll(broker, chosen.sub, poll_ms, attempt)
         except RequestError as err:
