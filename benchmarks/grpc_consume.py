@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from grpc_send import ClientRun, _cpu_seconds
+from grpc_send import ClientRun, serving, timed_client
 from threads import run_timed
 
 from broker_model.broker import Broker, BrokerConfig, InnerMessage, PopService, TimerMessageService
@@ -61,14 +60,8 @@ def endpoint_rate(root: Path, consumers: int, messages: int) -> ClientRun:
     lake = root / f"lake-endpoint-{consumers}"
     fill(lake, messages)
     command = [sys.executable, "-m", "broker_model", "serve", "--lake", str(lake), "--listen", "127.0.0.1:0"]
-    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None
-        address = server.stdout.readline().rsplit(" on ", 1)[1].strip()
-        return _consume(address, root, consumers, messages, lambda: _cpu_seconds(server.pid))
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    with serving(command) as (address, server_cpu):
+        return _consume(address, root, consumers, messages, server_cpu)
 
 
 def proxy_rate(root: Path, consumers: int, messages: int) -> ClientRun:
@@ -82,37 +75,18 @@ def proxy_rate(root: Path, consumers: int, messages: int) -> ClientRun:
         rocketmq.create(TopicSpec("Bench", queues=QUEUES, message_type="NORMAL"), GroupSpec(GROUP))
         producer = [sys.executable, str(HERE / "grpc_client.py"), rocketmq.proxy_endpoint, "Bench", "8"]
         producer.append(str(-(-messages // 8)))
-        done = subprocess.run(producer, capture_output=True, text=True, timeout=900, env=_environment(root))
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr[-2000:])
-        sent = int(done.stdout.split()[1])
+        _, sent = timed_client(producer, root, rocketmq.cpu_seconds)
         return _consume(rocketmq.proxy_endpoint, root, consumers, sent, rocketmq.cpu_seconds)
-
-
-def _environment(root: Path) -> dict[str, str]:
-    home = root / "home"
-    home.mkdir(exist_ok=True)
-    return {**os.environ, "HOME": str(home)}  # the client's log files
 
 
 def _consume(
     address: str, root: Path, consumers: int, messages: int, server_cpu: Callable[[], float | None]
 ) -> ClientRun:
     client = [sys.executable, str(HERE / "grpc_consume_client.py"), address, "Bench", GROUP, str(consumers)]
-    client.append(str(messages))
-    server_before = server_cpu()
-    done = subprocess.run(client, capture_output=True, text=True, timeout=900, env=_environment(root))
-    server_after = server_cpu()
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-2000:])
-    seconds, acked, client_cpu = done.stdout.split()
-    count = int(acked)
-    if count < messages:
-        raise RuntimeError(f"the client acked {count} of {messages} messages: {done.stderr[-2000:]}")
-    server_us = None
-    if server_before is not None and server_after is not None:
-        server_us = (server_after - server_before) / count * 1e6
-    return ClientRun(count / float(seconds), float(client_cpu) / count * 1e6, server_us)
+    run, acked = timed_client([*client, str(messages)], root, server_cpu)
+    if acked < messages:
+        raise RuntimeError(f"the client acked {acked} of {messages} messages")
+    return run
 
 
 def pop_rate(root: Path, consumers: int, messages: int) -> float:

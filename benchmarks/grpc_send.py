@@ -27,11 +27,12 @@ per send over the client's whole run (name server included). ``--no-proxy`` leav
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,11 +89,18 @@ def proxy_rate(root: Path, threads: int, per_thread: int) -> ClientRun:
 
 
 def _client_rate(command: list[str], root: Path, threads: int, per_thread: int) -> ClientRun:
+    with serving(command) as (address, server_cpu):
+        return _client_run(address, root, threads, per_thread, server_cpu)
+
+
+@contextlib.contextmanager
+def serving(command: list[str]) -> Iterator[tuple[str, Callable[[], float | None]]]:
+    """A server process that prints ``... on HOST:PORT`` first: its address and a reader of its
+    CPU seconds so far, until it is terminated at the block's end."""
     server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
-        address = server.stdout.readline().rsplit(" on ", 1)[1].strip()
-        return _client_run(address, root, threads, per_thread, lambda: _cpu_seconds(server.pid))
+        yield server.stdout.readline().rsplit(" on ", 1)[1].strip(), lambda: _cpu_seconds(server.pid)
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -101,9 +109,15 @@ def _client_rate(command: list[str], root: Path, threads: int, per_thread: int) 
 def _client_run(
     address: str, root: Path, threads: int, per_thread: int, server_cpu: Callable[[], float | None]
 ) -> ClientRun:
-    """The client process against the server at ``address``; ``server_cpu`` reads the server's
-    CPU seconds so far (None where it cannot be read)."""
+    """The client process against the server at ``address``."""
     client = [sys.executable, str(HERE / "grpc_client.py"), address, "Bench", str(threads), str(per_thread)]
+    return timed_client(client, root, server_cpu)[0]
+
+
+def timed_client(client: list[str], root: Path, server_cpu: Callable[[], float | None]) -> tuple[ClientRun, int]:
+    """Run a client process that prints its seconds, its messages and its CPU seconds; its rate,
+    CPU per message and the server's (``server_cpu`` reads the server's CPU seconds so far, None
+    where it cannot be read), and its message count."""
     home = root / "home"
     home.mkdir(exist_ok=True)
     environment = {**os.environ, "HOME": str(home)}  # the client's log files
@@ -115,9 +129,10 @@ def _client_run(
     seconds, sent, client_cpu = done.stdout.split()
     count = int(sent)
     server_us = None
-    if server_before is not None and server_after is not None:
+    if server_before is not None and server_after is not None and count:
         server_us = (server_after - server_before) / count * 1e6
-    return ClientRun(count / float(seconds), float(client_cpu) / count * 1e6, server_us)
+    rate = ClientRun(count / float(seconds), float(client_cpu) / max(count, 1) * 1e6, server_us)
+    return rate, count
 
 
 def in_process_rate(root: Path, threads: int, per_thread: int, flush_mode: FlushMode) -> float:

@@ -316,7 +316,7 @@ class PopService(PeriodicService):
                 if queue_topic == retry and broker.queue_nums(retry) is None:
                     looked.append((retry, 0, 0))  # a first revive creates it
                     continue
-                offset = self._pop_offset(group, queue_topic, queue_id, init_mode)
+                offset, committed = self._pop_offset(group, queue_topic, queue_id, init_mode)
                 looked.append((queue_topic, queue_id, offset))
                 got = store.get_message(queue_topic, queue_id, offset, max_nums - taken, sub)
                 matched = _matching(got.messages, sql, queue_topic != retry)
@@ -325,7 +325,7 @@ class PopService(PeriodicService):
                     where = (queue_topic, queue_id, offset)
                     cks.append((PopCheckPoint(*where, now, invisible_ms, diffs, group, broker.broker_name), matched))
                     taken += len(matched)
-                if got.next_begin_offset != offset or broker.offsets.query_offset(group, queue_topic, queue_id) < 0:
+                if got.next_begin_offset != offset or not committed:
                     moved[(queue_topic, queue_id)] = got.next_begin_offset
             if cks:
                 self._put([self._ck_record(ck, revive_queue) for ck, _ in cks])
@@ -371,7 +371,7 @@ class PopService(PeriodicService):
             for queue_id in ((first + i) % count for i in range(count)):
                 if len(popped) >= max_nums:
                     break
-                offset = self._pop_offset(group, topic, queue_id, init_mode)
+                offset, _ = self._pop_offset(group, topic, queue_id, init_mode)
                 previous = self.orders.get(topic, group, queue_id)
                 if previous is not None and not min(previous.offsets) <= offset <= max(previous.offsets) + 1:
                     previous = None  # the offset was reset away from the batch: it no longer blocks
@@ -459,12 +459,16 @@ class PopService(PeriodicService):
             if not reset_since and offset < info.committed():
                 self.broker.offsets.commit_offset(group, topic, queue_id, info.committed(), source="pop")
 
-    def _pop_offset(self, group: str, topic: str, queue_id: int, init_mode: str) -> int:
-        """The group's offset of the queue; a first pop starts at the min offset for a retry topic
-        or ``MIN``, else at 0 while the queue still holds offset 0, else at its last message."""
+    def _pop_offset(self, group: str, topic: str, queue_id: int, init_mode: str) -> tuple[int, bool]:
+        """The group's offset of the queue, and whether it has one (one look at the offsets): a
+        first pop starts at the min offset for a retry topic or ``MIN``, else at 0 while the queue
+        still holds offset 0, else at its last message."""
         offset = self.broker.offsets.query_offset(group, topic, queue_id)
         if offset != OFFSET_NOT_FOUND:
-            return offset
+            return offset, True
+        return self._first_offset(topic, queue_id, init_mode), False
+
+    def _first_offset(self, topic: str, queue_id: int, init_mode: str) -> int:
         store = self.broker.store
         low = store.min_offset(topic, queue_id)
         if init_mode == "MIN" or topic.startswith(c.RETRY_GROUP_TOPIC_PREFIX) or low == 0:

@@ -127,7 +127,6 @@ POP_ORDER_REVIVE_QUEUE: Final = 999  # KeyBuilder.POP_ORDER_REVIVE_QUEUE: a hand
 MAX_POP_NUMS: Final = 32  # the most messages one pop returns
 POP_FROM_RETRY_PROBABILITY: Final = 20  # BrokerConfig.popFromRetryProbability, percent of pops reading retries first
 PROPERTY_FIRST_POP_TIME: Final = "1ST_POP_TIME"
-PROPERTY_POP_CK: Final = "POP_CK"
 RETRY_GROUP_TOPIC_PREFIX: Final = "%RETRY%"
 # KeyBuilder.buildPopRetryTopic: %RETRY%<group>_<topic>, or %RETRY%<group>+<topic> with enableRetryTopicV2
 POP_RETRY_SEPARATORS: Final = ("_", "+")
